@@ -1,0 +1,11 @@
+"""The clock-aware engine core: declarations, planner, state arenas, executor. No model code, no Qt."""
+from .regions import Clock, STILL, Retention, Fixed, SlidingWindow, PrefixWindow, Ring, Horizon, Region, SessionSpec
+from .planner import Plan, StepPlan, ShapeSignature, make_plan, format_plan
+from .arena import RegionState, DemandArena, StockArena, make_arena
+from .model import StreamingModel, StateView
+
+__all__ = [
+    "Clock", "STILL", "Retention", "Fixed", "SlidingWindow", "PrefixWindow", "Ring", "Horizon", "Region",
+    "SessionSpec", "Plan", "StepPlan", "ShapeSignature", "make_plan", "format_plan", "RegionState",
+    "DemandArena", "StockArena", "make_arena", "StreamingModel", "StateView",
+]
