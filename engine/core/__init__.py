@@ -3,9 +3,10 @@ from .regions import Clock, STILL, Retention, Fixed, SlidingWindow, PrefixWindow
 from .planner import Plan, StepPlan, ShapeSignature, make_plan, format_plan
 from .arena import RegionState, DemandArena, StockArena, make_arena
 from .model import StreamingModel, StateView
+from .executor import Executor, GraphEntry, ExecStats
 
 __all__ = [
     "Clock", "STILL", "Retention", "Fixed", "SlidingWindow", "PrefixWindow", "Ring", "Horizon", "Region",
     "SessionSpec", "Plan", "StepPlan", "ShapeSignature", "make_plan", "format_plan", "RegionState",
-    "DemandArena", "StockArena", "make_arena", "StreamingModel", "StateView",
+    "DemandArena", "StockArena", "make_arena", "StreamingModel", "StateView", "Executor", "GraphEntry", "ExecStats",
 ]

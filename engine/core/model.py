@@ -61,6 +61,10 @@ class StreamingModel(nn.Module):
     def init_state(self, state: StateView, prompt: Dict[str, torch.Tensor]) -> None:
         """Fill the state before step 0 (prompt prefill). Runs eagerly, once."""
 
+    def example_inputs(self, plan: StepPlan, device) -> Dict[str, torch.Tensor]:
+        """Random inputs with the shapes of ``plan``'s step (for ahead-of-time graph capture)."""
+        raise NotImplementedError
+
     def step(self, state: StateView, inputs: Dict[str, torch.Tensor], plan: StepPlan) -> Dict[str, torch.Tensor]:
         """One step. ``plan`` holds the exact lengths (host ints, fixed per signature)."""
         raise NotImplementedError

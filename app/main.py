@@ -1,0 +1,36 @@
+"""`duplexcadence`: the desktop live-conversation app, plus headless subcommands.
+
+  duplexcadence                      open the app (embedded default model)
+  duplexcadence --input-file IN.wav  scripted session (see --help)
+  duplexcadence synth ...            decode tokens with an engine decoder tail (no GUI)
+  duplexcadence run ...              headless duplex session over a wav file (no GUI)
+"""
+from __future__ import annotations
+
+import sys
+
+SUBCOMMANDS = {
+    "synth": "engine.cli.synth",
+    "run": "engine.cli.run",
+}
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        import importlib
+        modname = SUBCOMMANDS[argv[0]]
+        try:
+            mod = importlib.import_module(modname)
+        except ModuleNotFoundError as e:
+            if e.name != modname:
+                raise
+            print(f"duplexcadence {argv[0]}: not yet built in this version", file=sys.stderr)
+            return 2
+        return int(mod.main(argv[1:]) or 0)
+    from app.gui_main import main as gui_main   # Qt is imported only here
+    return int(gui_main(argv) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""`duplexcadence-bench`: planner inspection and side-by-side benchmarks (stock vs ours, one run).
+
+Subcommands live in their own modules (engine/bench/<name>.py, each with ``main(argv) -> int``).
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "plan": ("engine.bench.plan", "print a model's timeline, shape signatures and bytes per region vs stock"),
+    "step-audio2": ("engine.bench.step_audio2", "Step-Audio2 token2wav: stock package vs our three modes (GPU)"),
+    "mimi": ("engine.bench.mimi", "Mimi decoder: moshi eager / moshi graphs vs our modes (GPU)"),
+    "session": ("engine.bench.session", "duplex session: per-second totals and misses, stock vs optimized"),
+}
+
+
+def usage() -> str:
+    rows = "\n".join(f"  {name:<12} {doc}" for name, (_, doc) in COMMANDS.items())
+    return f"usage: duplexcadence-bench COMMAND [options]\n\ncommands:\n{rows}\n\n'duplexcadence-bench COMMAND --help' for options."
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd not in COMMANDS:
+        print(f"duplexcadence-bench: unknown command {cmd!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    modname = COMMANDS[cmd][0]
+    try:
+        mod = importlib.import_module(modname)
+    except ModuleNotFoundError as e:
+        if e.name != modname:
+            raise
+        print(f"duplexcadence-bench {cmd}: not yet — this benchmark is not built in this version.", file=sys.stderr)
+        return 2
+    return int(mod.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

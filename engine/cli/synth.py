@@ -1,0 +1,50 @@
+"""`duplexcadence synth`: decode speech tokens to a float32 waveform with an engine decoder tail."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from engine.models import registry
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="duplexcadence synth", description=__doc__)
+    p.add_argument("--model", required=True, help="decoder tail: step-audio2 | mimi")
+    p.add_argument("--checkpoint", help="checkpoint folder (step-audio2) or .safetensors file (mimi); "
+                                        "omit for seeded random weights at the released size")
+    p.add_argument("--out", required=True, help="output .npy (float32 waveform, 24 kHz)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mode", default="graphs", choices=["stock", "demand", "graphs"],
+                   help="state allocation / execution mode (all give the same bits); graphs fall back "
+                        "to eager without CUDA")
+    p.add_argument("--size", default="released", choices=["released", "tiny"],
+                   help="size of the seeded random weights when no --checkpoint is given")
+    g = p.add_argument_group("step-audio2")
+    g.add_argument("--prompt", help="voice prompt: .npz (prompt_tokens, prompt_mel, speaker_embedding) or .wav")
+    g.add_argument("--tokens", help="1-D int .npy of 25 Hz speech tokens")
+    g = p.add_argument_group("mimi")
+    g.add_argument("--codes", help="int .npy (codebooks x frames)")
+    g.add_argument("--num-codebooks", type=int, default=None, help="codebooks to decode (8 Moshi, 32 CSM)")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
+    a = p.parse_args(argv)
+    try:
+        entry = registry.get(a.model)
+    except KeyError as e:
+        p.error(str(e.args[0]))
+    if entry.synth is None:
+        print(f"duplexcadence synth: model {a.model!r} has no synth command", file=sys.stderr)
+        return 2
+    try:
+        return int(entry.synth(a) or 0)
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        print(f"duplexcadence synth: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

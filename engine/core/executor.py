@@ -1,0 +1,262 @@
+"""The executor: runs a model's steps eagerly, or captures and replays one CUDA graph per signature.
+
+Policy and mechanism are apart (cf. vLLM's dispatcher): the :class:`~engine.core.planner.Plan`
+says which signatures exist and which step has which; the executor only captures and replays, and
+owns no state of its own — every graph reads and writes the one arena, at stable addresses.
+
+Capture without padding and without advancing real state:
+* ahead of time (``prepare_graphs``), before the prompt prefill: each multi-use signature is warmed
+  up once and captured over the arena while its contents do not matter yet; the arena is then
+  zeroed and the RNG restored, so the session starts exactly as the eager one does;
+* lazily, when graph replay is switched on mid-session: the step runs eagerly for real (that run
+  is the warm-up), then its signature is captured for the next time (capture executes nothing).
+Toggles requested between steps apply at the next step; switching the arena kind migrates the
+state's contents (bit-exact copies) into the other arena.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Optional
+
+import torch
+
+from .arena import ArenaBase, DemandArena, make_arena
+from .model import StateView, StreamingModel
+from .planner import Plan, ShapeSignature, StepPlan
+
+log = logging.getLogger("engine.executor")
+
+
+@dataclass
+class GraphEntry:
+    """One captured signature: the graph, its static inputs/outputs and the addresses it baked in."""
+
+    signature: ShapeSignature
+    graph: "torch.cuda.CUDAGraph"
+    static_inputs: Dict[str, torch.Tensor]
+    static_outputs: Dict[str, torch.Tensor]
+    addresses: Dict[str, int]
+    replays: int = 0
+
+
+@dataclass
+class ExecStats:
+    eager_steps: int = 0
+    replayed_steps: int = 0
+    captures: int = 0
+    migrations: int = 0
+    notes: list = field(default_factory=list)
+
+
+class Executor:
+    """Runs one session of a :class:`StreamingModel` over a :class:`Plan`.
+
+    ``demand_sized``: state in a :class:`DemandArena` (else the stock-like :class:`StockArena`).
+    ``graph_replay``: one CUDA graph per signature (needs CUDA and the demand arena).
+    ``debug``: at every replay, assert every region's view is at the address captured.
+    """
+
+    def __init__(self, model: StreamingModel, plan: Plan, device, demand_sized: bool = True,
+                 graph_replay: bool = False, debug: bool = False):
+        self.model = model
+        self.plan = plan
+        self.device = torch.device(device)
+        self.debug = debug
+        self.stats = ExecStats()
+        self.k = 0
+        self._want = {"demand_sized": bool(demand_sized), "graph_replay": bool(graph_replay)}
+        self._warned_no_cuda = False
+        self.arena: ArenaBase = make_arena("demand" if demand_sized else "stock", plan, self.device)
+        self.state = StateView(self.arena)
+        self.graphs: Dict[ShapeSignature, GraphEntry] = {}
+        self._pool = None
+        self._stream = None
+
+    # -- toggles -------------------------------------------------------------------------------------
+    def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
+        """Request toggles; they take effect at the next step boundary."""
+        if demand_sized is not None:
+            self._want["demand_sized"] = bool(demand_sized)
+        if graph_replay is not None:
+            self._want["graph_replay"] = bool(graph_replay)
+
+    def toggles(self) -> Dict[str, bool]:
+        """Toggles in effect for the next step (graph replay needs CUDA and demand-sized state)."""
+        return {"demand_sized": self._want["demand_sized"], "graph_replay": self._graphs_possible()}
+
+    def _graphs_possible(self) -> bool:
+        if not self._want["graph_replay"]:
+            return False
+        if self.device.type != "cuda" or not torch.cuda.is_available():
+            if not self._warned_no_cuda:
+                msg = "graph replay needs CUDA: running eagerly on %s" % self.device
+                log.warning(msg)
+                self.stats.notes.append(msg)
+                self._warned_no_cuda = True
+            return False
+        return self._want["demand_sized"]
+
+    def _apply_toggles(self) -> None:
+        want = "demand" if self._want["demand_sized"] else "stock"
+        if self.arena.kind == want:
+            return
+        contents, positions = self.arena.export(), dict(self.arena.positions)
+        self.graphs.clear()                      # graphs point into the old arena's storage
+        old = self.arena
+        self.arena = make_arena(want, self.plan, self.device)
+        del old
+        self.arena.load(contents, positions, self.k)
+        self.state = StateView(self.arena)
+        self.stats.migrations += 1
+
+    # -- session -------------------------------------------------------------------------------------
+    def init_state(self, prompt: Optional[Dict[str, torch.Tensor]] = None) -> None:
+        """Prompt prefill (eager, once, before step 0). Call ``prepare_graphs`` before this."""
+        if self.k != 0:
+            raise RuntimeError("init_state must run before the first step")
+        self.model.init_state(self.state, prompt or {})
+
+    def prepare_graphs(self, example_inputs: Callable[[StepPlan], Dict[str, torch.Tensor]]) -> int:
+        """Capture every signature the plan uses more than once, ahead of time, before prefill.
+
+        Warm-up runs over the arena while its contents do not matter yet; afterwards the arena is
+        zeroed, its positions reset and the RNG restored, so step 0 starts as the eager one does.
+        Returns the number of graphs captured.
+        """
+        if self.k != 0:
+            raise RuntimeError("prepare_graphs must run before the first step")
+        if not self._graphs_possible():
+            return 0
+        counts: Dict[ShapeSignature, StepPlan] = {}
+        uses: Dict[ShapeSignature, int] = {}
+        for s in self.plan.timeline:
+            counts.setdefault(s.signature, s)
+            uses[s.signature] = uses.get(s.signature, 0) + 1
+        rng = torch.cuda.get_rng_state(self.device)
+        n = 0
+        for sig, sp in counts.items():
+            if uses[sig] < 2 and self.plan.finite:
+                continue                          # a one-off step (e.g. the last chunk) runs eagerly
+            inputs = example_inputs(sp)
+            self._with_lengths(sp, lambda: self._warm(sp, inputs))
+            self._with_lengths(sp, lambda: self._capture(sp, inputs))
+            n += 1
+        torch.cuda.synchronize(self.device)
+        self._reset_arena()
+        torch.cuda.set_rng_state(rng, self.device)
+        return n
+
+    def step(self, inputs: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """Run step ``k`` (the plan says its shapes) and return its outputs (safe to keep)."""
+        self._apply_toggles()
+        sp = self.plan.step(self.k)
+        use_graph = self._graphs_possible()
+        entry = self.graphs.get(sp.signature) if use_graph else None
+        if entry is not None:
+            out = self._replay(entry, sp, inputs)
+        else:
+            out = self._eager(sp, inputs)
+            if use_graph and self._worth_capturing(sp):
+                self._with_lengths(sp, lambda: self._capture(sp, inputs))
+        self.k += 1
+        return out
+
+    # -- mechanism -----------------------------------------------------------------------------------
+    def _eager(self, sp: StepPlan, inputs):
+        self.arena.begin(sp)
+        out = self.model.step(self.state, inputs, sp)
+        self.arena.commit(sp)
+        self.stats.eager_steps += 1
+        return out
+
+    def _worth_capturing(self, sp: StepPlan) -> bool:
+        if not self.plan.finite:
+            return True
+        return sum(1 for s in self.plan.timeline[sp.index + 1:] if s.signature == sp.signature) > 0
+
+    def _with_lengths(self, sp: StepPlan, fn):
+        """Run ``fn`` with every region's host length set to the step's ``before`` (then restore)."""
+        saved = {n: st.length for n, st in self.arena.states.items()}
+        for n, st in self.arena.states.items():
+            st.length = sp.before[n]
+        try:
+            return fn()
+        finally:
+            for n, st in self.arena.states.items():
+                st.length = saved[n]
+                st.step = None
+
+    def _capture_stream(self):
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+            self._pool = torch.cuda.graph_pool_handle()
+        return self._stream
+
+    def _warm(self, sp: StepPlan, inputs):
+        s = self._capture_stream()
+        s.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(s):
+            self.arena.begin(sp)
+            self.model.step(self.state, inputs, sp)
+            self.arena.commit_device(sp)
+        torch.cuda.current_stream(self.device).wait_stream(s)
+
+    def _capture(self, sp: StepPlan, inputs):
+        assert isinstance(self.arena, DemandArena), "graphs need the demand arena"
+        static_in = {k: v.detach().clone() for k, v in inputs.items()}
+        self.arena.prepare(sp)
+        s = self._capture_stream()
+        s.wait_stream(torch.cuda.current_stream(self.device))
+        graph = torch.cuda.CUDAGraph()
+        self.arena.begin(sp)
+        addresses = self._addresses()
+        with torch.cuda.graph(graph, pool=self._pool, stream=s):
+            static_out = self.model.step(self.state, static_in, sp)
+            self.arena.commit_device(sp)
+        torch.cuda.current_stream(self.device).wait_stream(s)
+        self.graphs[sp.signature] = GraphEntry(sp.signature, graph, static_in, static_out, addresses)
+        self.stats.captures += 1
+
+    def _replay(self, entry: GraphEntry, sp: StepPlan, inputs):
+        for k, v in inputs.items():
+            dst = entry.static_inputs[k]
+            if dst.shape != v.shape or dst.dtype != v.dtype:
+                raise RuntimeError(f"input {k!r}: {tuple(v.shape)} {v.dtype} does not match the graph of "
+                                   f"signature {sp.signature.label} ({tuple(dst.shape)} {dst.dtype})")
+            dst.copy_(v, non_blocking=True)
+        self.arena.begin(sp)
+        if self.debug:
+            now = self._addresses()
+            if now != entry.addresses:
+                bad = [n for n in now if now[n] != entry.addresses.get(n)]
+                raise RuntimeError(f"state moved since capture (regions {bad}); graphs need stable addresses")
+        entry.graph.replay()
+        self.arena.commit_host(sp)
+        entry.replays += 1
+        self.stats.replayed_steps += 1
+        return {k: v.clone() for k, v in entry.static_outputs.items()}
+
+    def _addresses(self) -> Dict[str, int]:
+        return {n: st.grow().data_ptr() for n, st in self.arena.states.items()}
+
+    def _reset_arena(self) -> None:
+        """Back to the session's initial state, in place (addresses kept for the captured graphs)."""
+        a = self.arena
+        for t in a._tensors().values():
+            t.zero_()
+        a.positions = {r.name: int(self.plan.spec.prefix.get(r.name, 0)) for r in self.plan.regions}
+        for r in self.plan.regions:
+            a.states[r.name].length = r.retention.initial(int(self.plan.spec.prefix.get(r.name, 0)))
+        a._sync_counters(0)
+
+    # -- reporting -----------------------------------------------------------------------------------
+    def state_bytes(self) -> int:
+        return self.arena.state_bytes()
+
+    @property
+    def mode(self) -> str:
+        t = self.toggles()
+        if t["graph_replay"]:
+            return "graphs"
+        return "demand" if t["demand_sized"] else "stock"
