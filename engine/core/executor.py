@@ -111,12 +111,14 @@ class Executor:
         self.stats.migrations += 1
 
     # -- session -------------------------------------------------------------------------------------
+    @torch.no_grad()
     def init_state(self, prompt: Optional[Dict[str, torch.Tensor]] = None) -> None:
         """Prompt prefill (eager, once, before step 0). Call ``prepare_graphs`` before this."""
         if self.k != 0:
             raise RuntimeError("init_state must run before the first step")
         self.model.init_state(self.state, prompt or {})
 
+    @torch.no_grad()
     def prepare_graphs(self, example_inputs: Callable[[StepPlan], Dict[str, torch.Tensor]]) -> int:
         """Capture every signature the plan uses more than once, ahead of time, before prefill.
 
@@ -147,6 +149,7 @@ class Executor:
         torch.cuda.set_rng_state(rng, self.device)
         return n
 
+    @torch.no_grad()
     def step(self, inputs: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         """Run step ``k`` (the plan says its shapes) and return its outputs (safe to keep)."""
         self._apply_toggles()
