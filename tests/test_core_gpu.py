@@ -18,7 +18,7 @@ def _setup(steps=None):
     m = ToyStreamer().to(DEV)
     plan = make_plan(m.regions(m.spec(steps)), m.spec(steps))
     g = torch.Generator().manual_seed(11)
-    xs = [torch.randn(1, m.c, plan.step(k).advances["frames"], generator=g).to(DEV) for k in range(60)]
+    xs = [torch.randn(1, m.c, m.clock.advance(k), generator=g).to(DEV) for k in range(60)]
     prompt = torch.randn(2, 1, m.h, m.prompt_frames, m.d, generator=g).to(DEV)
     return m, plan, xs, prompt
 

@@ -102,7 +102,7 @@ class Executor:
         if self.arena.kind == want:
             return
         contents, positions = self.arena.export(), dict(self.arena.positions)
-        self.graphs.clear()                      # graphs point into the old arena's storage
+        self._drop_graphs()                      # graphs point into the old arena's storage
         old = self.arena
         self.arena = make_arena(want, self.plan, self.device)
         del old
@@ -190,9 +190,15 @@ class Executor:
                 st.length = saved[n]
                 st.step = None
 
+    def _drop_graphs(self) -> None:
+        """Forget every graph and its memory pool (a pool is never reused once its graphs are gone)."""
+        self.graphs.clear()
+        self._pool = None
+
     def _capture_stream(self):
         if self._stream is None:
             self._stream = torch.cuda.Stream(self.device)
+        if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         return self._stream
 

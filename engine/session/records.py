@@ -1,0 +1,130 @@
+"""The record of one second of a duplex session, and summaries over many."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Sequence
+
+DEADLINE_MS = 1000.0
+
+
+@dataclass
+class SecondRecord:
+    """Everything measured about second ``index`` (times in ms, bytes in bytes).
+
+    ``wall_start`` is when the second's work began (unix seconds); ``queue_wait_ms`` how long its
+    frame waited behind a late second; the deadline is the arrival of the next frame, so
+    ``late_ms = max(0, queue_wait_ms + total_ms - deadline_ms)``. GPU stages are timed with CUDA
+    events; ``total_ms`` is the wall time of the whole second's work on the host.
+    """
+
+    index: int
+    wall_start: float
+    listen_ms: float
+    think_ms: float
+    speak_ms: float
+    total_ms: float
+    deadline_ms: float
+    late_ms: float
+    missed: bool
+    queue_wait_ms: float
+    decision: str                 # "listen" | "speak"
+    tokens: int                   # speech tokens produced by THINK this second
+    state_bytes: int              # engine arenas (tail + backbone), bytes held now
+    alloc_bytes: int              # torch allocator (0 on the CPU)
+    reserved_bytes: int
+    peak_bytes: int
+    demand_sized: bool            # toggles in effect for this second
+    graph_replay: bool
+    tail: str                     # model names
+    backbone: str
+    input_rms: float
+    output_rms: float
+    user_speech: bool = False     # voice activity detected in the input second
+    backlog: int = 0              # frames still waiting when this second finished
+    text: str = ""                # text the backbone produced (Moshi with a tokenizer), else ""
+
+    def to_dict(self) -> Dict[str, object]:
+        """A plain, JSON-safe dict (floats rounded to microseconds / 1e-6)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or v is None:
+                out[f.name] = v
+            elif isinstance(v, float):
+                out[f.name] = round(v, 6) if math.isfinite(v) else 0.0
+            elif isinstance(v, int):
+                out[f.name] = int(v)
+            else:
+                out[f.name] = str(v)
+        return out
+
+    @classmethod
+    def columns(cls) -> List[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+
+def lateness(queue_wait_ms: float, total_ms: float, deadline_ms: float = DEADLINE_MS):
+    """(late_ms, missed) for a second that waited ``queue_wait_ms`` and took ``total_ms``."""
+    late = queue_wait_ms + total_ms - deadline_ms
+    return (late, True) if late > 0 else (0.0, False)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default) of a non-empty sequence; 0 when empty."""
+    v = sorted(float(x) for x in values)
+    if not v:
+        return 0.0
+    pos = (len(v) - 1) * q / 100.0
+    lo, hi = int(math.floor(pos)), int(math.ceil(pos))
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def summarize(records: Sequence[SecondRecord]) -> Dict[str, object]:
+    """Seconds, misses, p50/p99 of total and of each stage, worst lateness, final backlog."""
+    totals = [r.total_ms for r in records]
+    out: Dict[str, object] = {
+        "seconds": len(records),
+        "misses": sum(1 for r in records if r.missed),
+        "p50_total_ms": percentile(totals, 50),
+        "p99_total_ms": percentile(totals, 99),
+        "max_total_ms": max(totals) if totals else 0.0,
+        "max_late_ms": max((r.late_ms for r in records), default=0.0),
+        "speak_seconds": sum(1 for r in records if r.decision == "speak"),
+        "tokens": sum(r.tokens for r in records),
+        "final_backlog": records[-1].backlog if records else 0,
+        "peak_bytes": max((r.peak_bytes for r in records), default=0),
+        "state_bytes": records[-1].state_bytes if records else 0,
+    }
+    for stage in ("listen", "think", "speak"):
+        vals = [getattr(r, f"{stage}_ms") for r in records]
+        out[f"p50_{stage}_ms"] = percentile(vals, 50)
+        out[f"p99_{stage}_ms"] = percentile(vals, 99)
+    out["keeps_up"] = keeps_up(records)
+    return out
+
+
+def keeps_up(records: Sequence[SecondRecord], window: int = 10) -> bool:
+    """Whether the engine keeps the cadence: the recent mean compute per second fits the deadline.
+
+    A backlog drains only when seconds take less than the deadline on average; over the last
+    ``window`` seconds that mean must stay under it (and a non-empty backlog must be shrinking).
+    """
+    if not records:
+        return True
+    recent = list(records)[-window:]
+    mean = sum(r.total_ms for r in recent) / len(recent)
+    if mean >= recent[0].deadline_ms:
+        return False
+    return recent[-1].backlog <= recent[0].backlog or recent[-1].backlog == 0
+
+
+def format_summary(s: Dict[str, object]) -> str:
+    line = (f"{s['seconds']} s, {s['misses']} missed, total p50 {s['p50_total_ms']:.1f} ms / "
+            f"p99 {s['p99_total_ms']:.1f} ms (listen {s['p50_listen_ms']:.1f}, think {s['p50_think_ms']:.1f}, "
+            f"speak {s['p50_speak_ms']:.1f} ms p50); {s['speak_seconds']} s spoken, {s['tokens']} tokens")
+    if s["misses"]:
+        line += f"; worst {s['max_late_ms']:.0f} ms late"
+    line += "; keeps up" if s["keeps_up"] else "; CANNOT keep up (mean work per second exceeds the deadline)"
+    return line
