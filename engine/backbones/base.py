@@ -1,0 +1,92 @@
+"""The backbone interface: LISTEN (take in one second of the user) and THINK (speech tokens or not).
+
+A backbone sits in front of a decoder tail and speaks its token format (codebooks, vocabulary,
+frames per second), given as a :class:`TokenFormat`. Per second the session calls
+:meth:`Backbone.listen` with the second's audio and voice activity, then :meth:`Backbone.think`
+with the number of tail frames this second needs; THINK answers with a :class:`Thought`: the
+decision (listen or speak) and the speech tokens it produced (kept on the device).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+import torch
+
+from engine.session.vad import VadResult
+
+
+@dataclass(frozen=True)
+class TokenFormat:
+    """What the decoder tail reads: ``codebooks`` rows of ids in ``[0, vocab)`` at ``rate_hz``."""
+
+    codebooks: int
+    vocab: int
+    rate_hz: float
+
+    def frames_in_second(self, k: int) -> int:
+        """Frames second ``k`` covers: frames floor(rate*k) .. floor(rate*(k+1)) - 1 (12, 13, ... at 12.5 Hz)."""
+        return int((self.rate_hz * (k + 1)) // 1) - int((self.rate_hz * k) // 1)
+
+
+@dataclass
+class BackboneInfo:
+    name: str          # "synthetic" | "moshi"
+    title: str         # for people
+    synthetic: bool    # seeded random weights: real timing and memory, not real speech
+    note: str = ""
+
+
+@dataclass
+class Thought:
+    """THINK's answer for one second."""
+
+    decision: str                          # "listen" | "speak"
+    tokens: Optional[torch.Tensor]         # int64 (codebooks, n) on the device, or None (nothing to say)
+    produced: int                          # speech tokens the decoder generated this second
+    text: str = ""
+
+
+class Backbone:
+    """Base class: LISTEN + THINK of one duplex session (subclasses: synthetic, moshi)."""
+
+    info: BackboneInfo
+
+    def start(self) -> None:
+        """Build the streaming state (and capture graphs when graph replay is on)."""
+        raise NotImplementedError
+
+    def listen(self, audio: torch.Tensor, vad: VadResult) -> None:
+        """Take in one second of user audio: float32 (24000,) on the session's device."""
+        raise NotImplementedError
+
+    def think(self, frames: int) -> Thought:
+        """Decide and, when speaking, produce ``frames`` frames of speech tokens."""
+        raise NotImplementedError
+
+    def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
+        """Engine toggles, effective from the next step; the tokens never change."""
+
+    def toggles(self) -> Dict[str, bool]:
+        return {}
+
+    def state_bytes(self) -> int:
+        """Bytes of streaming state the backbone holds (KV caches)."""
+        return 0
+
+    def close(self) -> None:
+        """Release what the backbone holds."""
+
+
+def make_backbone(name: str, fmt: TokenFormat, *, size: str, device, seed: int = 0,
+                  checkpoint: Optional[str] = None, demand_sized: bool = True, graph_replay: bool = True,
+                  reply_seconds: int = 4, debug: bool = False) -> Backbone:
+    """Build the backbone ``name`` for a tail reading ``fmt`` (moshi is imported only here, when chosen)."""
+    if name == "synthetic":
+        from .synthetic import SyntheticBackbone
+        return SyntheticBackbone(fmt, size=size, device=device, seed=seed, demand_sized=demand_sized,
+                                 graph_replay=graph_replay, reply_seconds=reply_seconds, debug=debug)
+    if name == "moshi":
+        from .moshi import MoshiBackbone
+        return MoshiBackbone(fmt, size=size, device=device, seed=seed, checkpoint=checkpoint)
+    raise ValueError(f"unknown backbone {name!r}; choose one of: synthetic, moshi")
