@@ -49,6 +49,8 @@ class RegionState:
     def tail(self) -> torch.Tensor:
         g = self.grow()
         ax = self.region.axis
+        if self.region.newest_first:       # the new units lead the working view
+            return g.narrow(ax, 0, g.shape[ax] - self.length)
         return g.narrow(ax, self.length, g.shape[ax] - self.length)
 
     def set(self, value: torch.Tensor) -> None:
@@ -202,7 +204,11 @@ class DemandArena(ArenaBase):
     def _view(self, st, length):
         t = self.storage[st.region.name]
         ax = st.region.axis
-        return t if ax is None else t.narrow(ax, 0, length)
+        if ax is None:
+            return t
+        # newest-first regions are right-aligned in their storage, so they grow towards the front
+        start = t.shape[ax] - length if st.region.newest_first else 0
+        return t.narrow(ax, start, length)
 
     def _grow(self, st):
         g = st.step.grown[st.region.name] if st.step is not None else st.length
@@ -220,11 +226,27 @@ class DemandArena(ArenaBase):
         keep = after - prefix
         shift = grown - after            # the kept window moves from [prefix+shift, grown) to [prefix, after)
         t = self.storage[r.name]
+        if r.newest_first:
+            self._retain_front(t, r.axis, prefix, grown, shift)
+            return
         # forward block copies of at most `shift` units: a block's source is never a block already written
         done = 0
         while done < keep:
             n = min(shift, keep - done)
             t.narrow(r.axis, prefix + done, n).copy_(t.narrow(r.axis, prefix + shift + done, n))
+            done += n
+
+    @staticmethod
+    def _retain_front(t, ax, prefix, grown, shift):
+        """Newest-first (right-aligned) region: the kept window already ends the storage; the logical
+        prefix ``[0:prefix]`` moves ``shift`` units towards the end, in blocks taken from its back, so
+        no block reads units an earlier block wrote."""
+        start = t.shape[ax] - grown            # physical index of logical unit 0 of the grown view
+        done = 0
+        while done < prefix:
+            n = min(shift, prefix - done)
+            src = start + prefix - done - n
+            t.narrow(ax, src + shift, n).copy_(t.narrow(ax, src, n))
             done += n
 
     def _load(self, st, value):
@@ -268,10 +290,11 @@ class StockArena(ArenaBase):
         cur = self.live[r.name]
         if r.axis is None or cur.shape[r.axis] == g:
             return cur
-        # stock: torch.cat([cache, new], dim=time) — a fresh tensor every step
+        # stock: torch.cat([cache, new], dim=time) — a fresh tensor every step ([new, cache] if newest first)
         extra = list(cur.shape)
         extra[r.axis] = g - cur.shape[r.axis]
-        grown = torch.cat([cur, cur.new_empty(extra)], dim=r.axis)
+        parts = [cur.new_empty(extra), cur] if r.newest_first else [cur, cur.new_empty(extra)]
+        grown = torch.cat(parts, dim=r.axis)
         self.live[r.name] = grown
         return grown
 

@@ -170,6 +170,9 @@ class Region:
     with no time axis, which then must be :class:`Fixed`-like with ``length`` 0 ignored).
     ``stock_units`` is what the stock runtime sizes the time axis at (its static constant), so the
     planner can print stock bytes next to demand bytes; ``stock_note`` says how stock keeps it.
+    ``newest_first``: a step's new units go to the *front* of the time axis (the region reads
+    newest -> oldest, as Step-Audio2's DiT cache ``cat([new, cache])`` does); retention keeps the
+    same logical units ``[0:prefix]`` and the last window, so lengths and plans are unchanged.
     """
 
     name: str
@@ -180,6 +183,7 @@ class Region:
     stock_units: Optional[int] = None
     stock_note: str = ""
     doc: str = ""
+    newest_first: bool = False
 
     def __post_init__(self):
         n_none = sum(1 for s in self.shape if s is None)
