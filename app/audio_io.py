@@ -1,0 +1,413 @@
+"""Audio in and out: bounded ring buffers, streaming resamplers, device and file streams.
+
+The rule every class here follows (cf. Friture): an audio callback only copies samples into or out
+of a bounded :class:`RingBuffer` (and plays zeros when there is nothing queued). Resampling, gating
+and framing happen on the frame-pump worker thread (``app/pump.py``), never in a callback.
+
+Sources fill ``ring`` at their native ``rate``: :class:`DeviceInput` (PortAudio via sounddevice),
+:class:`FileInput` (a WAV file played as the microphone at real-time pace, then silence) and
+:class:`SilentInput` (what a session falls back to when a device disappears). Sinks drain ``ring``:
+:class:`DeviceOutput`. :class:`Playback` resamples the model's 24 kHz audio into a sink.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import numpy as np
+import soxr
+
+from app.wavio import read_wav
+
+#: the engine's audio rate (one-second frames of 24,000 samples)
+ENGINE_RATE = 24000
+
+
+class AudioUnavailable(RuntimeError):
+    """No usable audio device or PortAudio; the message says what and that file input still works."""
+
+
+class RingBuffer:
+    """Bounded float32 FIFO between one producer thread and one consumer thread.
+
+    ``write`` never blocks: when full, the oldest samples are dropped and counted in ``dropped``.
+    """
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise ValueError("ring buffer capacity must be at least 1 sample")
+        self._buf = np.zeros(int(capacity), dtype=np.float32)
+        self._start = 0
+        self._count = 0
+        self._cond = threading.Condition()
+        self.dropped = 0
+
+    @property
+    def capacity(self) -> int:
+        return len(self._buf)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def write(self, x: np.ndarray) -> int:
+        """Append samples; returns how many old samples were dropped to make room."""
+        x = np.asarray(x, dtype=np.float32).reshape(-1)
+        cap = len(self._buf)
+        if len(x) > cap:
+            x = x[-cap:]
+        with self._cond:
+            over = max(0, self._count + len(x) - cap)
+            self._start = (self._start + over) % cap
+            self._count -= over
+            self.dropped += over
+            end = (self._start + self._count) % cap
+            first = min(len(x), cap - end)
+            self._buf[end:end + first] = x[:first]
+            self._buf[:len(x) - first] = x[first:]
+            self._count += len(x)
+            self._cond.notify_all()
+        return over
+
+    def read_into(self, out: np.ndarray) -> int:
+        """Move up to ``len(out)`` samples into ``out`` (1-D); returns how many were moved."""
+        with self._cond:
+            n = min(len(out), self._count)
+            cap = len(self._buf)
+            first = min(n, cap - self._start)
+            out[:first] = self._buf[self._start:self._start + first]
+            out[first:n] = self._buf[:n - first]
+            self._start = (self._start + n) % cap
+            self._count -= n
+        return n
+
+    def read(self, n: Optional[int] = None) -> np.ndarray:
+        """Remove and return up to ``n`` samples (all queued samples when ``n`` is None)."""
+        out = np.empty(self._count if n is None else min(n, self._count), dtype=np.float32)
+        k = self.read_into(out)
+        return out[:k]
+
+    def clear(self) -> int:
+        """Drop everything queued; returns how many samples were dropped."""
+        with self._cond:
+            n, self._count, self._start = self._count, 0, 0
+        return n
+
+    def wait(self, timeout: float) -> bool:
+        """Block the calling (worker) thread until samples are queued or ``timeout`` passes."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._count > 0, timeout)
+
+
+class StreamResampler:
+    """Mono streaming resampler (python-soxr ``ResampleStream``); identity when the rates match."""
+
+    def __init__(self, in_rate: float, out_rate: float):
+        self.in_rate, self.out_rate = float(in_rate), float(out_rate)
+        self._rs = None
+        if self.in_rate != self.out_rate:
+            self._rs = soxr.ResampleStream(self.in_rate, self.out_rate, 1, dtype="float32", quality="HQ")
+
+    def process(self, x: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+        return x.copy() if self._rs is None else self._rs.resample_chunk(x)
+
+    def flush(self) -> np.ndarray:
+        """The samples still inside the filter (end of stream)."""
+        if self._rs is None:
+            return np.zeros(0, dtype=np.float32)
+        return self._rs.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
+
+    def reset(self) -> None:
+        if self._rs is not None:
+            self._rs.clear()
+
+
+class FrameAssembler:
+    """Cuts a stream of samples into frames of exactly ``frame`` samples."""
+
+    def __init__(self, frame: int = ENGINE_RATE):
+        self.frame = int(frame)
+        self._parts: List[np.ndarray] = []
+        self._n = 0
+
+    @property
+    def pending(self) -> int:
+        return self._n
+
+    def push(self, x: np.ndarray) -> List[np.ndarray]:
+        """Add samples; return the frames completed by them (possibly none)."""
+        if len(x):
+            self._parts.append(np.asarray(x, dtype=np.float32).reshape(-1))
+            self._n += len(x)
+        frames = []
+        while self._n >= self.frame:
+            buf = np.concatenate(self._parts)
+            frames.append(buf[:self.frame].copy())
+            rest = buf[self.frame:]
+            self._parts, self._n = ([rest] if len(rest) else []), len(rest)
+        return frames
+
+
+# ----------------------------------------------------------------------------- devices
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One PortAudio device as the pickers show it."""
+    index: int
+    name: str
+    hostapi: str
+    inputs: int
+    outputs: int
+    rate: int            # the device's native (default) sample rate
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.hostapi}, {self.rate / 1000:g} kHz)"
+
+
+def sounddevice_module():
+    """Import sounddevice, turning a missing PortAudio into one clear AudioUnavailable."""
+    try:
+        import sounddevice
+    except OSError as e:
+        raise AudioUnavailable(f"PortAudio is not available ({e}); install libportaudio2. "
+                               "File input keeps working.") from None
+    return sounddevice
+
+
+def list_devices() -> Tuple[List[DeviceInfo], List[DeviceInfo]]:
+    """(input devices, output devices). Raises AudioUnavailable when PortAudio is missing."""
+    sd = sounddevice_module()
+    try:
+        apis = [a["name"] for a in sd.query_hostapis()]
+        devs = list(sd.query_devices())
+    except Exception as e:     # PortAudioError and friends: say it once, clearly
+        raise AudioUnavailable(f"cannot list audio devices: {e}") from None
+    infos = [DeviceInfo(int(d["index"]), str(d["name"]), apis[d["hostapi"]], int(d["max_input_channels"]),
+                        int(d["max_output_channels"]), int(round(d["default_samplerate"]))) for d in devs]
+    return [d for d in infos if d.inputs > 0], [d for d in infos if d.outputs > 0]
+
+
+def find_device(spec: str, devices: List[DeviceInfo], kind: str) -> DeviceInfo:
+    """A device by index or by (case-insensitive) name; exact names win over substrings."""
+    if not devices:
+        raise AudioUnavailable(f"no audio {kind} devices found. File input keeps working.")
+    if spec.isdigit():
+        hits = [d for d in devices if d.index == int(spec)]
+    else:
+        hits = [d for d in devices if d.name.lower() == spec.lower()] or \
+               [d for d in devices if spec.lower() in d.name.lower()]
+    if not hits:
+        names = ", ".join(d.name for d in devices)
+        raise AudioUnavailable(f"no {kind} device matches {spec!r}; available: {names}")
+    return hits[0]
+
+
+class InputSource:
+    """Where microphone samples come from: a producer that fills ``ring`` at ``rate``."""
+
+    label = "input"
+
+    def __init__(self, rate: int, seconds: float = 4.0):
+        self.rate = int(rate)
+        self.ring = RingBuffer(int(rate * seconds))
+        self.xruns = 0                       # callback-reported overflows
+        self.failure: Optional[str] = None   # set once the source died (device gone)
+
+    @property
+    def finished(self) -> bool:
+        """True once a finite source (a file) has delivered all of its samples."""
+        return False
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def check(self) -> Optional[str]:
+        """Poll for failure (called from the GUI timer); returns the failure message or None."""
+        return self.failure
+
+
+class DeviceInput(InputSource):
+    """A PortAudio input device at its native rate, mono float32."""
+
+    def __init__(self, device: DeviceInfo):
+        super().__init__(device.rate)
+        self.device = device
+        self.label = device.name
+        self._stream = None
+        self._stopping = False
+
+    def _callback(self, indata, frames, when, status) -> None:
+        if status.input_overflow:
+            self.xruns += 1
+        self.ring.write(indata[:, 0])        # copy only: nothing else happens in the callback
+
+    def start(self) -> None:
+        sd = sounddevice_module()
+        try:
+            self._stream = sd.InputStream(device=self.device.index, samplerate=self.rate, channels=1,
+                                          dtype="float32", callback=self._callback)
+            self._stream.start()
+        except Exception as e:
+            raise AudioUnavailable(f"cannot open input device '{self.device.name}': {e}") from None
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self._stream is not None:
+            try:
+                self._stream.close(ignore_errors=True)
+            finally:
+                self._stream = None
+
+    def check(self) -> Optional[str]:
+        s = self._stream
+        if self.failure is None and not self._stopping and s is not None and not s.active:
+            self.failure = f"input device '{self.device.name}' stopped (unplugged?)"
+        return self.failure
+
+
+class _PacedInput(InputSource):
+    """A source whose samples come from a thread at real-time pace (``speed`` x real time)."""
+
+    block_s = 0.02
+
+    def __init__(self, rate: int, speed: float = 1.0):
+        super().__init__(rate)
+        if speed <= 0:
+            raise ValueError("speed must be positive")
+        self.speed = float(speed)
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def _block(self, n: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        n = max(1, int(round(self.rate * self.block_s)))
+        period = n / self.rate / self.speed
+        t0, k = time.monotonic(), 0
+        while not self._stop.is_set():
+            k += 1
+            delay = t0 + k * period - time.monotonic()
+            if delay > 0 and self._stop.wait(delay):
+                break
+            self.ring.write(self._block(n))
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=f"{type(self).__name__}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+            self._thread = None
+
+
+class SilentInput(_PacedInput):
+    """Zeros at real-time pace: keeps a session's clock running when its device disappears."""
+
+    label = "silence"
+
+    def _block(self, n: int) -> np.ndarray:
+        return np.zeros(n, dtype=np.float32)
+
+
+class FileInput(_PacedInput):
+    """A WAV file played as the microphone at real-time pace, then silence (``finished`` turns True)."""
+
+    def __init__(self, path, speed: float = 1.0):
+        samples, rate = read_wav(path)
+        super().__init__(rate, speed)
+        self.path = str(path)
+        self.label = f"file {path}"
+        self.samples = samples
+        self._pos = 0
+
+    @property
+    def finished(self) -> bool:
+        return self._pos >= len(self.samples)
+
+    @property
+    def duration_s(self) -> float:
+        return len(self.samples) / self.rate
+
+    def _block(self, n: int) -> np.ndarray:
+        out = np.zeros(n, dtype=np.float32)
+        take = self.samples[self._pos:self._pos + n]
+        out[:len(take)] = take
+        self._pos += n
+        return out
+
+
+class DeviceOutput:
+    """A PortAudio output device at its native rate; the callback plays ``ring`` or zeros."""
+
+    def __init__(self, device: DeviceInfo, seconds: float = 30.0):
+        self.device = device
+        self.label = device.name
+        self.rate = device.rate
+        self.ring = RingBuffer(int(device.rate * seconds))
+        self.xruns = 0
+        self.failure: Optional[str] = None
+        self._stream = None
+        self._stopping = False
+
+    def _callback(self, outdata, frames, when, status) -> None:
+        if status.output_underflow:
+            self.xruns += 1
+        n = self.ring.read_into(outdata[:, 0])
+        outdata[n:, 0] = 0.0                 # nothing queued: play silence
+
+    def start(self) -> None:
+        sd = sounddevice_module()
+        try:
+            self._stream = sd.OutputStream(device=self.device.index, samplerate=self.rate, channels=1,
+                                           dtype="float32", callback=self._callback)
+            self._stream.start()
+        except Exception as e:
+            raise AudioUnavailable(f"cannot open output device '{self.device.name}': {e}") from None
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self._stream is not None:
+            try:
+                self._stream.close(ignore_errors=True)
+            finally:
+                self._stream = None
+
+    def check(self) -> Optional[str]:
+        s = self._stream
+        if self.failure is None and not self._stopping and s is not None and not s.active:
+            self.failure = f"output device '{self.device.name}' stopped (unplugged?)"
+        return self.failure
+
+
+class Playback:
+    """The model's 24 kHz speech on its way to a sink: resampled to the sink's rate, flushable."""
+
+    def __init__(self, sink):
+        self.sink = sink
+        self._rs = StreamResampler(ENGINE_RATE, sink.rate)
+        self._lock = threading.Lock()
+
+    def push(self, audio: np.ndarray) -> None:
+        with self._lock:
+            self.sink.ring.write(self._rs.process(audio))
+
+    def queued_s(self) -> float:
+        """Seconds of audio waiting to be played."""
+        return len(self.sink.ring) / self.sink.rate
+
+    def flush(self) -> float:
+        """Drop all queued playback (barge-in); returns the seconds dropped."""
+        with self._lock:
+            n = self.sink.ring.clear()
+            self._rs.reset()
+        return n / self.sink.rate

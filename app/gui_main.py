@@ -1,0 +1,159 @@
+"""`duplexcadence` without a subcommand: the desktop app, optionally scripted.
+
+Interactive:  duplexcadence
+Scripted:     duplexcadence --input-file IN.wav [--output-file OUT.wav] [--seconds N] [--export DIR]
+                            [--screenshot PNG] [--model step-audio2|mimi] [--backbone synthetic|moshi]
+                            [--checkpoint PATH]
+A scripted run plays the WAV as the microphone at real-time pace (then silence), stops feeding it
+after N seconds (default: the file's length), lets every submitted second finish, writes the output
+WAV, the exports and a screenshot of the window, and exits 0 (1 when the session failed or a file
+could not be written, 2 for bad arguments).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Optional
+
+SCRIPT_FLAGS = ("input_file", "input_device", "seconds", "export", "screenshot", "output_file")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="duplexcadence", description="Live full-duplex conversation with a "
+                                "clock-aware engine. Subcommands: synth, run (see 'duplexcadence synth -h').")
+    s = p.add_argument_group("scripted session (demos, tests, screenshots)")
+    s.add_argument("--input-file", metavar="IN.wav", help="play this WAV as the microphone, at real-time pace")
+    s.add_argument("--input-device", metavar="NAME", help="use this audio input device (name or index)")
+    s.add_argument("--output-device", metavar="NAME", help="play the model's speech on this device")
+    s.add_argument("--output-file", metavar="OUT.wav", help="write the model's speech (24 kHz) here")
+    s.add_argument("--seconds", type=float, help="stop after N seconds (default: the input file's length)")
+    s.add_argument("--export", metavar="DIR", help="write CSV, JSON Lines, trace and WAVs of the session here")
+    s.add_argument("--screenshot", metavar="PNG", help="save a screenshot of the window at the end")
+    m = p.add_argument_group("model")
+    m.add_argument("--model", dest="tail", choices=["step-audio2", "mimi"], help="decoder tail")
+    m.add_argument("--backbone", choices=["synthetic", "moshi"])
+    m.add_argument("--size", choices=["auto", "released", "tiny"])
+    m.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    m.add_argument("--checkpoint", help="decoder tail checkpoint (Step-Audio2 folder, Mimi .safetensors)")
+    m.add_argument("--backbone-checkpoint", help="Moshi weights folder")
+    m.add_argument("--no-demand-sized", action="store_true", help="stock-sized state arenas")
+    m.add_argument("--no-graph-replay", action="store_true", help="run every second eagerly")
+    m.add_argument("--seed", type=int, default=0)
+    p.add_argument("--settings", metavar="INI", help="keep settings in this INI file (default: the platform store)")
+    return p
+
+
+def _scripted(a: argparse.Namespace) -> bool:
+    return any(getattr(a, k) is not None for k in SCRIPT_FLAGS)
+
+
+def _config(a: argparse.Namespace, base):
+    """The panel's settings overridden by the command line, resolved (ValueError on a bad choice)."""
+    over = {k: v for k, v in (("tail", a.tail), ("backbone", a.backbone), ("size", a.size),
+                              ("checkpoint", a.checkpoint), ("backbone_checkpoint", a.backbone_checkpoint))
+            if v is not None}
+    cfg = base.replace(device=a.device, seed=a.seed, demand_sized=not a.no_demand_sized,
+                       graph_replay=not a.no_graph_replay, **over)
+    return cfg.resolved()
+
+
+class ScriptedRun:
+    """Drives one scripted session in a window: start, stop after N s, write files, quit."""
+
+    def __init__(self, window, args: argparse.Namespace):
+        self.window, self.args = window, args
+        self.exit_code = 0
+
+    def start(self, cfg, source, sink) -> bool:
+        from PySide6.QtCore import QTimer
+        seconds = self.args.seconds
+        if seconds is None:
+            seconds = math.ceil(getattr(source, "duration_s", 0.0)) or 10.0
+        c = self.window.controller
+        c.stopped.connect(self.finish)
+        c.message.connect(self._on_message)
+        if not self.window.start_with(cfg, source, sink):
+            return False
+        QTimer.singleShot(int(seconds * 1000), lambda: c.finish(timeout_s=max(60.0, 10 * seconds)))
+        return True
+
+    def _on_message(self, level: str, text: str) -> None:
+        print(f"duplexcadence: {level}: {text}", file=sys.stderr)
+        if level == "error":
+            self.exit_code = 1
+
+    def finish(self) -> None:
+        from PySide6.QtWidgets import QApplication
+        from app.wavio import WavError, write_wav
+        a, w = self.args, self.window
+        if a.output_file:
+            try:
+                write_wav(a.output_file, w.controller.output_audio(), 24000)
+            except WavError as e:
+                self._on_message("error", str(e))
+        if a.export and w.export_to(a.export) is None:
+            self.exit_code = 1
+        if a.screenshot:
+            QApplication.processEvents()
+            Path(a.screenshot).parent.mkdir(parents=True, exist_ok=True)
+            if not w.grab().save(a.screenshot):
+                self._on_message("error", f"cannot write screenshot {a.screenshot}")
+        n = len(w.controller.records)
+        print(f"duplexcadence: {n} seconds processed, {sum(1 for r in w.controller.records if r.missed)} missed")
+        QApplication.instance().exit(self.exit_code)
+
+
+def _audio(a: argparse.Namespace):
+    """(source, sink) for a scripted run; raises AudioUnavailable / WavError with one message."""
+    from app.audio_io import DeviceInput, DeviceOutput, FileInput, find_device, list_devices
+    source = sink = None
+    if a.input_file:
+        source = FileInput(a.input_file)
+    if a.input_device is not None or a.output_device is not None:
+        inputs, outputs = list_devices()
+        if a.input_device is not None:
+            source = DeviceInput(find_device(a.input_device, inputs, "input"))
+        if a.output_device is not None:
+            sink = DeviceOutput(find_device(a.output_device, outputs, "output"))
+    if source is None:
+        raise ValueError("a scripted run needs --input-file or --input-device")
+    if a.input_device is not None and a.seconds is None:
+        raise ValueError("--input-device needs --seconds")
+    return source, sink
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    from PySide6.QtWidgets import QApplication
+    app = QApplication.instance() or QApplication(["duplexcadence"])
+    app.setApplicationName("DuplexCadence")
+    app.setOrganizationName("DuplexCadence")
+    from app.audio_io import AudioUnavailable
+    from app.settings import open_qsettings
+    from app.wavio import WavError
+    from app.window import MainWindow
+
+    window = MainWindow(settings=open_qsettings(a.settings))
+    if not _scripted(a):
+        window.show()
+        return int(app.exec())
+    try:
+        cfg = _config(a, window.model_panel.config())
+        source, sink = _audio(a)
+    except (ValueError, AudioUnavailable, WavError) as e:     # WavError is a ValueError too
+        print(f"duplexcadence: error: {e}", file=sys.stderr)
+        return 2
+    window.show()
+    run = ScriptedRun(window, a)
+    if not run.start(cfg, source, sink):
+        print(f"duplexcadence: error: {window.message_banner.text()}", file=sys.stderr)
+        return 1
+    code = int(app.exec())
+    window.close()
+    return code or run.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

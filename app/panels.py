@@ -1,0 +1,318 @@
+"""The window's side panels: model choice, audio devices, engine toggles, summary row, event log."""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QComboBox, QFileDialog, QFormLayout, QGroupBox,
+                               QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton, QRadioButton,
+                               QVBoxLayout, QWidget, QApplication)
+
+from app.audio_io import DeviceInfo
+from app.plots import LevelMeter
+from app.viewmodel import GREEN, RED, EventLog, Summary
+from engine.session import SessionConfig
+
+TAILS = [("Step-Audio2 token2wav (MiniCPM-o 4.5)", "step-audio2"), ("Mimi decoder (Moshi)", "mimi")]
+BACKBONES = [("Synthetic (seeded policy, random weights)", "synthetic"), ("Moshi", "moshi")]
+SIZES = [("auto", "auto"), ("released", "released"), ("tiny", "tiny")]
+
+
+def _combo(items, tooltip: str = "") -> QComboBox:
+    c = QComboBox()
+    for text, data in items:
+        c.addItem(text, data)
+    c.setToolTip(tooltip)
+    return c
+
+
+def _select(combo: QComboBox, data) -> None:
+    i = combo.findData(data)
+    if i >= 0:
+        combo.setCurrentIndex(i)
+
+
+class PathChooser(QWidget):
+    """A path line edit with a "Browse…" folder button and a clear button."""
+
+    changed = Signal(str)
+
+    def __init__(self, placeholder: str, parent=None):
+        super().__init__(parent)
+        self.edit = QLineEdit()
+        self.edit.setPlaceholderText(placeholder)
+        self.edit.setClearButtonEnabled(True)
+        browse = QPushButton("Browse…")
+        browse.clicked.connect(self._browse)
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.addWidget(self.edit, 1)
+        lay.addWidget(browse)
+        self.edit.editingFinished.connect(lambda: self.changed.emit(self.path()))
+        self.edit.textChanged.connect(lambda t: self.changed.emit(self.path()) if not t else None)
+
+    def path(self) -> str:
+        return self.edit.text().strip()
+
+    def set_path(self, path: str) -> None:
+        self.edit.setText(path or "")
+        self.changed.emit(self.path())
+
+    def _browse(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Choose a checkpoint folder", self.path())
+        if folder:
+            self.set_path(folder)
+
+
+class ModelPanel(QGroupBox):
+    """Decoder tail, backbone, size and checkpoints, validated with ``SessionConfig.resolved``."""
+
+    changed = Signal()
+
+    def __init__(self, cuda: bool, parent=None):
+        super().__init__("Model", parent)
+        self.cuda = cuda
+        self.tail = _combo(TAILS, "the decoder tail that turns speech tokens into audio")
+        self.backbone = _combo(BACKBONES, "the model that listens and decides what to say")
+        self.size = _combo(SIZES, "auto picks released sizes on a GPU and tiny sizes on a CPU")
+        self.checkpoint = PathChooser("none: seeded random weights")
+        self.backbone_checkpoint = PathChooser("Moshi weights folder (optional)")
+        self.size_note = QLabel(f"auto = {'released on this GPU' if cuda else 'tiny (no CUDA here)'}")
+        self.size_note.setStyleSheet("color: #666;")
+        self.status = QLabel()
+        self.status.setWordWrap(True)
+        form = QFormLayout(self)
+        form.addRow("Decoder tail", self.tail)
+        form.addRow("Backbone", self.backbone)
+        form.addRow("Size", self.size)
+        form.addRow("", self.size_note)
+        form.addRow("Tail checkpoint", self.checkpoint)
+        form.addRow("Backbone weights", self.backbone_checkpoint)
+        form.addRow(self.status)
+        for c in (self.tail, self.backbone, self.size):
+            c.currentIndexChanged.connect(self._on_change)
+        self.checkpoint.changed.connect(self._on_change)
+        self.backbone_checkpoint.changed.connect(self._on_change)
+        self._on_change()
+
+    def set_values(self, tail: str, backbone: str, size: str, checkpoint: str, backbone_checkpoint: str) -> None:
+        _select(self.tail, tail)
+        _select(self.backbone, backbone)
+        _select(self.size, size)
+        self.checkpoint.set_path(checkpoint)
+        self.backbone_checkpoint.set_path(backbone_checkpoint)
+
+    def config(self, **toggles) -> SessionConfig:
+        """The unresolved config the panel shows (plus the given toggles)."""
+        return SessionConfig(tail=self.tail.currentData(), backbone=self.backbone.currentData(),
+                             size=self.size.currentData(), checkpoint=self.checkpoint.path() or None,
+                             backbone_checkpoint=self.backbone_checkpoint.path() or None, **toggles)
+
+    def validate(self) -> Tuple[Optional[SessionConfig], str]:
+        """(resolved config, "") when valid, else (None, the one clear message)."""
+        try:
+            return self.config().resolved(), ""
+        except ValueError as e:
+            return None, str(e)
+
+    def _on_change(self, *_) -> None:
+        self.backbone_checkpoint.setEnabled(self.backbone.currentData() == "moshi")
+        cfg, err = self.validate()
+        if cfg is None:
+            self.status.setText(f"✗ {err}")
+            self.status.setStyleSheet(f"color: {RED};")
+        else:
+            weights = "checkpoint weights" if cfg.checkpoint else "seeded random weights (no real voice)"
+            self.status.setText(f"✓ {cfg.size} on {cfg.device}, {weights}")
+            self.status.setStyleSheet(f"color: {GREEN};")
+        self.changed.emit()
+
+
+class DevicePanel(QGroupBox):
+    """Input/output pickers (with native rates), open mic vs push-to-talk, level meter, xruns."""
+
+    input_changed = Signal()
+    output_changed = Signal()
+    push_to_talk_changed = Signal(bool)
+
+    def __init__(self, parent=None):
+        super().__init__("Audio", parent)
+        self.input = QComboBox()
+        self.output = QComboBox()
+        self.input.setMinimumContentsLength(24)
+        self.output.setMinimumContentsLength(24)
+        self.input.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.output.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.open_mic = QRadioButton("Open mic")
+        self.ptt = QRadioButton("Hold Space to talk")
+        group = QButtonGroup(self)
+        group.addButton(self.open_mic)
+        group.addButton(self.ptt)
+        self.open_mic.setChecked(True)
+        self.meter = LevelMeter()
+        self.mic_state = QLabel("mic: open")
+        self.xruns = QLabel("xruns: 0")
+        self.xruns.setToolTip("audio callback overflows/underflows and samples dropped by a full input buffer")
+        self.device_error = QLabel()
+        self.device_error.setWordWrap(True)
+        self.device_error.setStyleSheet(f"color: {RED};")
+        self.device_error.hide()
+        modes = QHBoxLayout()
+        modes.addWidget(self.open_mic)
+        modes.addWidget(self.ptt)
+        modes.addStretch(1)
+        stats = QHBoxLayout()
+        stats.addWidget(self.mic_state)
+        stats.addStretch(1)
+        stats.addWidget(self.xruns)
+        form = QFormLayout(self)
+        form.addRow("Input", self.input)
+        form.addRow("Output", self.output)
+        form.addRow("Mic", modes)
+        form.addRow("Level", self.meter)
+        form.addRow(stats)
+        form.addRow(self.device_error)
+        self.input.activated.connect(self._on_input)
+        self.output.activated.connect(lambda _: self.output_changed.emit())
+        self.ptt.toggled.connect(self.push_to_talk_changed.emit)
+
+    def populate(self, inputs: List[DeviceInfo], outputs: List[DeviceInfo], error: str = "",
+                 input_file: str = "") -> None:
+        """Fill the pickers; ``error`` (PortAudio missing, no devices) is shown in red."""
+        self.input.clear()
+        self.output.clear()
+        for d in inputs:
+            self.input.addItem(f"{d.label}", ("device", d))
+        if input_file:
+            self.add_input_file(input_file, select=False)
+        self.input.addItem("WAV file…", ("choose", None))
+        for d in outputs:
+            self.output.addItem(f"{d.label}", ("device", d))
+        self.output.addItem("No playback (record only)", ("none", None))
+        self.device_error.setText(error)
+        self.device_error.setVisible(bool(error))
+
+    def add_input_file(self, path: str, select: bool = True) -> None:
+        i = self.input.findData(("file", path))
+        if i < 0:
+            i = max(0, self.input.count() - 1) if self.input.findData(("choose", None)) >= 0 else self.input.count()
+            self.input.insertItem(i, f"WAV: {path}", ("file", path))
+        if select:
+            self.input.setCurrentIndex(i)
+
+    def select_device(self, combo: QComboBox, name: str) -> None:
+        for i in range(combo.count()):
+            kind, d = combo.itemData(i)
+            if kind == "device" and d.name == name:
+                combo.setCurrentIndex(i)
+                return
+
+    def selected_input(self) -> Tuple[str, object]:
+        return self.input.currentData() or ("choose", None)
+
+    def selected_output(self) -> Tuple[str, object]:
+        return self.output.currentData() or ("none", None)
+
+    def _on_input(self, index: int) -> None:
+        kind, _ = self.input.itemData(index)
+        if kind == "choose":
+            path, _ = QFileDialog.getOpenFileName(self, "Play a WAV file as the microphone", "", "WAV (*.wav)")
+            if path:
+                self.add_input_file(path)
+            else:
+                self.input.setCurrentIndex(0)
+        self.input_changed.emit()
+
+    def show_meters(self, m: dict) -> None:
+        self.meter.set_level(m.get("level_db", -120.0))
+        self.mic_state.setText("mic: open" if m.get("mic_open", True) else "mic: muted (hold Space)")
+        self.xruns.setText(f"xruns: {m.get('xruns', 0)}")
+
+
+class TogglePanel(QGroupBox):
+    """The engine's optimizations; changes apply at the next second boundary."""
+
+    toggled = Signal(bool, bool)     # demand_sized, graph_replay
+
+    def __init__(self, cuda: bool, parent=None):
+        super().__init__("Engine optimizations", parent)
+        self.demand = QCheckBox("Demand-sized state (exact per-second lengths)")
+        self.graphs = QCheckBox("Exact-shape graph replay (CUDA graphs)")
+        self.demand.setChecked(True)
+        self.graphs.setChecked(cuda)
+        self.demand.setToolTip("state regions sized to what each second needs instead of the stock maxima")
+        if cuda:
+            self.graphs.setToolTip("replay one captured CUDA graph per exact shape signature")
+        else:
+            self.graphs.setEnabled(False)
+            self.graphs.setToolTip("needs CUDA: there is no GPU here, so every second runs eagerly")
+        note = QLabel("Applied at the next second boundary; no audio is dropped and output bits never change.")
+        note.setWordWrap(True)
+        note.setStyleSheet("color: #666;")
+        lay = QVBoxLayout(self)
+        lay.addWidget(self.demand)
+        lay.addWidget(self.graphs)
+        lay.addWidget(note)
+        self.demand.toggled.connect(self._emit)
+        self.graphs.toggled.connect(self._emit)
+
+    def values(self) -> Tuple[bool, bool]:
+        return self.demand.isChecked(), self.graphs.isChecked() and self.graphs.isEnabled()
+
+    def _emit(self, *_) -> None:
+        self.toggled.emit(*self.values())
+
+
+class SummaryRow(QWidget):
+    """p50 / p99 of the last 60 s, misses, current lateness, backlog, state bytes; coloured."""
+
+    KEYS = ("p50", "p99", "misses", "lateness", "backlog", "memory")
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        self.labels = {}
+        for k in self.KEYS:
+            lab = QLabel()
+            lab.setAlignment(Qt.AlignCenter)
+            lay.addWidget(lab, 1)
+            self.labels[k] = lab
+        self.show_summary(Summary())
+
+    def show_summary(self, s: Summary) -> None:
+        texts = s.text()
+        for k, lab in self.labels.items():
+            colour = s.colours.get(k, "#8a8f98")
+            lab.setText(texts[k])
+            lab.setStyleSheet(f"background: {colour}; color: white; border-radius: 4px; padding: 3px 6px;"
+                              "font-weight: bold;")
+
+
+class EventLogPanel(QGroupBox):
+    """Timestamped events with "Copy as JSON"."""
+
+    def __init__(self, log: EventLog, parent=None):
+        super().__init__("Events", parent)
+        self.log = log
+        self.view = QPlainTextEdit()
+        self.view.setReadOnly(True)
+        self.view.setMaximumBlockCount(2000)
+        self.view.setLineWrapMode(QPlainTextEdit.NoWrap)
+        copy = QPushButton("Copy as JSON")
+        copy.clicked.connect(self.copy_json)
+        lay = QVBoxLayout(self)
+        lay.addWidget(self.view, 1)
+        row = QHBoxLayout()
+        row.addStretch(1)
+        row.addWidget(copy)
+        lay.addLayout(row)
+
+    def add(self, kind: str, text: str, data: Optional[dict] = None) -> None:
+        ev = self.log.add(kind, text, data)
+        self.view.appendPlainText(ev.line())
+
+    def copy_json(self) -> str:
+        text = self.log.to_json()
+        QApplication.clipboard().setText(text)
+        return text

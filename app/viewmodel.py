@@ -1,0 +1,166 @@
+"""View models: what the window shows, computed without Qt (tested without a display).
+
+:class:`SessionSeries` turns per-second records into plot arrays and a :class:`Summary` (p50/p99
+of the last 60 s, misses, current lateness) with green/yellow/red colours; :class:`EventLog` keeps
+timestamped events and renders them as text lines or as JSON (the "copy as JSON" button).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+GREEN, YELLOW, RED, GREY = "#2e9d57", "#d9a21b", "#d64541", "#8a8f98"
+MIB = 1024 * 1024
+#: how many seconds the summary row looks back
+SUMMARY_WINDOW_S = 60
+
+
+def traffic_light(value: float, yellow_at: float, red_at: float) -> str:
+    """GREEN below ``yellow_at``, YELLOW below ``red_at``, RED at or above it."""
+    if value >= red_at:
+        return RED
+    return YELLOW if value >= yellow_at else GREEN
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default); 0.0 for no values."""
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if len(values) else 0.0
+
+
+def format_bytes(n: float) -> str:
+    """Bytes for people: 512 B, 3.2 KiB, 41.0 MiB, 2.14 GiB."""
+    n = float(n)
+    for unit, scale in (("GiB", 1024 ** 3), ("MiB", MIB), ("KiB", 1024)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}" if unit == "GiB" else f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+@dataclass
+class Summary:
+    """The summary row: last-60-s percentiles, misses, lateness, memory, and a colour for each."""
+    seconds: int = 0
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    misses: int = 0                 # whole session
+    misses_window: int = 0          # last 60 s
+    lateness_ms: float = 0.0        # the latest second
+    backlog: int = 0
+    state_bytes: int = 0
+    reserved_bytes: int = 0
+    colours: Dict[str, str] = field(default_factory=dict)
+
+    def text(self) -> Dict[str, str]:
+        """Label texts by key (the keys of ``colours``)."""
+        return {
+            "p50": f"p50 {self.p50_ms:.0f} ms",
+            "p99": f"p99 {self.p99_ms:.0f} ms",
+            "misses": f"misses {self.misses} ({self.misses_window} in 60 s)",
+            "lateness": f"late now {self.lateness_ms:.0f} ms",
+            "backlog": f"backlog {self.backlog} s",
+            "memory": f"state {format_bytes(self.state_bytes)}",
+        }
+
+
+class SessionSeries:
+    """Per-second series for the plots, one point per record, plus the summary row."""
+
+    def __init__(self, deadline_ms: float = 1000.0):
+        self.deadline_ms = float(deadline_ms)
+        self.rows: List[dict] = []
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def clear(self) -> None:
+        self.rows.clear()
+
+    def add(self, record) -> dict:
+        """Add one SecondRecord (or its ``to_dict()``); returns the stored row."""
+        row = record if isinstance(record, dict) else record.to_dict()
+        self.deadline_ms = float(row.get("deadline_ms", self.deadline_ms))
+        self.rows.append(row)
+        return row
+
+    def column(self, key: str) -> np.ndarray:
+        return np.asarray([float(r[key]) for r in self.rows], dtype=np.float64)
+
+    def index(self) -> np.ndarray:
+        return self.column("index")
+
+    def stages(self) -> Dict[str, np.ndarray]:
+        """listen/think/speak ms per second (the stacked bars)."""
+        return {k: self.column(f"{k}_ms") for k in ("listen", "think", "speak")}
+
+    def missed(self) -> np.ndarray:
+        return np.asarray([bool(r["missed"]) for r in self.rows], dtype=bool)
+
+    def memory_mib(self) -> Dict[str, np.ndarray]:
+        """Arena bytes and allocator reserved bytes, in MiB."""
+        return {"state": self.column("state_bytes") / MIB, "reserved": self.column("reserved_bytes") / MIB}
+
+    def summary(self, window_s: int = SUMMARY_WINDOW_S) -> Summary:
+        if not self.rows:
+            return Summary(colours={k: GREY for k in Summary().text()})
+        recent = self.rows[-window_s:]
+        totals = [float(r["total_ms"]) for r in recent]
+        last = self.rows[-1]
+        s = Summary(seconds=len(self.rows), p50_ms=percentile(totals, 50), p99_ms=percentile(totals, 99),
+                    misses=sum(1 for r in self.rows if r["missed"]),
+                    misses_window=sum(1 for r in recent if r["missed"]),
+                    lateness_ms=float(last["late_ms"]), backlog=int(last.get("backlog", 0)),
+                    state_bytes=int(last["state_bytes"]), reserved_bytes=int(last["reserved_bytes"]))
+        d = self.deadline_ms
+        s.colours = {
+            "p50": traffic_light(s.p50_ms, 0.7 * d, d),
+            "p99": traffic_light(s.p99_ms, 0.8 * d, d),
+            "misses": traffic_light(s.misses_window, 1, 3),
+            "lateness": traffic_light(s.lateness_ms, 1e-9, 0.5 * d),
+            "backlog": traffic_light(s.backlog, 1, 3),
+            "memory": GREEN,
+        }
+        return s
+
+    def mode_changes(self) -> List[dict]:
+        """Seconds at which the engine toggles in effect changed (for the event log)."""
+        out, prev = [], None
+        for r in self.rows:
+            cur = (r["demand_sized"], r["graph_replay"])
+            if prev is not None and cur != prev:
+                out.append({"index": r["index"], "demand_sized": cur[0], "graph_replay": cur[1]})
+            prev = cur
+        return out
+
+
+@dataclass
+class Event:
+    """One line of the event log."""
+    time: float          # unix seconds
+    kind: str            # "session", "toggle", "barge-in", "device", "error", "export", ...
+    text: str
+    data: Optional[dict] = None
+
+    def line(self) -> str:
+        stamp = time.strftime("%H:%M:%S", time.localtime(self.time)) + f".{int(self.time * 1000) % 1000:03d}"
+        return f"{stamp}  {self.kind:<9} {self.text}"
+
+
+class EventLog:
+    """Bounded list of events, newest last; ``to_json`` is what "Copy as JSON" puts on the clipboard."""
+
+    def __init__(self, limit: int = 2000):
+        self.limit = limit
+        self.events: List[Event] = []
+
+    def add(self, kind: str, text: str, data: Optional[dict] = None, when: Optional[float] = None) -> Event:
+        ev = Event(time.time() if when is None else float(when), kind, text, data)
+        self.events.append(ev)
+        del self.events[:-self.limit]
+        return ev
+
+    def to_json(self) -> str:
+        return json.dumps([{k: v for k, v in asdict(e).items() if v is not None} for e in self.events], indent=1)

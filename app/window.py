@@ -1,0 +1,344 @@
+"""The main window: Start/Stop, model and audio panels, toggles, live plots, summary, events, export."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Dict, Optional
+
+from PySide6.QtCore import QEvent, QSettings, Qt
+from PySide6.QtGui import QIcon, QKeyEvent
+from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QLabel, QLineEdit, QMainWindow,
+                               QPlainTextEdit, QPushButton, QSplitter, QTabWidget, QVBoxLayout, QWidget)
+
+from app import controller as ctl
+from app.audio_io import AudioUnavailable, DeviceInput, DeviceOutput, FileInput, list_devices
+from app.panels import DevicePanel, EventLogPanel, ModelPanel, SummaryRow, TogglePanel
+from app.plots import MemoryPlot, TimingPlot
+from app.settings import AppSettings, load_settings, open_qsettings, save_settings
+from app.viewmodel import RED, YELLOW, EventLog, SessionSeries
+from app.wavio import WavError
+from engine.session import ExportError, SessionConfig
+
+SYNTHETIC_BANNER = ("Synthetic weights: timing and memory are real; the voice is not speech — "
+                    "load a checkpoint folder for a real voice.")
+ICON = Path(__file__).resolve().parent.parent / "assets" / "icon.png"
+STATE_STYLE = {
+    "listen": ("LISTENING", "#4c78a8"), "speak": ("SPEAKING", "#59a14f"), ctl.STARTING: ("STARTING…", "#8a8f98"),
+    ctl.IDLE: ("IDLE", "#8a8f98"), ctl.DRAINING: ("FINISHING…", "#8a8f98"), ctl.STOPPING: ("STOPPING…", "#8a8f98"),
+}
+
+
+def _banner(colour: str) -> QLabel:
+    lab = QLabel()
+    lab.setWordWrap(True)
+    lab.setStyleSheet(f"background: {colour}; color: black; padding: 6px 10px; border-radius: 4px;")
+    lab.hide()
+    return lab
+
+
+class MainWindow(QMainWindow):
+    """The DuplexCadence desktop window (one live session at a time)."""
+
+    def __init__(self, controller: Optional[ctl.SessionController] = None, settings: Optional[QSettings] = None,
+                 devices: Callable = list_devices, cuda: Optional[bool] = None):
+        super().__init__()
+        self.setWindowTitle("DuplexCadence — live duplex conversation")
+        if ICON.exists():
+            self.setWindowIcon(QIcon(str(ICON)))
+        self.qsettings = settings if settings is not None else open_qsettings()
+        self.settings = load_settings(self.qsettings)
+        self.cuda = self._detect_cuda() if cuda is None else cuda
+        self.controller = controller or ctl.SessionController()
+        self.series = SessionSeries()
+        self.log = EventLog()
+        self._build()
+        self._connect()
+        self._load_devices(devices)
+        self._apply_settings(self.settings)
+        self._last_toggles = None
+        self.resize(1440, 920)
+
+    # -- construction --------------------------------------------------------------------------
+    @staticmethod
+    def _detect_cuda() -> bool:
+        try:
+            return SessionConfig().resolved().device == "cuda"
+        except ValueError:
+            return False
+
+    def _build(self) -> None:
+        self.synthetic_banner = _banner(YELLOW)
+        self.synthetic_banner.setText(SYNTHETIC_BANNER)
+        self.message_banner = _banner("#f4b6b2")
+        self.start_button = QPushButton("Start")
+        self.stop_button = QPushButton("Stop")
+        self.export_button = QPushButton("Export…")
+        self.start_button.setToolTip("build the model and start listening")
+        self.export_button.setToolTip("timing logs (CSV, JSON Lines, Perfetto trace) and input/output WAV")
+        self.stop_button.setEnabled(False)
+        self.export_button.setEnabled(False)
+        self.state_label = QLabel()
+        self.session_label = QLabel("no session")
+        self.session_label.setStyleSheet("color: #444;")
+        self.backlog_label = QLabel("")
+        top = QHBoxLayout()
+        for w in (self.start_button, self.stop_button, self.state_label):
+            top.addWidget(w)
+        top.addWidget(self.session_label, 1)
+        top.addWidget(self.backlog_label)
+        top.addWidget(self.export_button)
+
+        self.model_panel = ModelPanel(self.cuda)
+        self.device_panel = DevicePanel()
+        self.toggle_panel = TogglePanel(self.cuda)
+        left = QWidget()
+        lcol = QVBoxLayout(left)
+        lcol.setContentsMargins(0, 0, 0, 0)
+        for w in (self.model_panel, self.device_panel, self.toggle_panel):
+            lcol.addWidget(w)
+        lcol.addStretch(1)
+        left.setMinimumWidth(420)
+
+        self.timing_plot = TimingPlot()
+        self.memory_plot = MemoryPlot()
+        self.summary_row = SummaryRow()
+        self.events = EventLogPanel(self.log)
+        self.transcript = QPlainTextEdit()
+        self.transcript.setReadOnly(True)
+        self.transcript.setPlaceholderText("Text the backbone produces appears here (the synthetic backbone "
+                                           "produces none).")
+        tabs = QTabWidget()
+        tabs.addTab(self.events, "Events")
+        tabs.addTab(self.transcript, "Model text")
+        right = QWidget()
+        rcol = QVBoxLayout(right)
+        rcol.setContentsMargins(0, 0, 0, 0)
+        rcol.addWidget(self.timing_plot, 5)
+        rcol.addWidget(self.summary_row)
+        rcol.addWidget(self.memory_plot, 3)
+        rcol.addWidget(tabs, 2)
+
+        split = QSplitter(Qt.Horizontal)
+        split.addWidget(left)
+        split.addWidget(right)
+        split.setStretchFactor(1, 1)
+        split.setSizes([440, 1000])
+        central = QWidget()
+        col = QVBoxLayout(central)
+        col.addWidget(self.synthetic_banner)
+        col.addWidget(self.message_banner)
+        col.addLayout(top)
+        col.addWidget(split, 1)
+        self.setCentralWidget(central)
+        self._show_state(ctl.IDLE)
+
+    def _connect(self) -> None:
+        c = self.controller
+        c.record.connect(self.on_record)
+        c.info.connect(self.on_info)
+        c.state_changed.connect(self.on_state)
+        c.message.connect(self.show_message)
+        c.event.connect(self.events.add)
+        c.meters.connect(self.on_meters)
+        self.start_button.clicked.connect(self.start_session)
+        self.stop_button.clicked.connect(self.controller.stop)
+        self.export_button.clicked.connect(self.export_dialog)
+        self.toggle_panel.toggled.connect(self.on_toggles)
+        self.device_panel.push_to_talk_changed.connect(c.set_push_to_talk)
+        self.device_panel.input_changed.connect(self.on_input_changed)
+        self.device_panel.output_changed.connect(self.on_output_changed)
+        self.model_panel.changed.connect(self.on_model_changed)
+        QApplication.instance().installEventFilter(self)
+
+    def _load_devices(self, devices: Callable) -> None:
+        try:
+            inputs, outputs = devices()
+            error = "" if inputs else "No audio input device found: play a WAV file as the microphone."
+        except AudioUnavailable as e:
+            inputs, outputs, error = [], [], str(e)
+        self.device_panel.populate(inputs, outputs, error, self.settings.input_file)
+        if error:
+            self.events.add("device", error)
+
+    def _apply_settings(self, s: AppSettings) -> None:
+        self.model_panel.set_values(s.tail, s.backbone, s.size, s.checkpoint, s.backbone_checkpoint)
+        self.device_panel.select_device(self.device_panel.input, s.input_device)
+        self.device_panel.select_device(self.device_panel.output, s.output_device)
+        if s.input_file and self.device_panel.input.count() and not s.input_device:
+            self.device_panel.add_input_file(s.input_file)
+        self.device_panel.ptt.setChecked(s.push_to_talk)
+        self.toggle_panel.demand.setChecked(s.demand_sized)
+        self.toggle_panel.graphs.setChecked(s.graph_replay and self.cuda)
+        if s.geometry:
+            self.restoreGeometry(s.geometry)
+
+    def save_settings(self) -> None:
+        m, d = self.model_panel, self.device_panel
+        (ik, iv), (ok, ov) = d.selected_input(), d.selected_output()
+        s = self.settings
+        s.tail, s.backbone, s.size = m.tail.currentData(), m.backbone.currentData(), m.size.currentData()
+        s.checkpoint, s.backbone_checkpoint = m.checkpoint.path(), m.backbone_checkpoint.path()
+        s.input_device = iv.name if ik == "device" else ""
+        s.input_file = iv if ik == "file" else s.input_file
+        s.output_device = ov.name if ok == "device" else ""
+        s.push_to_talk = d.ptt.isChecked()
+        s.demand_sized, s.graph_replay = self.toggle_panel.demand.isChecked(), self.toggle_panel.graphs.isChecked()
+        s.geometry = bytes(self.saveGeometry().data())
+        save_settings(self.qsettings, s)
+
+    # -- session -------------------------------------------------------------------------------
+    def session_config(self) -> Optional[SessionConfig]:
+        """The resolved config from the panels, or None (and a message saying what is wrong)."""
+        cfg, err = self.model_panel.validate()
+        if cfg is None:
+            self.show_message("error", err)
+            return None
+        demand, graphs = self.toggle_panel.values()
+        return cfg.replace(demand_sized=demand, graph_replay=graphs)
+
+    def _make_source(self, kind: str, value):
+        return DeviceInput(value) if kind == "device" else FileInput(value)
+
+    def _make_sink(self, kind: str, value):
+        return DeviceOutput(value) if kind == "device" else None
+
+    def start_session(self) -> bool:
+        """Start from what the panels show; on a problem show one message and return False."""
+        cfg = self.session_config()
+        if cfg is None:
+            return False
+        kind, value = self.device_panel.selected_input()
+        if kind == "choose":
+            self.show_message("error", "Choose an input: a microphone or a WAV file.")
+            return False
+        try:
+            source = self._make_source(kind, value)
+            sink = self._make_sink(*self.device_panel.selected_output())
+        except (AudioUnavailable, WavError) as e:
+            self.show_message("error", str(e))
+            return False
+        self.save_settings()
+        return self.start_with(cfg, source, sink)
+
+    def start_with(self, cfg: SessionConfig, source, sink=None) -> bool:
+        """Start a session on the given audio (scripted runs and tests come in here)."""
+        self.series.clear()
+        self.transcript.clear()
+        self._last_toggles = None
+        self.message_banner.hide()
+        self.synthetic_banner.setVisible(cfg.checkpoint is None)
+        try:
+            self.controller.start(cfg, source, sink)
+        except AudioUnavailable as e:
+            self.show_message("error", str(e))
+            return False
+        self.refresh()
+        return True
+
+    def on_toggles(self, demand: bool, graphs: bool) -> None:
+        self.controller.set_toggles(demand_sized=demand, graph_replay=graphs)
+
+    def on_model_changed(self) -> None:
+        if self.controller.state != ctl.IDLE:
+            self.session_label.setToolTip("model changes apply at the next Start; the running session continues")
+
+    def on_input_changed(self) -> None:
+        kind, value = self.device_panel.selected_input()
+        if self.controller.state in (ctl.STARTING, ctl.RUNNING) and kind in ("device", "file"):
+            try:
+                self.controller.replace_input(self._make_source(kind, value))
+            except (AudioUnavailable, WavError) as e:
+                self.show_message("error", str(e))
+
+    def on_output_changed(self) -> None:
+        if self.controller.state in (ctl.STARTING, ctl.RUNNING):
+            try:
+                self.controller.replace_output(self._make_sink(*self.device_panel.selected_output()))
+            except AudioUnavailable as e:
+                self.show_message("error", str(e))
+
+    # -- slots: results ------------------------------------------------------------------------
+    def on_record(self, rec) -> None:
+        row = self.series.add(rec)
+        toggles = (row["demand_sized"], row["graph_replay"])
+        if self._last_toggles is not None and toggles != self._last_toggles:
+            self.events.add("toggle", f"in effect from second {row['index']}: demand_sized={toggles[0]} "
+                                      f"graph_replay={toggles[1]}")
+        self._last_toggles = toggles
+        if row["missed"]:
+            self.events.add("late", f"second {row['index']} missed the deadline by {row['late_ms']:.0f} ms")
+        if row.get("text"):
+            self.transcript.insertPlainText(str(row["text"]))
+        self._show_state(row["decision"])
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.timing_plot.update_from(self.series)
+        self.memory_plot.update_from(self.series)
+        self.summary_row.show_summary(self.series.summary())
+        self.export_button.setEnabled(len(self.series) > 0)
+
+    def on_info(self, info: dict) -> None:
+        self.synthetic_banner.setVisible(bool(info.get("synthetic")))
+        self.session_label.setText(f"{info.get('tail_title', '?')} · {info.get('backbone_title', '?')} · "
+                                   f"{info.get('size', '?')} on {info.get('device', '?')}")
+        self.events.add("session", "running: " + ", ".join(f"{k}={v}" for k, v in info.items()))
+
+    def on_state(self, state: str) -> None:
+        busy = state != ctl.IDLE
+        self.start_button.setEnabled(not busy)
+        self.stop_button.setEnabled(state in (ctl.STARTING, ctl.RUNNING, ctl.DRAINING))
+        if state != ctl.RUNNING:
+            self._show_state(state)
+
+    def on_meters(self, m: dict) -> None:
+        self.device_panel.show_meters(m)
+        self.backlog_label.setText(f"queued: {m.get('backlog', 0)} s in · {m.get('playback_s', 0.0):.1f} s out · "
+                                   f"barge-ins {m.get('barge_ins', 0)}")
+
+    def _show_state(self, key: str) -> None:
+        text, colour = STATE_STYLE.get(key, (key.upper(), "#8a8f98"))
+        self.state_label.setText(text)
+        self.state_label.setStyleSheet(f"background: {colour}; color: white; font-weight: bold; font-size: 13pt;"
+                                       "padding: 4px 14px; border-radius: 4px;")
+
+    def show_message(self, level: str, text: str) -> None:
+        colour = {"error": "#f4b6b2", "warning": "#fbe3a6"}.get(level, "#cfe3f6")
+        self.message_banner.setStyleSheet(f"background: {colour}; color: black; padding: 6px 10px; "
+                                          "border-radius: 4px;")
+        self.message_banner.setText(text)
+        self.message_banner.show()
+        self.events.add(level, text)
+
+    # -- export --------------------------------------------------------------------------------
+    def export_dialog(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Export the session into…", self.settings.export_dir)
+        if folder:
+            self.settings.export_dir = folder
+            self.export_to(folder)
+
+    def export_to(self, folder) -> Optional[Dict[str, Path]]:
+        """Write all exports into ``folder``; a failure shows one message and returns None."""
+        try:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            paths = self.controller.export(folder)
+        except (ExportError, WavError, OSError) as e:
+            self.show_message("error", f"export failed: {e}")
+            return None
+        self.show_message("info", f"exported {len(paths)} files to {folder}")
+        return paths
+
+    # -- keys and closing -----------------------------------------------------------------------
+    def eventFilter(self, obj, event) -> bool:
+        if event.type() in (QEvent.KeyPress, QEvent.KeyRelease) and isinstance(event, QKeyEvent) \
+                and event.key() == Qt.Key_Space and self.device_panel.ptt.isChecked() \
+                and not isinstance(QApplication.focusWidget(), QLineEdit):
+            if not event.isAutoRepeat():
+                self.controller.press_talk(event.type() == QEvent.KeyPress)
+            return True
+        return super().eventFilter(obj, event)
+
+    def closeEvent(self, event) -> None:
+        self.save_settings()
+        self.controller.stop()
+        QApplication.instance().removeEventFilter(self)
+        super().closeEvent(event)
