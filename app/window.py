@@ -16,11 +16,12 @@ from app.plots import MemoryPlot, TimingPlot
 from app.settings import AppSettings, load_settings, open_qsettings, save_settings
 from app.viewmodel import RED, YELLOW, EventLog, SessionSeries
 from app.wavio import WavError
+from engine.paths import asset
 from engine.session import ExportError, SessionConfig
 
 SYNTHETIC_BANNER = ("Synthetic weights: timing and memory are real; the voice is not speech — "
                     "load a checkpoint folder for a real voice.")
-ICON = Path(__file__).resolve().parent.parent / "assets" / "icon.png"
+ICON = "duplexcadence.png"
 STATE_STYLE = {
     "listen": ("LISTENING", "#4c78a8"), "speak": ("SPEAKING", "#59a14f"), ctl.STARTING: ("STARTING…", "#8a8f98"),
     ctl.IDLE: ("IDLE", "#8a8f98"), ctl.DRAINING: ("FINISHING…", "#8a8f98"), ctl.STOPPING: ("STOPPING…", "#8a8f98"),
@@ -42,8 +43,10 @@ class MainWindow(QMainWindow):
                  devices: Callable = list_devices, cuda: Optional[bool] = None):
         super().__init__()
         self.setWindowTitle("DuplexCadence — live duplex conversation")
-        if ICON.exists():
-            self.setWindowIcon(QIcon(str(ICON)))
+        try:
+            self.setWindowIcon(QIcon(str(asset(ICON))))
+        except FileNotFoundError:
+            pass                                   # an icon is nice, not needed
         self.qsettings = settings if settings is not None else open_qsettings()
         self.settings = load_settings(self.qsettings)
         self.cuda = self._detect_cuda() if cuda is None else cuda
