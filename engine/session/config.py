@@ -63,9 +63,11 @@ class SessionConfig:
         if self.backbone == "moshi":
             if self.tail != "mimi":
                 raise ValueError("the moshi backbone speaks Mimi codes: use it with the 'mimi' tail")
-            if self.backbone_checkpoint is not None:
-                from engine.backbones.moshi import validate_folder
-                backbone_ckpt = str(validate_folder(self.backbone_checkpoint).folder)
+            from engine.backbones.moshi_files import validate_folder
+            files = validate_folder(self.backbone_checkpoint)
+            backbone_ckpt = str(files.folder)
+            if checkpoint is None and files.standard_mimi and size == "released":
+                checkpoint = str(files.mimi)     # the released Mimi: our decoder reads the same weights
         elif self.backbone_checkpoint is not None:
             raise ValueError("the synthetic backbone has no weights to load: backbone_checkpoint is for 'moshi'")
         return self.replace(size=size, device=device, checkpoint=checkpoint, backbone_checkpoint=backbone_ckpt)

@@ -1,0 +1,85 @@
+"""The Moshi weights folder: what it must hold, checked without importing moshi.
+
+The layout is the one Kyutai publishes (a snapshot of e.g. ``kyutai/moshiko-pytorch-bf16`` works
+as it is):
+
+* ``model.safetensors`` — the LM (Helium temporal transformer + depformer);
+* ``tokenizer-e351c8d8-checkpoint125.safetensors`` — Mimi (its encoder is LISTEN's);
+* ``tokenizer_spm_32k_3.model`` — the text tokenizer (optional here: it only turns Moshi's text
+  stream into the record's ``text``; needs ``sentencepiece``);
+* ``config.json`` — optional: the LM's constructor arguments plus ``moshi_name``, ``mimi_name``,
+  ``tokenizer_name``, ``mimi_config_name`` (a JSON file of Mimi's config), ``lm_gen_config``
+  (sampling: ``temp``, ``temp_text``, ``top_k``, ``top_k_text``). Without it moshi's defaults
+  (Moshi 7B) apply.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+MOSHI_NAME = "model.safetensors"
+MIMI_NAME = "tokenizer-e351c8d8-checkpoint125.safetensors"
+TOKENIZER_NAME = "tokenizer_spm_32k_3.model"
+
+
+@dataclass
+class MoshiFiles:
+    folder: Path
+    lm: Path
+    mimi: Path
+    tokenizer: Optional[Path]
+    lm_config: Optional[dict]            # LM constructor kwargs (None: moshi's defaults)
+    mimi_config: Optional[dict]          # Mimi config (None: moshi's defaults, the released Mimi)
+    lm_gen_config: dict = field(default_factory=dict)
+
+    @property
+    def standard_mimi(self) -> bool:
+        """Whether Mimi has the released configuration (then our Mimi decoder can load it too)."""
+        return self.mimi_config is None
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{what} {path} is not readable JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} {path} must hold a JSON object")
+    return data
+
+
+def _need(folder: Path, name: str, what: str) -> Path:
+    p = folder / name
+    if not p.is_file():
+        raise ValueError(f"Moshi weights folder {folder} lacks {name} ({what})")
+    return p
+
+
+def validate_folder(folder) -> MoshiFiles:
+    """Check a Moshi weights folder and name its files; ValueError with one clear message if wrong."""
+    if folder is None:
+        raise ValueError("the moshi backbone needs its weights folder (model.safetensors, Mimi, text tokenizer)")
+    f = Path(folder).expanduser()
+    if not f.is_dir():
+        raise ValueError(f"Moshi weights folder {f} does not exist or is not a folder")
+    raw = _read_json(f / "config.json", "Moshi config") if (f / "config.json").is_file() else None
+    lm_config = dict(raw) if raw is not None else None
+    names = {"moshi_name": MOSHI_NAME, "mimi_name": MIMI_NAME, "tokenizer_name": TOKENIZER_NAME,
+             "mimi_config_name": None, "lm_gen_config": {}}
+    if lm_config is not None:
+        for key in list(names):
+            names[key] = lm_config.pop(key, names[key])
+        for key in ("model_type", "model_id", "lora_name", "tts_config", "stt_config"):
+            lm_config.pop(key, None)
+    lm = _need(f, names["moshi_name"], "the LM weights")
+    mimi = _need(f, names["mimi_name"], "the Mimi weights")
+    tok = f / names["tokenizer_name"]
+    mimi_config = None
+    if names["mimi_config_name"]:
+        mimi_config = _read_json(_need(f, names["mimi_config_name"], "Mimi's config"), "Mimi config")
+    gen = names["lm_gen_config"] or {}
+    if not isinstance(gen, dict):
+        raise ValueError(f"config.json in {f}: lm_gen_config must be an object")
+    return MoshiFiles(f, lm, mimi, tok if tok.is_file() else None, lm_config, mimi_config, dict(gen))

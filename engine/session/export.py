@@ -1,0 +1,120 @@
+"""Export a session's records: CSV, JSON Lines and a Chrome trace (opens in Perfetto).
+
+Every file is written atomically (a temporary file in the same folder, then ``os.replace``): a
+reader never sees half a file, and a failed export leaves nothing behind. An unwritable path is one
+:class:`ExportError` naming the file and the reason; the records are only read, never changed.
+
+The trace has one complete event (``"ph": "X"``) per stage per second, in microseconds from the
+first second's start, on a "stages" track; the whole second, the time its frame waited in the
+queue and each missed deadline are on tracks of their own.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+from .records import SecondRecord
+
+STAGES = (("LISTEN", "listen_ms"), ("THINK", "think_ms"), ("SPEAK", "speak_ms"))
+TRACKS = {1: "seconds", 2: "stages", 3: "queue wait", 4: "deadline"}
+
+
+class ExportError(OSError):
+    """A session export that could not be written (the message names the file and the reason)."""
+
+
+def _atomic_write(path: Path, text: str) -> Path:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    except OSError as e:
+        raise ExportError(f"cannot write {path}: {e.strerror or e}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise ExportError(f"cannot write {path}: {e.strerror or e}") from None
+    return path
+
+
+def to_csv(records: Sequence[SecondRecord]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=SecondRecord.columns(), lineterminator="\n")
+    w.writeheader()
+    for r in records:
+        w.writerow(r.to_dict())
+    return buf.getvalue()
+
+
+def to_jsonl(records: Sequence[SecondRecord]) -> str:
+    return "".join(json.dumps(r.to_dict(), sort_keys=False) + "\n" for r in records)
+
+
+def _us(ms: float) -> float:
+    return round(ms * 1000.0, 3)
+
+
+def trace_events(records: Sequence[SecondRecord]) -> List[Dict[str, object]]:
+    """Chrome trace events: complete events per stage per second (µs from the first second)."""
+    events: List[Dict[str, object]] = [
+        {"name": "process_name", "ph": "M", "pid": 1, "tid": 0, "args": {"name": "duplex session"}}]
+    for tid, name in TRACKS.items():
+        events.append({"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": name}})
+    t0 = records[0].wall_start if records else 0.0
+    for r in records:
+        start = (r.wall_start - t0) * 1e6                           # µs
+        args = {"index": r.index, "decision": r.decision, "tokens": r.tokens, "missed": r.missed,
+                "late_ms": round(r.late_ms, 3), "state_bytes": r.state_bytes, "reserved_bytes": r.reserved_bytes,
+                "demand_sized": r.demand_sized, "graph_replay": r.graph_replay}
+        events.append({"name": f"second {r.index}", "cat": "second", "ph": "X", "pid": 1, "tid": 1,
+                       "ts": round(start, 3), "dur": _us(r.total_ms), "args": args})
+        at = start
+        for name, field in STAGES:
+            dur = getattr(r, field)
+            events.append({"name": name, "cat": "stage", "ph": "X", "pid": 1, "tid": 2,
+                           "ts": round(at, 3), "dur": _us(dur), "args": {"index": r.index}})
+            at += dur * 1000.0
+        if r.queue_wait_ms > 0:
+            events.append({"name": "queued", "cat": "queue", "ph": "X", "pid": 1, "tid": 3,
+                           "ts": round(start - r.queue_wait_ms * 1000.0, 3), "dur": _us(r.queue_wait_ms),
+                           "args": {"index": r.index}})
+        if r.missed:
+            events.append({"name": f"missed by {r.late_ms:.0f} ms", "cat": "deadline", "ph": "i", "s": "t",
+                           "pid": 1, "tid": 4, "ts": round(start + r.total_ms * 1000.0, 3),
+                           "args": {"index": r.index, "late_ms": round(r.late_ms, 3)}})
+    return events
+
+
+def to_trace(records: Sequence[SecondRecord], metadata: Dict[str, object] = None) -> str:
+    doc = {"traceEvents": trace_events(records), "displayTimeUnit": "ms", "otherData": dict(metadata or {})}
+    return json.dumps(doc, indent=None, separators=(",", ":")) + "\n"
+
+
+def export_records(records: Sequence[SecondRecord], directory, stem: str = "session",
+                   metadata: Dict[str, object] = None) -> Dict[str, Path]:
+    """Write ``STEM.csv``, ``STEM.jsonl`` and ``STEM.trace.json`` into ``directory``, atomically.
+
+    Returns ``dict(csv=Path, jsonl=Path, trace=Path)``; raises :class:`ExportError` when a file
+    cannot be written. ``records`` is not modified.
+    """
+    records = list(records)
+    d = Path(directory).expanduser()
+    if d.exists() and not d.is_dir():
+        raise ExportError(f"cannot write {d / (stem + '.csv')}: {d} is not a folder")
+    return {
+        "csv": _atomic_write(d / f"{stem}.csv", to_csv(records)),
+        "jsonl": _atomic_write(d / f"{stem}.jsonl", to_jsonl(records)),
+        "trace": _atomic_write(d / f"{stem}.trace.json", to_trace(records, metadata)),
+    }

@@ -1,0 +1,156 @@
+"""The live runner: one worker thread owns the session; the caller (a GUI, a paced file) never waits.
+
+``submit`` appends a one-second frame to an unbounded FIFO and returns at once — frames queue while
+the engine is late, none is dropped. The worker takes them in order, runs each second and puts a
+:class:`LiveResult` (record + audio) on ``results``; a failure is a :class:`LiveError` there. Each
+frame's arrival time travels with it, so the record says how long it waited behind a late second
+and by how much its deadline (the next frame's arrival) was missed; the result says whether the
+engine is catching up or cannot keep the cadence at all.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from .config import SessionConfig
+from .records import SecondRecord, keeps_up
+from .session import DuplexSession, check_frame
+
+log = logging.getLogger("engine.session")
+
+
+@dataclass
+class LiveResult:
+    """One second done: its record and the audio to play during the next second."""
+
+    record: SecondRecord
+    audio: np.ndarray
+    keeps_up: bool = True      # recent seconds fit the cadence (a backlog will drain)
+    notice: str = ""           # set when the engine cannot keep up
+
+
+@dataclass
+class LiveError:
+    """The session failed to start or to run a second; the worker has stopped."""
+
+    message: str
+
+
+class LiveRunner:
+    """Owns one worker thread and its :class:`DuplexSession` (built in the worker by :meth:`start`)."""
+
+    def __init__(self, cfg: SessionConfig, session_factory=DuplexSession):
+        self.cfg = cfg
+        self._factory = session_factory
+        self.results: "queue.Queue" = queue.Queue()
+        self.session: Optional[DuplexSession] = None
+        self._frames = collections.deque()          # (frame, arrival perf_counter), unbounded
+        self._cv = threading.Condition()
+        self._stop = False
+        self._drain = False
+        self._toggles = {}
+        self._thread: Optional[threading.Thread] = None
+        self._running = False
+        self.ready = threading.Event()              # set once the session is built (or failed)
+
+    # -- caller side (never blocks on the engine) ---------------------------------------------------
+    def start(self) -> None:
+        """Start the worker; returns at once. The session is built in the worker."""
+        if self._thread is not None:
+            raise RuntimeError("this runner was already started")
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name="duplex-session", daemon=True)
+        self._thread.start()
+
+    def submit(self, frame) -> None:
+        """Queue one second of mono 24 kHz float32 audio (never blocks, never drops)."""
+        x = np.array(check_frame(frame), dtype=np.float32, copy=True)
+        with self._cv:
+            self._frames.append((x, time.perf_counter()))
+            self._cv.notify()
+
+    def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
+        """Applied at the next second boundary."""
+        with self._cv:
+            if demand_sized is not None:
+                self._toggles["demand_sized"] = bool(demand_sized)
+            if graph_replay is not None:
+                self._toggles["graph_replay"] = bool(graph_replay)
+
+    def backlog(self) -> int:
+        with self._cv:
+            return len(self._frames)
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def stop(self, timeout: float = 5.0, drain: bool = False) -> None:
+        """Finish the second in progress (with ``drain``: every queued second) and stop the thread."""
+        with self._cv:
+            self._stop = True
+            self._drain = bool(drain)
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # -- worker ----------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            session = self._factory(self.cfg)
+            session.start()
+            self.session = session
+        except Exception as e:  # noqa: BLE001 - any failure goes to the caller as one message
+            log.exception("session start failed")
+            self.results.put(LiveError(f"cannot start the session: {e}"))
+            self._running = False
+            self.ready.set()
+            return
+        self.ready.set()
+        try:
+            self._loop(session)
+        except Exception as e:  # noqa: BLE001
+            log.exception("session failed")
+            self.results.put(LiveError(f"the session stopped: {type(e).__name__}: {e}"))
+        finally:
+            self._running = False
+
+    def _next(self):
+        with self._cv:
+            while not self._frames and not self._stop:
+                self._cv.wait(0.5)
+            if self._stop and not (self._drain and self._frames):
+                return None
+            frame, arrival = self._frames.popleft()
+            toggles, self._toggles = self._toggles, {}
+            return frame, arrival, toggles, len(self._frames)
+
+    def _loop(self, session: DuplexSession) -> None:
+        warned = False
+        while True:
+            item = self._next()
+            if item is None:
+                return
+            frame, arrival, toggles, waiting = item
+            if toggles:
+                session.set_toggles(**toggles)
+            audio, rec = session.process(frame, arrival=arrival, backlog=waiting)
+            rec.backlog = self.backlog()
+            ok = keeps_up(session.records)
+            notice = ""
+            if not ok:
+                recent = session.records[-10:]
+                mean = sum(r.total_ms for r in recent) / len(recent)
+                notice = (f"cannot keep up: {rec.backlog} second(s) waiting, {mean:.0f} ms of work per "
+                          f"second over the last {len(recent)} s (deadline {rec.deadline_ms:.0f} ms)")
+                if not warned:
+                    log.warning(notice)
+                    warned = True
+            self.results.put(LiveResult(rec, audio, ok, notice))

@@ -1,0 +1,218 @@
+"""The duplex session: one second of microphone in, LISTEN -> THINK -> SPEAK, one second of speech out.
+
+Output of second k plays during second k+1, so second k's work is due when frame k+1 arrives
+(1,000 ms after frame k). Every second leaves a :class:`~engine.session.records.SecondRecord`.
+
+The decoder tail returns whatever audio became ready (a lookahead may hold some back; Mimi's
+12.5 Hz frames give 23,040 or 24,960 samples a second); an output FIFO hands out exactly one
+second each time, zero-filled *before* the audio while the tail is still priming, so the stream
+stays continuous. Likewise tokens a backbone has not produced yet (Moshi's acoustic delay) are
+filled with the tail's silence tokens in front. Neither depends on the toggles: every mode gives
+the same bits.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from engine.backbones import Backbone, TokenFormat, make_backbone
+from engine.tail import DecoderTail
+
+from .config import SessionConfig
+from .records import DEADLINE_MS, SecondRecord, lateness, summarize
+from .timing import StageClock, allocator_bytes
+from .vad import EnergyVAD
+
+RATE = 24000
+
+
+class AudioFifo:
+    """Samples from the tail, handed out one second at a time (zeros in front while priming)."""
+
+    def __init__(self):
+        self.buf = np.zeros(0, dtype=np.float32)
+
+    def push(self, x: np.ndarray) -> None:
+        x = np.asarray(x, dtype=np.float32).reshape(-1)
+        if x.size:
+            self.buf = np.concatenate([self.buf, x])
+
+    def pop(self, n: int = RATE) -> np.ndarray:
+        if self.buf.size >= n:
+            out, self.buf = self.buf[:n].copy(), self.buf[n:]
+            return out
+        out = np.zeros(n, dtype=np.float32)
+        out[n - self.buf.size:] = self.buf
+        self.buf = np.zeros(0, dtype=np.float32)
+        return out
+
+
+def check_frame(frame) -> np.ndarray:
+    """A one-second mono frame as float32 (24000,), or ValueError saying what is wrong."""
+    x = np.asarray(frame)
+    if x.ndim != 1 or x.shape[0] != RATE:
+        raise ValueError(f"a session frame is one second of mono 24 kHz audio, shape ({RATE},); got {x.shape}")
+    if not np.issubdtype(x.dtype, np.floating):
+        raise ValueError(f"a session frame holds float samples in [-1, 1]; got dtype {x.dtype}")
+    x = x.astype(np.float32, copy=False)
+    if not np.all(np.isfinite(x)):
+        raise ValueError("a session frame holds NaN or infinite samples")
+    return x
+
+
+def rms(x: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.square(x, dtype=np.float64)))) if x.size else 0.0
+
+
+class DuplexSession:
+    """One live conversation: a backbone (LISTEN + THINK) in front of a decoder tail (SPEAK).
+
+    ``DuplexSession(cfg).start()`` builds both; :meth:`process` runs one second;
+    :meth:`set_toggles` changes the engine toggles from the next second on (the output does not
+    change by a single sample). ``tail`` may be given to run a ready-built decoder tail.
+    """
+
+    def __init__(self, cfg: SessionConfig, tail: Optional[DecoderTail] = None):
+        self.cfg = cfg.resolved()
+        self.device = torch.device(self.cfg.device)
+        self.records: List[SecondRecord] = []
+        self.tail: Optional[DecoderTail] = tail
+        self.backbone: Optional[Backbone] = None
+        self.fmt: Optional[TokenFormat] = None
+        self.vad = EnergyVAD(RATE)
+        self.fifo = AudioFifo()
+        self._lock = threading.Lock()
+        self._pending: Dict[str, bool] = {}
+        self._started = False
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Build the tail and the backbone (may take seconds); the first second starts seeded."""
+        c = self.cfg
+        torch.manual_seed(c.seed)
+        if self.tail is None:
+            from engine.models import registry
+            self.tail = registry.get(c.tail).make_tail(size=c.size, device=str(self.device), seed=c.seed,
+                                                      checkpoint=c.checkpoint)
+        self.tail.set_toggles(demand_sized=c.demand_sized, graph_replay=c.graph_replay)
+        self.tail.start(seed=c.seed)
+        ti = self.tail.info
+        self.fmt = TokenFormat(ti.codebooks, ti.vocab, ti.token_rate)
+        self.backbone = make_backbone(c.backbone, self.fmt, size=c.size, device=self.device, seed=c.seed,
+                                      checkpoint=c.backbone_checkpoint,
+                                      demand_sized=c.demand_sized, graph_replay=c.graph_replay,
+                                      reply_seconds=c.reply_seconds, debug=c.debug)
+        self.backbone.start()
+        # graph captures restore the RNG they used; seeding here makes second 0 start identically
+        # whichever toggles the session was built with
+        torch.manual_seed(c.seed)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self._started = True
+
+    def close(self) -> None:
+        if self.backbone is not None:
+            self.backbone.close()
+        self.backbone = None
+        self.tail = None
+        self._started = False
+
+    @property
+    def info(self) -> Dict[str, object]:
+        ti = self.tail.info if self.tail is not None else None
+        bi = self.backbone.info if self.backbone is not None else None
+        synthetic = bool((ti and ti.synthetic_weights) or (bi and bi.synthetic))
+        return {
+            "tail": self.cfg.tail, "backbone": self.cfg.backbone,
+            "tail_title": ti.title if ti else self.cfg.tail,
+            "backbone_title": bi.title if bi else self.cfg.backbone,
+            "synthetic": synthetic,
+            "note": ("synthetic weights: timing and memory are real; the voice is not speech — "
+                     "load a checkpoint folder for a real voice") if synthetic else "",
+            "device": str(self.device), "size": self.cfg.size,
+        }
+
+    # -- toggles -------------------------------------------------------------------------------------
+    def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
+        """Effective from the next second (thread-safe); the output never changes by a sample."""
+        with self._lock:
+            if demand_sized is not None:
+                self._pending["demand_sized"] = bool(demand_sized)
+            if graph_replay is not None:
+                self._pending["graph_replay"] = bool(graph_replay)
+
+    def toggles(self) -> Dict[str, bool]:
+        """Toggles in effect (graph replay reads False without CUDA)."""
+        t = self.tail.toggles() if self.tail is not None else {}
+        return {"demand_sized": bool(t.get("demand_sized", self.cfg.demand_sized)),
+                "graph_replay": bool(t.get("graph_replay", False))}
+
+    def _apply_toggles(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        if pending:
+            self.cfg = self.cfg.replace(**pending)
+            self.tail.set_toggles(**pending)
+            self.backbone.set_toggles(**pending)
+
+    # -- one second ----------------------------------------------------------------------------------
+    def process(self, frame, arrival: Optional[float] = None, backlog: int = 0) -> Tuple[np.ndarray, SecondRecord]:
+        """Run one second. ``arrival``: ``time.perf_counter()`` when the frame came in (defaults to
+        now: no queueing); ``backlog``: frames still waiting behind this one."""
+        if not self._started:
+            raise RuntimeError("the session is not started: call start() first")
+        x = check_frame(frame)
+        wall_start, t0 = time.time(), time.perf_counter()
+        queue_wait = max(0.0, (t0 - arrival) * 1000.0) if arrival is not None else 0.0
+        self._apply_toggles()
+        toggles = self.toggles()
+        k = len(self.records)
+        frames = self.fmt.frames_in_second(k)
+        clock = StageClock(self.device)
+        with torch.no_grad():
+            clock.mark("listen")
+            vad = self.vad(x)
+            self.backbone.listen(torch.from_numpy(x).to(self.device), vad)
+            clock.mark("think")
+            thought = self.backbone.think(frames)
+            clock.mark("speak")
+            audio = self.tail.push(self._tail_tokens(thought.tokens, frames))
+            clock.mark("end")
+        ms = clock.stages()
+        self.fifo.push(audio)
+        out = self.fifo.pop(RATE)
+        total = (time.perf_counter() - t0) * 1000.0
+        late, missed = lateness(queue_wait, total, DEADLINE_MS)
+        alloc, reserved, peak = allocator_bytes(self.device)
+        rec = SecondRecord(
+            index=k, wall_start=wall_start, listen_ms=ms["listen"], think_ms=ms["think"], speak_ms=ms["speak"],
+            total_ms=total, deadline_ms=DEADLINE_MS, late_ms=late, missed=missed, queue_wait_ms=queue_wait,
+            decision=thought.decision, tokens=int(thought.produced),
+            state_bytes=int(self.tail.state_bytes()) + int(self.backbone.state_bytes()),
+            alloc_bytes=alloc, reserved_bytes=reserved, peak_bytes=peak,
+            demand_sized=toggles["demand_sized"], graph_replay=toggles["graph_replay"],
+            tail=self.cfg.tail, backbone=self.cfg.backbone, input_rms=rms(x), output_rms=rms(out),
+            user_speech=bool(vad.speech), backlog=int(backlog), text=thought.text)
+        self.records.append(rec)
+        return out, rec
+
+    def _tail_tokens(self, tokens: Optional[torch.Tensor], frames: int) -> torch.Tensor:
+        """The second's (codebooks, frames) tokens for the tail; silence fills what is missing, in front."""
+        if tokens is None:
+            return self.tail.silence_tokens(frames).to(self.device)
+        n = tokens.shape[-1]
+        if n > frames:
+            raise RuntimeError(f"the backbone produced {n} frames for a second of {frames}")
+        if n < frames:
+            pad = self.tail.silence_tokens(frames - n).to(device=tokens.device, dtype=tokens.dtype)
+            tokens = torch.cat([pad, tokens], dim=-1)
+        return tokens
+
+    def summary(self) -> Dict[str, object]:
+        """Seconds, misses, p50/p99 totals (see :func:`engine.session.records.summarize`)."""
+        return summarize(self.records)
