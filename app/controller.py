@@ -54,6 +54,7 @@ class SessionController(QObject):
         self._stopper: Optional[threading.Thread] = None
         self._drain_left = 0
         self._info_sent = False
+        self._notice_shown = False
         self._push_to_talk = False
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -64,7 +65,8 @@ class SessionController(QObject):
         """
         if self.state != IDLE:
             raise RuntimeError("a session is already running; stop it first")
-        self.records, self._output, self._frames, self._info_sent = [], [], [], False
+        self.records, self._output, self._frames = [], [], []
+        self._info_sent = self._notice_shown = False
         source.start()
         try:
             if sink is not None:
@@ -191,6 +193,10 @@ class SessionController(QObject):
             self.info.emit(dict(self.runner.session.info))
         if self.state == STARTING:
             self._set_state(RUNNING)
+        notice = getattr(res, "notice", "")
+        if notice and not self._notice_shown:
+            self._notice_shown = True
+            self.message.emit("warning", notice)
         audio = np.asarray(res.audio, dtype=np.float32)
         self.records.append(rec)
         self._output.append(audio)

@@ -289,19 +289,20 @@ class SummaryRow(QWidget):
                               "font-weight: bold;")
 
 
-class EventLogPanel(QGroupBox):
+class EventLogPanel(QWidget):
     """Timestamped events with "Copy as JSON"."""
 
     def __init__(self, log: EventLog, parent=None):
-        super().__init__("Events", parent)
+        super().__init__(parent)
         self.log = log
         self.view = QPlainTextEdit()
         self.view.setReadOnly(True)
         self.view.setMaximumBlockCount(2000)
-        self.view.setLineWrapMode(QPlainTextEdit.NoWrap)
+        self.view.setLineWrapMode(QPlainTextEdit.WidgetWidth)
         copy = QPushButton("Copy as JSON")
         copy.clicked.connect(self.copy_json)
         lay = QVBoxLayout(self)
+        lay.setContentsMargins(2, 2, 2, 2)
         lay.addWidget(self.view, 1)
         row = QHBoxLayout()
         row.addStretch(1)

@@ -24,6 +24,7 @@ VISIBLE_S = 120
 def _style(plot: pg.PlotItem, title: str, ylabel: str) -> None:
     plot.setTitle(title, size="10pt")
     plot.setLabel("left", ylabel)
+    plot.getAxis("left").enableAutoSIPrefix(False)
     plot.setLabel("bottom", "session second")
     plot.showGrid(x=False, y=True, alpha=0.25)
     plot.setMenuEnabled(False)
@@ -49,12 +50,11 @@ class TimingPlot(pg.PlotWidget):
         item.addItem(self.miss_bars)
         self.miss_marks = pg.ScatterPlotItem(symbol="t", size=10, brush=RED, pen=pg.mkPen(RED), name="missed")
         item.addItem(self.miss_marks)
-        self.legend.addItem(self.miss_marks, "missed")
         self.deadline = pg.InfiniteLine(pos=1000.0, angle=0, pen=pg.mkPen(RED, width=1.5, style=Qt.DashLine),
                                         label="deadline {value:.0f} ms",
-                                        labelOpts={"position": 0.06, "color": RED, "anchors": [(0, 1), (0, 1)]})
+                                        labelOpts={"position": 0.99, "color": RED, "anchors": [(1, 1), (1, 1)]})
         item.addItem(self.deadline)
-        item.setYRange(0, 1200)
+        item.setYRange(0, 1300)
         item.setXRange(-0.5, 10.5)
 
     def update_from(self, series: SessionSeries) -> None:
@@ -74,7 +74,7 @@ class TimingPlot(pg.PlotWidget):
         self.miss_bars.setOpts(x=x[missed], height=base[missed], y0=np.zeros(int(missed.sum())))
         self.miss_marks.setData(x[missed], base[missed] + 0.04 * series.deadline_ms)
         self.deadline.setValue(series.deadline_ms)
-        top = max(1.2 * series.deadline_ms, float(base.max()) * 1.12)
+        top = max(1.3 * series.deadline_ms, float(base.max()) * 1.15)   # headroom for the legend
         self.getPlotItem().setYRange(0, top, padding=0)
         last = float(x[-1])
         self.getPlotItem().setXRange(max(-0.5, last - VISIBLE_S), max(10.5, last + 0.5), padding=0)
@@ -92,7 +92,7 @@ class MemoryPlot(pg.PlotWidget):
         self.state = item.plot([], [], pen=pg.mkPen("#4c78a8", width=2), symbol="o", symbolSize=4,
                                symbolBrush="#4c78a8", name="engine state arena")
         self.reserved = item.plot([], [], pen=pg.mkPen("#f28e2b", width=2, style=Qt.DashLine), symbol="s",
-                                  symbolSize=4, symbolBrush="#f28e2b", name="torch allocator reserved")
+                                  symbolSize=4, symbolBrush="#f28e2b", name="torch allocator reserved (CUDA only)")
         item.setXRange(-0.5, 10.5)
 
     def update_from(self, series: SessionSeries) -> None:
@@ -102,11 +102,13 @@ class MemoryPlot(pg.PlotWidget):
             return
         x = series.index()
         mem = series.memory_mib()
-        self.state.setData(x, mem["state"])
-        self.reserved.setData(x, mem["reserved"])
-        top = max(float(mem["state"].max()), float(mem["reserved"].max()), 1e-3)
+        peak = max(float(mem["state"].max()), float(mem["reserved"].max()))
+        unit, scale = ("GiB", 1 / 1024) if peak >= 4096 else ("MiB", 1.0) if peak >= 1 else ("KiB", 1024.0)
+        self.state.setData(x, mem["state"] * scale)
+        self.reserved.setData(x, mem["reserved"] * scale)
         item = self.getPlotItem()
-        item.setYRange(0, top * 1.25, padding=0)
+        item.setLabel("left", unit)
+        item.setYRange(0, max(peak * scale, 1e-3) * 1.35, padding=0)
         last = float(x[-1])
         item.setXRange(max(-0.5, last - VISIBLE_S), max(10.5, last + 0.5), padding=0)
 

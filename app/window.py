@@ -82,6 +82,7 @@ class MainWindow(QMainWindow):
         self.state_label = QLabel()
         self.session_label = QLabel("no session")
         self.session_label.setStyleSheet("color: #444;")
+        self.session_label.setWordWrap(True)
         self.backlog_label = QLabel("")
         top = QHBoxLayout()
         for w in (self.start_button, self.stop_button, self.state_label):
@@ -93,13 +94,6 @@ class MainWindow(QMainWindow):
         self.model_panel = ModelPanel(self.cuda)
         self.device_panel = DevicePanel()
         self.toggle_panel = TogglePanel(self.cuda)
-        left = QWidget()
-        lcol = QVBoxLayout(left)
-        lcol.setContentsMargins(0, 0, 0, 0)
-        for w in (self.model_panel, self.device_panel, self.toggle_panel):
-            lcol.addWidget(w)
-        lcol.addStretch(1)
-        left.setMinimumWidth(420)
 
         self.timing_plot = TimingPlot()
         self.memory_plot = MemoryPlot()
@@ -112,13 +106,19 @@ class MainWindow(QMainWindow):
         tabs = QTabWidget()
         tabs.addTab(self.events, "Events")
         tabs.addTab(self.transcript, "Model text")
+        left = QWidget()
+        lcol = QVBoxLayout(left)
+        lcol.setContentsMargins(0, 0, 0, 0)
+        for w in (self.model_panel, self.device_panel, self.toggle_panel):
+            lcol.addWidget(w)
+        lcol.addWidget(tabs, 1)
+        left.setMinimumWidth(420)
         right = QWidget()
         rcol = QVBoxLayout(right)
         rcol.setContentsMargins(0, 0, 0, 0)
-        rcol.addWidget(self.timing_plot, 5)
+        rcol.addWidget(self.timing_plot, 3)
         rcol.addWidget(self.summary_row)
-        rcol.addWidget(self.memory_plot, 3)
-        rcol.addWidget(tabs, 2)
+        rcol.addWidget(self.memory_plot, 2)
 
         split = QSplitter(Qt.Horizontal)
         split.addWidget(left)
@@ -224,6 +224,7 @@ class MainWindow(QMainWindow):
 
     def start_with(self, cfg: SessionConfig, source, sink=None) -> bool:
         """Start a session on the given audio (scripted runs and tests come in here)."""
+        self._show_config(cfg, source)
         self.series.clear()
         self.transcript.clear()
         self._last_toggles = None
@@ -236,6 +237,17 @@ class MainWindow(QMainWindow):
             return False
         self.refresh()
         return True
+
+    def _show_config(self, cfg: SessionConfig, source) -> None:
+        """Make the panels show what a (scripted) session runs with."""
+        self.model_panel.set_values(cfg.tail, cfg.backbone, cfg.size, cfg.checkpoint or "",
+                                    cfg.backbone_checkpoint or "")
+        self.toggle_panel.demand.setChecked(cfg.demand_sized)
+        self.toggle_panel.graphs.setChecked(cfg.graph_replay and self.cuda)
+        if isinstance(source, FileInput):
+            self.device_panel.add_input_file(source.path)
+        elif isinstance(source, DeviceInput):
+            self.device_panel.select_device(self.device_panel.input, source.device.name)
 
     def on_toggles(self, demand: bool, graphs: bool) -> None:
         self.controller.set_toggles(demand_sized=demand, graph_replay=graphs)
