@@ -9,11 +9,13 @@ decision (listen or speak) and the speech tokens it produced (kept on the device
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Dict, Optional
 
 import torch
 
-from engine.session.vad import VadResult
+if TYPE_CHECKING:
+    from engine.session.vad import VadResult
+
 
 
 @dataclass(frozen=True)

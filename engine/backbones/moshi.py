@@ -14,15 +14,18 @@ Per second (12 or 13 Mimi frames of 80 ms: second k covers frames floor(12.5k) .
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import numpy as np
 import torch
 
-from engine.session.vad import LISTEN, SPEAK, VadResult
 
+from .policy import LISTEN, SPEAK
 from .base import Backbone, BackboneInfo, Thought, TokenFormat
 from .moshi_files import MoshiFiles, validate_folder
+
+if TYPE_CHECKING:
+    from engine.session.vad import VadResult
 
 FRAME = 1920          # samples per Mimi frame at 24 kHz (12.5 Hz)
 

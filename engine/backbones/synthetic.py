@@ -17,16 +17,19 @@ Every step runs through the engine's :class:`~engine.core.executor.Executor`, so
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Dict, Optional
 
 import torch
 from torch import nn
 
 from engine.core import Executor, make_plan
-from engine.session.vad import SPEAK, TurnPolicy, VadResult
 
+from .policy import SPEAK, TurnPolicy
 from .base import Backbone, BackboneInfo, Thought, TokenFormat
 from .speech_decoder import SpeechDecoder, decoder_args
+
+if TYPE_CHECKING:
+    from engine.session.vad import VadResult
 
 AUDIO_TOKENS_PER_SECOND = 10
 N_MELS = 80

@@ -1,18 +1,14 @@
-"""Voice activity per second, and the turn-taking policy the synthetic backbone follows.
+"""Voice activity per second (the synthetic backbone's turn policy reads it).
 
 :class:`EnergyVAD` splits a second into 20 ms windows and calls it speech when enough windows
 stand clearly above an adaptive noise floor (and above an absolute level, so a silent line never
-counts). :class:`TurnPolicy` is the duplex behaviour: listen while the user talks, answer in the
-pause that follows, stop at once when the user talks over the answer (barge-in).
+counts).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
-
-LISTEN, SPEAK = "listen", "speak"
-
 
 @dataclass
 class VadResult:
@@ -48,32 +44,3 @@ class EnergyVAD:
         # the floor follows quiet stretches down at once and rises only slowly (speech is not noise)
         self.floor_db = quiet if quiet < self.floor_db else self.floor_db + 0.1 * (quiet - self.floor_db)
         return VadResult(active >= self.min_active, active, float(db.max()), self.floor_db)
-
-
-class TurnPolicy:
-    """Listen while the user talks, answer in the pause, stop when interrupted.
-
-    The answer lasts as long as the user's turn did, capped at ``reply_seconds``. A second with
-    user speech while speaking is a barge-in: the model falls silent at once and listens.
-    """
-
-    def __init__(self, reply_seconds: int = 4):
-        self.reply_seconds = int(reply_seconds)
-        self.user_seconds = 0      # length of the user's current (or last unanswered) turn
-        self.left = 0              # seconds of answer still to speak
-        self.barge_ins = 0
-
-    def decide(self, user_speech: bool) -> str:
-        if user_speech:
-            if self.left > 0:
-                self.barge_ins += 1
-                self.left = 0
-            self.user_seconds += 1
-            return LISTEN
-        if self.left == 0 and self.user_seconds > 0:      # the pause after a turn: answer it
-            self.left = min(self.user_seconds, self.reply_seconds)
-            self.user_seconds = 0
-        if self.left > 0:
-            self.left -= 1
-            return SPEAK
-        return LISTEN

@@ -1,0 +1,70 @@
+"""Shared fixtures: speech-like WAV files made with espeak-ng (installed by the Makefile).
+
+``speech_wav``: ~12 s at espeak's native 22,050 Hz, mono — turns of speech separated by pauses
+long enough for the duplex policy to answer. ``long_speech_wav``: the same pattern over 32 s,
+written as 16 kHz stereo so the session's conversion is exercised too. Both are session-scoped;
+tests that need them skip only when espeak-ng is truly absent.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SENTENCES = [
+    "Hello there. Can you tell me what the weather will be like tomorrow?",
+    "That sounds good. And what about the weekend?",
+    "Thank you, that was very helpful.",
+]
+
+
+def _espeak(text: str, out: Path) -> tuple:
+    from engine.audio import read_wav, to_mono
+    subprocess.run(["espeak-ng", "-s", "165", "-w", str(out), text], check=True, capture_output=True, timeout=60)
+    x, rate = read_wav(out)
+    return to_mono(x), rate
+
+
+def _conversation(tmp: Path, seconds: float) -> tuple:
+    """Speech turns with 3 s pauses (plus a little noise), repeated until ``seconds`` long."""
+    turns, rate = [], None
+    for i, s in enumerate(SENTENCES):
+        x, rate = _espeak(s, tmp / f"turn{i}.wav")
+        turns.append(x)
+    pause = np.zeros(int(3.0 * rate), dtype=np.float32)
+    parts, n, i = [np.zeros(int(0.3 * rate), dtype=np.float32)], 0, 0
+    while n < seconds * rate:
+        parts += [turns[i % len(turns)], pause]
+        n = sum(p.size for p in parts)
+        i += 1
+    x = np.concatenate(parts)[: int(seconds * rate)]
+    x = x + np.random.default_rng(0).standard_normal(x.size).astype(np.float32) * 1e-3
+    return x.astype(np.float32), rate
+
+
+def _need_espeak():
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed (the Makefile's sysdeps target installs it)")
+
+
+@pytest.fixture(scope="session")
+def speech_wav(tmp_path_factory) -> Path:
+    _need_espeak()
+    from engine.audio import write_wav
+    tmp = tmp_path_factory.mktemp("speech")
+    x, rate = _conversation(tmp, 12.0)
+    return write_wav(tmp / "speech.wav", x, rate)
+
+
+@pytest.fixture(scope="session")
+def long_speech_wav(tmp_path_factory) -> Path:
+    _need_espeak()
+    from engine.audio import resample, write_wav
+    tmp = tmp_path_factory.mktemp("long_speech")
+    x, rate = _conversation(tmp, 32.0)
+    y = resample(x, rate, 16000)
+    stereo = np.stack([y, 0.5 * y], axis=1)                     # [frames, 2]
+    return write_wav(tmp / "long_speech.wav", stereo, 16000)
