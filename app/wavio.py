@@ -91,7 +91,7 @@ def write_wav(path, samples: np.ndarray, rate: int) -> Path:
     """Write mono float samples as 16-bit PCM (clipped to [-1, 1]), atomically. Returns the path."""
     path = Path(path)
     x = np.asarray(samples, dtype=np.float32).reshape(-1)
-    pcm = (np.clip(x, -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes()
+    pcm = np.clip(np.round(x.astype(np.float64) * 32768.0), -32768, 32767).astype("<i2").tobytes()
     header = struct.pack("<4sI4s4sIHHIIHH4sI", b"RIFF", 36 + len(pcm), b"WAVE", b"fmt ", 16, _PCM, 1,
                          int(rate), int(rate) * 2, 2, 16, b"data", len(pcm))
     try:
