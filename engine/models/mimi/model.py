@@ -1,0 +1,159 @@
+"""The Mimi decoder as an engine model: regions with their clocks, and one whole-second step.
+
+A step decodes one second of codes: 12 frames in even seconds, 13 in odd ones (second ``k`` covers
+frames ``floor(12.5 k) .. floor(12.5 (k+1)) - 1``). Inside the step the frames run one after the
+other exactly as moshi's streaming decode runs them (one ``decode`` call per frame), so the bits
+match; the executor captures the whole second as one CUDA graph per distinct frame count (two).
+
+Regions (every clock advances by whole frames' worth of its units per second):
+
+* ``up.partial``            — the x2 upsample's transposed-conv overlap, Fixed(2) at 12.5 Hz;
+* ``tr.kv{i}``              — layer i's keys and values, a Ring of ``context`` 25 Hz steps (the
+  attention always sees the whole ring with a mask, as moshi's ``RingKVCache`` does);
+* ``dec.conv_in``           — the first SEANet conv's last k-1 inputs at 25 Hz;
+* ``dec.stage{s}.partial``  — stage s's transposed-conv overlap, Fixed(ratio);
+* ``dec.stage{s}.res{j}``   — the residual conv's last (k-1)*dilation inputs;
+* ``dec.conv_out``          — the last conv's last k-1 inputs at 24 kHz.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import torch
+from torch import nn
+
+from engine.core import Clock, Fixed, Region, Ring, SessionSpec, StateView, StepPlan, StreamingModel
+
+from . import weights as W
+from .config import MimiConfig
+from .modules import MimiTransformer, SEANetDecoder, SplitRVQ, causal_conv_tr
+
+
+class MimiDecoder(StreamingModel):
+    """Mimi's decode path (codes -> 24 kHz) with engine-declared streaming state."""
+
+    name = "mimi"
+
+    def __init__(self, cfg: MimiConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.rvq = SplitRVQ(cfg)
+        self.upsample = nn.Parameter(torch.zeros(cfg.dimension, 1, 2 * cfg.upsample_stride), requires_grad=False)
+        self.transformer = MimiTransformer(cfg)
+        self.seanet = SEANetDecoder(cfg)
+
+    # -- weights ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def load_moshi_state(self, state: Dict[str, torch.Tensor], source: str = "state dict") -> "MimiDecoder":
+        """Copy a moshi-layout state dict (checked against the config) into this model."""
+        cfg = self.cfg
+        sd = W.check_state(state, cfg, source)
+        dev = self.upsample.device
+        books = [W.codebook(sd, "rvq_first", j) for j in range(cfg.n_q_semantic)]
+        books += [W.codebook(sd, "rvq_rest", j) for j in range(cfg.n_q - cfg.n_q_semantic)]
+        self.rvq.codebooks.copy_(torch.stack(books).to(dev))
+        self.rvq.proj_first.copy_(sd["quantizer.rvq_first.output_proj.weight"])
+        self.rvq.proj_rest.copy_(sd["quantizer.rvq_rest.output_proj.weight"])
+        self.upsample.copy_(sd["upsample.convtr.convtr.convtr.weight"])
+        for i, layer in enumerate(self.transformer.layers):
+            p = f"{W.TR}.{i}."
+            pairs = [("norm1_w", "norm1.weight"), ("norm1_b", "norm1.bias"), ("norm2_w", "norm2.weight"),
+                     ("norm2_b", "norm2.bias"), ("in_proj", "self_attn.in_projs.0.weight"),
+                     ("out_proj", "self_attn.out_projs.0.weight"), ("linear1", "linear1.weight"),
+                     ("linear2", "linear2.weight"), ("scale1", "layer_scale_1.scale"), ("scale2", "layer_scale_2.scale")]
+            for ours, theirs in pairs:
+                getattr(layer, ours).copy_(sd[p + theirs])
+        self._load_seanet(sd)
+        return self
+
+    def _load_seanet(self, sd: Dict[str, torch.Tensor]) -> None:
+        idx = W.seanet_indices(self.cfg)
+        dec = self.seanet
+
+        def conv(i):
+            return sd[f"decoder.model.{i}.conv.conv.weight"], sd[f"decoder.model.{i}.conv.conv.bias"]
+        for (w, b), (sw, sb) in [((dec.w_in, dec.b_in), conv(idx["conv_in"])),
+                                 ((dec.w_out, dec.b_out), conv(idx["conv_out"]))]:
+            w.copy_(sw)
+            b.copy_(sb)
+        for s, stage in enumerate(dec.stages):
+            pre = f"decoder.model.{idx[f'stage{s}.convtr']}.convtr.convtr."
+            stage.w.copy_(sd[pre + "weight"])
+            stage.b.copy_(sd[pre + "bias"])
+            for j, res in enumerate(stage.res):
+                pre = f"decoder.model.{idx[f'stage{s}.res{j}']}.block."
+                res.w1.copy_(sd[pre + "1.conv.conv.weight"])
+                res.b1.copy_(sd[pre + "1.conv.conv.bias"])
+                res.w2.copy_(sd[pre + "3.conv.conv.weight"])
+                res.b2.copy_(sd[pre + "3.conv.conv.bias"])
+
+    # -- engine contract ---------------------------------------------------------------------------
+    def clocks(self) -> Dict[str, Clock]:
+        """One clock per rate the decoder runs at; each advances a whole second of frames per step."""
+        cfg = self.cfg
+        pattern = cfg.seconds_pattern()
+        out = {}
+        for key, units in cfg.units_per_frame().items():
+            rate = cfg.frame_rate * units
+            name = {"frames": "frames", "steps25": "steps25"}.get(key, f"{rate:g}hz")
+            out[key] = Clock(name, tuple(p * units for p in pattern), rate_hz=rate)
+        return out
+
+    def regions(self, spec: Optional[SessionSpec] = None) -> List[Region]:
+        cfg, ck = self.cfg, self.clocks()
+        d, h, dh = cfg.dimension, cfg.num_heads, cfg.head_dim
+        conv_note = "StreamingConv1d `previous`, fixed buffer at stream start"
+        tr_note = "StreamingConvTranspose1d `partial`, fixed buffer at stream start"
+        regs = [Region("up.partial", (1, d, None), ck["frames"], Fixed(cfg.upsample_stride), stock_note=tr_note,
+                       doc="x2 upsample overlap (no bias)")]
+        for i in range(cfg.num_layers):
+            regs.append(Region(f"tr.kv{i}", (2, 1, h, None, dh), ck["steps25"], Ring(cfg.context),
+                               stock_note=f"RingKVCache (2,1,{h},{cfg.context},{dh}) at stream start",
+                               doc=f"layer {i} keys/values, attended as a whole ring with a mask"))
+        regs.append(Region("dec.conv_in", (1, d, None), ck["steps25"], Fixed(cfg.kernel_size - 1), stock_note=conv_note))
+        for s, ((_, cout), r) in enumerate(zip(cfg.stage_channels(), cfg.ratios)):
+            clock = ck[f"rate{s}"]
+            regs.append(Region(f"dec.stage{s}.partial", (1, cout, None), clock, Fixed(r), stock_note=tr_note))
+            for j in range(cfg.n_residual_layers):
+                tp = (cfg.residual_kernel_size - 1) * cfg.dilation_base ** j
+                if tp:
+                    regs.append(Region(f"dec.stage{s}.res{j}", (1, cout, None), clock, Fixed(tp), stock_note=conv_note))
+        last = ck[f"rate{len(cfg.ratios) - 1}"]
+        if cfg.last_kernel_size > 1:
+            regs.append(Region("dec.conv_out", (1, cfg.n_filters, None), last, Fixed(cfg.last_kernel_size - 1),
+                               stock_note=conv_note))
+        return regs
+
+    def spec(self, steps: Optional[int] = None, last_frames: Optional[int] = None) -> SessionSpec:
+        """A session of ``steps`` seconds (None: open-ended live); ``last_frames``: a short last second."""
+        last = {}
+        if steps is not None and last_frames is not None:
+            units = self.cfg.units_per_frame()
+            last = {c.name: last_frames * units[k] for k, c in self.clocks().items()}
+        return SessionSpec(steps=steps, last_advance=last, label=f"mimi {self.cfg.num_layers}x{self.cfg.dimension}")
+
+    def example_inputs(self, plan: StepPlan, device, num_codebooks: int = 8) -> Dict[str, torch.Tensor]:
+        n = plan.advances["frames"]
+        return {"codes": torch.randint(0, self.cfg.bins, (num_codebooks, n), device=device)}
+
+    def step(self, state: StateView, inputs: Dict[str, torch.Tensor], plan: StepPlan) -> Dict[str, torch.Tensor]:
+        return {"audio": self.decode_frames(state, inputs["codes"])}
+
+    def decode_frames(self, state: StateView, codes: torch.Tensor) -> torch.Tensor:
+        """codes [K, n] -> audio [1, 1, n * frame_size], frame by frame over the state handles."""
+        n = codes.shape[1]
+        names = set(state)
+
+        def region(name: str) -> Optional[torch.Tensor]:
+            return state[name].get() if name in names else None
+        caches = [state[f"tr.kv{i}"].get() for i in range(self.cfg.num_layers)]   # [2, 1, H, cap, Dh]
+        tables = self.transformer.second_tables(state["tr.kv0"].position(), n)
+        lat = self.rvq.latents(codes)                                              # [1, n, dim] per part
+        out = []
+        for f in range(n):
+            x = self.rvq.frame(lat, f)                                             # [1, D, 1]
+            x = causal_conv_tr(x, state["up.partial"].get(), self.upsample, None,
+                               self.cfg.upsample_stride, groups=self.cfg.dimension)   # [1, D, 2]
+            x = self.transformer.frame(x, caches, tables, f)                       # [1, D, 2]
+            out.append(self.seanet.frame(x, region))                               # [1, 1, frame_size]
+        return torch.cat(out, dim=-1)
