@@ -11,6 +11,10 @@ Per second (12 or 13 Mimi frames of 80 ms: second k covers frames floor(12.5k) .
   out (none for the first frames while the acoustic delay fills: the session pads those with the
   tail's silence). The decision is "speak" when Moshi's text stream says something (a token other
   than its padding) in this second.
+
+moshi compiles a few functions with ``torch.compile`` on first use (tens of seconds, and again for
+new shapes): a live session cannot stall on that, so every call runs under moshi's own
+``no_compile()``; on CUDA moshi still replays its LM and depformer as CUDA graphs.
 """
 from __future__ import annotations
 
@@ -31,14 +35,15 @@ FRAME = 1920          # samples per Mimi frame at 24 kHz (12.5 Hz)
 
 
 def import_moshi():
-    """``(loaders, LMGen)`` from the moshi package, or ImportError saying how to install it."""
+    """``(loaders, LMGen, no_compile)`` from the moshi package, or ImportError saying how to install it."""
     try:
         from moshi.models import loaders
         from moshi.models.lm import LMGen
+        from moshi.utils.compile import no_compile
     except ImportError as e:
         raise ImportError(f"the moshi backbone needs the optional 'moshi' extra "
                           f"(pip install 'duplexcadence[moshi]'): {e}") from None
-    return loaders, LMGen
+    return loaders, LMGen, no_compile
 
 
 class MoshiBackbone(Backbone):
@@ -56,7 +61,7 @@ class MoshiBackbone(Backbone):
                                  synthetic=False)
 
     def start(self) -> None:
-        loaders, LMGen = import_moshi()
+        loaders, LMGen, self._no_compile = import_moshi()
         f = self.files
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         lm_kwargs = f.lm_config if f.lm_config is not None else None
@@ -98,7 +103,7 @@ class MoshiBackbone(Backbone):
             return
         chunk = torch.from_numpy(self.samples[: n * FRAME].copy()).to(self.device).view(1, 1, -1)
         self.samples = self.samples[n * FRAME:]
-        with torch.no_grad():
+        with torch.no_grad(), self._no_compile():
             self.codes = self.mimi.encode(chunk)                   # [1, books, n]
 
     def think(self, frames: int) -> Thought:
@@ -106,7 +111,7 @@ class MoshiBackbone(Backbone):
             return Thought(LISTEN, None, 0)
         texts: List[int] = []
         audio: List[torch.Tensor] = []
-        with torch.no_grad():
+        with torch.no_grad(), self._no_compile():
             for t in range(self.codes.shape[-1]):
                 out = self.lm_gen.step(self.codes[:, :, t:t + 1])  # [1, 1 + dep_q, 1] or None (delay)
                 if out is None:
