@@ -6,7 +6,7 @@ Output of second k plays during second k+1, so second k's work is due when frame
 The decoder tail returns whatever audio became ready (a lookahead may hold some back; Mimi's
 12.5 Hz frames give 23,040 or 24,960 samples a second); an output FIFO hands out exactly one
 second each time, zero-filled *before* the audio while the tail is still priming, so the stream
-stays continuous. Likewise tokens a backbone has not produced yet (Moshi's acoustic delay) are
+stays continuous (a tail at another sample rate is resampled to 24 kHz on the way). Likewise tokens a backbone has not produced yet (Moshi's acoustic delay) are
 filled with the tail's silence tokens in front. Neither depends on the toggles: every mode gives
 the same bits.
 """
@@ -49,6 +49,25 @@ class AudioFifo:
         out[n - self.buf.size:] = self.buf
         self.buf = np.zeros(0, dtype=np.float32)
         return out
+
+
+class RateConverter:
+    """Streaming conversion of a tail's output rate to the session's 24 kHz (identity when equal).
+
+    A tail at another rate (the tiny Mimi decodes at 1.2 kHz) is resampled with soxr's streaming
+    resampler, which keeps its filter state across seconds: no clicks at second boundaries, and
+    the same input bits always give the same output bits.
+    """
+
+    def __init__(self, rate_in: int, rate_out: int = RATE):
+        self.stream = None
+        if int(rate_in) != int(rate_out):
+            import soxr
+            self.stream = soxr.ResampleStream(int(rate_in), int(rate_out), 1, dtype="float32", quality="HQ")
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(np.asarray(x, dtype=np.float32).reshape(-1))
+        return x if self.stream is None else self.stream.resample_chunk(x)
 
 
 def check_frame(frame) -> np.ndarray:
@@ -98,13 +117,15 @@ class DuplexSession:
             from engine.models import registry
             self.tail = registry.get(c.tail).make_tail(size=c.size, device=str(self.device), seed=c.seed,
                                                       checkpoint=c.checkpoint)
-        self.tail.set_toggles(demand_sized=c.demand_sized, graph_replay=c.graph_replay)
+        graphs = self._graphs_ok(c.graph_replay)
+        self.tail.set_toggles(demand_sized=c.demand_sized, graph_replay=graphs)
         self.tail.start(seed=c.seed)
         ti = self.tail.info
         self.fmt = TokenFormat(ti.codebooks, ti.vocab, ti.token_rate)
+        self.to_session_rate = RateConverter(ti.sample_rate, RATE)
         self.backbone = make_backbone(c.backbone, self.fmt, size=c.size, device=self.device, seed=c.seed,
                                       checkpoint=c.backbone_checkpoint,
-                                      demand_sized=c.demand_sized, graph_replay=c.graph_replay,
+                                      demand_sized=c.demand_sized, graph_replay=graphs,
                                       reply_seconds=c.reply_seconds, debug=c.debug)
         self.backbone.start()
         # graph captures restore the RNG they used; seeding here makes second 0 start identically
@@ -114,6 +135,10 @@ class DuplexSession:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
         self._started = True
+
+    def _graphs_ok(self, want: bool) -> bool:
+        """Graph replay is asked of the models only where it can run (CUDA); the request is kept."""
+        return bool(want) and self.device.type == "cuda"
 
     def close(self) -> None:
         if self.backbone is not None:
@@ -157,6 +182,8 @@ class DuplexSession:
             pending, self._pending = self._pending, {}
         if pending:
             self.cfg = self.cfg.replace(**pending)
+            if "graph_replay" in pending:
+                pending["graph_replay"] = self._graphs_ok(pending["graph_replay"])
             self.tail.set_toggles(**pending)
             self.backbone.set_toggles(**pending)
 
@@ -184,7 +211,7 @@ class DuplexSession:
             audio = self.tail.push(self._tail_tokens(thought.tokens, frames))
             clock.mark("end")
         ms = clock.stages()
-        self.fifo.push(audio)
+        self.fifo.push(self.to_session_rate(audio))
         out = self.fifo.pop(RATE)
         total = (time.perf_counter() - t0) * 1000.0
         late, missed = lateness(queue_wait, total, DEADLINE_MS)
