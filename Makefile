@@ -44,3 +44,17 @@ bench: venv
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache
+
+# Packaging (issue 7): a PyInstaller one-folder bundle + tarball in dist/, built against the torch in .venv
+# (the CPU build here and in CI; see README "Packaging" for the CUDA variant). Not part of `make test`.
+PKG_STAMP := $(VENV)/.package-installed
+
+$(PKG_STAMP): $(STAMP)
+	$(VPY) -m pip install -q -e ".[package]"
+	@touch $(PKG_STAMP)
+
+package: venv $(PKG_STAMP)
+	PY=$(VPY) packaging/build.sh
+
+package-test: venv $(PKG_STAMP)
+	QT_QPA_PLATFORM=offscreen $(VPY) -m pytest -q -m slow tests/test_packaging.py
