@@ -107,6 +107,7 @@ class DuplexSession:
         self._lock = threading.Lock()
         self._pending: Dict[str, bool] = {}
         self._started = False
+        self._info: Optional[Dict[str, object]] = None
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -141,6 +142,9 @@ class DuplexSession:
         return bool(want) and self.device.type == "cuda"
 
     def close(self) -> None:
+        """Release the models; ``records`` and ``info`` stay."""
+        if self.tail is not None:
+            self._info = self.info
         if self.backbone is not None:
             self.backbone.close()
         self.backbone = None
@@ -149,6 +153,9 @@ class DuplexSession:
 
     @property
     def info(self) -> Dict[str, object]:
+        """What runs: model names and titles, whether the weights are synthetic, device, size."""
+        if self.tail is None and self._info is not None:
+            return dict(self._info)
         ti = self.tail.info if self.tail is not None else None
         bi = self.backbone.info if self.backbone is not None else None
         synthetic = bool((ti and ti.synthetic_weights) or (bi and bi.synthetic))
