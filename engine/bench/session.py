@@ -1,0 +1,156 @@
+"""`duplexcadence-bench session`: the duplex session second by second, stock vs optimized, one run.
+
+  duplexcadence-bench session [--seconds 60] [--tail step-audio2] [--backbone synthetic]
+                              [--size released] [--device cuda] [--modes stock,graphs]
+                              [--flip-seconds 10] [--input IN.wav] [--out DIR]
+
+Each mode builds a fresh session (same seed, same input) and runs every second back to back; the
+input is paced virtually (frame k arrives at k seconds after the session starts), so a late second
+delays the next exactly as it would live. The modes must give the same waveform bit for bit; a
+last run flips the toggles every second and must give it too. Results: a table on stdout, and
+under ``--out`` ``bench.json`` plus each mode's CSV / JSONL / trace.
+
+Without ``--input`` the input is speech-like and made here (so a machine without espeak-ng can
+run it): voiced bursts (a 120 Hz harmonic series, syllable envelope at 4 Hz) of 2-4 s with 3 s
+pauses, enough for the voice-activity policy to listen and to answer.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+import torch
+
+from engine.audio import frames_of, load_mono
+from engine.session import DuplexSession, SessionConfig, export_records, summarize
+from engine.session.records import DEADLINE_MS
+
+MODES = {"stock": (False, False), "demand": (True, False), "graphs": (True, True)}
+
+
+def speech_like(seconds: int, seed: int = 0, rate: int = 24000) -> np.ndarray:
+    """Voiced bursts and pauses, float32 mono at ``rate``."""
+    rng = np.random.default_rng(seed)
+    out, n = [], 0
+    while n < seconds * rate:
+        talk = rng.uniform(2.0, 4.0)
+        t = np.arange(int(talk * rate)) / rate
+        f0 = 120.0 * (1.0 + 0.05 * np.sin(2 * np.pi * 0.7 * t))
+        phase = 2 * np.pi * np.cumsum(f0) / rate
+        voiced = sum(np.sin(h * phase) / h for h in range(1, 8))
+        env = 0.5 * (1 - np.cos(2 * np.pi * 4.0 * t)) * 0.2
+        out += [(voiced * env).astype(np.float32), np.zeros(int(3.0 * rate), np.float32)]
+        n = sum(x.size for x in out)
+    x = np.concatenate(out)[: seconds * rate]
+    return (x + rng.standard_normal(x.size).astype(np.float32) * 1e-3).astype(np.float32)
+
+
+def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False) -> Dict[str, object]:
+    """One session over ``frames`` at a virtual one-frame-per-second pace."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    t_build = time.perf_counter()
+    s = DuplexSession(cfg)
+    s.start()
+    build_s = time.perf_counter() - t_build
+    outs = []
+    t0 = time.perf_counter()
+    for k, f in enumerate(frames):
+        if flip:
+            s.set_toggles(demand_sized=bool(k % 2), graph_replay=bool(k % 2))
+        arrival = t0 + k                                       # frame k arrives k seconds in
+        now = time.perf_counter()
+        out, rec = s.process(f, arrival=min(arrival, now), backlog=0)
+        outs.append(out)
+    records = list(s.records)
+    summary = summarize(records)
+    summary["build_s"] = build_s
+    summary["max_reserved_bytes"] = max((r.reserved_bytes for r in records), default=0)
+    summary["info"] = s.info
+    s.close()
+    del s
+    return {"summary": summary, "records": records, "audio": np.concatenate(outs)}
+
+
+def _table(rows: Dict[str, Dict[str, object]]) -> str:
+    head = (f"{'mode':<8} {'p50 total':>10} {'p99 total':>10} {'max':>8} {'misses':>7} {'listen':>8} "
+            f"{'think':>8} {'speak':>8} {'state MiB':>10} {'reserved MiB':>13}")
+    lines = [head]
+    for name, s in rows.items():
+        lines.append(f"{name:<8} {s['p50_total_ms']:>10.1f} {s['p99_total_ms']:>10.1f} {s['max_total_ms']:>8.1f} "
+                     f"{s['misses']:>7} {s['p50_listen_ms']:>8.1f} {s['p50_think_ms']:>8.1f} {s['p50_speak_ms']:>8.1f} "
+                     f"{s['state_bytes'] / 2**20:>10.1f} {s['max_reserved_bytes'] / 2**20:>13.1f}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="duplexcadence-bench session", description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=int, default=60)
+    p.add_argument("--tail", default="step-audio2", choices=["step-audio2", "mimi"])
+    p.add_argument("--backbone", default="synthetic", choices=["synthetic", "moshi"])
+    p.add_argument("--backbone-checkpoint", default=None)
+    p.add_argument("--checkpoint", default=None)
+    p.add_argument("--size", default="auto", choices=["auto", "released", "tiny"])
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--modes", default="stock,graphs", help="comma-separated: stock, demand, graphs")
+    p.add_argument("--flip-seconds", type=int, default=10, help="seconds of a run flipping toggles every second")
+    p.add_argument("--input", default=None, help="input WAV (default: speech-like input made here)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="folder for bench.json and each mode's records")
+    return p
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        print(f"duplexcadence-bench session: unknown mode(s) {bad}; choose from {', '.join(MODES)}", file=sys.stderr)
+        return 2
+    try:
+        base = SessionConfig(tail=a.tail, backbone=a.backbone, size=a.size, device=a.device, seed=a.seed,
+                             checkpoint=a.checkpoint, backbone_checkpoint=a.backbone_checkpoint).resolved()
+        audio = load_mono(a.input) if a.input else speech_like(a.seconds, a.seed)
+    except ValueError as e:
+        print(f"duplexcadence-bench session: error: {e}", file=sys.stderr)
+        return 2
+    frames = frames_of(audio)[: a.seconds]
+    results, rows = {}, {}
+    for m in modes:
+        demand, graphs = MODES[m]
+        r = run_mode(base.replace(demand_sized=demand, graph_replay=graphs), frames)
+        results[m], rows[m] = r, r["summary"]
+        print(f"{m}: {r['summary']['seconds']} s, built in {r['summary']['build_s']:.1f} s", file=sys.stderr)
+    ref = results[modes[0]]["audio"]
+    identical = {m: bool(np.array_equal(ref, r["audio"])) for m, r in results.items()}
+    flip = None
+    if a.flip_seconds > 0:
+        n = min(a.flip_seconds, len(frames))
+        fr = run_mode(base.replace(demand_sized=False, graph_replay=False), frames[:n], flip=True)
+        flip = bool(np.array_equal(ref[: n * 24000], fr["audio"]))
+    info = results[modes[0]]["summary"]["info"]
+    print(f"duplex session: {info['tail_title']} <- {info['backbone_title']}, {info['device']}, {len(frames)} s of input")
+    print(_table(rows))
+    print(f"outputs bit-identical across modes: {all(identical.values())} {identical}; "
+          f"toggles flipped every second: {flip}")
+    if a.out:
+        out = Path(a.out)
+        for m, r in results.items():
+            export_records(r["records"], out, stem=f"session-{m}")
+        doc = {"seconds": len(frames), "modes": {m: {k: v for k, v in s.items()} for m, s in rows.items()},
+               "identical": identical, "flip_identical": flip, "deadline_ms": DEADLINE_MS,
+               "torch": torch.__version__,
+               "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "bench.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    ok = all(identical.values()) and flip is not False
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
