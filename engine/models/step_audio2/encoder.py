@@ -1,0 +1,214 @@
+"""The token encoder of the Step-Audio2 flow: ``UpsampleConformerEncoderV2``, streaming.
+
+25 Hz token embeddings -> linear embed -> pre-lookahead conv (3 tokens) -> ``num_blocks`` conformer
+layers at 25 Hz -> nearest x2 upsample + conv -> linear embed -> ``num_up_blocks`` layers at 50 Hz ->
+LayerNorm. Attention is espnet relative-position self-attention with a key bias; there is no mask.
+
+Streaming state, as the stock runtime keeps it (and so as our ``enc_att`` region holds it):
+* the attention cache ``(blocks, 1, heads, T, 2*d_k)`` counts 50 Hz frames: the up layers append 50 per
+  chunk; the 25 Hz layers keep their keys/values *twice over* (``[a, a]``, length ``T``) and read the first
+  ``T/2``. The session truncates the whole region to prompt + last 100 frames (PrefixWindow), which is
+  why the 25 Hz layers end up re-reading a frozen prefix: the stock behaviour, kept bit for bit.
+* the conv cache ``(1, C, 2 + 2*stride)``: the lookahead conv's last 2 outputs, the upsample's last 4.
+
+Every op mirrors the stock arithmetic and memory layout (bit-identity); caches are written in place.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import EncoderConfig
+
+
+def rel_position_table(d_model: int, max_len: int = 5000) -> torch.Tensor:
+    """espnet relative positional table ``(1, 2*max_len-1, d)``: positive positions reversed, then negative."""
+    pos = torch.arange(0, max_len, dtype=torch.float32).unsqueeze(1)
+    div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * -(math.log(10000.0) / d_model))
+    plus = torch.zeros(max_len, d_model)
+    minus = torch.zeros(max_len, d_model)
+    plus[:, 0::2] = torch.sin(pos * div)
+    plus[:, 1::2] = torch.cos(pos * div)
+    minus[:, 0::2] = torch.sin(-1 * pos * div)
+    minus[:, 1::2] = torch.cos(-1 * pos * div)
+    return torch.cat([torch.flip(plus, [0]).unsqueeze(0), minus[1:].unsqueeze(0)], dim=1)
+
+
+class LinearEmbed(nn.Module):
+    """Linear -> LayerNorm -> scale by sqrt(d) (dropout is identity at inference)."""
+
+    def __init__(self, idim: int, odim: int):
+        super().__init__()
+        self.out = nn.Sequential(nn.Linear(idim, odim), nn.LayerNorm(odim, eps=1e-5), nn.Identity())
+        self.xscale = math.sqrt(odim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(x) * self.xscale
+
+
+class RelPosSelfAttention(nn.Module):
+    """Transformer-XL style attention (matrix ac + rel-shifted matrix bd), learnable u/v biases."""
+
+    def __init__(self, heads: int, dim: int):
+        super().__init__()
+        self.h, self.d_k = heads, dim // heads
+        self.linear_q = nn.Linear(dim, dim)
+        self.linear_k = nn.Linear(dim, dim)
+        self.linear_v = nn.Linear(dim, dim)
+        self.linear_out = nn.Linear(dim, dim)
+        self.linear_pos = nn.Linear(dim, dim, bias=False)
+        self.pos_bias_u = nn.Parameter(torch.zeros(heads, self.d_k))
+        self.pos_bias_v = nn.Parameter(torch.zeros(heads, self.d_k))
+
+    @staticmethod
+    def rel_shift(x: torch.Tensor) -> torch.Tensor:
+        """(b, h, t1, 2*t2-1) -> (b, h, t1, t2): row i keeps relative positions aligned to its key."""
+        b, h, t1, n = x.shape
+        padded = torch.cat([x.new_zeros((b, h, t1, 1)), x], dim=-1).view(b, h, n + 1, t1)
+        return padded[:, :, 1:].view_as(x)[:, :, :, : n // 2 + 1]
+
+    def forward(self, x: torch.Tensor, pos_emb: torch.Tensor, cache: Optional[torch.Tensor],
+                slot: torch.Tensor) -> torch.Tensor:
+        """x ``(1, t, C)``; cache ``(1, h, T0, 2*d_k)`` or None; ``slot`` ``(1, h, t, 2*d_k)`` receives the new k|v."""
+        n = x.size(0)
+        q = self.linear_q(x).view(n, -1, self.h, self.d_k)
+        k = self.linear_k(x).view(n, -1, self.h, self.d_k).transpose(1, 2)   # (1, h, t, d_k)
+        v = self.linear_v(x).view(n, -1, self.h, self.d_k).transpose(1, 2)
+        slot[..., :self.d_k].copy_(k)
+        slot[..., self.d_k:].copy_(v)
+        if cache is not None:
+            k = torch.cat([cache[..., :self.d_k], k], dim=2)                  # (1, h, T0+t, d_k)
+            v = torch.cat([cache[..., self.d_k:], v], dim=2)
+        p = self.linear_pos(pos_emb).view(pos_emb.size(0), -1, self.h, self.d_k).transpose(1, 2)
+        q_u = (q + self.pos_bias_u).transpose(1, 2)                            # (1, h, t, d_k)
+        q_v = (q + self.pos_bias_v).transpose(1, 2)
+        ac = torch.matmul(q_u, k.transpose(-2, -1))                            # (1, h, t, T)
+        bd = torch.matmul(q_v, p.transpose(-2, -1))                            # (1, h, t, 2T-1)
+        if ac.shape != bd.shape:
+            bd = self.rel_shift(bd)
+        scores = (ac + bd) / math.sqrt(self.d_k)
+        att = torch.matmul(torch.softmax(scores, dim=-1), v)                   # (1, h, t, d_k)
+        return self.linear_out(att.transpose(1, 2).contiguous().view(n, -1, self.h * self.d_k))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w_1 = nn.Linear(dim, hidden)
+        self.activation = nn.SiLU()
+        self.w_2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w_2(self.activation(self.w_1(x)))
+
+
+class ConformerLayer(nn.Module):
+    """Pre-norm attention + feed-forward (no macaron, no conv module in this encoder)."""
+
+    def __init__(self, dim: int, heads: int, hidden: int):
+        super().__init__()
+        self.self_attn = RelPosSelfAttention(heads, dim)
+        self.feed_forward = FeedForward(dim, hidden)
+        self.norm_ff = nn.LayerNorm(dim, eps=1e-12)
+        self.norm_mha = nn.LayerNorm(dim, eps=1e-12)
+
+    def forward(self, x, pos_emb, cache, slot):
+        x = x + self.self_attn(self.norm_mha(x), pos_emb, cache, slot)
+        # the stock multiplies the feed-forward by ff_scale = 1.0: exact, so not repeated here
+        return x + self.feed_forward(self.norm_ff(x))
+
+
+class PreLookahead(nn.Module):
+    """conv(k = lookahead + 1) over the chunk's own lookahead, leaky ReLU, causal conv(k=3) with a 2-frame cache."""
+
+    def __init__(self, channels: int, lookahead: int):
+        super().__init__()
+        self.lookahead = lookahead
+        self.conv1 = nn.Conv1d(channels, channels, lookahead + 1)
+        self.conv2 = nn.Conv1d(channels, channels, 3)
+
+    def forward(self, xs: torch.Tensor, cache: Optional[torch.Tensor], new_cache: torch.Tensor) -> torch.Tensor:
+        """xs ``(1, n, C)`` -> ``(1, n - lookahead, C)``; writes its last 2 conv1 outputs to ``new_cache``."""
+        out = F.leaky_relu(self.conv1(xs.transpose(1, 2).contiguous()))    # (1, C, n - L)
+        if cache is None:
+            cache = out.new_zeros(out.shape[0], out.shape[1], 2)
+        out = torch.cat([cache, out], dim=2)
+        new_cache.copy_(out[..., -2:])
+        out = self.conv2(out).transpose(1, 2).contiguous()
+        return out + xs[:, :-self.lookahead]
+
+
+class Upsample(nn.Module):
+    """Nearest x stride, then conv(k = 2*stride + 1) with a 2*stride-frame cache."""
+
+    def __init__(self, channels: int, stride: int):
+        super().__init__()
+        self.stride = stride
+        self.conv = nn.Conv1d(channels, channels, stride * 2 + 1)
+
+    def forward(self, xs: torch.Tensor, cache: Optional[torch.Tensor], new_cache: torch.Tensor) -> torch.Tensor:
+        out = F.interpolate(xs, scale_factor=float(self.stride), mode="nearest")   # (1, C, s*t)
+        if cache is None:
+            cache = xs.new_zeros(xs.shape[0], xs.shape[1], self.stride * 2)
+        out = torch.cat([cache, out], dim=2)
+        new_cache.copy_(out[..., -self.stride * 2:])
+        return self.conv(out)
+
+
+class UpsampleConformerEncoder(nn.Module):
+    """The streaming encoder; :meth:`chunk` runs one chunk over the caches in place."""
+
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        c = cfg.output_size
+        self.cfg = cfg
+        self.embed = LinearEmbed(cfg.input_size, c)
+        self.pre_lookahead_layer = PreLookahead(c, cfg.pre_lookahead)
+        self.encoders = nn.ModuleList(ConformerLayer(c, cfg.heads, cfg.linear_units) for _ in range(cfg.num_blocks))
+        self.up_layer = Upsample(c, cfg.up_stride)
+        self.up_embed = LinearEmbed(cfg.input_size, c)
+        self.up_encoders = nn.ModuleList(ConformerLayer(c, cfg.heads, cfg.linear_units)
+                                         for _ in range(cfg.num_up_blocks))
+        self.after_norm = nn.LayerNorm(c, eps=1e-5)
+        self.register_buffer("pe", rel_position_table(c), persistent=False)
+
+    def pos_emb(self, size: int) -> torch.Tensor:
+        mid = self.pe.size(1) // 2
+        return self.pe[:, mid - size + 1: mid + size]
+
+    def chunk(self, xs: torch.Tensor, last: bool, cnn: torch.Tensor, att: torch.Tensor, before: int,
+              first_use: bool) -> torch.Tensor:
+        """One chunk. ``xs`` ``(1, n, C)`` token embeddings (lookahead included).
+
+        ``cnn`` ``(1, C, 2 + 2s)`` conv cache (read, then overwritten); ``att`` the working view
+        ``(blocks, 1, h, before + adv, 2*d_k)`` whose first ``before`` frames are the cache and whose tail
+        this chunk fills. ``first_use``: no cache yet (prompt prefill): caches read as absent/zero.
+        Returns ``(1, 2*(n - lookahead), C)`` (``2n`` on the last chunk, whose lookahead is zero padding).
+        """
+        nb, s = len(self.encoders), self.cfg.up_stride
+        off1 = before // 2
+        xs = self.embed(xs)
+        if last:
+            xs = F.pad(xs, (0, 0, 0, self.cfg.pre_lookahead))
+        xs = self.pre_lookahead_layer(xs, None if first_use else cnn[:, :, :2], cnn[:, :, :2])
+        t1 = xs.shape[1]
+        pos = self.pos_emb(off1 + t1)
+        for i, layer in enumerate(self.encoders):
+            cache = None if first_use else att[i, :, :, :off1]
+            xs = layer(xs, pos, cache, att[i, :, :, off1:off1 + t1])
+        if nb:
+            # the 25 Hz keys/values are stored twice over ([a, a]), as the stock's repeat(1, 1, 1, 2, 1)
+            n1 = off1 + t1
+            att[:nb, :, :, n1:2 * n1].copy_(att[:nb, :, :, :n1])
+        xs = self.up_layer(xs.transpose(1, 2).contiguous(), None if first_use else cnn[:, :, 2:], cnn[:, :, 2:])
+        xs = self.up_embed(xs.transpose(1, 2).contiguous())
+        t2 = xs.shape[1]
+        pos = self.pos_emb(off1 * s + t2)
+        for i, layer in enumerate(self.up_encoders):
+            cache = None if first_use else att[nb + i, :, :, :before]
+            xs = layer(xs, pos, cache, att[nb + i, :, :, before:before + t2])
+        return self.after_norm(xs)

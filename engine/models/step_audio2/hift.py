@@ -1,0 +1,129 @@
+"""HiFT vocoder (HiFTNet: neural source filter + iSTFTNet), 80-bin mel at 50 Hz -> 24 kHz.
+
+mel -> F0 predictor -> NSF excitation (x480) -> its STFT (n_fft 16, hop 4) feeds every upsampling stage;
+mel -> conv_pre -> 3 x (leaky ReLU, transposed conv x8/x5/x3, + downsampled source, 3 Snake res-blocks)
+-> conv_post -> magnitude/phase -> iSTFT -> clamp. Streaming is handled by the caller: the first 3,840
+source samples are replaced by the previous chunk's (the 8-frame mel overlap).
+
+The inverse STFT is written out (irfft, window, overlap-add by ``unfold_backward``, divide by the window
+envelope): the same ops ``torch.istft`` runs, without its host-side NOLA check. The envelope only depends
+on the frame count, so it is built (and checked) once per shape, before any capture.
+"""
+from __future__ import annotations
+
+from typing import Dict
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import HiFTConfig
+from .hift_parts import F0Predictor, ResBlock, SineSource, WNConv, fold_all
+
+
+def hann_periodic(n: int) -> torch.Tensor:
+    """scipy.signal.get_window('hann', n, fftbins=True) in float32 (a general cosine over n + 1 points)."""
+    fac = np.linspace(-np.pi, np.pi, n + 1)
+    w = np.zeros(n + 1)
+    for k, a in enumerate((0.5, 0.5)):
+        w += a * np.cos(k * fac)
+    return torch.from_numpy(w[:-1].astype(np.float32))
+
+
+class HiFT(nn.Module):
+    """The generator; call :meth:`prepare` on the final device before :meth:`forward`."""
+
+    def __init__(self, cfg: HiFTConfig):
+        super().__init__()
+        self.cfg = cfg
+        rates, kernels = cfg.upsample_rates, cfg.upsample_kernel_sizes
+        self.upp = int(np.prod(rates)) * cfg.hop_len            # samples per mel frame (480)
+        base = cfg.base_channels
+        self.m_source = SineSource(cfg.sampling_rate, self.upp, cfg.nb_harmonics, cfg.nsf_alpha, cfg.nsf_sigma,
+                                   cfg.nsf_voiced_threshold)
+        self.conv_pre = WNConv(cfg.in_channels, base, 7, 1, 3)
+        self.ups = nn.ModuleList(
+            WNConv(base // 2 ** i, base // 2 ** (i + 1), k, u, (k - u) // 2, transpose=True)
+            for i, (u, k) in enumerate(zip(rates, kernels)))
+        down = np.cumprod([1] + list(rates[::-1][:-1]))[::-1]
+        self.source_downs = nn.ModuleList()
+        self.source_resblocks = nn.ModuleList()
+        nf = cfg.n_fft + 2
+        for i, (u, k, d) in enumerate(zip(down, cfg.source_resblock_kernel_sizes, cfg.source_resblock_dilation_sizes)):
+            ch = base // 2 ** (i + 1)
+            u = int(u)
+            self.source_downs.append(nn.Conv1d(nf, ch, 1, 1) if u == 1 else nn.Conv1d(nf, ch, u * 2, u, padding=u // 2))
+            self.source_resblocks.append(ResBlock(ch, k, d))
+        self.resblocks = nn.ModuleList()
+        for i in range(len(rates)):
+            ch = base // 2 ** (i + 1)
+            for k, d in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes):
+                self.resblocks.append(ResBlock(ch, k, d))
+        self.conv_post = WNConv(ch, nf, 7, 1, 3)
+        self.f0_predictor = F0Predictor(cfg.in_channels, cfg.f0_channels)
+        self.register_buffer("window", hann_periodic(cfg.n_fft), persistent=False)
+        self.envelopes: Dict[int, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def prepare(self) -> None:
+        """Fold weight norm / Snake constants on this device; forget envelopes built elsewhere."""
+        fold_all(self)
+        self.envelopes = {}
+
+    # -- spectral ----------------------------------------------------------------------------------
+    def _stft(self, x: torch.Tensor):
+        n, hop = self.cfg.n_fft, self.cfg.hop_len
+        spec = torch.view_as_real(torch.stft(x, n, hop, n, window=self.window, return_complex=True))
+        return spec[..., 0], spec[..., 1]                       # (1, n/2+1, frames) each
+
+    def envelope(self, frames: int) -> torch.Tensor:
+        """Window-square overlap-add for ``frames`` frames, trimmed as a centred istft trims it."""
+        env = self.envelopes.get(frames)
+        if env is None:
+            n, hop = self.cfg.n_fft, self.cfg.hop_len
+            total = n + hop * (frames - 1)
+            w2 = self.window.pow(2).expand(1, frames, n)
+            env = torch.ops.aten.unfold_backward(w2, [1, total], 1, n, hop)[:, n // 2: total - n // 2]
+            if bool(env.abs().min().lt(1e-11)):
+                raise ValueError("istft window overlap-add has zeros (NOLA)")
+            self.envelopes[frames] = env
+        return env
+
+    def _istft(self, magnitude: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
+        n, hop = self.cfg.n_fft, self.cfg.hop_len
+        magnitude = torch.clip(magnitude, max=1e2)
+        spec = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))   # (1, F, frames)
+        frames = spec.shape[-1]
+        env = self.envelope(frames)
+        y = torch.fft.irfft(spec.transpose(1, 2), n=n, dim=-1) * self.window.view(1, 1, n)
+        total = n + hop * (frames - 1)
+        y = torch.ops.aten.unfold_backward(y, [spec.shape[0], total], 1, n, hop)
+        return y[:, n // 2: total - n // 2] / env
+
+    # -- network -----------------------------------------------------------------------------------
+    def decode(self, x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """mel ``(1, 80, T)`` and source ``(1, 1, 480 T)`` -> speech ``(1, 480 T)``."""
+        re, im = self._stft(s.squeeze(1))
+        s_stft = torch.cat([re, im], dim=1)                     # (1, n_fft + 2, frames)
+        x = self.conv_pre(x)
+        nk = len(self.cfg.resblock_kernel_sizes)
+        for i, up in enumerate(self.ups):
+            x = up(F.leaky_relu(x, self.cfg.lrelu_slope))
+            if i == len(self.ups) - 1:
+                x = F.pad(x, (1, 0), mode="reflect")
+            x = x + self.source_resblocks[i](self.source_downs[i](s_stft))
+            xs = self.resblocks[i * nk](x)
+            for j in range(1, nk):
+                xs += self.resblocks[i * nk + j](x)
+            x = xs / nk
+        x = self.conv_post(F.leaky_relu(x))
+        half = self.cfg.n_fft // 2 + 1
+        speech = self._istft(torch.exp(x[:, :half, :]), torch.sin(x[:, half:, :]))
+        return torch.clamp(speech, -self.cfg.audio_limit, self.cfg.audio_limit)
+
+    def source(self, mel: torch.Tensor) -> torch.Tensor:
+        """mel ``(1, 80, T)`` -> NSF excitation ``(1, 1, 480 T)`` (draws from the default generator)."""
+        f0 = self.f0_predictor(mel)                              # (1, T)
+        s = F.interpolate(f0[:, None], scale_factor=float(self.upp), mode="nearest").transpose(1, 2)
+        return self.m_source(s).transpose(1, 2)

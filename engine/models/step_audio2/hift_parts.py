@@ -1,0 +1,145 @@
+"""Building blocks of the HiFT vocoder: weight-normed convs, Snake residual blocks, the F0 predictor and
+the neural-source-filter excitation (SineGen2 at 24 kHz).
+
+Weight norm is folded once per device (:meth:`WNConv.fold`): the stock recomputes ``_weight_norm(v, g)``
+on every call with the same kernel, so folding it once gives the same weights and saves ~3 kernels per conv.
+Snake's ``1 / (alpha + 1e-9)`` is likewise folded once. Parameter names follow the released hift.pt
+(``parametrizations.weight.original0/1``; old-style ``weight_g/weight_v`` are mapped at load time).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class _WeightNormParams(nn.Module):
+    def __init__(self, g: torch.Tensor, v: torch.Tensor):
+        super().__init__()
+        self.original0 = nn.Parameter(g)    # g: (dim0, 1, 1)
+        self.original1 = nn.Parameter(v)    # v: the direction, the conv weight's shape
+
+
+class WNConv(nn.Module):
+    """Conv1d / ConvTranspose1d with weight norm over dim 0, the weight folded per device."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, stride: int = 1, padding: int = 0, dilation: int = 1,
+                 transpose: bool = False):
+        super().__init__()
+        self.stride, self.padding, self.dilation, self.transpose = stride, padding, dilation, transpose
+        shape = (cin, cout, kernel) if transpose else (cout, cin, kernel)
+        self.parametrizations = nn.ModuleDict(
+            {"weight": _WeightNormParams(torch.ones(shape[0], 1, 1), torch.zeros(shape))})
+        self.bias = nn.Parameter(torch.zeros(cout))
+        self.register_buffer("weight", torch.zeros(shape), persistent=False)
+
+    @torch.no_grad()
+    def fold(self) -> None:
+        p = self.parametrizations["weight"]
+        self.weight = torch._weight_norm(p.original1, p.original0, 0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.transpose:
+            return F.conv_transpose1d(x, self.weight, self.bias, self.stride, self.padding)
+        return F.conv1d(x, self.weight, self.bias, self.stride, self.padding, self.dilation)
+
+
+class Snake(nn.Module):
+    """x + 1/alpha * sin(alpha x)^2, per channel."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.ones(channels))
+        self.register_buffer("inv", torch.ones(1, channels, 1), persistent=False)
+
+    @torch.no_grad()
+    def fold(self) -> None:
+        alpha = self.alpha.unsqueeze(0).unsqueeze(-1)
+        self.inv = 1.0 / (alpha + 0.000000001)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        alpha = self.alpha.unsqueeze(0).unsqueeze(-1)
+        return x + self.inv * torch.pow(torch.sin(x * alpha), 2)
+
+
+class ResBlock(nn.Module):
+    """Three (Snake, dilated conv, Snake, conv) residual units."""
+
+    def __init__(self, channels: int, kernel: int, dilations: Sequence[int]):
+        super().__init__()
+        pad = lambda d: int((kernel * d - d) / 2)      # noqa: E731  (same-length padding)
+        self.convs1 = nn.ModuleList(WNConv(channels, channels, kernel, 1, pad(d), d) for d in dilations)
+        self.convs2 = nn.ModuleList(WNConv(channels, channels, kernel, 1, pad(1), 1) for _ in dilations)
+        self.activations1 = nn.ModuleList(Snake(channels) for _ in dilations)
+        self.activations2 = nn.ModuleList(Snake(channels) for _ in dilations)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for c1, c2, a1, a2 in zip(self.convs1, self.convs2, self.activations1, self.activations2):
+            x = c2(a2(c1(a1(x)))) + x
+        return x
+
+
+class F0Predictor(nn.Module):
+    """Five conv(k=3)+ELU layers and a linear head: mel ``(1, 80, T)`` -> |f0| ``(1, T)``."""
+
+    def __init__(self, in_channels: int = 80, channels: int = 512):
+        super().__init__()
+        layers = []
+        for i in range(5):
+            layers += [WNConv(in_channels if i == 0 else channels, channels, 3, 1, 1), nn.ELU()]
+        self.condnet = nn.Sequential(*layers)
+        self.classifier = nn.Linear(channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.condnet(x).transpose(1, 2)
+        return torch.abs(self.classifier(x).squeeze(-1))
+
+
+class SineSource(nn.Module):
+    """NSF source (SourceModuleHnNSF2 + SineGen2): harmonics of f0 with random initial phases, merged.
+
+    Draws, in the stock's order, from the device's default generator: ``rand(1, harmonics+1)`` for the
+    initial phases, ``randn`` like the harmonics for the additive noise, and ``randn`` like ``uv`` for the
+    stock's noise branch, which it discards (drawn all the same: the generator's offset must match).
+    """
+
+    def __init__(self, sampling_rate: int, upsample_scale: int, harmonics: int, sine_amp: float,
+                 noise_std: float, voiced_threshold: float):
+        super().__init__()
+        self.sr, self.scale = sampling_rate, upsample_scale
+        self.sine_amp, self.noise_std, self.threshold = sine_amp, noise_std, voiced_threshold
+        self.l_linear = nn.Linear(harmonics + 1, 1)
+        self.register_buffer("harmonics", torch.arange(1, harmonics + 2, dtype=torch.float32).view(1, 1, -1),
+                             persistent=False)
+
+    def _sines(self, f: torch.Tensor) -> torch.Tensor:
+        """f ``(1, L, H)`` Hz -> sin(phase) ``(1, L, H)``, phase integrated at the frame rate."""
+        rad = (f / self.sr) % 1
+        rand_ini = torch.rand(f.shape[0], f.shape[2], device=f.device)
+        rand_ini[:, 0] = 0
+        rad[:, 0, :] = rad[:, 0, :] + rand_ini
+        rad = F.interpolate(rad.transpose(1, 2), scale_factor=1 / self.scale, mode="linear").transpose(1, 2)
+        phase = torch.cumsum(rad, dim=1) * 2 * np.pi
+        phase = F.interpolate(phase.transpose(1, 2) * self.scale, scale_factor=self.scale,
+                              mode="linear").transpose(1, 2)
+        return torch.sin(phase)
+
+    def forward(self, f0: torch.Tensor) -> torch.Tensor:
+        """f0 ``(1, L, 1)`` at the sample rate -> excitation ``(1, L, 1)``."""
+        sines = self._sines(torch.multiply(f0, self.harmonics)) * self.sine_amp
+        uv = (f0 > self.threshold).type(torch.float32)
+        noise_amp = uv * self.noise_std + (1 - uv) * self.sine_amp / 3
+        sines = sines * uv + noise_amp * torch.randn_like(sines)
+        merged = torch.tanh(self.l_linear(sines))
+        torch.randn_like(uv)                 # the stock's discarded noise branch: keeps the RNG in step
+        return merged
+
+
+def fold_all(module: nn.Module) -> None:
+    """Fold weight norm and Snake constants of every submodule (after moving to the final device)."""
+    for m in module.modules():
+        if isinstance(m, (WNConv, Snake)):
+            m.fold()

@@ -1,0 +1,165 @@
+"""Step-Audio2 token2wav as an engine :class:`~engine.core.model.StreamingModel`.
+
+One step = one streamed chunk: 25 new speech tokens + 3 lookahead (all remaining tokens on the last
+chunk) -> flow -> 50 mel frames -> HiFT with the 8-frame mel / 3,840-sample source overlap -> cross-fade
+with the previous chunk's tail (Hamming) -> the audio that is final (24,000 samples a second).
+
+State regions (``regions``), with the clock that advances them and how long they are kept:
+
+=============  =========================================  ======  ============================  ======================
+region         shape                                      clock   retention                     stock sizing
+=============  =========================================  ======  ============================  ======================
+``est_att``    (steps, depth, 2, heads, T, 2*head_dim)    mel 50  prompt + last 100, newest 1st  buffer at 1000 frames
+``est_cnn``    (steps, depth, 2, 2*hidden, 2)             -       fixed                         buffer (16, 16, ...)
+``enc_att``    (blocks, 1, heads, T, 2*d_k)               mel 50  prompt + last 100             cat grow + truncate
+``enc_cnn``    (1, C, 2 + 2*stride)                       -       fixed                         new tensors per call
+``flow_noise`` (1, 80, N)                                  -       fixed N = prompt + 156         buffer of 30,000 frames
+``spk_cond``   (2, 80)                                    -       fixed                         recomputed per call
+``hift_mel``   (1, 80, 8) / ``hift_source`` (1, 1, 3840) / ``hift_speech`` (1, 3840)  fixed      new tensors per call
+=============  =========================================  ======  ============================  ======================
+
+Noise offsets are the estimator cache's length before the step (the stock's rule), a per-signature
+constant, so no device counter is needed; the HiFT draws use the device's default generator.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from engine.core import (STILL, Clock, Fixed, PrefixWindow, Region, SessionSpec, StateView, StepPlan,
+                         StreamingModel)
+
+from .config import (CHUNK_TOKENS, LOOKAHEAD, MEL_CACHE, MEL_RATE, SILENCE_TOKEN, SOURCE_CACHE, WINDOW,
+                     T2WConfig)
+from .flow import Flow
+from .hift import HiFT
+
+MEL = Clock("mel", (2 * CHUNK_TOKENS,), rate_hz=float(MEL_RATE))
+NOISE_MARGIN = WINDOW + 2 * (CHUNK_TOKENS + LOOKAHEAD)      # the furthest any chunk reads past the prompt
+
+
+class StepAudio2Token2Wav(StreamingModel):
+    """The whole tail (flow + HiFT). Call :meth:`prepare` after moving it to its device."""
+
+    name = "step-audio2"
+
+    def __init__(self, cfg: T2WConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.flow = Flow(cfg.flow)
+        self.hift = HiFT(cfg.hift)
+        # the stock's cross-fade window is float64 (np.hamming), and so is the fade arithmetic
+        self.register_buffer("fade", torch.from_numpy(np.hamming(2 * SOURCE_CACHE)), persistent=False)
+
+    @torch.no_grad()
+    def prepare(self) -> "StepAudio2Token2Wav":
+        """Per-device constants: Euler schedule, adaLN modulations, folded weight norm."""
+        self.flow.build_constants()
+        self.hift.prepare()
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self.fade.device
+
+    # -- session declaration -------------------------------------------------------------------------
+    def session(self, prompt_frames: int, steps: Optional[int] = None, last_tokens: Optional[int] = None,
+                label: str = "") -> SessionSpec:
+        """A session over a prompt of ``prompt_frames`` mel frames; ``last_tokens`` on the last chunk."""
+        if prompt_frames <= 0 or prompt_frames % 2:
+            raise ValueError(f"the prompt must be a positive, even number of mel frames, got {prompt_frames}")
+        last = {} if last_tokens is None else {"mel": 2 * int(last_tokens)}
+        return SessionSpec(steps=steps, prefix={"est_att": prompt_frames, "enc_att": prompt_frames},
+                           last_advance=last, label=label or f"step-audio2, prompt {prompt_frames} frames")
+
+    def regions(self, spec: SessionSpec) -> List[Region]:
+        f, d, e = self.cfg.flow, self.cfg.flow.dit, self.cfg.flow.encoder
+        prompt = int(spec.prefix.get("est_att", 0))
+        blocks = e.num_blocks + e.num_up_blocks
+        return [
+            Region("est_att", (f.n_timesteps, d.depth, 2, d.heads, None, 2 * d.head_dim), MEL,
+                   PrefixWindow(WINDOW), stock_units=1000, newest_first=True,
+                   stock_note="module buffer (16, 16, 2, 8, 1000, 128) + torch.cat truncation"),
+            Region("est_cnn", (f.n_timesteps, d.depth, 2, 2 * d.hidden, 2), STILL, Fixed(0),
+                   stock_note="module buffer (16, 16, 2, 1024, 2)"),
+            Region("enc_att", (blocks, 1, e.heads, None, 2 * (e.output_size // e.heads)), MEL,
+                   PrefixWindow(WINDOW), stock_note="torch.cat grow and truncate"),
+            Region("enc_cnn", (1, e.output_size, 2 + 2 * e.up_stride), STILL, Fixed(0),
+                   stock_note="new tensors each call"),
+            Region("flow_noise", (1, f.output_size, None), STILL, Fixed(prompt + NOISE_MARGIN),
+                   stock_units=50 * 600, stock_note="module buffer for 600 s"),
+            Region("spk_cond", (2, f.output_size), STILL, Fixed(0), stock_note="recomputed every call"),
+            Region("hift_mel", (1, self.cfg.hift.in_channels, None), STILL, Fixed(MEL_CACHE),
+                   stock_note="new tensor each call"),
+            Region("hift_source", (1, 1, None), STILL, Fixed(SOURCE_CACHE), stock_note="new tensor each call"),
+            Region("hift_speech", (1, None), STILL, Fixed(SOURCE_CACHE), stock_note="new tensor each call"),
+        ]
+
+    # -- prefill -------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def init_state(self, state: StateView, prompt: Dict[str, torch.Tensor]) -> None:
+        """Prompt prefill, as the stock's ``setup_cache``: fills both flows' caches over the prompt.
+
+        ``prompt``: ``tokens`` (1, n) int, ``mel`` (1, 2n, 80), ``spk`` (1, 192), ``noise`` (1, 80, >= N).
+        """
+        tokens, mel, spk, noise = (prompt[k] for k in ("tokens", "mel", "spk", "noise"))
+        n_noise = state["flow_noise"].get().shape[-1]
+        state["flow_noise"].set(noise[:, :, :n_noise])
+        spk2 = self.flow.speaker(spk)
+        state["spk_cond"].set(spk2)
+        pad = torch.full((1, LOOKAHEAD), SILENCE_TOKEN, dtype=tokens.dtype, device=tokens.device)
+        tokens = torch.cat([tokens, pad], dim=1)
+        if (tokens.shape[1] - LOOKAHEAD) * self.flow.up_rate != mel.shape[1]:
+            raise ValueError(f"prompt mel has {mel.shape[1]} frames, expected 2 x {tokens.shape[1] - LOOKAHEAD}")
+        mu = self.flow.encode(tokens, False, state["enc_cnn"].get(), state["enc_att"].get(), 0, True)
+        self.flow.solve(mu, spk2, mel.transpose(1, 2).contiguous(), state["flow_noise"].get()[:, :, :mu.shape[2]],
+                        state["est_att"].get(), state["est_cnn"].get())
+
+    # -- one chunk -------------------------------------------------------------------------------------
+    def example_inputs(self, plan: StepPlan, device) -> Dict[str, torch.Tensor]:
+        n = self.chunk_tokens(plan)
+        return {"tokens": torch.randint(0, self.cfg.flow.vocab_size, (1, n), device=device)}
+
+    def chunk_tokens(self, plan: StepPlan) -> int:
+        """Tokens the step consumes: 25 + 3 lookahead, or all remaining on the last chunk."""
+        frames = plan.advances["mel"]
+        return frames // self.flow.up_rate if plan.is_last else frames // self.flow.up_rate + LOOKAHEAD
+
+    def step(self, state: StateView, inputs: Dict[str, torch.Tensor], plan: StepPlan) -> Dict[str, torch.Tensor]:
+        tokens = inputs["tokens"]
+        last, first = plan.is_last, plan.index == 0
+        before = plan.before["est_att"]
+        enc_att = state["enc_att"].grow()
+        est_att = state["est_att"].grow()
+        mu = self.flow.encode(tokens, last, state["enc_cnn"].get(), enc_att, plan.before["enc_att"], False)
+        t = mu.shape[2]
+        noise = state["flow_noise"].get()[:, :, before:before + t]
+        mel = self.flow.solve(mu, state["spk_cond"].get(), None, noise, est_att, state["est_cnn"].get())
+        return {"audio": self.vocode(state, mel, first, last)}
+
+    def vocode(self, state: StateView, chunk_mel: torch.Tensor, first: bool, last: bool) -> torch.Tensor:
+        """HiFT with the 8-frame overlap and the cross-fade; returns the audio that is final now."""
+        mel_cache, src_cache, speech_cache = (state[n].get() for n in ("hift_mel", "hift_source", "hift_speech"))
+        mel = chunk_mel if first else torch.cat([mel_cache, chunk_mel], dim=2)
+        s = self.hift.source(mel)                                  # (1, 1, 480 T)
+        if not first:
+            s[:, :, :SOURCE_CACHE] = src_cache
+        speech = self.hift.decode(mel, s)                          # (1, 480 T)
+        if not first:
+            n = SOURCE_CACHE
+            speech[..., :n] = speech[..., :n] * self.fade[:n] + speech_cache[..., -n:] * self.fade[n:]
+        if not last:
+            mel_cache.copy_(mel[..., -MEL_CACHE:])
+            src_cache.copy_(s[:, :, -SOURCE_CACHE:])
+            speech_cache.copy_(speech[:, -SOURCE_CACHE:])
+            if first:
+                return torch.cat([speech.new_zeros(1, SOURCE_CACHE), speech[:, :-SOURCE_CACHE]], dim=1)
+            return speech[:, :-SOURCE_CACHE]
+        return speech
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
