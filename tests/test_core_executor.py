@@ -44,9 +44,11 @@ def test_demand_arena_addresses_are_stable_for_a_long_session():
     assert ex.state_bytes() == sum(plan.demand_bytes().values())
 
 
-def test_in_place_retention_matches_cat_truncation():
-    clk = Clock("c", (3,))
-    r = Region("kv", (None, 2), clk, PrefixWindow(5))
+@pytest.mark.parametrize("newest_first", [False, True])
+@pytest.mark.parametrize("window,adv", [(5, 3), (100, 50), (7, 7), (4, 9)])
+def test_in_place_retention_matches_cat_truncation(newest_first, window, adv):
+    clk = Clock("c", (adv,))
+    r = Region("kv", (None, 2), clk, PrefixWindow(window), newest_first=newest_first)
     spec = SessionSpec(steps=12, prefix={"kv": 4})
     plan = make_plan([r], spec)
     arenas = [DemandArena(plan, "cpu"), StockArena(plan, "cpu")]
@@ -54,8 +56,9 @@ def test_in_place_retention_matches_cat_truncation():
     prompt = torch.randn(4, 2, generator=g)
     for a in arenas:
         a["kv"].set(prompt)
+    views_ref = prompt.clone()
     for s in plan.timeline:
-        new = torch.randn(3, 2, generator=g)
+        new = torch.randn(adv, 2, generator=g)
         views = []
         for a in arenas:
             a.begin(s)
@@ -64,7 +67,12 @@ def test_in_place_retention_matches_cat_truncation():
             a.commit(s)
         assert torch.equal(views[0], views[1])
         assert torch.equal(arenas[0]["kv"].get(), arenas[1]["kv"].get())
-        assert torch.equal(arenas[0]["kv"].get()[:4], prompt)
+        if not newest_first:
+            assert torch.equal(arenas[0]["kv"].get()[:4], prompt)
+        # reference semantics without any arena: cat then keep [prefix] + last window
+        ref = torch.cat([new, views_ref]) if newest_first else torch.cat([views_ref, new])
+        views_ref = torch.cat([ref[:4], ref[ref.shape[0] - min(window, ref.shape[0] - 4):]])
+        assert torch.equal(views_ref, arenas[0]["kv"].get())
 
 
 @pytest.mark.parametrize("schedule", ["stock", "demand", "flip-every-step", "flip-graph-request"])
