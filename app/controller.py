@@ -9,6 +9,7 @@ happens on a helper thread, so the GUI thread never waits on the engine.
 """
 from __future__ import annotations
 
+import gc
 import queue
 import threading
 from pathlib import Path
@@ -54,6 +55,7 @@ class SessionController(QObject):
         self._stopper: Optional[threading.Thread] = None
         self._drain_left = 0
         self._info_sent = False
+        self.session_info: Dict[str, object] = {}
         self._notice_shown = False
         self._push_to_talk = False
 
@@ -67,6 +69,7 @@ class SessionController(QObject):
             raise RuntimeError("a session is already running; stop it first")
         self.records, self._output, self._frames = [], [], []
         self._info_sent = self._notice_shown = False
+        self.session_info = {}
         source.start()
         try:
             if sink is not None:
@@ -75,6 +78,7 @@ class SessionController(QObject):
             source.stop()
             raise
         self.source, self.sink = source, sink
+        gc.freeze()          # see _on_result: keep full collections off the live path
         self.runner = self._factory(cfg)
         self.runner.start()
         self.pump = FramePump(source, self.runner.submit, Playback(sink) if sink is not None else None)
@@ -167,6 +171,8 @@ class SessionController(QObject):
         if self.state == STOPPING and not self._stopper.is_alive():
             self._drain_results()
             self._timer.stop()
+            self.pump = self.runner = None     # let the model, the threads and the resamplers go
+            gc.unfreeze()    # the session's objects may be collected again
             self._set_state(IDLE)
             self.event.emit("session", f"stopped after {len(self.records)} s")
             self.stopped.emit()
@@ -190,7 +196,12 @@ class SessionController(QObject):
         rec = res.record
         if not self._info_sent and self.runner.session is not None:
             self._info_sent = True
-            self.info.emit(dict(self.runner.session.info))
+            # The session is built: move its (and the GUI's) long-lived objects out of the cyclic
+            # collector's way. A full collection over them otherwise stalls every thread, the GUI
+            # and the engine alike, for ~100 ms at random moments.
+            gc.freeze()
+            self.session_info = dict(self.runner.session.info)
+            self.info.emit(dict(self.session_info))
         if self.state == STARTING:
             self._set_state(RUNNING)
         notice = getattr(res, "notice", "")
@@ -250,7 +261,7 @@ class SessionController(QObject):
         Raises ExportError / WavError with one message naming the path that could not be written.
         """
         directory = Path(directory)
-        paths = dict(export_records(list(self.records), directory, stem=stem))
+        paths = dict(export_records(list(self.records), directory, stem=stem, metadata=self.session_info or None))
         paths["input_wav"] = write_wav(directory / f"{stem}_input.wav", self.input_audio(), ENGINE_RATE)
         paths["output_wav"] = write_wav(directory / f"{stem}_output.wav", self.output_audio(), ENGINE_RATE)
         self.event.emit("export", f"wrote {len(paths)} files to {directory}")

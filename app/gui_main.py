@@ -76,7 +76,8 @@ class ScriptedRun:
         c.message.connect(self._on_message)
         if not self.window.start_with(cfg, source, sink):
             return False
-        QTimer.singleShot(int(seconds * 1000), lambda: c.finish(timeout_s=max(60.0, 10 * seconds)))
+        # a little past N s: the N-th frame also needs the resampler's delay and the last block
+        QTimer.singleShot(int(seconds * 1000) + 250, lambda: c.finish(timeout_s=max(60.0, 10 * seconds)))
         return True
 
     def _on_message(self, level: str, text: str) -> None:
@@ -90,7 +91,10 @@ class ScriptedRun:
         a, w = self.args, self.window
         if a.output_file:
             try:
+                Path(a.output_file).parent.mkdir(parents=True, exist_ok=True)
                 write_wav(a.output_file, w.controller.output_audio(), 24000)
+            except OSError as e:
+                self._on_message("error", f"cannot write {a.output_file}: {e.strerror or e}")
             except WavError as e:
                 self._on_message("error", str(e))
         if a.export and w.export_to(a.export) is None:
@@ -145,6 +149,7 @@ def main(argv=None) -> int:
     except (ValueError, AudioUnavailable, WavError) as e:     # WavError is a ValueError too
         print(f"duplexcadence: error: {e}", file=sys.stderr)
         return 2
+    window.persist_settings = False
     window.show()
     run = ScriptedRun(window, a)
     if not run.start(cfg, source, sink):

@@ -49,6 +49,7 @@ class MainWindow(QMainWindow):
             pass                                   # an icon is nice, not needed
         self.qsettings = settings if settings is not None else open_qsettings()
         self.settings = load_settings(self.qsettings)
+        self.persist_settings = True     # scripted runs turn this off: demos never change settings
         self.cuda = self._detect_cuda() if cuda is None else cuda
         self.controller = controller or ctl.SessionController()
         self.series = SessionSeries()
@@ -219,7 +220,8 @@ class MainWindow(QMainWindow):
         except (AudioUnavailable, WavError) as e:
             self.show_message("error", str(e))
             return False
-        self.save_settings()
+        if self.persist_settings:
+            self.save_settings()
         return self.start_with(cfg, source, sink)
 
     def start_with(self, cfg: SessionConfig, source, sink=None) -> bool:
@@ -353,7 +355,8 @@ class MainWindow(QMainWindow):
         return super().eventFilter(obj, event)
 
     def closeEvent(self, event) -> None:
-        self.save_settings()
+        if self.persist_settings:
+            self.save_settings()
         self.controller.stop()
         QApplication.instance().removeEventFilter(self)
         super().closeEvent(event)

@@ -1,0 +1,58 @@
+"""`duplexcadence --input-file ...`: a scripted session in a real process, offscreen."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from PySide6.QtGui import QImage
+
+from app.gui_main import build_parser
+from app.wavio import read_wav
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_app(args, tmp_path, timeout=240):
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", DUPLEXCADENCE_SETTINGS=str(tmp_path / "settings.ini"))
+    return subprocess.run([sys.executable, "-m", "app.main", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_scripted_session_writes_everything(tmp_path, speech_wav):
+    out = tmp_path / "out"
+    p = run_app(["--input-file", str(speech_wav), "--seconds", "3", "--model", "mimi", "--size", "tiny",
+                 "--device", "cpu", "--output-file", str(out / "reply.wav"), "--export", str(out / "export"),
+                 "--screenshot", str(out / "shot.png")], tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "3 seconds processed" in p.stdout
+    files = sorted(f.name for f in (out / "export").iterdir())
+    assert files == ["session.csv", "session.jsonl", "session.trace.json", "session_input.wav",
+                     "session_output.wav"]
+    lines = (out / "export" / "session.jsonl").read_text().splitlines()
+    assert [json.loads(x)["index"] for x in lines] == [0, 1, 2]
+    reply, rate = read_wav(out / "reply.wav")
+    assert rate == 24000 and len(reply) == 3 * 24000
+    img = QImage(str(out / "shot.png"))
+    assert img.width() >= 1200 and img.height() >= 800
+    assert not (tmp_path / "settings.ini").exists()          # a scripted run leaves the settings alone
+
+
+def test_bad_arguments_are_one_clear_message(tmp_path, speech_wav):
+    p = run_app(["--input-file", str(speech_wav), "--model", "step-audio2", "--checkpoint",
+                 str(tmp_path / "no-such-folder")], tmp_path, timeout=120)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines()[-1] == (f"duplexcadence: error: Step-Audio2 checkpoint folder "
+                                                 f"{tmp_path / 'no-such-folder'} does not exist or is not a folder")
+    p = run_app(["--input-file", str(tmp_path / "missing.wav")], tmp_path, timeout=120)
+    assert p.returncode == 2 and "cannot read" in p.stderr and "missing.wav" in p.stderr
+
+
+def test_parser_knows_the_scripted_flags():
+    a = build_parser().parse_args(["--input-file", "a.wav", "--output-file", "b.wav", "--seconds", "20",
+                                   "--export", "d", "--screenshot", "s.png", "--model", "mimi",
+                                   "--backbone", "moshi", "--checkpoint", "c"])
+    assert (a.input_file, a.output_file, a.seconds, a.export, a.screenshot, a.tail, a.backbone, a.checkpoint) == \
+        ("a.wav", "b.wav", 20.0, "d", "s.png", "mimi", "moshi", "c")
