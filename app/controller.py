@@ -60,9 +60,10 @@ class SessionController(QObject):
         self._push_to_talk = False
 
     # -- lifecycle -----------------------------------------------------------------------
-    def start(self, cfg: SessionConfig, source: InputSource, sink=None) -> None:
+    def start(self, cfg: SessionConfig, source: InputSource, sink=None, max_seconds: Optional[int] = None) -> None:
         """Open the audio, then build the session in the runner's worker (returns at once).
 
+        With ``max_seconds`` the session finishes by itself after that many seconds of input.
         Raises AudioUnavailable when the source or sink cannot be opened (nothing is left running).
         """
         if self.state != IDLE:
@@ -81,7 +82,8 @@ class SessionController(QObject):
         gc.freeze()          # see _on_result: keep full collections off the live path
         self.runner = self._factory(cfg)
         self.runner.start()
-        self.pump = FramePump(source, self.runner.submit, Playback(sink) if sink is not None else None)
+        self.pump = FramePump(source, self.runner.submit, Playback(sink) if sink is not None else None,
+                              max_frames=max_seconds)
         self.pump.push_to_talk = self._push_to_talk
         self._frames = self.pump.frames
         self.pump.start()
@@ -164,6 +166,8 @@ class SessionController(QObject):
         if self.state in (STARTING, RUNNING):
             self._check_devices()
             self._emit_meters()
+            if self.pump.done:
+                self.finish(timeout_s=600.0)    # a slow engine still finishes every second it got
         if self.state == DRAINING:
             self._drain_left -= 1
             if len(self.records) >= len(self._frames) or self._drain_left <= 0 or not self.runner.running:

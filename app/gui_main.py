@@ -4,9 +4,9 @@ Interactive:  duplexcadence
 Scripted:     duplexcadence --input-file IN.wav [--output-file OUT.wav] [--seconds N] [--export DIR]
                             [--screenshot PNG] [--model step-audio2|mimi] [--backbone synthetic|moshi]
                             [--checkpoint PATH]
-A scripted run plays the WAV as the microphone at real-time pace (then silence), stops feeding it
-after N seconds (default: the file's length), lets every submitted second finish, writes the output
-WAV, the exports and a screenshot of the window, and exits 0 (1 when the session failed or a file
+A scripted run plays the WAV as the microphone at real-time pace (then silence), stops after N
+seconds of input (default: the file's length), lets every one of those seconds finish, writes the
+output WAV, the exports and a screenshot of the window, and exits 0 (1 when the session failed or a file
 could not be written, 2 for bad arguments).
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--input-device", metavar="NAME", help="use this audio input device (name or index)")
     s.add_argument("--output-device", metavar="NAME", help="play the model's speech on this device")
     s.add_argument("--output-file", metavar="OUT.wav", help="write the model's speech (24 kHz) here")
-    s.add_argument("--seconds", type=float, help="stop after N seconds (default: the input file's length)")
+    s.add_argument("--seconds", type=float, help="stop after N seconds of input (default: the input file's length)")
     s.add_argument("--export", metavar="DIR", help="write CSV, JSON Lines, trace and WAVs of the session here")
     s.add_argument("--screenshot", metavar="PNG", help="save a screenshot of the window at the end")
     m = p.add_argument_group("model")
@@ -70,14 +70,16 @@ class ScriptedRun:
         from PySide6.QtCore import QTimer
         seconds = self.args.seconds
         if seconds is None:
-            seconds = math.ceil(getattr(source, "duration_s", 0.0)) or 10.0
+            seconds = getattr(source, "duration_s", 0.0) or 10.0
+        seconds = max(1, math.ceil(seconds))
         c = self.window.controller
         c.stopped.connect(self.finish)
         c.message.connect(self._on_message)
-        if not self.window.start_with(cfg, source, sink):
+        if not self.window.start_with(cfg, source, sink, max_seconds=seconds):
             return False
-        # a little past N s: the N-th frame also needs the resampler's delay and the last block
-        QTimer.singleShot(int(seconds * 1000) + 250, lambda: c.finish(timeout_s=max(60.0, 10 * seconds)))
+        # the session finishes by itself after N seconds of input; this only guards a source that
+        # stops delivering (an unplugged device): then whatever arrived is kept
+        QTimer.singleShot(int((3 * seconds + 60) * 1000), lambda: c.finish(timeout_s=60.0))
         return True
 
     def _on_message(self, level: str, text: str) -> None:

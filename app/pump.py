@@ -38,7 +38,8 @@ class FramePump(threading.Thread):
     """
 
     def __init__(self, source: InputSource, submit: Callable[[np.ndarray], None],
-                 playback: Optional[Playback] = None, barge_in_db: float = BARGE_IN_DB):
+                 playback: Optional[Playback] = None, barge_in_db: float = BARGE_IN_DB,
+                 max_frames: Optional[int] = None):
         super().__init__(name="frame-pump", daemon=True)
         self._submit = submit
         self._source = source
@@ -48,6 +49,7 @@ class FramePump(threading.Thread):
         self._resampler = StreamResampler(source.rate, ENGINE_RATE)
         self._frames = FrameAssembler(ENGINE_RATE)
         self.playback = playback
+        self.max_frames = max_frames     # stop submitting after this many frames (scripted runs)
         self.barge_in_db = barge_in_db
         self.push_to_talk = False        # True: the mic is muted unless ``talking``
         self.talking = False             # Space held (push-to-talk)
@@ -77,6 +79,11 @@ class FramePump(threading.Thread):
     def submitted(self) -> int:
         return len(self.frames)
 
+    @property
+    def done(self) -> bool:
+        """True once ``max_frames`` frames were submitted."""
+        return self.max_frames is not None and len(self.frames) >= self.max_frames
+
     # -- worker --------------------------------------------------------------------------
     def run(self) -> None:
         while not self._halt.is_set():
@@ -104,6 +111,8 @@ class FramePump(threading.Thread):
             block = np.zeros_like(block)
         self._barge_in(gate_open and self.level_db > self.barge_in_db)
         for frame in self._frames.push(self._resampler.process(block)):
+            if self.done:
+                break
             self.frames.append(frame)
             self._submit(frame)
 

@@ -224,8 +224,9 @@ class MainWindow(QMainWindow):
             self.save_settings()
         return self.start_with(cfg, source, sink)
 
-    def start_with(self, cfg: SessionConfig, source, sink=None) -> bool:
-        """Start a session on the given audio (scripted runs and tests come in here)."""
+    def start_with(self, cfg: SessionConfig, source, sink=None, max_seconds: Optional[int] = None) -> bool:
+        """Start a session on the given audio (scripted runs and tests come in here); with
+        ``max_seconds`` it finishes by itself after that many seconds of input."""
         self._show_config(cfg, source)
         self.series.clear()
         self.transcript.clear()
@@ -233,7 +234,7 @@ class MainWindow(QMainWindow):
         self.message_banner.hide()
         self.synthetic_banner.setVisible(cfg.checkpoint is None)
         try:
-            self.controller.start(cfg, source, sink)
+            self.controller.start(cfg, source, sink, max_seconds=max_seconds)
         except AudioUnavailable as e:
             self.show_message("error", str(e))
             return False

@@ -1,0 +1,137 @@
+"""Through real PortAudio: espeak-ng speech into the app over a PulseAudio null sink, and back out.
+
+The test starts its own PulseAudio server (user mode, no kernel modules, its own socket in the
+test's temporary folder) with two null sinks: "mic" (the test plays speech into it; the app
+records its monitor through ALSA's "pulse" device) and "spk" (the app plays into it; the test
+records its monitor with parec). The app runs as a real process: `duplexcadence --input-device
+pulse --output-device pulse --seconds N --export DIR`.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soxr
+
+from app.wavio import read_wav
+
+ROOT = Path(__file__).resolve().parent.parent
+SECONDS = 7
+
+
+def _tools_missing():
+    return [t for t in ("pulseaudio", "pactl", "paplay", "parec") if shutil.which(t) is None]
+
+
+@pytest.fixture
+def pulse(tmp_path):
+    """A private PulseAudio server with null sinks "mic" and "spk"; yields the client environment."""
+    missing = _tools_missing()
+    if missing:
+        pytest.skip(f"PulseAudio tools missing ({', '.join(missing)}); the Makefile's sysdeps installs them")
+    run = tmp_path / "run"
+    run.mkdir()
+    sock = run / "native"
+    env = dict(os.environ, HOME=str(tmp_path), XDG_RUNTIME_DIR=str(run), PULSE_RUNTIME_PATH=str(run / "pulse"),
+               PULSE_SERVER=f"unix:{sock}", PULSE_SINK="spk", PULSE_SOURCE="mic.monitor")
+    log = open(tmp_path / "pulseaudio.log", "w")
+    server = subprocess.Popen(
+        ["pulseaudio", "-n", "--daemonize=no", "--exit-idle-time=-1", "--disallow-exit", "--use-pid-file=no",
+         "--system=false", f"--load=module-native-protocol-unix socket={sock} auth-anonymous=1",
+         "--load=module-null-sink sink_name=mic rate=44100", "--load=module-null-sink sink_name=spk rate=44100",
+         "--load=module-always-sink", "--log-target=stderr"],
+        env=env, stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 15
+        while subprocess.run(["pactl", "info"], env=env, capture_output=True).returncode != 0:
+            if server.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("PulseAudio did not start:\n" + (tmp_path / "pulseaudio.log").read_text()[-2000:])
+            time.sleep(0.1)
+        for cmd in (["set-default-sink", "spk"], ["set-default-source", "mic.monitor"]):
+            subprocess.run(["pactl", *cmd], env=env, check=True, capture_output=True)
+        yield env
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+def _play_loop(env, wav: Path, stop: threading.Event) -> None:
+    while not stop.is_set():
+        p = subprocess.Popen(["paplay", "--device=mic", str(wav)], env=env)
+        while p.poll() is None:
+            if stop.wait(0.05):
+                p.terminate()
+                break
+        p.wait()
+
+
+def _found(chunk: np.ndarray, ref: np.ndarray) -> float:
+    """How well ``chunk`` occurs somewhere in ``ref``: the best normalized cross-correlation over
+    every alignment (1.0 = an exact, scaled copy)."""
+    m = len(chunk)
+    n = 1 << int(np.ceil(np.log2(len(ref) + m)))
+    c = np.fft.irfft(np.fft.rfft(ref, n) * np.conj(np.fft.rfft(chunk, n)), n)[: len(ref) - m + 1]
+    energy = np.concatenate([[0.0], np.cumsum(ref.astype(np.float64) ** 2)])
+    window = np.sqrt(np.maximum(energy[m:] - energy[:-m], 1e-12))       # |ref[k:k+m]| for every k
+    return float(np.max(np.abs(c) / (window * np.linalg.norm(chunk) + 1e-12)))
+
+
+def _loud_seconds(x: np.ndarray, floor: float) -> list:
+    """The one-second pieces of a 24 kHz signal whose RMS exceeds ``floor``, loudest first."""
+    sec = x[: len(x) // 24000 * 24000].reshape(-1, 24000)
+    rms = np.sqrt(np.mean(sec ** 2, axis=1))
+    return [sec[i] for i in np.argsort(-rms) if rms[i] > floor]
+
+
+def test_speech_through_pulseaudio_into_the_app_and_back_out(pulse, tmp_path, speech_wav):
+    out = tmp_path / "export"
+    env = dict(pulse, QT_QPA_PLATFORM="offscreen", DUPLEXCADENCE_SETTINGS=str(tmp_path / "s.ini"))
+    rec = open(tmp_path / "spk.f32", "wb")
+    parec = subprocess.Popen(["parec", "--device=spk.monitor", "--format=float32le", "--rate=24000",
+                              "--channels=1", "--latency-msec=20"], env=pulse, stdout=rec)
+    stop = threading.Event()
+    player = threading.Thread(target=_play_loop, args=(pulse, speech_wav, stop), daemon=True)
+    player.start()
+    try:
+        app = subprocess.run([sys.executable, "-m", "app.main", "--input-device", "pulse", "--output-device",
+                              "pulse", "--seconds", str(SECONDS), "--export", str(out), "--model", "mimi",
+                              "--size", "tiny", "--device", "cpu"],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+        time.sleep(1.5)                                  # the last second's playback drains into "spk"
+    finally:
+        stop.set()
+        player.join(10)
+        parec.terminate()
+        parec.wait(10)
+        rec.close()
+    assert app.returncode == 0, app.stderr[-3000:]
+    assert f"{SECONDS} seconds processed" in app.stdout
+
+    # speech went in through PortAudio: the seconds the engine heard carry espeak's voice
+    heard, rate = read_wav(out / "session_input.wav")
+    assert rate == 24000 and len(heard) == SECONDS * 24000
+    voice, vrate = read_wav(speech_wav)
+    voice24 = soxr.resample(voice, vrate, 24000).astype(np.float32)
+    loud = _loud_seconds(heard, 0.02)
+    assert loud, "no speech reached the app"
+    assert _found(loud[0][4000:20000], voice24) > 0.9       # it is that speech, not just noise
+
+    # and the model's audio came back out through PortAudio into the "spk" sink
+    said, _ = read_wav(out / "session_output.wav")
+    captured = np.fromfile(tmp_path / "spk.f32", dtype="<f4")
+    spoken = _loud_seconds(said, 1e-3)
+    assert spoken, "the model produced no audio"
+    assert len(captured) > SECONDS * 24000 // 2
+    # a barge-in may flush some of it, so any one loud second found in the recording will do
+    assert max(_found(sec[4000:20000], captured) for sec in spoken[:4]) > 0.9
