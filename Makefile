@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 'torch<=2.14.1' || echo 'torch==2.13.0')
 SYS_PKGS := libportaudio2 libegl1 libgl1 libglib2.0-0 libxkbcommon0 libxkbcommon-x11-0 libfontconfig1 \
   libdbus-1-3 libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1 libxcb-shape0 libxcb-xinerama0 libxcb-randr0 \
-  libxcb-render-util0 libxcb-image0 libnss3 espeak-ng sox pulseaudio pulseaudio-utils desktop-file-utils
+  libxcb-render-util0 libxcb-image0 libnss3 espeak-ng sox pulseaudio pulseaudio-utils libasound2-plugins desktop-file-utils
 
 .PHONY: run test sysdeps venv bench package package-test clean
 
