@@ -1,0 +1,289 @@
+"""`duplexcadence-bench mimi`: moshi's own Mimi (eager, CUDA graphs) vs our modes, one run, same weights.
+
+Both sides decode the same seeded random codes with the same seeded random weights at the given
+size. moshi (installed with --no-deps, imported only here and in tests) decodes one frame per
+call in ``mimi.streaming(1)``, as Moshi does; we decode whole seconds (12 or 13 frames per step).
+Each audio second is timed as a block (sync, the second's frames, sync) and divided by its audio
+length. Reported: ms per audio second (median, p90), CUDA kernels and kernel time per audio second
+(profiler, eager paths), peak memory, state bytes, and bit-identity with moshi (torch.equal).
+moshi on CUDA wraps RoPE in ``torch.compile``; the bit reference is moshi with that compile off
+(its eager arithmetic); the compiled variant is timed and compared too.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+import time
+import types
+from contextlib import nullcontext
+from typing import Dict, List
+
+import torch
+
+from engine.core import Executor
+
+from engine.models.mimi import weights as W
+from engine.models.mimi.config import MimiConfig, preset
+from engine.models.mimi.model import MimiDecoder
+
+
+# -- the peer (moshi) ---------------------------------------------------------------------------------
+def _stub_unused_imports() -> None:
+    """moshi's loaders import download/tokenizer/file helpers the decode path never calls."""
+    def missing(top: str) -> bool:
+        return top not in sys.modules and importlib.util.find_spec(top) is None
+
+    def stub(name, **attrs):
+        mod = types.ModuleType(name)
+        mod.__dict__.update(attrs)
+        sys.modules[name] = mod
+
+    def unavailable(*_a, **_k):
+        raise RuntimeError("not available in the Mimi oracle (package not installed)")
+    if missing("huggingface_hub"):
+        stub("huggingface_hub", hf_hub_download=unavailable)
+        stub("huggingface_hub.errors", EntryNotFoundError=type("EntryNotFoundError", (Exception,), {}))
+    if missing("sentencepiece"):
+        stub("sentencepiece", SentencePieceProcessor=type("SentencePieceProcessor", (), {}))
+    if missing("safetensors"):
+        stub("safetensors")
+        stub("safetensors.torch", load_file=unavailable, save_file=unavailable)
+
+
+def peer_available() -> bool:
+    return importlib.util.find_spec("moshi") is not None and importlib.util.find_spec("einops") is not None
+
+
+def peer_mimi(cfg: MimiConfig, state: Dict[str, torch.Tensor], device="cpu", num_codebooks: int = 8):
+    """moshi's ``get_mimi(None, config)`` with our moshi-layout decoder weights loaded (strict)."""
+    _stub_unused_imports()
+    from moshi.models import loaders
+    mimi = loaders.get_mimi(None, cfg.moshi_kwargs(), device=device, num_codebooks=num_codebooks)
+    full = mimi.state_dict()
+    unknown = set(state) - set(full)
+    if unknown:
+        raise KeyError(f"keys not in moshi's Mimi: {sorted(unknown)[:4]}")
+    full.update({k: v.to(device) for k, v in state.items()})
+    mimi.load_state_dict(full, strict=True)
+    return mimi.eval()
+
+
+def peer_context(graphs: bool = True, compiled: bool = True):
+    """moshi's switches: per-frame CUDA graphs on/off, ``torch.compile`` of RoPE on/off."""
+    import moshi.utils.compile as mc
+    mc._disable_cuda_graph = not graphs
+    return nullcontext() if compiled else mc.no_compile()
+
+
+@torch.no_grad()
+def peer_stream(mimi, codes: torch.Tensor, cfg: MimiConfig, graphs=True, compiled=True, sync=False):
+    """moshi's streaming decode, one frame per call. Returns (audio [1,1,N*fs], seconds' wall times)."""
+    times, out = [], []
+    with peer_context(graphs, compiled), mimi.streaming(1):
+        for k, (lo, hi) in enumerate(_seconds(cfg, codes.shape[1])):
+            _sync(sync)
+            t0 = time.perf_counter()
+            for t in range(lo, hi):
+                out.append(mimi.decode(codes[None, :, t:t + 1]).clone())
+            _sync(sync)
+            times.append(time.perf_counter() - t0)
+    return torch.cat(out, dim=-1), times
+
+
+# -- ours -----------------------------------------------------------------------------------------------
+MODES = {"stock": (False, False), "demand": (True, False), "graphs": (True, True)}
+
+
+@torch.no_grad()
+def ours_stream(model: MimiDecoder, codes: torch.Tensor, mode: str, sync=False, debug=False):
+    """Our decode, one engine step per second. Returns (audio, seconds' wall times, executor)."""
+    from engine.core import make_plan
+    cfg = model.cfg
+    plan = make_plan(model.regions(), model.spec())
+    demand, graphs = MODES[mode]
+    ex = Executor(model, plan, codes.device, demand_sized=demand, graph_replay=graphs, debug=debug)
+    ex.prepare_graphs(lambda sp: model.example_inputs(sp, codes.device, codes.shape[0]))
+    ex.init_state()
+    times, out = [], []
+    for lo, hi in _seconds(cfg, codes.shape[1]):
+        _sync(sync)
+        t0 = time.perf_counter()
+        out.append(ex.step({"codes": codes[:, lo:hi]})["audio"])
+        _sync(sync)
+        times.append(time.perf_counter() - t0)
+    return torch.cat(out, dim=-1), times, ex
+
+
+def _seconds(cfg: MimiConfig, frames: int):
+    k = 0
+    while cfg.frames_before(k + 1) <= frames:
+        yield cfg.frames_before(k), cfg.frames_before(k + 1)
+        k += 1
+
+
+def _sync(on: bool) -> None:
+    if on and torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+# -- measurement ---------------------------------------------------------------------------------------
+def _stats(times: List[float], cfg: MimiConfig, skip: int) -> Dict[str, float]:
+    """ms per audio second (each second's wall time over its audio length), after ``skip`` warm-up seconds."""
+    per = []
+    for k, t in enumerate(times):
+        lo, hi = cfg.frames_before(k), cfg.frames_before(k + 1)
+        if k >= skip:
+            per.append(1e3 * t / ((hi - lo) / cfg.frame_rate))
+    per.sort()
+    return {"median_ms": statistics.median(per), "p90_ms": per[min(len(per) - 1, int(0.9 * len(per)))],
+            "seconds_timed": len(per)}
+
+
+def _kernels(fn, audio_seconds: float) -> Dict[str, float]:
+    """CUDA kernels (all device events) and their summed device time per audio second."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    ev = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return {"kernels_per_audio_s": len(ev) / audio_seconds,
+            "kernels_per_frame": len(ev) / (audio_seconds * 12.5),
+            "kernel_ms_per_audio_s": sum(e.device_time for e in ev) / 1e3 / audio_seconds}
+
+
+def _memory(fn, cuda: bool):
+    if not cuda:
+        return fn(), {}
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    res = fn()
+    torch.cuda.synchronize()
+    return res, {"peak_alloc_above_weights_mib": (torch.cuda.max_memory_allocated() - base) / 2 ** 20,
+                 "max_reserved_mib": torch.cuda.max_memory_reserved() / 2 ** 20}
+
+
+def _equal(a: torch.Tensor, b: torch.Tensor) -> Dict[str, object]:
+    n = min(a.shape[-1], b.shape[-1])
+    a, b = a[..., :n], b[..., :n]
+    return {"equal": bool(torch.equal(a, b)), "max_abs_diff": float((a - b).abs().max())}
+
+
+def run(cfg: MimiConfig, seconds: int, k: int, seed: int, warmup: int, profile_seconds: int,
+        device: str = "cuda") -> Dict:
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = False
+    state = W.random_state(cfg, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    frames = cfg.frames_before(seconds)
+    codes = torch.randint(0, cfg.bins, (k, frames), generator=g).to(dev)
+    res: Dict = {"config": {"size_dims": f"d{cfg.dimension} x{cfg.num_layers} ctx{cfg.context}", "codebooks": k,
+                            "seconds": seconds, "frames": frames, "warmup_seconds": warmup,
+                            "torch": torch.__version__,
+                            "device": torch.cuda.get_device_name() if cuda else "cpu"},
+                 "modes": {}}
+    mem = torch.cuda.memory_allocated if cuda else (lambda: 0)
+    base0 = mem()
+    mimi = peer_mimi(cfg, state, dev, k)
+    res["config"]["moshi_weights_mib"] = (mem() - base0) / 2 ** 20
+    base1 = mem()
+    ours = MimiDecoder(cfg).to(dev).load_moshi_state(state)
+    res["config"]["ours_weights_mib"] = (mem() - base1) / 2 ** 20
+    audio = {}
+    runs = [("moshi eager", lambda: peer_stream(mimi, codes, cfg, graphs=False, compiled=True, sync=True)),
+            ("moshi graphs", lambda: peer_stream(mimi, codes, cfg, graphs=True, compiled=True, sync=True)),
+            ("moshi graphs, RoPE eager", lambda: peer_stream(mimi, codes, cfg, graphs=True, compiled=False, sync=True))]
+    runs += [(f"ours {m}", (lambda m=m: ours_stream(ours, codes, m, sync=True)[:2])) for m in MODES]
+    for name, fn in runs:
+        try:
+            (wav, times), used = _memory(fn, cuda)
+        except Exception as e:                     # e.g. torch.compile unavailable on this machine
+            res["modes"][name] = {"error": f"{type(e).__name__}: {e}"[:400]}
+            continue
+        audio[name] = wav
+        res["modes"][name] = {**_stats(times, cfg, warmup), **used}
+    ref = audio.get("moshi graphs, RoPE eager")
+    for name, wav in audio.items():
+        if ref is not None and name != "moshi graphs, RoPE eager":
+            res["modes"][name]["vs_moshi_eager_rope"] = _equal(wav, ref)
+        if "moshi graphs" in audio and name.startswith("ours"):
+            res["modes"][name]["vs_moshi_compiled_rope"] = _equal(wav, audio["moshi graphs"])
+    _profile(res, mimi, ours, cfg, codes, profile_seconds if cuda else 0)
+    return res
+
+
+def _profile(res, mimi, ours, cfg, codes, n_sec) -> None:
+    part = codes[:, : cfg.frames_before(max(n_sec, 1))]
+    _, _, ex = ours_stream(ours, part, "graphs")
+    res["config"]["ours_state_bytes"] = ex.state_bytes()
+    res["config"]["graphs_captured"] = ex.stats.captures
+    if not n_sec:
+        return
+    secs = part.shape[1] / cfg.frame_rate
+    jobs = {"moshi eager": lambda: peer_stream(mimi, part, cfg, graphs=False, compiled=True),
+            "moshi graphs, RoPE eager": lambda: peer_stream(mimi, part, cfg, graphs=False, compiled=False),
+            "ours demand": lambda: ours_stream(ours, part, "demand")}
+    for name, fn in jobs.items():
+        if "error" in res["modes"].get(name, {}):
+            continue
+        fn()                                        # warm (compile, cuBLAS handles)
+        res["modes"][name].update(_kernels(fn, secs))
+
+
+def table(res: Dict) -> str:
+    rows = ["| mode | ms / audio s (median) | p90 | kernels / frame | kernel ms / audio s | peak alloc above weights (MiB) "
+            "| equal to moshi (RoPE eager) | equal to moshi (compiled RoPE) |", "|---|---|---|---|---|---|---|---|"]
+    for name, m in res["modes"].items():
+        if "error" in m:
+            rows.append(f"| {name} | error: {m['error'][:80]} | | | | | | |")
+            continue
+        def eq(key):
+            v = m.get(key)
+            return "ref" if v is None and key == "vs_moshi_eager_rope" else ("" if v is None else
+                   ("yes" if v["equal"] else f"no (max {v['max_abs_diff']:.2e})"))
+        kpf = f"{m['kernels_per_frame']:.0f}" if "kernels_per_frame" in m else ""
+        kms = f"{m['kernel_ms_per_audio_s']:.1f}" if "kernel_ms_per_audio_s" in m else ""
+        peak = f"{m['peak_alloc_above_weights_mib']:.1f}" if "peak_alloc_above_weights_mib" in m else ""
+        rows.append(f"| {name} | {m['median_ms']:.1f} | {m['p90_ms']:.1f} | {kpf} | {kms} | {peak} |"
+                    f" {eq('vs_moshi_eager_rope')} | {eq('vs_moshi_compiled_rope')} |")
+    return "\n".join(rows)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="duplexcadence-bench mimi", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", default="released", choices=["released", "tiny"])
+    p.add_argument("--seconds", type=int, default=24, help="audio seconds of codes to decode (>= warm-up + 1)")
+    p.add_argument("--warmup", type=int, default=2, help="seconds left out of the statistics")
+    p.add_argument("--num-codebooks", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile-seconds", type=int, default=2)
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                   help="cpu: a functional dry run (timings only, no kernels or memory)")
+    p.add_argument("--json", help="write the results as JSON to this file")
+    a = p.parse_args(argv)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print("duplexcadence-bench mimi: needs a CUDA GPU (or --device cpu for a dry run)", file=sys.stderr)
+        return 2
+    if not peer_available():
+        print("duplexcadence-bench mimi: needs moshi==0.2.13 and einops (pip install --no-deps moshi==0.2.13 einops)",
+              file=sys.stderr)
+        return 2
+    if a.seconds <= a.warmup:
+        p.error("--seconds must exceed --warmup")
+    res = run(preset(a.size), a.seconds, a.num_codebooks, a.seed, a.warmup, a.profile_seconds, a.device)
+    res["command"] = "duplexcadence-bench mimi " + " ".join(sys.argv[1:] if argv is None else argv)
+    print(table(res))
+    print(json.dumps(res, indent=1))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0

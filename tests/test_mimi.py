@@ -1,0 +1,71 @@
+"""Mimi on the engine == moshi's own streaming decode, bit for bit (CPU; moshi is a test-only oracle)."""
+import numpy as np
+import pytest
+import torch
+
+import stock_mimi
+from engine.models.mimi import weights as W
+from engine.models.mimi.config import RELEASED, TINY
+from engine.models.mimi.model import MimiDecoder
+from engine.models.mimi.tail import MimiTail
+
+pytestmark = [pytest.mark.oracle,
+              pytest.mark.skipif(not stock_mimi.available(), reason="moshi/einops (test oracles) not installed")]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # tiny ops on a shared 2-core machine: OpenMP spin-waits dominate; both sides run alike
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _codes(cfg, k, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, cfg.bins, (k, n), generator=g)
+
+
+def _ours_by_tail(cfg, state, codes, chunks, **toggles):
+    tail = MimiTail(MimiDecoder(cfg).load_moshi_state(state), "cpu", codes.shape[0], size="test", **toggles)
+    tail.start()
+    out, i = [], 0
+    for c in chunks:
+        out.append(tail.push(codes[:, i:i + c]))
+        i += c
+    out.append(tail.flush())
+    return torch.from_numpy(np.concatenate(out)), tail
+
+
+@pytest.mark.parametrize("k", [8, 32])
+def test_tiny_equals_moshi_ring_wraps(k):
+    # context 10 steps at 25 Hz: the ring wraps after 5 frames, 40 frames wrap it 8 times
+    state = W.random_state(TINY, seed=k)
+    codes = _codes(TINY, k, 40, seed=100 + k)
+    ref = stock_mimi.stream_decode(stock_mimi.build(TINY, state, num_codebooks=k), codes).reshape(-1)
+    # pushes of odd sizes: the tail buffers frames and decodes whole seconds (12, 13, 12), then flushes 3
+    ours, tail = _ours_by_tail(TINY, state, codes, [5, 9, 1, 20, 5])
+    assert tail.executor.k == 3 and tail.executor.stats.eager_steps == 3
+    assert ours.shape == ref.shape == (40 * TINY.frame_size,)
+    assert torch.equal(ours, ref)
+
+
+def test_stock_arena_equals_demand_arena_and_moshi_tiny():
+    state = W.random_state(TINY, seed=5)
+    codes = _codes(TINY, 8, 37, seed=6)
+    ref = stock_mimi.stream_decode(stock_mimi.build(TINY, state, num_codebooks=8), codes).reshape(-1)
+    stock, t1 = _ours_by_tail(TINY, state, codes, [37], demand_sized=False)
+    demand, t2 = _ours_by_tail(TINY, state, codes, [37], demand_sized=True)
+    assert t1.executor.arena.kind == "stock" and t2.executor.arena.kind == "demand"
+    assert torch.equal(stock, ref) and torch.equal(demand, ref)
+
+
+def test_released_size_equals_moshi_32_codebooks():
+    # the one released-size test: 30 frames (seconds of 12 and 13, then 5 flushed)
+    state = W.random_state(RELEASED, seed=1)
+    codes = _codes(RELEASED, 32, 30, seed=2)
+    ref = stock_mimi.stream_decode(stock_mimi.build(RELEASED, state, num_codebooks=32), codes).reshape(-1)
+    ours, _ = _ours_by_tail(RELEASED, state, codes, [30])
+    assert ref.abs().max() > 1e-3                      # the weights make real signal, not zeros
+    assert torch.equal(ours, ref)

@@ -1,0 +1,68 @@
+"""GPU: Mimi whole-second graph replay == our eager modes == moshi's streaming decode, bit for bit."""
+import numpy as np
+import pytest
+import torch
+
+import stock_mimi
+from engine.models.mimi import weights as W
+from engine.models.mimi.config import RELEASED
+from engine.models.mimi.model import MimiDecoder
+from engine.models.mimi.tail import MimiTail
+
+pytestmark = [pytest.mark.gpu, pytest.mark.oracle]
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+if not stock_mimi.available():
+    pytest.skip("moshi/einops (test oracles) not installed", allow_module_level=True)
+
+DEV = "cuda"
+
+
+@pytest.fixture(scope="module")
+def setup():
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    state = W.random_state(RELEASED, seed=11)
+    model = MimiDecoder(RELEASED).to(DEV).load_moshi_state(state)
+    return state, model
+
+
+def _moshi(state, codes):
+    return stock_mimi.stream_decode(stock_mimi.build(RELEASED, state, DEV, codes.shape[0]), codes).reshape(-1)
+
+
+def _tail(model, codes, sched, chunk=5):
+    tail = MimiTail(model, DEV, codes.shape[0], **sched(0))
+    tail.start()
+    tail.executor.debug = True                       # assert stable state addresses at every replay
+    out, i = [], 0
+    while i < codes.shape[1]:
+        tail.set_toggles(**sched(tail.seconds_done))
+        out.append(tail.push(codes[:, i:i + chunk]))
+        i += chunk
+    out.append(tail.flush())
+    return torch.from_numpy(np.concatenate(out)).to(DEV), tail
+
+
+@pytest.mark.parametrize("k", [8, 32])
+def test_whole_second_graphs_equal_eager_and_moshi(setup, k):
+    state, model = setup
+    codes = torch.randint(0, RELEASED.bins, (k, 40), generator=torch.Generator().manual_seed(k)).to(DEV)
+    ref = _moshi(state, codes)
+    graphs, t = _tail(model, codes, lambda s: {"demand_sized": True, "graph_replay": True})
+    assert t.executor.stats.captures == 2 and t.executor.stats.replayed_steps == 3
+    demand, _ = _tail(model, codes, lambda s: {"demand_sized": True, "graph_replay": False})
+    stock, _ = _tail(model, codes, lambda s: {"demand_sized": False, "graph_replay": False})
+    assert ref.abs().max() > 1e-3
+    assert torch.equal(graphs, ref) and torch.equal(demand, ref) and torch.equal(stock, ref)
+
+
+def test_toggles_flipping_every_second_equal_moshi(setup):
+    state, model = setup
+    codes = torch.randint(0, RELEASED.bins, (8, 90), generator=torch.Generator().manual_seed(3)).to(DEV)
+    ref = _moshi(state, codes)
+    modes = [(True, True), (False, False), (True, True), (True, False), (True, True), (False, False), (True, True)]
+    sched = lambda s: dict(zip(("demand_sized", "graph_replay"), modes[s % len(modes)]))
+    out, t = _tail(model, codes, sched, chunk=7)
+    assert t.executor.stats.migrations >= 2 and t.executor.stats.replayed_steps >= 1
+    assert torch.equal(out, ref)
