@@ -145,3 +145,19 @@ def test_synth_cli(tmp_path, capsys):
     rc = synth_cli.main(["--model", "mimi", "--size", "tiny", "--codes", str(tmp_path / "flat.npy"),
                          "--out", str(out)])
     assert rc == 1 and "2-D" in capsys.readouterr().err
+
+
+@pytest.mark.oracle
+def test_bench_dry_run_on_cpu_reports_bit_identity(tmp_path):
+    from engine.bench import mimi as bench
+    if not bench.peer_available():
+        pytest.skip("moshi/einops (test oracles) not installed")
+    out = tmp_path / "b.json"
+    assert bench.main(["--size", "tiny", "--seconds", "2", "--warmup", "1", "--device", "cpu",
+                       "--json", str(out)]) == 0
+    import json
+    res = json.loads(out.read_text())
+    for mode in ("ours stock", "ours demand", "ours graphs", "moshi eager", "moshi graphs"):
+        assert res["modes"][mode]["vs_moshi_eager_rope"]["equal"], mode
+        assert res["modes"][mode]["seconds_timed"] == 1
+    assert res["config"]["frames"] == 25 and res["command"].startswith("duplexcadence-bench mimi")
