@@ -25,7 +25,9 @@ class SessionConfig:
     """Everything that fixes a session; :meth:`resolved` makes it concrete and validates it.
 
     ``size="auto"`` / ``device="auto"``: released sizes on CUDA when there is a GPU, tiny sizes on
-    the CPU otherwise. ``checkpoint`` is the decoder tail's (a Step-Audio2 folder with flow.yaml,
+    the CPU otherwise. On the CPU the session leaves one core to audio I/O and the GUI
+    (``cpu_threads=0``); small per-token ops gain nothing from more threads, and threads that
+    compete for cores make every second slower. ``checkpoint`` is the decoder tail's (a Step-Audio2 folder with flow.yaml,
     flow.pt, hift.pt; or a Mimi ``.safetensors`` file), ``backbone_checkpoint`` the Moshi weights
     folder. The toggles can change between any two seconds without changing one output sample.
     """
@@ -41,6 +43,7 @@ class SessionConfig:
     seed: int = 0
     reply_seconds: int = 4          # synthetic policy: longest answer, in seconds
     debug: bool = False             # executor address checks at every replay
+    cpu_threads: int = 0            # torch threads on the CPU; 0 = auto: all cores but one (audio, GUI)
 
     def replace(self, **changes) -> "SessionConfig":
         return dataclasses.replace(self, **changes)
@@ -56,6 +59,8 @@ class SessionConfig:
         if device == "cuda" and not cuda:
             raise ValueError("device 'cuda' was asked for but CUDA is not available (use --device cpu or auto)")
         size = self.size if self.size != "auto" else ("released" if device == "cuda" else "tiny")
+        if int(self.cpu_threads) < 0:
+            raise ValueError(f"cpu_threads must be 0 (auto) or positive, got {self.cpu_threads}")
         if int(self.reply_seconds) < 1:
             raise ValueError(f"reply_seconds must be at least 1, got {self.reply_seconds}")
         checkpoint = _check_tail_checkpoint(self.tail, self.checkpoint)

@@ -12,6 +12,7 @@ the same bits.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Dict, List, Optional, Tuple
@@ -70,6 +71,13 @@ class RateConverter:
         return x if self.stream is None else self.stream.resample_chunk(x)
 
 
+def cpu_threads(requested: int = 0) -> int:
+    """Torch threads for a CPU session: ``requested``, or all cores but one (at least one)."""
+    if requested > 0:
+        return int(requested)
+    return max(1, (os.cpu_count() or 1) - 1)
+
+
 def check_frame(frame) -> np.ndarray:
     """A one-second mono frame as float32 (24000,), or ValueError saying what is wrong."""
     x = np.asarray(frame)
@@ -113,6 +121,8 @@ class DuplexSession:
     def start(self) -> None:
         """Build the tail and the backbone (may take seconds); the first second starts seeded."""
         c = self.cfg
+        if self.device.type == "cpu":
+            torch.set_num_threads(cpu_threads(c.cpu_threads))
         torch.manual_seed(c.seed)
         if self.tail is None:
             from engine.models import registry
