@@ -126,6 +126,9 @@ def main(argv=None) -> int:
         r = run_mode(base.replace(demand_sized=demand, graph_replay=graphs), frames)
         results[m], rows[m] = r, r["summary"]
         print(f"{m}: {r['summary']['seconds']} s, built in {r['summary']['build_s']:.1f} s", file=sys.stderr)
+        print(_table({m: r["summary"]}), file=sys.stderr, flush=True)
+        if a.out:                                   # written as it goes: a cut-short run keeps what it had
+            export_records(r["records"], Path(a.out), stem=f"session-{m}")
     ref = results[modes[0]]["audio"]
     identical = {m: bool(np.array_equal(ref, r["audio"])) for m, r in results.items()}
     flip = None
@@ -140,8 +143,6 @@ def main(argv=None) -> int:
           f"toggles flipped every second: {flip}")
     if a.out:
         out = Path(a.out)
-        for m, r in results.items():
-            export_records(r["records"], out, stem=f"session-{m}")
         doc = {"seconds": len(frames), "modes": {m: {k: v for k, v in s.items()} for m, s in rows.items()},
                "identical": identical, "flip_identical": flip, "deadline_ms": DEADLINE_MS,
                "torch": torch.__version__,
