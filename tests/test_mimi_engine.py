@@ -161,3 +161,29 @@ def test_bench_dry_run_on_cpu_reports_bit_identity(tmp_path):
         assert res["modes"][mode]["vs_moshi_eager_rope"]["equal"], mode
         assert res["modes"][mode]["seconds_timed"] == 1
     assert res["config"]["frames"] == 25 and res["command"].startswith("duplexcadence-bench mimi")
+
+
+def test_layer_major_second_matches_frame_by_frame():
+    # the CUDA order (each layer over the whole second) on CPU: the transformer is bit-exact here too;
+    # the SEANet differs only where CPU ELU takes its scalar instead of its vectorized path (layouts)
+    from engine.models.mimi.second import seanet_second, transformer_second
+    cfg, n = RELEASED, 12
+    m = MimiDecoder(cfg).load_moshi_state(W.random_state(cfg, seed=3))
+    t = cfg.upsample_stride
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1, cfg.dimension, n * t, generator=g)
+    caches = [torch.randn(2, 1, cfg.num_heads, cfg.context, cfg.head_dim, generator=g) for _ in range(cfg.num_layers)]
+    c2 = [c.clone() for c in caches]
+    tab = m.transformer.second_tables(torch.tensor(7), n)
+    with torch.no_grad():
+        ref = torch.cat([m.transformer.frame(x[..., f * t:(f + 1) * t], caches, tab, f) for f in range(n)], -1)
+        out = transformer_second(m.transformer, x.transpose(1, 2), c2, tab, batch_matmul=False).transpose(1, 2)
+        assert torch.equal(ref, out) and all(torch.equal(a, b) for a, b in zip(caches, c2))
+        regs = {r.name: torch.randn(r.shape_at(r.retention.length), generator=g)
+                for r in m.regions() if r.name.startswith("dec.")}
+        regs2 = {k: v.clone() for k, v in regs.items()}
+        ref = torch.cat([m.seanet.frame(x[..., f * t:(f + 1) * t].contiguous(), regs.get) for f in range(n)], -1)
+        out = seanet_second(m.seanet, x, regs2.get, n, batch_conv=False)
+    assert out.shape == (1, 1, n * cfg.frame_size)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-5)
+    assert all(torch.allclose(regs[k], regs2[k], rtol=0, atol=1e-5) for k in regs)

@@ -44,9 +44,11 @@ def _tail(model, codes, sched, chunk=5):
     return torch.from_numpy(np.concatenate(out)).to(DEV), tail
 
 
-@pytest.mark.parametrize("k", [8, 32])
-def test_whole_second_graphs_equal_eager_and_moshi(setup, k):
+@pytest.mark.parametrize("k,layer_major", [(8, None), (32, None), (8, False)])
+def test_whole_second_graphs_equal_eager_and_moshi(setup, k, layer_major):
+    # layer_major None: the CUDA default (each layer over the whole second); False: frame by frame
     state, model = setup
+    model.layer_major = layer_major
     codes = torch.randint(0, RELEASED.bins, (k, 40), generator=torch.Generator().manual_seed(k)).to(DEV)
     ref = _moshi(state, codes)
     graphs, t = _tail(model, codes, lambda s: {"demand_sized": True, "graph_replay": True})
@@ -54,6 +56,7 @@ def test_whole_second_graphs_equal_eager_and_moshi(setup, k):
     demand, _ = _tail(model, codes, lambda s: {"demand_sized": True, "graph_replay": False})
     stock, _ = _tail(model, codes, lambda s: {"demand_sized": False, "graph_replay": False})
     assert ref.abs().max() > 1e-3
+    model.layer_major = None
     assert torch.equal(graphs, ref) and torch.equal(demand, ref) and torch.equal(stock, ref)
 
 

@@ -7,7 +7,8 @@ Each audio second is timed as a block (sync, the second's frames, sync) and divi
 length. Reported: ms per audio second (median, p90), CUDA kernels and kernel time per audio second
 (profiler, eager paths), peak memory, state bytes, and bit-identity with moshi (torch.equal).
 moshi on CUDA wraps RoPE in ``torch.compile``; the bit reference is moshi with that compile off
-(its eager arithmetic); the compiled variant is timed and compared too.
+(its eager arithmetic); the compiled variant is timed and compared too. Our graph replay is also
+timed in frame-major order and with per-second matmuls / convs (see ``engine/models/mimi/second.py``).
 """
 from __future__ import annotations
 
@@ -95,6 +96,15 @@ def peer_stream(mimi, codes: torch.Tensor, cfg: MimiConfig, graphs=True, compile
 
 # -- ours -----------------------------------------------------------------------------------------------
 MODES = {"stock": (False, False), "demand": (True, False), "graphs": (True, True)}
+#: execution-order variants, all with graph replay: (layer_major, batch_matmul, batch_conv)
+VARIANTS = {"graphs, frame-major": (False, False, False),
+            "graphs, +batched matmul": (True, True, False),
+            "graphs, +batched conv": (True, False, True),
+            "graphs, +batched matmul+conv": (True, True, True)}
+
+
+def set_variant(model: MimiDecoder, layer_major=None, batch_matmul=False, batch_conv=False) -> None:
+    model.layer_major, model.batch_matmul, model.batch_conv = layer_major, batch_matmul, batch_conv
 
 
 @torch.no_grad()
@@ -200,6 +210,9 @@ def run(cfg: MimiConfig, seconds: int, k: int, seed: int, warmup: int, profile_s
     audio = {}
     runs = [("moshi graphs, RoPE eager", lambda: peer_stream(mimi, codes, cfg, graphs=True, compiled=False, sync=True))]
     runs += [(f"ours {m}", (lambda m=m: ours_stream(ours, codes, m, sync=True)[:2])) for m in MODES]
+    runs += [(f"ours {v}", (lambda v=v: _variant(ours, VARIANTS[v], lambda: ours_stream(ours, codes, "graphs",
+                                                                                       sync=True)[:2])))
+             for v in VARIANTS if cuda]
     runs += [("moshi eager", lambda: peer_stream(mimi, codes, cfg, graphs=False, compiled=True, sync=True)),
              ("moshi graphs", lambda: peer_stream(mimi, codes, cfg, graphs=True, compiled=True, sync=True))]
     for name, fn in runs:
@@ -214,6 +227,14 @@ def run(cfg: MimiConfig, seconds: int, k: int, seed: int, warmup: int, profile_s
         dump(res)
     _profile(res, mimi, ours, cfg, codes, profile_seconds if cuda else 0)
     return res
+
+
+def _variant(model: MimiDecoder, variant, fn):
+    set_variant(model, *variant)
+    try:
+        return fn()
+    finally:
+        set_variant(model)
 
 
 def _compare(res: Dict, audio: Dict[str, torch.Tensor]) -> None:
@@ -236,15 +257,16 @@ def _profile(res, mimi, ours, cfg, codes, n_sec) -> None:
         return
     secs = part.shape[1] / cfg.frame_rate
     jobs = {"moshi eager": lambda: peer_stream(mimi, part, cfg, graphs=False, compiled=True),
-            "moshi graphs, RoPE eager": lambda: peer_stream(mimi, part, cfg, graphs=False, compiled=False),
             "ours demand": lambda: ours_stream(ours, part, "demand")}
     for name, fn in jobs.items():
         if "error" in res["modes"].get(name, {}):
             continue
         fn()                                        # warm (compile, cuBLAS handles)
         res["modes"][name].update(_kernels(fn, secs))
-    replay = _graph_replayer(ours, part)            # captured outside the profile: replays only
-    res["modes"]["ours graphs"].update(_kernels(replay, secs))
+    for name, variant in [("ours graphs", (None, False, False))] + [(f"ours {v}", VARIANTS[v]) for v in VARIANTS]:
+        if name in res["modes"] and "error" not in res["modes"][name]:
+            replay = _variant(ours, variant, lambda: _graph_replayer(ours, part))   # captured before the profile
+            res["modes"][name].update(_kernels(lambda: _variant(ours, variant, replay), secs))
 
 
 def _graph_replayer(model: MimiDecoder, codes: torch.Tensor):

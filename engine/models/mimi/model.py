@@ -27,16 +27,24 @@ from engine.core import Clock, Fixed, Region, Ring, SessionSpec, StateView, Step
 from . import weights as W
 from .config import MimiConfig
 from .modules import MimiTransformer, SEANetDecoder, SplitRVQ, causal_conv_tr
+from .second import seanet_second, transformer_second
 
 
 class MimiDecoder(StreamingModel):
-    """Mimi's decode path (codes -> 24 kHz) with engine-declared streaming state."""
+    """Mimi's decode path (codes -> 24 kHz) with engine-declared streaming state.
+
+    ``layer_major``: run each layer over the whole second (fewer kernels, same bits; None = on CUDA
+    only, see ``second.py``); ``batch_matmul`` / ``batch_conv``: one matmul / conv call per second
+    instead of per frame (experimental: exact only where cuBLAS / cuDNN keep the same kernel).
+    """
 
     name = "mimi"
 
-    def __init__(self, cfg: MimiConfig):
+    def __init__(self, cfg: MimiConfig, layer_major: Optional[bool] = None, batch_matmul: bool = False,
+                 batch_conv: bool = False):
         super().__init__()
         self.cfg = cfg
+        self.layer_major, self.batch_matmul, self.batch_conv = layer_major, batch_matmul, batch_conv
         self.rvq = SplitRVQ(cfg)
         self.upsample = nn.Parameter(torch.zeros(cfg.dimension, 1, 2 * cfg.upsample_stride), requires_grad=False)
         self.transformer = MimiTransformer(cfg)
@@ -149,6 +157,12 @@ class MimiDecoder(StreamingModel):
         caches = [state[f"tr.kv{i}"].get() for i in range(self.cfg.num_layers)]   # [2, 1, H, cap, Dh]
         tables = self.transformer.second_tables(state["tr.kv0"].position(), n)
         lat = self.rvq.latents(codes)                                              # [1, n, dim] per part
+        if self.layer_major if self.layer_major is not None else codes.is_cuda:
+            ups = [causal_conv_tr(self.rvq.frame(lat, f), state["up.partial"].get(), self.upsample, None,
+                                  self.cfg.upsample_stride, groups=self.cfg.dimension) for f in range(n)]
+            x = torch.cat(ups, dim=-1).transpose(1, 2)                             # [1, n*T, D]
+            x = transformer_second(self.transformer, x, caches, tables, self.batch_matmul)
+            return seanet_second(self.seanet, x.transpose(1, 2), region, n, self.batch_conv)
         out = []
         for f in range(n):
             x = self.rvq.frame(lat, f)                                             # [1, D, 1]

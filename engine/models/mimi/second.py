@@ -1,0 +1,110 @@
+"""Layer-major decode of a whole second (CUDA): the same arithmetic as frame by frame, fewer kernels.
+
+Frame by frame, each frame runs every layer before the next frame starts. Here each layer runs over
+the whole second before the next layer, which the data flow allows: a layer's state (ring KV cache,
+conv history, transposed-conv overlap) depends only on that layer's own inputs. What can then run
+once per second is exactly what is computed element by element or row by row, whose bits on CUDA
+do not depend on how many rows there are: layer norms, RoPE, GELU/ELU, layer scale, residual adds,
+the overlap-add of transposed convs, the attention mask. What moshi computes as a matrix product or
+a convolution of one frame (cuBLAS / cuDNN pick kernels by shape) still runs per frame at moshi's
+shapes, writing into slices of the second's buffers (``torch.mm(out=)``), unless ``batch_matmul``
+/ ``batch_conv`` ask for one call per second (bit-exact only where the library keeps the same
+kernel for both shapes: the benchmark checks it against moshi).
+
+On CPU the frame-by-frame path is used: there, whether an element of a transcendental op (exp,
+erf, cos) takes the vectorized or the scalar path depends on the tensor's layout.
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Optional
+
+import torch
+import torch.nn.functional as F
+
+from .modules import MimiTransformer, SecondTables, SEANetDecoder
+
+
+def linear_rows(x: torch.Tensor, weight: torch.Tensor, n: int, batch: bool) -> torch.Tensor:
+    """x [1, M, K] contiguous -> [1, M, N]; per frame: ``n`` row blocks, each moshi's [rows, K] @ W^T."""
+    if batch:
+        return F.linear(x, weight)
+    m, k = x.shape[1], x.shape[2]
+    out = torch.empty((1, m, weight.shape[0]), dtype=x.dtype, device=x.device)
+    x2, o2, rows = x.view(m, k), out.view(m, weight.shape[0]), m // n
+    for f in range(n):
+        torch.mm(x2[f * rows:(f + 1) * rows], weight.t(), out=o2[f * rows:(f + 1) * rows])
+    return out
+
+
+def transformer_second(tr: MimiTransformer, x: torch.Tensor, caches: List[torch.Tensor], tab: SecondTables,
+                       batch_matmul: bool) -> torch.Tensor:
+    """x [1, n*T, D] -> [1, n*T, D]: every layer over the whole second, attention frame by frame."""
+    cfg = tr.cfg
+    n, t = tab.mask.shape[0], cfg.upsample_stride
+    h, dh, d = cfg.num_heads, cfg.head_dim, cfg.dimension
+    rot = torch.stack([torch.cos(tab.angles), torch.sin(tab.angles)], dim=-1)   # [n, 1, 1, T, Dh/2, 2]
+    rot = rot.view(n, 1, 1, 1, t, dh // 2, 1, 2)
+    for layer, cache in zip(tr.layers, caches):
+        y = F.layer_norm(x, (d,), layer.norm1_w, layer.norm1_b, 1e-5)
+        proj = linear_rows(y, layer.in_proj, n, batch_matmul)                      # [1, n*T, 3D]
+        qk = proj.view(1, n, t, 3, h, dh // 2, 2)[:, :, :, :2].permute(1, 3, 0, 4, 2, 5, 6)  # [n, 2, 1, H, T, Dh/2, 2]
+        prod = qk.unsqueeze(-1) * rot                                              # [..., re|im, cos|sin]
+        rq = torch.empty((n, 2, 1, h, t, dh // 2, 2), dtype=x.dtype, device=x.device)
+        torch.sub(prod[..., 0, 0], prod[..., 1, 1], out=rq[..., 0])
+        torch.add(prod[..., 0, 1], prod[..., 1, 0], out=rq[..., 1])
+        qk = rq.view(n, 2, 1, h, t, dh)                                            # frame f: q, k [1, H, T, Dh]
+        v = proj.view(1, n, t, 3, h, dh)[:, :, :, 2]                               # [1, n, T, H, Dh]
+        att = []
+        for f in range(n):
+            cache[0].index_copy_(2, tab.slots[f], qk[f, 1])
+            cache[1].index_copy_(2, tab.slots[f], v[:, f].transpose(1, 2))
+            att.append(F.scaled_dot_product_attention(qk[f, 0], cache[0], cache[1], tab.mask[f:f + 1, None],
+                                                      dropout_p=0.0))                 # [1, H, T, Dh]
+        a = torch.stack(att, dim=1).transpose(2, 3).reshape(1, n * t, d)          # [1, n*T, D]
+        x = x + layer.scale1 * linear_rows(a, layer.out_proj, n, batch_matmul)
+        y = F.layer_norm(x, (d,), layer.norm2_w, layer.norm2_b, 1e-5)
+        u = linear_rows(F.gelu(linear_rows(y, layer.linear1, n, batch_matmul)), layer.linear2, n, batch_matmul)
+        x = x + layer.scale2 * u
+    return x
+
+
+def conv_second(x: torch.Tensor, prev: Optional[torch.Tensor], weight, bias, n: int, batch: bool,
+                dilation: int = 1) -> torch.Tensor:
+    """Causal conv over a second x [1, C, n*L] with history ``prev`` [1, C, TP] (updated in place)."""
+    xc = x if prev is None else torch.cat([prev, x], dim=-1)                       # [1, C, TP + n*L]
+    tp = 0 if prev is None else prev.shape[-1]
+    if batch:
+        y = F.conv1d(xc, weight, bias, dilation=dilation)
+    else:
+        ln = x.shape[-1] // n
+        y = torch.cat([F.conv1d(xc[..., f * ln:f * ln + tp + ln].contiguous(), weight, bias, dilation=dilation)
+                       for f in range(n)], dim=-1)
+    if prev is not None:
+        prev.copy_(xc[..., xc.shape[-1] - tp:])
+    return y
+
+
+def conv_tr_second(x: torch.Tensor, partial: torch.Tensor, weight, bias, stride: int, n: int) -> torch.Tensor:
+    """Transposed conv per frame, overlap-add of all frames at once: x [1, Cin, n*L] -> [1, Cout, n*L*stride]."""
+    ln, pt = x.shape[-1] // n, partial.shape[-1]
+    ys = torch.stack([F.conv_transpose1d(x[..., f * ln:(f + 1) * ln].contiguous(), weight, bias, stride=stride)
+                      for f in range(n)])                                          # [n, 1, Cout, L*stride + PT]
+    body = ys.shape[-1] - pt
+    carry = torch.empty((n,) + tuple(partial.shape), dtype=x.dtype, device=x.device)   # frame f's incoming overlap
+    carry[0].copy_(partial)
+    torch.sub(ys[:-1, ..., body:], bias[:, None], out=carry[1:])
+    ys[..., :pt] += carry
+    torch.sub(ys[-1, ..., body:], bias[:, None], out=partial)
+    return ys[..., :body].permute(1, 2, 0, 3).reshape(1, ys.shape[2], n * body)
+
+
+def seanet_second(dec: SEANetDecoder, x: torch.Tensor, region: Callable[[str], Optional[torch.Tensor]], n: int,
+                  batch_conv: bool) -> torch.Tensor:
+    """x [1, D, n*T] -> [1, 1, n*frame_size], layer by layer over the second."""
+    y = conv_second(x, region("dec.conv_in"), dec.w_in, dec.b_in, n, batch_conv)
+    for s, stage in enumerate(dec.stages):
+        y = conv_tr_second(F.elu(y), region(f"dec.stage{s}.partial"), stage.w, stage.b, stage.ratio, n)
+        for j, res in enumerate(stage.res):
+            h = conv_second(F.elu(y), region(f"dec.stage{s}.res{j}"), res.w1, res.b1, n, batch_conv, res.dilation)
+            y = y + conv_second(F.elu(h), None, res.w2, res.b2, n, batch_conv)
+    return conv_second(F.elu(y), region("dec.conv_out"), dec.w_out, dec.b_out, n, batch_conv)
