@@ -160,7 +160,12 @@ def _kernels(fn, audio_seconds: float) -> Dict[str, float]:
         fn()
         torch.cuda.synchronize()
     ev = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return {"kernels_per_audio_s": len(ev) / audio_seconds,
+    by_name: Dict[str, List[float]] = {}
+    for e in ev:
+        by_name.setdefault(e.name[:60], []).append(e.device_time)
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:6]
+    return {"top_kernels_ms_per_audio_s": {k: round(sum(v) / 1e3 / audio_seconds, 2) for k, v in top},
+            "kernels_per_audio_s": len(ev) / audio_seconds,
             "kernels_per_frame": len(ev) / (audio_seconds * 12.5),
             "kernel_ms_per_audio_s": sum(e.device_time for e in ev) / 1e3 / audio_seconds}
 
