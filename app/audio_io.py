@@ -209,6 +209,9 @@ class InputSource:
     """Where microphone samples come from: a producer that fills ``ring`` at ``rate``."""
 
     label = "input"
+    #: True for sources with no device to open (files, silence): started only once the session is
+    #: built, so none of their audio is spent while the model loads
+    deferred = False
 
     def __init__(self, rate: int, seconds: float = 4.0):
         self.rate = int(rate)
@@ -275,6 +278,7 @@ class _PacedInput(InputSource):
     """A source whose samples come from a thread at real-time pace (``speed`` x real time)."""
 
     block_s = 0.02
+    deferred = True
 
     def __init__(self, rate: int, speed: float = 1.0):
         super().__init__(rate)

@@ -54,7 +54,6 @@ class SessionController(QObject):
         self._frames: List[np.ndarray] = []
         self._stopper: Optional[threading.Thread] = None
         self._drain_left = 0
-        self._info_sent = False
         self.session_info: Dict[str, object] = {}
         self._notice_shown = False
         self._push_to_talk = False
@@ -63,15 +62,19 @@ class SessionController(QObject):
     def start(self, cfg: SessionConfig, source: InputSource, sink=None, max_seconds: Optional[int] = None) -> None:
         """Open the audio, then build the session in the runner's worker (returns at once).
 
-        With ``max_seconds`` the session finishes by itself after that many seconds of input.
-        Raises AudioUnavailable when the source or sink cannot be opened (nothing is left running).
+        Devices open now, so a bad one is reported at once (AudioUnavailable; nothing is left
+        running), but the engine hears nothing until its session is built: a device's input is
+        discarded meanwhile and a file starts playing only then, so building the model never
+        counts as a late second. With ``max_seconds`` the session finishes by itself after that
+        many seconds of input.
         """
         if self.state != IDLE:
             raise RuntimeError("a session is already running; stop it first")
         self.records, self._output, self._frames = [], [], []
-        self._info_sent = self._notice_shown = False
+        self._notice_shown = False
         self.session_info = {}
-        source.start()
+        if not source.deferred:
+            source.start()
         try:
             if sink is not None:
                 sink.start()
@@ -79,18 +82,32 @@ class SessionController(QObject):
             source.stop()
             raise
         self.source, self.sink = source, sink
-        gc.freeze()          # see _on_result: keep full collections off the live path
+        gc.freeze()          # see _on_ready: keep full collections off the live path
         self.runner = self._factory(cfg)
         self.runner.start()
         self.pump = FramePump(source, self.runner.submit, Playback(sink) if sink is not None else None,
                               max_frames=max_seconds)
         self.pump.push_to_talk = self._push_to_talk
+        self.pump.accepting = False
         self._frames = self.pump.frames
         self.pump.start()
         self._set_state(STARTING)
         self.event.emit("session", f"starting: {cfg.tail} tail, {cfg.backbone} backbone, size {cfg.size}, "
                                    f"input {source.label}, output {sink.label if sink else 'none'}")
         self._timer.start()
+
+    def _on_ready(self) -> None:
+        """The session is built: open the engine's ears (GUI thread, from the timer)."""
+        # Move the model's and the GUI's long-lived objects out of the cyclic collector's way: a
+        # full collection over them otherwise stalls every thread, the GUI and the engine alike,
+        # for ~100 ms at random moments.
+        gc.freeze()
+        if self.source.deferred:
+            self.source.start()
+        self.pump.accepting = True
+        self.session_info = dict(self.runner.session.info)
+        self._set_state(RUNNING)
+        self.info.emit(dict(self.session_info))
 
     def stop(self) -> None:
         """Stop now: audio off, the runner finishes its second on a helper thread."""
@@ -144,7 +161,8 @@ class SessionController(QObject):
         """Switch the microphone of a running session (raises AudioUnavailable if it cannot open)."""
         if self.pump is None or self.state not in (STARTING, RUNNING):
             return
-        source.start()
+        if not (source.deferred and self.state == STARTING):     # else _on_ready starts it
+            source.start()
         old, self.source = self.source, source
         self.pump.replace_source(source)
         old.stop()
@@ -163,6 +181,8 @@ class SessionController(QObject):
     # -- polling (GUI thread, never blocks) --------------------------------------------------
     def _tick(self) -> None:
         self._drain_results()
+        if self.state == STARTING and getattr(self.runner, "session", None) is not None:
+            self._on_ready()
         if self.state in (STARTING, RUNNING):
             self._check_devices()
             self._emit_meters()
@@ -198,16 +218,6 @@ class SessionController(QObject):
 
     def _on_result(self, res: LiveResult) -> None:
         rec = res.record
-        if not self._info_sent and self.runner.session is not None:
-            self._info_sent = True
-            # The session is built: move its (and the GUI's) long-lived objects out of the cyclic
-            # collector's way. A full collection over them otherwise stalls every thread, the GUI
-            # and the engine alike, for ~100 ms at random moments.
-            gc.freeze()
-            self.session_info = dict(self.runner.session.info)
-            self.info.emit(dict(self.session_info))
-        if self.state == STARTING:
-            self._set_state(RUNNING)
         notice = getattr(res, "notice", "")
         if notice and not self._notice_shown:
             self._notice_shown = True
@@ -217,7 +227,7 @@ class SessionController(QObject):
         self._output.append(audio)
         pump = self.pump
         pump.model_speaking = rec.decision == "speak"
-        if pump.playback is not None and self.state in (STARTING, RUNNING):
+        if pump.playback is not None and self.state == RUNNING:
             pump.playback.push(audio)
         self.record.emit(rec)
 

@@ -65,15 +65,18 @@ class ScriptedRun:
     def __init__(self, window, args: argparse.Namespace):
         self.window, self.args = window, args
         self.exit_code = 0
+        self.seconds = 0
+        self._shot = False
 
     def start(self, cfg, source, sink) -> bool:
         from PySide6.QtCore import QTimer
         seconds = self.args.seconds
         if seconds is None:
             seconds = getattr(source, "duration_s", 0.0) or 10.0
-        seconds = max(1, math.ceil(seconds))
+        seconds = self.seconds = max(1, math.ceil(seconds))
         c = self.window.controller
         c.stopped.connect(self.finish)
+        c.record.connect(self._on_record)
         c.message.connect(self._on_message)
         if not self.window.start_with(cfg, source, sink, max_seconds=seconds):
             return False
@@ -81,6 +84,24 @@ class ScriptedRun:
         # stops delivering (an unplugged device): then whatever arrived is kept
         QTimer.singleShot(int((3 * seconds + 60) * 1000), lambda: c.finish(timeout_s=60.0))
         return True
+
+    def _on_record(self, rec) -> None:
+        """The last second is in: take the screenshot while the session still looks live."""
+        if self.args.screenshot and not self._shot and rec.index + 1 >= self.seconds:
+            self._screenshot()
+
+    def _screenshot(self) -> None:
+        from PySide6.QtWidgets import QApplication
+        self._shot = True
+        QApplication.processEvents()
+        path = Path(self.args.screenshot)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            self._on_message("error", f"cannot write screenshot {path}: {e.strerror or e}")
+            return
+        if not self.window.grab().save(str(path)):
+            self._on_message("error", f"cannot write screenshot {path}")
 
     def _on_message(self, level: str, text: str) -> None:
         print(f"duplexcadence: {level}: {text}", file=sys.stderr)
@@ -91,6 +112,8 @@ class ScriptedRun:
         from PySide6.QtWidgets import QApplication
         from app.wavio import WavError, write_wav
         a, w = self.args, self.window
+        if a.screenshot and not self._shot:
+            self._screenshot()
         if a.output_file:
             try:
                 Path(a.output_file).parent.mkdir(parents=True, exist_ok=True)
@@ -101,11 +124,6 @@ class ScriptedRun:
                 self._on_message("error", str(e))
         if a.export and w.export_to(a.export) is None:
             self.exit_code = 1
-        if a.screenshot:
-            QApplication.processEvents()
-            Path(a.screenshot).parent.mkdir(parents=True, exist_ok=True)
-            if not w.grab().save(a.screenshot):
-                self._on_message("error", f"cannot write screenshot {a.screenshot}")
         n = len(w.controller.records)
         print(f"duplexcadence: {n} seconds processed, {sum(1 for r in w.controller.records if r.missed)} missed")
         QApplication.instance().exit(self.exit_code)

@@ -285,8 +285,10 @@ class SummaryRow(QWidget):
         for k, lab in self.labels.items():
             colour = s.colours.get(k, "#8a8f98")
             lab.setText(texts[k])
-            lab.setStyleSheet(f"background: {colour}; color: white; border-radius: 4px; padding: 3px 6px;"
-                              "font-weight: bold;")
+            if lab.property("colour") != colour:        # restyling costs a polish: only on change
+                lab.setProperty("colour", colour)
+                lab.setStyleSheet(f"background: {colour}; color: white; border-radius: 4px; padding: 3px 6px;"
+                                  "font-weight: bold;")
 
 
 class EventLogPanel(QWidget):

@@ -50,6 +50,7 @@ class FramePump(threading.Thread):
         self._frames = FrameAssembler(ENGINE_RATE)
         self.playback = playback
         self.max_frames = max_frames     # stop submitting after this many frames (scripted runs)
+        self.accepting = True            # False until the session is built: input is only metered
         self.barge_in_db = barge_in_db
         self.push_to_talk = False        # True: the mic is muted unless ``talking``
         self.talking = False             # Space held (push-to-talk)
@@ -106,6 +107,8 @@ class FramePump(threading.Thread):
     def process(self, block: np.ndarray) -> None:
         """Handle one block of native-rate samples (called on the worker thread; tests call it)."""
         self.level_db = level_db(block)
+        if not self.accepting:
+            return
         gate_open = self.talking or not self.push_to_talk
         if not gate_open:
             block = np.zeros_like(block)

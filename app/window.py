@@ -299,14 +299,14 @@ class MainWindow(QMainWindow):
         self.synthetic_banner.setVisible(bool(info.get("synthetic")))
         self.session_label.setText(f"{info.get('tail_title', '?')} · {info.get('backbone_title', '?')} · "
                                    f"{info.get('size', '?')} on {info.get('device', '?')}")
-        self.events.add("session", "running: " + ", ".join(f"{k}={v}" for k, v in info.items()))
+        self.events.add("session", f"running: {info.get('tail_title')} + {info.get('backbone_title')} on "
+                                   f"{info.get('device')} ({info.get('size')})", info)
 
     def on_state(self, state: str) -> None:
         busy = state != ctl.IDLE
         self.start_button.setEnabled(not busy)
         self.stop_button.setEnabled(state in (ctl.STARTING, ctl.RUNNING, ctl.DRAINING))
-        if state != ctl.RUNNING:
-            self._show_state(state)
+        self._show_state("listen" if state == ctl.RUNNING else state)
 
     def on_meters(self, m: dict) -> None:
         self.device_panel.show_meters(m)
