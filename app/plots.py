@@ -53,7 +53,7 @@ class TimingPlot(pg.PlotWidget):
         item.addItem(self.miss_marks)
         self.deadline = pg.InfiniteLine(pos=1000.0, angle=0, pen=pg.mkPen(RED, width=1.5, style=Qt.DashLine),
                                         label="deadline {value:.0f} ms",
-                                        labelOpts={"position": 0.99, "color": RED, "anchors": [(1, 1), (1, 1)]})
+                                        labelOpts={"position": 0.01, "color": RED, "anchors": [(0, 1), (0, 1)]})
         item.addItem(self.deadline)
         item.setYRange(0, 1300)
         item.setXRange(-0.5, 10.5)
