@@ -24,11 +24,14 @@ log = logging.getLogger("engine.mimi")
 
 
 def build_model(size: str = "released", device="cpu", seed: int = 0, checkpoint: Optional[str] = None,
-                cfg: Optional[MimiConfig] = None) -> MimiDecoder:
-    """A MimiDecoder on ``device`` with checkpoint weights, or seeded random ones at ``size``."""
+                cfg: Optional[MimiConfig] = None, **order) -> MimiDecoder:
+    """A MimiDecoder on ``device`` with checkpoint weights, or seeded random ones at ``size``.
+
+    ``order``: ``layer_major`` / ``batch_matmul`` / ``batch_conv`` (see :class:`MimiDecoder`).
+    """
     cfg = cfg or preset(size)
     state = W.load_checkpoint(checkpoint, cfg) if checkpoint else W.random_state(cfg, seed)
-    return MimiDecoder(cfg).to(device).load_moshi_state(state, source=checkpoint or f"random seed {seed}")
+    return MimiDecoder(cfg, **order).to(device).load_moshi_state(state, source=checkpoint or f"random seed {seed}")
 
 
 def check_codes(tokens, num_codebooks: int, bins: int) -> torch.Tensor:
@@ -153,7 +156,13 @@ def zero_latent_codes(codebooks: torch.Tensor, n_semantic: int, k: int) -> torch
 
 
 def make_tail(size: str = "released", device="cpu", seed: int = 0, checkpoint: Optional[str] = None,
-              num_codebooks: int = 8, **toggles) -> MimiTail:
-    """Registry hook: a Mimi tail with checkpoint weights, or seeded random ones at ``size``."""
-    model = build_model(size, device, seed, checkpoint)
-    return MimiTail(model, device, num_codebooks, size=size, synthetic_weights=checkpoint is None, **toggles)
+              num_codebooks: int = 8, demand_sized: bool = True, graph_replay: Optional[bool] = None,
+              batch_conv: bool = False) -> MimiTail:
+    """Registry hook: a Mimi tail with checkpoint weights, or seeded random ones at ``size``.
+
+    ``batch_conv``: one cuDNN call per second for the non-transposed convs (bit-identical to moshi on
+    the H200 in docs/benchmarks.md, 9.4 vs 12.1 ms per audio second; other GPUs: check first).
+    """
+    model = build_model(size, device, seed, checkpoint, batch_conv=batch_conv)
+    return MimiTail(model, device, num_codebooks, size=size, synthetic_weights=checkpoint is None,
+                    demand_sized=demand_sized, graph_replay=graph_replay)
