@@ -15,7 +15,6 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from typing import Optional
 
 SCRIPT_FLAGS = ("input_file", "input_device", "seconds", "export", "screenshot", "output_file")
 

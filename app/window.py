@@ -14,7 +14,7 @@ from app.audio_io import AudioUnavailable, DeviceInput, DeviceOutput, FileInput,
 from app.panels import DevicePanel, EventLogPanel, ModelPanel, SummaryRow, TogglePanel
 from app.plots import MemoryPlot, TimingPlot
 from app.settings import AppSettings, load_settings, open_qsettings, save_settings
-from app.viewmodel import RED, YELLOW, EventLog, SessionSeries
+from app.viewmodel import YELLOW, EventLog, SessionSeries
 from app.wavio import WavError
 from engine.paths import asset
 from engine.session import ExportError, SessionConfig
@@ -222,12 +222,15 @@ class MainWindow(QMainWindow):
             return False
         if self.persist_settings:
             self.save_settings()
-        return self.start_with(cfg, source, sink)
+        return self.start_with(cfg, source, sink, show_config=False)
 
-    def start_with(self, cfg: SessionConfig, source, sink=None, max_seconds: Optional[int] = None) -> bool:
+    def start_with(self, cfg: SessionConfig, source, sink=None, max_seconds: Optional[int] = None,
+                   show_config: bool = True) -> bool:
         """Start a session on the given audio (scripted runs and tests come in here); with
-        ``max_seconds`` it finishes by itself after that many seconds of input."""
-        self._show_config(cfg, source)
+        ``max_seconds`` it finishes by itself after that many seconds of input. ``show_config``
+        makes the panels show ``cfg`` (the panels' own Start leaves them as the user set them)."""
+        if show_config:
+            self._show_config(cfg, source)
         self.series.clear()
         self.transcript.clear()
         self._last_toggles = None
@@ -257,7 +260,8 @@ class MainWindow(QMainWindow):
 
     def on_model_changed(self) -> None:
         if self.controller.state != ctl.IDLE:
-            self.session_label.setToolTip("model changes apply at the next Start; the running session continues")
+            status = self.model_panel.status
+            status.setText(status.text() + " — applies at the next Start; the running session continues")
 
     def on_input_changed(self) -> None:
         kind, value = self.device_panel.selected_input()

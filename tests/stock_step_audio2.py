@@ -19,8 +19,15 @@ import os
 import sys
 import types
 
+from dataclasses import dataclass
+from typing import List
+
 import numpy as np
 import torch
+
+from engine.models.step_audio2 import weights as W
+from engine.models.step_audio2.config import preset
+from engine.models.step_audio2.stream import Prompt, flow_noise
 
 MODULES = ("onnxruntime", "torchaudio", "torchaudio.compliance", "torchaudio.compliance.kaldi", "s3tokenizer",
            "hyperpyyaml", "librosa", "librosa.filters", "scipy", "scipy.signal", "scipy.io", "scipy.io.wavfile")
@@ -219,3 +226,52 @@ class StockStream:
 def _quiet():
     with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
         yield
+
+
+# -- shared set-up of the Step-Audio2 tests ---------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    """One seeded test case: weights, prompt, tokens, seed."""
+
+    size: str
+    state: dict
+    prompt: Prompt
+    tokens: List[int]
+    seed: int
+
+    @property
+    def cfg(self):
+        return preset(self.size)
+
+
+def make_case(size: str, prompt_tokens: int, n_tokens: int, seed: int = 3) -> Case:
+    """Fresh random weights, prompt and tokens (lengths chosen by the caller: not multiples of anything)."""
+    cfg = preset(size)
+    g = torch.Generator().manual_seed(seed)
+    prompt = Prompt(torch.randint(0, 6561, (1, prompt_tokens), generator=g),
+                    torch.randn(1, 2 * prompt_tokens, 80, generator=g), torch.randn(1, 192, generator=g))
+    tokens = torch.randint(0, 6561, (n_tokens,), generator=g).tolist()
+    return Case(size, W.random_state_dict(cfg, seed), prompt, tokens, seed)
+
+
+def stock_outputs(case: "Case", device: str = "cpu") -> List[np.ndarray]:
+    """The stock package's per-chunk audio for ``case`` (its own Token2wav.stream)."""
+    flow, hift = build_flow(case.cfg.flow), build_hift(case.cfg.hift)
+    flow.load_state_dict({k[5:]: v for k, v in case.state.items() if k.startswith("flow.")}, strict=True)
+    hift.load_state_dict({k[5:]: v for k, v in case.state.items() if k.startswith("hift.")}, strict=True)
+    st = StockStream(flow, hift, case.prompt.tokens, case.prompt.mel, case.prompt.spk, device,
+                     noise=flow_noise(case.seed))
+    torch.manual_seed(case.seed)
+    with torch.no_grad():
+        return st.stream(case.tokens)
+
+
+def assert_chunks_equal(ours: List[np.ndarray], ref: List[np.ndarray]) -> None:
+    assert len(ours) == len(ref), (len(ours), len(ref))
+    for i, (a, b) in enumerate(zip(ours, ref)):
+        assert a.shape == b.shape, f"chunk {i}: {a.shape} vs stock {b.shape}"
+        assert np.isfinite(b).all() and np.abs(b).max() > 1e-3, f"chunk {i}: stock audio is degenerate"
+        assert torch.equal(torch.from_numpy(a), torch.from_numpy(b)), \
+            f"chunk {i}: max |diff| {np.abs(a - b).max():.3g}"

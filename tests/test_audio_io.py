@@ -12,7 +12,7 @@ import pytest
 from app import audio_io
 from app.audio_io import (ENGINE_RATE, AudioUnavailable, DeviceInfo, DeviceInput, DeviceOutput, FileInput,
                           FrameAssembler, Playback, RingBuffer, StreamResampler, find_device)
-from app.pump import FramePump, level_db
+from app.pump import SILENCE_DB, FramePump, level_db
 from app.wavio import WavError, read_wav, write_wav
 
 RNG = np.random.default_rng(1234)
@@ -201,6 +201,13 @@ def test_missing_portaudio_is_one_clear_message(monkeypatch):
 
 
 # -- frame pump ---------------------------------------------------------------------------------------------
+
+def test_level_db():
+    sine = np.sin(2 * np.pi * 440 * np.arange(24000) / 24000).astype(np.float32)
+    assert level_db(sine) == pytest.approx(-3.0103, abs=1e-3)
+    assert level_db(0.1 * sine) == pytest.approx(-23.0103, abs=1e-3)
+    assert level_db(np.zeros(100, np.float32)) == SILENCE_DB == level_db(np.zeros(0, np.float32))
+
 
 class _Sink:
     def __init__(self, rate):
