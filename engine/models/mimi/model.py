@@ -68,7 +68,8 @@ class MimiDecoder(StreamingModel):
             pairs = [("norm1_w", "norm1.weight"), ("norm1_b", "norm1.bias"), ("norm2_w", "norm2.weight"),
                      ("norm2_b", "norm2.bias"), ("in_proj", "self_attn.in_projs.0.weight"),
                      ("out_proj", "self_attn.out_projs.0.weight"), ("linear1", "linear1.weight"),
-                     ("linear2", "linear2.weight"), ("scale1", "layer_scale_1.scale"), ("scale2", "layer_scale_2.scale")]
+                     ("linear2", "linear2.weight"), ("scale1", "layer_scale_1.scale"),
+                     ("scale2", "layer_scale_2.scale")]
             for ours, theirs in pairs:
                 getattr(layer, ours).copy_(sd[p + theirs])
         self._load_seanet(sd)
@@ -118,7 +119,8 @@ class MimiDecoder(StreamingModel):
             regs.append(Region(f"tr.kv{i}", (2, 1, h, None, dh), ck["steps25"], Ring(cfg.context),
                                stock_note=f"RingKVCache (2,1,{h},{cfg.context},{dh}) at stream start",
                                doc=f"layer {i} keys/values, attended as a whole ring with a mask"))
-        regs.append(Region("dec.conv_in", (1, d, None), ck["steps25"], Fixed(cfg.kernel_size - 1), stock_note=conv_note))
+        regs.append(Region("dec.conv_in", (1, d, None), ck["steps25"], Fixed(cfg.kernel_size - 1),
+                           stock_note=conv_note))
         for s, ((_, cout), r) in enumerate(zip(cfg.stage_channels(), cfg.ratios)):
             clock = ck[f"rate{s}"]
             regs.append(Region(f"dec.stage{s}.partial", (1, cout, None), clock, Fixed(r), stock_note=tr_note))
@@ -148,7 +150,11 @@ class MimiDecoder(StreamingModel):
         return {"audio": self.decode_frames(state, inputs["codes"])}
 
     def decode_frames(self, state: StateView, codes: torch.Tensor) -> torch.Tensor:
-        """codes [K, n] -> audio [1, 1, n * frame_size], frame by frame over the state handles."""
+        """codes [K, n] -> audio [1, 1, n * frame_size] over the state handles.
+
+        Frame by frame (each frame through every layer, as moshi), or on CUDA layer by layer over the
+        whole second (``second.py``: the same bits with fewer, per-second elementwise kernels).
+        """
         n = codes.shape[1]
         names = set(state)
 
