@@ -5,7 +5,7 @@
 #
 # PY (default .venv/bin/python) must have the app installed (`pip install -e '.[package]'`). Its torch
 # decides the variant: the CPU wheel gives "cpu", a CUDA wheel "cu<version>" (see README, Packaging).
-# Build outputs stay in build/pyinstaller and dist/. Prints the bundle size and the build time.
+# Build outputs stay in build/pyinstaller-<variant> and dist/. Prints the bundle size and the build time.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -24,7 +24,7 @@ BUNDLE=dist/duplexcadence
 
 start=$(date +%s)
 echo "building $NAME (PyInstaller, one folder) ..."
-"$PY" -m PyInstaller --noconfirm --log-level WARN --workpath build/pyinstaller --distpath dist \
+"$PY" -m PyInstaller --noconfirm --log-level WARN --workpath "build/pyinstaller-$VARIANT" --distpath dist \
   packaging/duplexcadence.spec
 install -m 644 packaging/duplexcadence.desktop "$BUNDLE/duplexcadence.desktop"
 install -m 755 packaging/install-desktop-entry.sh "$BUNDLE/install-desktop-entry.sh"
@@ -34,7 +34,7 @@ echo "$NAME" > "$BUNDLE/VERSION"
 QT_QPA_PLATFORM=offscreen "$BUNDLE/duplexcadence" --help >/dev/null || die "the bundled app does not start"
 
 echo "packing dist/$NAME.tar.gz ..."
-rm -f dist/duplexcadence-*.tar.gz
+rm -f "dist/$NAME.tar.gz"
 tar -C dist --transform "flags=rh;s,^duplexcadence,$NAME," -cf - duplexcadence | gzip -6 > "dist/$NAME.tar.gz"
 elapsed=$(( $(date +%s) - start ))
 
