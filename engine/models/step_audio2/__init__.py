@@ -1,1 +1,45 @@
-"""Step-Audio2 token2wav (MiniCPM-o 4.5, Step-Audio-2-mini) on the engine."""
+"""Step-Audio2 token2wav (MiniCPM-o 4.5, Step-Audio-2-mini) on the engine.
+
+Registers ``step-audio2``: ``plan(size=, steps=, prompt_seconds=6)``, ``make_tail(size=, device=, seed=,
+checkpoint=, prompt=)`` and ``synth(args)`` for ``duplexcadence synth``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from engine.core import make_plan
+from engine.models.registry import ModelEntry, register
+
+from .config import TOKEN_RATE, preset
+from .model import StepAudio2Token2Wav
+
+
+def plan(size: str = "released", steps: Optional[int] = None, prompt_seconds: float = 6.0, **_):
+    """The planner's view of a session (no weights: built on the meta device)."""
+    with torch.device("meta"):
+        model = StepAudio2Token2Wav(preset(size))
+    frames = 2 * max(1, int(round(prompt_seconds * TOKEN_RATE)))
+    spec = model.session(frames, steps, label=f"step-audio2 {size}, {prompt_seconds:g} s prompt")
+    return make_plan(model.regions(spec), spec)
+
+
+def make_tail(size: str = "released", device="cpu", seed: int = 0, checkpoint: Optional[str] = None,
+              prompt: Optional[str] = None, mode: str = "graphs"):
+    from .prompt import load_prompt
+    from .tail import StepAudio2Tail
+    from .weights import load_model
+    model = load_model(checkpoint, size, seed, device)
+    return StepAudio2Tail(model, load_prompt(prompt, checkpoint, seed), "checkpoint" if checkpoint else size,
+                          synthetic=checkpoint is None, mode=mode)
+
+
+def _synth(args):
+    from .synth import synth
+    return synth(args)
+
+
+register(ModelEntry(name="step-audio2", title="Step-Audio2 token2wav (MiniCPM-o 4.5, Step-Audio-2-mini)",
+                    architecture="conformer encoder + DiT flow matching (10 Euler steps, CFG) + HiFT vocoder",
+                    plan=plan, make_tail=make_tail, synth=_synth))

@@ -1,0 +1,85 @@
+"""Voice prompts for the Step-Audio2 tail: an .npz, a .wav (through the checkpoint's ONNX front-end), or a
+seeded synthetic one (for random weights).
+
+``.npz``: ``prompt_tokens`` (n,) int in [0, 6561), ``prompt_mel`` (frames, 80) float, ``speaker_embedding``
+(192,) float. As the stock prepares a prompt, the mel is made exactly 2 frames a token: shorter ones are
+padded by repeating the last frame, longer ones cut.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from .config import TOKEN_RATE
+from .stream import Prompt
+
+NPZ_KEYS = ("prompt_tokens", "prompt_mel", "speaker_embedding")
+
+
+def fit_mel(tokens: torch.Tensor, mel: torch.Tensor) -> torch.Tensor:
+    """(1, frames, 80) -> (1, 2n, 80): replicate-pad or cut, as the stock's ``_prepare_prompt``."""
+    want = 2 * tokens.shape[1]
+    have = mel.shape[1]
+    if have < want:
+        return torch.nn.functional.pad(mel, (0, 0, 0, want - have), mode="replicate")
+    return mel[:, :want].contiguous()
+
+
+def make_prompt(tokens, mel, spk, vocab: int = 6561, source: str = "prompt") -> Prompt:
+    tokens = torch.as_tensor(np.asarray(tokens)).reshape(1, -1)
+    mel = torch.as_tensor(np.asarray(mel, dtype=np.float32))
+    spk = torch.as_tensor(np.asarray(spk, dtype=np.float32)).reshape(1, -1)
+    if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise ValueError(f"{source}: prompt_tokens must be integers")
+    tokens = tokens.long()
+    if tokens.shape[1] == 0:
+        raise ValueError(f"{source}: prompt_tokens is empty")
+    if tokens.min() < 0 or tokens.max() >= vocab:
+        raise ValueError(f"{source}: prompt_tokens must be in [0, {vocab})")
+    if mel.dim() != 2 or mel.shape[1] != 80 or mel.shape[0] == 0:
+        raise ValueError(f"{source}: prompt_mel must be (frames, 80), got {tuple(mel.shape)}")
+    if spk.shape[1] != 192:
+        raise ValueError(f"{source}: speaker_embedding must have 192 values, got {spk.shape[1]}")
+    if not (torch.isfinite(mel).all() and torch.isfinite(spk).all()):
+        raise ValueError(f"{source}: prompt_mel / speaker_embedding contain NaN or inf")
+    return Prompt(tokens, fit_mel(tokens, mel.unsqueeze(0)), spk)
+
+
+def load_npz(path) -> Prompt:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"prompt file {path} does not exist")
+    try:
+        data = np.load(path, allow_pickle=False)
+    except Exception as e:                                    # noqa: BLE001
+        raise ValueError(f"{path}: not a readable .npz ({e})") from None
+    missing = [k for k in NPZ_KEYS if k not in data.files]
+    if missing:
+        raise ValueError(f"{path}: missing {', '.join(missing)} (needs {', '.join(NPZ_KEYS)})")
+    return make_prompt(data["prompt_tokens"], data["prompt_mel"], data["speaker_embedding"], source=str(path))
+
+
+def synthetic_prompt(seconds: float = 6.0, seed: int = 0) -> Prompt:
+    """A random prompt of ``seconds`` (25 tokens a second) for seeded random weights."""
+    n = max(1, int(round(seconds * TOKEN_RATE)))
+    g = torch.Generator().manual_seed(int(seed) + 101)
+    return Prompt(torch.randint(0, 6561, (1, n), generator=g), torch.randn(1, 2 * n, 80, generator=g),
+                  torch.randn(1, 192, generator=g))
+
+
+def load_prompt(path: Optional[str], checkpoint: Optional[str] = None, seed: int = 0) -> Prompt:
+    """``.npz`` or ``.wav`` (the latter needs the checkpoint folder's ONNX models); None: synthetic 6 s."""
+    if not path:
+        return synthetic_prompt(6.0, seed)
+    suffix = Path(path).suffix.lower()
+    if suffix == ".npz":
+        return load_npz(path)
+    if suffix == ".wav":
+        if not checkpoint:
+            raise ValueError("a .wav prompt needs --checkpoint (its speech_tokenizer_v2_25hz.onnx and campplus.onnx)")
+        from .prompt_audio import prompt_from_wav
+        return prompt_from_wav(path, checkpoint)
+    raise ValueError(f"prompt {path}: expected a .npz or a .wav file")

@@ -1,0 +1,43 @@
+"""``duplexcadence synth --model step-audio2``: speech tokens (.npy) -> float32 waveform (.npy)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .prompt import load_prompt
+from .stream import synthesize
+from .weights import load_model
+
+
+def load_tokens(path) -> list:
+    if not path:
+        raise ValueError("--tokens is required for step-audio2 (a 1-D int .npy of 25 Hz speech tokens)")
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"tokens file {p} does not exist")
+    try:
+        arr = np.load(p, allow_pickle=False)
+    except Exception as e:                                    # noqa: BLE001
+        raise ValueError(f"{p}: not a readable .npy ({e})") from None
+    if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"{p}: expected a non-empty 1-D integer array, got {arr.dtype} {arr.shape}")
+    if arr.min() < 0 or arr.max() >= 6561:
+        raise ValueError(f"{p}: speech tokens must be in [0, 6561)")
+    return [int(x) for x in arr]
+
+
+def synth(args) -> int:
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    tokens = load_tokens(args.tokens)
+    prompt = load_prompt(args.prompt, args.checkpoint, args.seed)
+    model = load_model(args.checkpoint, args.size, args.seed, args.device)
+    chunks = synthesize(model, prompt, tokens, args.mode, args.seed)
+    wav = np.concatenate(chunks).astype(np.float32)
+    np.save(args.out, wav)
+    print(f"wrote {args.out}: {wav.size} samples ({wav.size / 24000:.2f} s at 24 kHz), {len(chunks)} chunks, "
+          f"mode {args.mode}", file=sys.stderr)
+    return 0

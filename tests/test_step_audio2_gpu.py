@@ -1,0 +1,63 @@
+"""On the GPU: ours == the stock Step-Audio2 package (torch.equal) with real graph capture/replay.
+
+Run on the device before resolving the issue: ``pytest -q tests/test_step_audio2_gpu.py``.
+"""
+import numpy as np
+import pytest
+import torch
+
+from engine.models.step_audio2 import weights as W
+from engine.models.step_audio2.stream import synthesize
+from engine.models.step_audio2.tail import StepAudio2Tail
+
+S = pytest.importorskip("stock_step_audio2")
+pytestmark = [pytest.mark.gpu, pytest.mark.oracle]
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+if not S.available():
+    pytest.skip("stepaudio2 (minicpmo) is not installed", allow_module_level=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def exact_math():
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = False
+
+
+@pytest.fixture(scope="module")
+def case():
+    return S.make_case("oracle", prompt_tokens=37, n_tokens=160)
+
+
+@pytest.fixture(scope="module")
+def stock(case):
+    return S.stock_outputs(case, "cuda")
+
+
+@pytest.mark.parametrize("mode", ["stock", "demand", "graphs"])
+def test_every_mode_is_bit_identical_to_the_stock_package_on_cuda(case, stock, mode):
+    model = W.build(case.cfg, case.state, "cuda")
+    ours = synthesize(model, case.prompt, case.tokens, mode, case.seed)
+    S.assert_chunks_equal(ours, stock)
+
+
+def test_live_tail_with_toggles_flipping_mid_stream_is_bit_identical(case, stock):
+    model = W.build(case.cfg, case.state, "cuda")
+    tail = StepAudio2Tail(model, case.prompt, "oracle", synthetic=True, mode="graphs")
+    tail.start(seed=case.seed)
+    plan = [dict(graph_replay=True), dict(demand_sized=False), dict(demand_sized=True, graph_replay=False),
+            dict(graph_replay=True), {}, {}]
+    out = []
+    for i in range(0, len(case.tokens), 25):
+        tail.set_toggles(**plan[(i // 25) % len(plan)])
+        out.append(tail.push(torch.tensor(case.tokens[i:i + 25]).view(1, -1)))
+    out.append(tail.flush())
+    assert np.array_equal(np.concatenate(out), np.concatenate(stock))
+
+
+def test_released_dims_graphs_bit_identical_on_cuda():
+    case = S.make_case("released", prompt_tokens=75, n_tokens=131, seed=5)
+    ref = S.stock_outputs(case, "cuda")
+    model = W.build(case.cfg, case.state, "cuda")
+    S.assert_chunks_equal(synthesize(model, case.prompt, case.tokens, "graphs", case.seed), ref)
