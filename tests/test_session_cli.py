@@ -6,7 +6,6 @@ import json
 import time
 
 import numpy as np
-import pytest
 
 from engine.audio import frames_of, load_mono, read_wav
 from engine.cli.run import main
