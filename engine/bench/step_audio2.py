@@ -25,6 +25,7 @@ import torch
 
 from engine.models.step_audio2 import weights as W
 from engine.models.step_audio2.config import preset
+from engine.models.step_audio2.dit import SelfAttention
 from engine.models.step_audio2.prompt import synthetic_prompt
 from engine.models.step_audio2.stream import Session, flow_noise, schedule
 
@@ -77,7 +78,7 @@ DEVICE = "cuda"
 
 def _sync():
     if DEVICE == "cuda":
-        _sync()
+        torch.cuda.synchronize()
 
 
 def _fresh():
@@ -127,6 +128,9 @@ def run_stock(S, cfg, state, prompt, tokens, seed, profile_chunks) -> Dict:
 
 
 def run_ours(cfg, state, prompt, tokens, seed, mode, profile_chunks) -> Dict:
+    # "MODE@stocklayout": the DiT attention in the stock's memory layout (a diagnostic variant)
+    label, mode = mode, mode.split("@")[0]
+    SelfAttention.rows_ln = SelfAttention.strided_kv = not label.endswith("@stocklayout")
     _fresh()
     model = W.build(cfg, state, DEVICE)
     sched = schedule(len(tokens))
@@ -140,7 +144,7 @@ def run_ours(cfg, state, prompt, tokens, seed, mode, profile_chunks) -> Dict:
         audio = sess.run(tokens[start:start + n]).cpu().numpy()
         times.append(time.perf_counter() - t0)
         outs.append(audio.reshape(-1))
-    res = {"mode": mode, **_stats(times), "setup_s": setup_s, "graphs": sess.graphs}
+    res = {"mode": label, **_stats(times), "setup_s": setup_s, "graphs": sess.graphs}
     _memory(res)
     res["state_MiB"] = sess.state_bytes() / 2 ** 20
     res["replayed"] = sess.executor.stats.replayed_steps

@@ -54,17 +54,28 @@ class SelfAttention(nn.Module):
         self.k_norm = nn.LayerNorm(head_dim)
         self.proj = nn.Linear(inner, dim)
 
+    #: LayerNorm q/k over rows laid out (b, t, h, d) (each row normalised as in the stock's (b, h, t, d)
+    #: copy, without the copy); False: the stock's layout
+    rows_ln = True
+    #: attend over strided views of the cache; False: contiguous copies, as the stock's torch.cat gives
+    strided_kv = True
+
     def forward(self, x: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         """x ``(b, t, C)``; ``kv`` ``(b, h, t + T0, 2d)`` whose first ``t`` frames this call writes."""
         b, t, _ = x.shape
-        # per-head LayerNorm over rows laid out (b, t, h, d): each row is normalised exactly as in the
-        # stock's (b, h, t, d) copy, without the copy; q is then a transposed view
-        q = self.q_norm(self.to_q(x).view(b, t, self.h, self.d)).transpose(1, 2)   # (b, h, t, d)
-        k = self.k_norm(self.to_k(x).view(b, t, self.h, self.d)).transpose(1, 2)
+        if self.rows_ln:
+            q = self.q_norm(self.to_q(x).view(b, t, self.h, self.d)).transpose(1, 2)   # (b, h, t, d)
+            k = self.k_norm(self.to_k(x).view(b, t, self.h, self.d)).transpose(1, 2)
+        else:
+            q = self.q_norm(self.to_q(x).reshape(b, t, self.h, self.d).transpose(1, 2))
+            k = self.k_norm(self.to_k(x).reshape(b, t, self.h, self.d).transpose(1, 2))
         v = self.to_v(x).view(b, t, self.h, self.d).transpose(1, 2)
         kv[:, :, :t, :self.d].copy_(k)
         kv[:, :, :t, self.d:].copy_(v)
-        out = F.scaled_dot_product_attention(q, kv[..., :self.d], kv[..., self.d:])  # (b, h, t, d)
+        keys, values = kv[..., :self.d], kv[..., self.d:]
+        if not self.strided_kv:
+            keys, values = keys.contiguous(), values.contiguous()
+        out = F.scaled_dot_product_attention(q, keys, values)                      # (b, h, t, d)
         return self.proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
