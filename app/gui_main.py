@@ -4,10 +4,11 @@ Interactive:  duplexcadence
 Scripted:     duplexcadence --input-file IN.wav [--output-file OUT.wav] [--seconds N] [--export DIR]
                             [--screenshot PNG] [--model step-audio2|mimi] [--backbone synthetic|moshi]
                             [--checkpoint PATH]
-A scripted run plays the WAV as the microphone at real-time pace (then silence), stops after N
+A scripted run uses the model its flags name (defaults otherwise, never the saved settings, which it
+leaves alone), plays the WAV as the microphone at real-time pace (then silence), stops after N
 seconds of input (default: the file's length), lets every one of those seconds finish, writes the
-output WAV, the exports and a screenshot of the window, and exits 0 (1 when the session failed or a file
-could not be written, 2 for bad arguments).
+output WAV, the exports and a screenshot of the window, and exits 0 (1 when the session failed or
+a file could not be written, 2 for bad arguments).
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def _scripted(a: argparse.Namespace) -> bool:
 
 
 def _config(a: argparse.Namespace, base):
-    """The panel's settings overridden by the command line, resolved (ValueError on a bad choice)."""
+    """``base`` overridden by the command line, resolved (ValueError with one message)."""
     over = {k: v for k, v in (("tail", a.tail), ("backbone", a.backbone), ("size", a.size),
                               ("checkpoint", a.checkpoint), ("backbone_checkpoint", a.backbone_checkpoint))
             if v is not None}
@@ -158,16 +159,18 @@ def main(argv=None) -> int:
     from app.wavio import WavError
     from app.window import MainWindow
 
-    window = MainWindow(settings=open_qsettings(a.settings))
     if not _scripted(a):
+        window = MainWindow(settings=open_qsettings(a.settings))
         window.show()
         return int(app.exec())
+    from engine.session import SessionConfig
     try:
-        cfg = _config(a, window.model_panel.config())
+        cfg = _config(a, SessionConfig())        # flags and defaults only: a demo is reproducible
         source, sink = _audio(a)
     except (ValueError, AudioUnavailable, WavError) as e:     # WavError is a ValueError too
         print(f"duplexcadence: error: {e}", file=sys.stderr)
         return 2
+    window = MainWindow(settings=open_qsettings(a.settings))
     window.persist_settings = False
     window.show()
     run = ScriptedRun(window, a)

@@ -10,6 +10,7 @@ from pathlib import Path
 from PySide6.QtGui import QImage
 
 from app.gui_main import build_parser
+from app.gui_main import main as gui_main
 from app.wavio import read_wav
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,14 +41,17 @@ def test_scripted_session_writes_everything(tmp_path, speech_wav):
     assert not (tmp_path / "settings.ini").exists()          # a scripted run leaves the settings alone
 
 
-def test_bad_arguments_are_one_clear_message(tmp_path, speech_wav):
-    p = run_app(["--input-file", str(speech_wav), "--model", "step-audio2", "--checkpoint",
-                 str(tmp_path / "no-such-folder")], tmp_path, timeout=120)
-    assert p.returncode == 2
-    assert p.stderr.strip().splitlines()[-1] == (f"duplexcadence: error: Step-Audio2 checkpoint folder "
-                                                 f"{tmp_path / 'no-such-folder'} does not exist or is not a folder")
-    p = run_app(["--input-file", str(tmp_path / "missing.wav")], tmp_path, timeout=120)
-    assert p.returncode == 2 and "cannot read" in p.stderr and "missing.wav" in p.stderr
+def test_bad_arguments_are_one_clear_message(tmp_path, speech_wav, qapp, capsys, monkeypatch):
+    monkeypatch.setenv("DUPLEXCADENCE_SETTINGS", str(tmp_path / "settings.ini"))
+    missing = tmp_path / "no-such-folder"
+    assert gui_main(["--input-file", str(speech_wav), "--model", "step-audio2", "--checkpoint", str(missing)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"duplexcadence: error: Step-Audio2 checkpoint folder {missing} does not exist or is not a folder")
+    assert gui_main(["--input-file", str(tmp_path / "missing.wav")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read" in err and "missing.wav" in err
+    assert gui_main(["--seconds", "3"]) == 2
+    assert "needs --input-file or --input-device" in capsys.readouterr().err
 
 
 def test_parser_knows_the_scripted_flags():
