@@ -4,7 +4,8 @@ The test starts its own PulseAudio server (user mode, no kernel modules, its own
 test's temporary folder) with two null sinks: "mic" (the test plays speech into it; the app
 records its monitor through ALSA's "pulse" device) and "spk" (the app plays into it; the test
 records its monitor with parec). The app runs as a real process: `duplexcadence --input-device
-pulse --output-device pulse --seconds N --export DIR`.
+pulse --output-device pulse --seconds N --export DIR`. A second test kills the server mid-session,
+as an unplugged device would vanish.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def _tools_missing():
 
 @pytest.fixture
 def pulse(tmp_path):
-    """A private PulseAudio server with null sinks "mic" and "spk"; yields the client environment."""
+    """A private PulseAudio server with null sinks "mic" and "spk"; yields the client environment
+    (with the server process as ``env.server`` for tests that pull the plug)."""
     missing = _tools_missing()
     if missing:
         pytest.skip(f"PulseAudio tools missing ({', '.join(missing)}); the Makefile's sysdeps installs them")
@@ -56,7 +58,7 @@ def pulse(tmp_path):
             time.sleep(0.1)
         for cmd in (["set-default-sink", "spk"], ["set-default-source", "mic.monitor"]):
             subprocess.run(["pactl", *cmd], env=env, check=True, capture_output=True)
-        yield env
+        yield _Env(env, server)
     finally:
         server.terminate()
         try:
@@ -64,6 +66,12 @@ def pulse(tmp_path):
         except subprocess.TimeoutExpired:
             server.kill()
         log.close()
+
+
+class _Env(dict):
+    def __init__(self, env, server):
+        super().__init__(env)
+        self.server = server
 
 
 def _play_loop(env, wav: Path, stop: threading.Event) -> None:
@@ -135,3 +143,20 @@ def test_speech_through_pulseaudio_into_the_app_and_back_out(pulse, tmp_path, sp
     assert len(captured) > SECONDS * 24000 // 2
     # a barge-in may flush some of it, so any one loud second found in the recording will do
     assert max(_found(sec[4000:20000], captured) for sec in spoken[:4]) > 0.9
+
+
+def test_audio_server_vanishing_mid_session(pulse, tmp_path, speech_wav):
+    """Pull the plug (kill the sound server) mid-session: the window says so, the session goes on
+    (on silence) and the scripted run still finishes every second and exits 0."""
+    env = dict(pulse, QT_QPA_PLATFORM="offscreen", DUPLEXCADENCE_SETTINGS=str(tmp_path / "s.ini"))
+    app = subprocess.Popen([sys.executable, "-m", "app.main", "--input-device", "pulse", "--output-device",
+                            "pulse", "--seconds", "5", "--export", str(tmp_path / "export"), "--model", "mimi",
+                            "--size", "tiny", "--device", "cpu"],
+                           cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(6)                                        # started, and listening for a while
+    pulse.server.terminate()
+    out, err = app.communicate(timeout=240)
+    assert app.returncode == 0, err[-3000:]
+    assert "5 seconds processed" in out
+    assert "input device 'pulse' stopped (unplugged?); the session continues on silence" in err
+    assert (tmp_path / "export" / "session.csv").read_text().count("\n") == 6
