@@ -20,7 +20,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.audio_io import ENGINE_RATE, InputSource, Playback, SilentInput
 from app.pump import FramePump
-from app.wavio import write_wav
+from app.wavio import WavSpool, write_wav
 from engine.session import LiveError, LiveResult, LiveRunner, SessionConfig, export_records
 
 IDLE, STARTING, RUNNING, DRAINING, STOPPING = "idle", "starting", "running", "draining", "stopping"
@@ -50,8 +50,8 @@ class SessionController(QObject):
         self.source: Optional[InputSource] = None
         self.sink = None
         self.records: List[object] = []
-        self._output: List[np.ndarray] = []
-        self._frames: List[np.ndarray] = []
+        self._input: Optional[WavSpool] = None      # what the engine heard (24 kHz)
+        self._output: Optional[WavSpool] = None     # what the model said (24 kHz)
         self._stopper: Optional[threading.Thread] = None
         self._drain_left = 0
         self.session_info: Dict[str, object] = {}
@@ -70,7 +70,7 @@ class SessionController(QObject):
         """
         if self.state != IDLE:
             raise RuntimeError("a session is already running; stop it first")
-        self.records, self._output, self._frames = [], [], []
+        self.records = []
         self._notice_shown = False
         self.session_info = {}
         if not source.deferred:
@@ -82,19 +82,32 @@ class SessionController(QObject):
             source.stop()
             raise
         self.source, self.sink = source, sink
+        for spool in (self._input, self._output):
+            if spool is not None:
+                spool.close()
+        self._input, self._output = WavSpool(ENGINE_RATE), WavSpool(ENGINE_RATE)
         gc.freeze()          # see _on_ready: keep full collections off the live path
         self.runner = self._factory(cfg)
         self.runner.start()
-        self.pump = FramePump(source, self.runner.submit, Playback(sink) if sink is not None else None,
+        self.pump = FramePump(source, self._submit, Playback(sink) if sink is not None else None,
                               max_frames=max_seconds)
         self.pump.push_to_talk = self._push_to_talk
         self.pump.accepting = False
-        self._frames = self.pump.frames
         self.pump.start()
         self._set_state(STARTING)
         self.event.emit("session", f"starting: {cfg.tail} tail, {cfg.backbone} backbone, size {cfg.size}, "
                                    f"input {source.label}, output {sink.label if sink else 'none'}")
         self._timer.start()
+
+    def _submit(self, frame: np.ndarray) -> None:
+        """Frame-pump thread: keep the second for export, hand it to the engine (never blocks)."""
+        self._input.append(frame)
+        self.runner.submit(frame)
+
+    @property
+    def submitted(self) -> int:
+        """Seconds of input handed to the engine in this session."""
+        return self._input.samples // ENGINE_RATE if self._input is not None else 0
 
     def _on_ready(self) -> None:
         """The session is built: open the engine's ears (GUI thread, from the timer)."""
@@ -190,7 +203,7 @@ class SessionController(QObject):
                 self.finish(timeout_s=600.0)    # a slow engine still finishes every second it got
         if self.state == DRAINING:
             self._drain_left -= 1
-            if len(self.records) >= len(self._frames) or self._drain_left <= 0 or not self.runner.running:
+            if len(self.records) >= self.submitted or self._drain_left <= 0 or not self.runner.running:
                 self.stop()
         if self.state == STOPPING and not self._stopper.is_alive():
             self._drain_results()
@@ -256,18 +269,23 @@ class SessionController(QObject):
             "backlog": self.runner.backlog(),
             "playback_s": pump.playback.queued_s() if pump.playback is not None else 0.0,
             "barge_ins": pump.barge_ins,
-            "submitted": len(self._frames),
+            "submitted": self.submitted,
         })
 
     # -- results -----------------------------------------------------------------------------
     def input_audio(self) -> np.ndarray:
-        """The session's microphone input as submitted to the engine (24 kHz)."""
-        frames = list(self._frames)
-        return np.concatenate(frames) if frames else np.zeros(0, dtype=np.float32)
+        """The session's microphone input as submitted to the engine (24 kHz, 16-bit precision)."""
+        return self._input.read() if self._input is not None else np.zeros(0, dtype=np.float32)
 
     def output_audio(self) -> np.ndarray:
-        """The speech the model produced, second by second (24 kHz)."""
-        return np.concatenate(self._output) if self._output else np.zeros(0, dtype=np.float32)
+        """The speech the model produced, second by second (24 kHz, 16-bit precision)."""
+        return self._output.read() if self._output is not None else np.zeros(0, dtype=np.float32)
+
+    def save_output(self, path) -> Path:
+        """The model's speech as a WAV file (raises WavError naming the path on failure)."""
+        if self._output is None:
+            return write_wav(path, np.zeros(0, dtype=np.float32), ENGINE_RATE)
+        return self._output.save(path)
 
     def export(self, directory, stem: str = "session") -> Dict[str, Path]:
         """Timing logs (CSV, JSON Lines, Chrome trace) and input/output WAVs into ``directory``.
@@ -276,7 +294,9 @@ class SessionController(QObject):
         """
         directory = Path(directory)
         paths = dict(export_records(list(self.records), directory, stem=stem, metadata=self.session_info or None))
-        paths["input_wav"] = write_wav(directory / f"{stem}_input.wav", self.input_audio(), ENGINE_RATE)
-        paths["output_wav"] = write_wav(directory / f"{stem}_output.wav", self.output_audio(), ENGINE_RATE)
+        empty = np.zeros(0, dtype=np.float32)
+        for key, spool in (("input_wav", self._input), ("output_wav", self._output)):
+            path = directory / f"{stem}_{key[:-4]}.wav"
+            paths[key] = spool.save(path) if spool is not None else write_wav(path, empty, ENGINE_RATE)
         self.event.emit("export", f"wrote {len(paths)} files to {directory}")
         return paths

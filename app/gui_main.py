@@ -110,14 +110,14 @@ class ScriptedRun:
 
     def finish(self) -> None:
         from PySide6.QtWidgets import QApplication
-        from app.wavio import WavError, write_wav
+        from app.wavio import WavError
         a, w = self.args, self.window
         if a.screenshot and not self._shot:
             self._screenshot()
         if a.output_file:
             try:
                 Path(a.output_file).parent.mkdir(parents=True, exist_ok=True)
-                write_wav(a.output_file, w.controller.output_audio(), 24000)
+                w.controller.save_output(a.output_file)
             except OSError as e:
                 self._on_message("error", f"cannot write {a.output_file}: {e.strerror or e}")
             except WavError as e:

@@ -59,6 +59,7 @@ class TimingPlot(pg.PlotWidget):
         item.setXRange(-0.5, 10.5)
 
     def update_from(self, series: SessionSeries) -> None:
+        series = series.window(VISIBLE_S)
         if not len(series):
             for bar in self.bars.values():
                 bar.setOpts(x=[], height=[], y0=[])
@@ -77,8 +78,8 @@ class TimingPlot(pg.PlotWidget):
         self.deadline.setValue(series.deadline_ms)
         top = max(1.3 * series.deadline_ms, float(base.max()) * 1.15)   # headroom for the legend
         self.getPlotItem().setYRange(0, top, padding=0)
-        last = float(x[-1])
-        self.getPlotItem().setXRange(max(-0.5, last - VISIBLE_S), max(10.5, last + 0.5), padding=0)
+        first, last = float(x[0]), float(x[-1])
+        self.getPlotItem().setXRange(first - 0.5, max(first + 10.5, last + 0.5), padding=0)
 
 
 class MemoryPlot(pg.PlotWidget):
@@ -97,6 +98,7 @@ class MemoryPlot(pg.PlotWidget):
         item.setXRange(-0.5, 10.5)
 
     def update_from(self, series: SessionSeries) -> None:
+        series = series.window(VISIBLE_S)
         if not len(series):
             self.state.setData([], [])
             self.reserved.setData([], [])
@@ -110,8 +112,8 @@ class MemoryPlot(pg.PlotWidget):
         item = self.getPlotItem()
         item.setLabel("left", unit)
         item.setYRange(0, max(peak * scale, 1e-3) * 1.35, padding=0)
-        last = float(x[-1])
-        item.setXRange(max(-0.5, last - VISIBLE_S), max(10.5, last + 0.5), padding=0)
+        first, last = float(x[0]), float(x[-1])
+        item.setXRange(first - 0.5, max(first + 10.5, last + 0.5), padding=0)
 
 
 class LevelMeter(QWidget):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import math
 import threading
-from typing import Callable, Deque, List, Optional
+from typing import Callable, Deque, Optional
 
 import numpy as np
 
@@ -33,8 +33,8 @@ def level_db(x: np.ndarray) -> float:
 class FramePump(threading.Thread):
     """Worker thread: source ring -> gate -> 24 kHz -> one-second frames -> ``submit(frame)``.
 
-    ``frames`` keeps every submitted frame (the session's input audio, for export). ``events``
-    is a deque of (kind, text) the GUI drains: "barge-in", "source".
+    ``submitted`` counts the frames handed over. ``events`` is a deque of (kind, text) the GUI
+    drains: "barge-in", "source".
     """
 
     def __init__(self, source: InputSource, submit: Callable[[np.ndarray], None],
@@ -56,7 +56,7 @@ class FramePump(threading.Thread):
         self.talking = False             # Space held (push-to-talk)
         self.model_speaking = False      # the latest second's decision was "speak"
         self.level_db = SILENCE_DB       # latest block, before the gate
-        self.frames: List[np.ndarray] = []
+        self.submitted = 0
         self.events: Deque[tuple] = collections.deque(maxlen=1000)
         self.barge_ins = 0
         self._was_voiced = False
@@ -77,13 +77,9 @@ class FramePump(threading.Thread):
             self.join(timeout)
 
     @property
-    def submitted(self) -> int:
-        return len(self.frames)
-
-    @property
     def done(self) -> bool:
         """True once ``max_frames`` frames were submitted."""
-        return self.max_frames is not None and len(self.frames) >= self.max_frames
+        return self.max_frames is not None and self.submitted >= self.max_frames
 
     # -- worker --------------------------------------------------------------------------
     def run(self) -> None:
@@ -116,8 +112,8 @@ class FramePump(threading.Thread):
         for frame in self._frames.push(self._resampler.process(block)):
             if self.done:
                 break
-            self.frames.append(frame)
             self._submit(frame)
+            self.submitted += 1
 
     def _barge_in(self, voiced: bool) -> None:
         onset = voiced and not self._was_voiced

@@ -86,6 +86,12 @@ class SessionSeries:
         self.rows.append(row)
         return row
 
+    def window(self, seconds: int) -> "SessionSeries":
+        """The last ``seconds`` rows (what a scrolling plot shows; its cost stays flat all session)."""
+        view = SessionSeries(self.deadline_ms)
+        view.rows = self.rows[-seconds:]
+        return view
+
     def column(self, key: str) -> np.ndarray:
         return np.asarray([float(r[key]) for r in self.rows], dtype=np.float64)
 

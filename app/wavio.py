@@ -3,12 +3,16 @@
 ``read_wav`` accepts what people actually have: PCM 8/16/24/32-bit, IEEE float 32/64-bit and
 WAVE_FORMAT_EXTENSIBLE, any channel count (mixed down to mono). ``write_wav`` writes 16-bit PCM
 mono atomically (temporary file, then rename), so a crash never leaves half a file behind.
+:class:`WavSpool` collects a session's audio on disk as it happens (an hour of 24 kHz audio is
+170 MB as 16-bit PCM: not something to keep in memory) and saves it as a WAV on export.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import struct
 import tempfile
+import threading
 from pathlib import Path
 from typing import Tuple
 
@@ -87,24 +91,78 @@ def read_wav(path) -> Tuple[np.ndarray, int]:
     return np.ascontiguousarray(mono, dtype=np.float32), int(rate)
 
 
-def write_wav(path, samples: np.ndarray, rate: int) -> Path:
-    """Write mono float samples as 16-bit PCM (clipped to [-1, 1]), atomically. Returns the path."""
-    path = Path(path)
-    x = np.asarray(samples, dtype=np.float32).reshape(-1)
-    pcm = np.clip(np.round(x.astype(np.float64) * 32768.0), -32768, 32767).astype("<i2").tobytes()
-    header = struct.pack("<4sI4s4sIHHIIHH4sI", b"RIFF", 36 + len(pcm), b"WAVE", b"fmt ", 16, _PCM, 1,
-                         int(rate), int(rate) * 2, 2, 16, b"data", len(pcm))
+def _pcm16(samples: np.ndarray) -> bytes:
+    """float samples -> 16-bit little-endian PCM bytes (clipped to the representable range)."""
+    x = np.asarray(samples, dtype=np.float64).reshape(-1)
+    return np.clip(np.round(x * 32768.0), -32768, 32767).astype("<i2").tobytes()
+
+
+def _header(rate: int, nbytes: int) -> bytes:
+    return struct.pack("<4sI4s4sIHHIIHH4sI", b"RIFF", 36 + nbytes, b"WAVE", b"fmt ", 16, _PCM, 1,
+                       int(rate), int(rate) * 2, 2, 16, b"data", nbytes)
+
+
+def _atomic_write(path: Path, write) -> Path:
+    """Write through ``write(file)`` into a temporary file next to ``path``, then rename it."""
     try:
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".wav", dir=path.parent)
     except OSError as e:
         raise WavError(f"cannot write {path}: {e.strerror or e}") from None
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(header)
-            f.write(pcm)
+            write(f)
         os.replace(tmp, path)
     except OSError as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise WavError(f"cannot write {path}: {e.strerror or e}") from None
     return path
+
+
+def write_wav(path, samples: np.ndarray, rate: int) -> Path:
+    """Write mono float samples as 16-bit PCM (clipped to [-1, 1]), atomically. Returns the path."""
+    path = Path(path)
+    pcm = _pcm16(samples)
+    return _atomic_write(path, lambda f: (f.write(_header(rate, len(pcm))), f.write(pcm)))
+
+
+class WavSpool:
+    """Mono audio appended as 16-bit PCM to an anonymous temporary file; ``save`` makes a WAV.
+
+    One thread appends, any thread may save (a lock keeps them apart). The file disappears when
+    the spool is closed or garbage-collected.
+    """
+
+    def __init__(self, rate: int):
+        self.rate = int(rate)
+        self._file = tempfile.TemporaryFile(prefix="duplexcadence-", suffix=".pcm")
+        self._lock = threading.Lock()
+        self.samples = 0
+
+    def append(self, samples: np.ndarray) -> None:
+        pcm = _pcm16(samples)
+        with self._lock:
+            self._file.seek(0, os.SEEK_END)
+            self._file.write(pcm)
+            self.samples += len(pcm) // 2
+
+    def read(self) -> np.ndarray:
+        """Everything so far as float32 (for tests and short sessions)."""
+        with self._lock:
+            self._file.seek(0)
+            raw = self._file.read()
+        return np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
+
+    def save(self, path) -> Path:
+        """Write what was appended so far as a WAV file, atomically."""
+        path = Path(path)
+
+        def write(f):
+            with self._lock:
+                f.write(_header(self.rate, self.samples * 2))
+                self._file.seek(0)
+                shutil.copyfileobj(self._file, f, 1 << 20)
+        return _atomic_write(path, write)
+
+    def close(self) -> None:
+        self._file.close()

@@ -79,6 +79,8 @@ def test_series_columns_and_mode_changes():
     assert s.missed().tolist() == [False] * 4 + [True, False]
     assert np.allclose(s.memory_mib()["state"], np.arange(10, 16))
     assert s.mode_changes() == [{"index": 3, "demand_sized": False, "graph_replay": False}]
+    w = s.window(4)
+    assert w.index().tolist() == [2, 3, 4, 5] and len(s) == 6
 
 
 def test_event_log_json_and_lines():

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QApplication
 
@@ -179,3 +180,28 @@ def test_export_failure_and_copy_as_json(qtbot, tmp_path):
     assert w.message_banner.text().startswith("export failed:") and "file" in w.message_banner.text()
     data = json.loads(w.events.copy_json())
     assert data[-1]["kind"] == "error" and QApplication.clipboard().text() == w.log.to_json()
+
+
+def test_plots_scroll_and_keep_their_cost_flat(qtbot):
+    """After more seconds than a plot shows, the plots draw only the visible window."""
+    from app.plots import VISIBLE_S, MemoryPlot, TimingPlot
+    from app.viewmodel import SessionSeries
+    series = SessionSeries()
+    rng = np.random.default_rng(3)
+    for i in range(VISIBLE_S + 30):
+        t = float(rng.uniform(200, 1400))
+        series.add(dict(index=i, listen_ms=0.1 * t, think_ms=0.2 * t, speak_ms=0.7 * t, total_ms=t,
+                        deadline_ms=1000.0, late_ms=max(0.0, t - 1000), missed=t > 1000, demand_sized=True,
+                        graph_replay=False, state_bytes=1 << 24, reserved_bytes=1 << 25, decision="speak"))
+    timing, memory = TimingPlot(), MemoryPlot()
+    qtbot.addWidget(timing)
+    qtbot.addWidget(memory)
+    timing.update_from(series)
+    memory.update_from(series)
+    xs = timing.bars["speak"].opts["x"]
+    assert len(xs) == VISIBLE_S and xs[0] == 30 and xs[-1] == VISIBLE_S + 29
+    assert len(memory.state.getData()[0]) == VISIBLE_S
+    visible = series.window(VISIBLE_S)
+    assert sorted(timing.miss_bars.opts["x"].tolist()) == visible.index()[visible.missed()].tolist()
+    lo, hi = timing.getPlotItem().viewRange()[0]
+    assert lo == pytest.approx(29.5) and hi == pytest.approx(VISIBLE_S + 29.5)

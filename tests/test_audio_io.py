@@ -13,7 +13,7 @@ from app import audio_io
 from app.audio_io import (ENGINE_RATE, AudioUnavailable, DeviceInfo, DeviceInput, DeviceOutput, FileInput,
                           FrameAssembler, Playback, RingBuffer, StreamResampler, find_device)
 from app.pump import SILENCE_DB, FramePump, level_db
-from app.wavio import WavError, read_wav, write_wav
+from app.wavio import WavError, WavSpool, read_wav, write_wav
 
 RNG = np.random.default_rng(1234)
 
@@ -141,6 +141,25 @@ def test_wav_errors_name_the_problem(tmp_path):
         write_wav(tmp_path / "missing-dir" / "x.wav", noise(10), 8000)
 
 
+def test_wav_spool_saves_what_was_appended(tmp_path):
+    spool = WavSpool(24000)
+    parts = [np.clip(noise(int(n)), -0.99, 0.99) for n in RNG.integers(1, 30000, size=7)]
+    for i, p in enumerate(parts):
+        spool.append(p)
+        if i == 3:                                   # a save in the middle sees what was there
+            spool.save(tmp_path / "mid.wav")
+    whole = np.concatenate(parts)
+    y, rate = read_wav(spool.save(tmp_path / "all.wav"))
+    assert rate == 24000 and spool.samples == len(whole) == len(y)
+    assert np.max(np.abs(y - whole)) <= 0.5 / 32768 + 1e-7
+    assert np.array_equal(spool.read(), y)
+    mid, _ = read_wav(tmp_path / "mid.wav")
+    assert np.array_equal(mid, y[:sum(len(p) for p in parts[:4])])
+    with pytest.raises(WavError, match="cannot write"):
+        spool.save(tmp_path / "nope" / "x.wav")
+    spool.close()
+
+
 # -- sources, sinks, devices ---------------------------------------------------------------------------
 
 def test_file_input_plays_the_file_then_silence(tmp_path):
@@ -244,7 +263,7 @@ def test_pump_frames_gate_and_barge_in():
     feed(loud2)
     assert len(submitted) == 3 and np.array_equal(submitted[2], loud2)
     pump.press_talk(False)
-    assert not pump.talking and pump.frames == submitted
+    assert not pump.talking and pump.submitted == len(submitted) == 3
 
 
 def test_pump_thread_switches_sources_and_resamples(tmp_path):
