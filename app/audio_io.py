@@ -32,7 +32,8 @@ class AudioUnavailable(RuntimeError):
 class RingBuffer:
     """Bounded float32 FIFO between one producer thread and one consumer thread.
 
-    ``write`` never blocks: when full, the oldest samples are dropped and counted in ``dropped``.
+    ``write`` never blocks: when full, the oldest samples are dropped and counted in ``dropped``
+    (samples) and ``overflows`` (writes that had to drop).
     """
 
     def __init__(self, capacity: int):
@@ -43,6 +44,7 @@ class RingBuffer:
         self._count = 0
         self._cond = threading.Condition()
         self.dropped = 0
+        self.overflows = 0
 
     @property
     def capacity(self) -> int:
@@ -62,6 +64,7 @@ class RingBuffer:
             self._start = (self._start + over) % cap
             self._count -= over
             self.dropped += over
+            self.overflows += over > 0
             end = (self._start + self._count) % cap
             first = min(len(x), cap - end)
             self._buf[end:end + first] = x[:first]

@@ -265,7 +265,7 @@ class SessionController(QObject):
         self.meters.emit({
             "level_db": pump.level_db,
             "mic_open": pump.talking or not pump.push_to_talk,
-            "xruns": src.xruns + src.ring.dropped + (sink.xruns if sink is not None else 0),
+            "xruns": src.xruns + src.ring.overflows + (sink.xruns if sink is not None else 0),
             "backlog": self.runner.backlog(),
             "playback_s": pump.playback.queued_s() if pump.playback is not None else 0.0,
             "barge_ins": pump.barge_ins,

@@ -152,7 +152,8 @@ class DevicePanel(QGroupBox):
         self.meter = LevelMeter()
         self.mic_state = QLabel("mic: open")
         self.xruns = QLabel("xruns: 0")
-        self.xruns.setToolTip("audio callback overflows/underflows and samples dropped by a full input buffer")
+        self.xruns.setToolTip("audio callback overflows and underflows, and blocks that found the input "
+                              "buffer full")
         self.device_error = QLabel()
         self.device_error.setWordWrap(True)
         self.device_error.setStyleSheet(f"color: {RED};")
