@@ -87,8 +87,13 @@ class SessionController(QObject):
                 spool.close()
         self._input, self._output = WavSpool(ENGINE_RATE), WavSpool(ENGINE_RATE)
         gc.freeze()          # see _on_ready: keep full collections off the live path
-        self.runner = self._factory(cfg)
-        self.runner.start()
+        try:
+            self.runner = self._factory(cfg)
+            self.runner.start()
+        except Exception:
+            self.runner = None
+            self._halt_audio()
+            raise
         self.pump = FramePump(source, self._submit, Playback(sink) if sink is not None else None,
                               max_frames=max_seconds)
         self.pump.push_to_talk = self._push_to_talk
