@@ -29,6 +29,7 @@ from .timing import StageClock, allocator_bytes
 from .vad import EnergyVAD
 
 RATE = 24000
+SYNTHETIC_RMS = 0.1          # about -20 dBFS: playback level of a synthetic-weights tail's speech
 
 
 class AudioFifo:
@@ -229,7 +230,7 @@ class DuplexSession:
             clock.mark("end")
         ms = clock.stages()
         self.fifo.push(self.to_session_rate(audio))
-        out = self.fifo.pop(RATE)
+        out = self._playback_level(self.fifo.pop(RATE), thought.decision)
         total = (time.perf_counter() - t0) * 1000.0
         late, missed = lateness(queue_wait, total, DEADLINE_MS)
         alloc, reserved, peak = allocator_bytes(self.device)
@@ -244,6 +245,18 @@ class DuplexSession:
             user_speech=bool(vad.speech), backlog=int(backlog), text=thought.text)
         self.records.append(rec)
         return out, rec
+
+    def _playback_level(self, out: np.ndarray, decision: str) -> np.ndarray:
+        """What the speaker gets. A tail on seeded random weights decodes noise near full scale, even
+        from silence tokens: its listen seconds are played as silence and its speech is brought down
+        to about -20 dBFS, so a live session stays bearable. Real weights play exactly as decoded."""
+        ti = getattr(self.tail, "info", None)
+        if not (ti and ti.synthetic_weights):
+            return out
+        if decision != "speak":
+            return np.zeros_like(out)
+        level = rms(out)
+        return out * np.float32(min(1.0, SYNTHETIC_RMS / level)) if level > 0 else out
 
     def _tail_tokens(self, tokens: Optional[torch.Tensor], frames: int) -> torch.Tensor:
         """The second's (codebooks, frames) tokens for the tail; silence fills what is missing, in front."""
