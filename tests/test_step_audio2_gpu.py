@@ -20,9 +20,12 @@ if not S.available():
 
 @pytest.fixture(scope="module", autouse=True)
 def exact_math():
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cudnn.benchmark = False
+    # the same settings for both sides; deterministic cuDNN algorithms (the HiFT's transposed convs may
+    # otherwise use atomics, and then not even the stock package repeats its own bits)
+    saved = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    yield
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved
 
 
 @pytest.fixture(scope="module")

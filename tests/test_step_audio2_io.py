@@ -8,7 +8,7 @@ import torch
 import yaml
 
 from engine.cli import synth as synth_cli
-from engine.core import DemandArena, StockArena, make_plan
+from engine.core import DemandArena, SessionSpec, StockArena, make_plan
 from engine.models import registry
 from engine.models.step_audio2 import weights as W
 from engine.models.step_audio2.config import flow_config_from_yaml, preset
@@ -49,6 +49,7 @@ def test_schedule_follows_the_stock_feeding_rule(n, expect):
 def test_newest_first_region_demand_arena_matches_stock_arena(tiny_model):
     spec = tiny_model.session(6, steps=5, last_tokens=3)
     regions = [r for r in tiny_model.regions(spec) if r.name == "est_att"]
+    spec = SessionSpec(steps=5, prefix={"est_att": 6}, last_advance={"mel": 6})
     plan = make_plan(regions, spec)
     g = torch.Generator().manual_seed(0)
     arenas = [DemandArena(plan, "cpu"), StockArena(plan, "cpu")]
@@ -122,7 +123,7 @@ flow: !new:cosyvoice2.flow.flow.CausalMaskedDiffWithXvec
 def test_checkpoint_folder_loads_the_same_weights(tmp_path, tiny_state, old_style):
     _write_checkpoint(tmp_path, tiny_state, old_style)
     cfg, state = W.checkpoint_state(tmp_path)
-    assert cfg.flow.encoder == TINY.flow.encoder and cfg.flow.dit == TINY.flow.dit
+    assert cfg.flow.encoder == TINY.flow.encoder and cfg.flow.dit == TINY.flow.dit and cfg.hift == TINY.hift
     assert set(state) == set(tiny_state)
     assert all(torch.equal(state[k], tiny_state[k]) for k in state)
 

@@ -181,6 +181,9 @@ def main(argv) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--modes", default="stock,demand,graphs")
     p.add_argument("--profile-chunks", type=int, default=3)
+    p.add_argument("--math", default="default", choices=["default", "tf32-off"],
+                   help="default: PyTorch's defaults (cuDNN TF32 on, matmul TF32 off), as the stock package "
+                        "runs; tf32-off: TF32 off everywhere")
     p.add_argument("--json", help="write the results as JSON here")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)    # cpu: a dry run of the harness
     a = p.parse_args(argv)
@@ -189,9 +192,14 @@ def main(argv) -> int:
     if DEVICE == "cuda" and not torch.cuda.is_available():
         print("duplexcadence-bench step-audio2: needs a CUDA device", file=sys.stderr)
         return 2
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    # the same math settings for the stock package and ours; cuDNN restricted to deterministic
+    # algorithms (the HiFT's transposed convs otherwise may pick atomics-based ones: not even the stock
+    # package is then reproducible run to run)
+    torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
+    if a.math == "tf32-off":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     S = _oracle()
     cfg = preset(a.size)
     state = W.random_state_dict(cfg, a.seed)
@@ -213,7 +221,9 @@ def main(argv) -> int:
         rows.append(r)
         print(json.dumps(r), flush=True)
     meta = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__, "size": a.size,
-            "chunks": len(ref), "prompt_s": a.prompt_seconds, "seed": a.seed, "tf32": False}
+            "chunks": len(ref), "prompt_s": a.prompt_seconds, "seed": a.seed, "math": a.math,
+            "cudnn_tf32": torch.backends.cudnn.allow_tf32, "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
+            "cudnn_deterministic": True}
     print(table(rows))
     if a.json:
         Path(a.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

@@ -175,14 +175,26 @@ class DiT(nn.Module):
         self.mods: List[List[Modulation]] = []
         self.final_mods: list = []
 
+    def _modulation_layers(self) -> List[nn.Module]:
+        return [self.t_embedder, self.final_layer.adaLN_modulation] + [b.adaLN_modulation for b in self.blocks]
+
     @torch.no_grad()
     def build_constants(self, t_steps: List[torch.Tensor]) -> None:
-        """Per Euler step: the block modulations from ``t_embedder(t.repeat(2))``, as the stock's per-call path."""
+        """Per Euler step: the block modulations from ``t_embedder(t.repeat(2))``, as the stock's per-call path.
+
+        The time-embedding MLP and the adaLN layers (151 MB at the released size) are only needed here:
+        afterwards they are parked on the CPU, so the device holds the 8 MB of constants instead.
+        """
+        dev = self.in_proj.weight.device
+        for m in self._modulation_layers():
+            m.to(dev)
         self.mods, self.final_mods = [], []
         for t in t_steps:
             c = self.t_embedder(t.repeat(2)).unsqueeze(1)                     # (2, 1, C)
             self.mods.append([blk.modulation(c) for blk in self.blocks])
             self.final_mods.append(self.final_layer.modulation(c))
+        for m in self._modulation_layers():
+            m.to("cpu")
 
     def forward(self, xin: torch.Tensor, step: int, kv: torch.Tensor, cnn: torch.Tensor) -> torch.Tensor:
         """xin ``(2, 320, t)``; ``kv`` ``(depth, 2, h, t + T0, 2d)``; ``cnn`` ``(depth, 2, 2C, 2)``.

@@ -38,8 +38,11 @@ class WNConv(nn.Module):
 
     @torch.no_grad()
     def fold(self) -> None:
-        p = self.parametrizations["weight"]
+        """weight = g * v / |v| on the bias's device; g and v are then parked on the CPU (the state dict
+        keeps them; the device keeps one weight instead of three)."""
+        p = self.parametrizations["weight"].to(self.bias.device)
         self.weight = torch._weight_norm(p.original1, p.original0, 0)
+        p.to("cpu")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.transpose:

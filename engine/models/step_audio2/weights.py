@@ -58,7 +58,10 @@ def build(cfg: T2WConfig, state: Dict[str, torch.Tensor], device="cpu") -> StepA
     if missing or unexpected:
         raise ValueError(f"weights do not match the model: missing {sorted(missing)[:5]}, "
                          f"unexpected {sorted(unexpected)[:5]}")
-    return model.to(device).eval().prepare()
+    model = model.to(device).eval().prepare()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()           # give back what prepare() parked on the CPU
+    return model
 
 
 def random_model(size: str = "released", seed: int = 0, device="cpu") -> StepAudio2Token2Wav:
@@ -80,6 +83,16 @@ def _hift_keys(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     return out
 
 
+def _hift_config(sd: Dict[str, torch.Tensor], path: Path) -> HiFTConfig:
+    """The stock builds ``HiFTGenerator()`` with its defaults; only the widths are read from the weights."""
+    try:
+        base = sd["conv_pre.parametrizations.weight.original1"].shape[0]
+        f0 = sd["f0_predictor.condnet.0.parametrizations.weight.original1"].shape[0]
+    except KeyError as e:
+        raise ValueError(f"{path}: not a HiFT generator state dict (no {e.args[0]})") from None
+    return HiFTConfig(base_channels=int(base), f0_channels=int(f0))
+
+
 def _load_pt(path: Path) -> Dict[str, torch.Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -99,9 +112,9 @@ def checkpoint_state(folder) -> Tuple[T2WConfig, Dict[str, torch.Tensor]]:
         if not (folder / name).is_file():
             raise FileNotFoundError(f"checkpoint folder {folder} has no {name}")
     flow_cfg = flow_config_from_yaml(folder / "flow.yaml")
-    cfg = T2WConfig(flow=flow_cfg, hift=HiFTConfig())
     flow_sd = _load_pt(folder / "flow.pt")
     hift_sd = _hift_keys(_load_pt(folder / "hift.pt"))
+    cfg = T2WConfig(flow=flow_cfg, hift=_hift_config(hift_sd, folder / "hift.pt"))
     with torch.device("meta"):
         ref = StepAudio2Token2Wav(cfg).state_dict()
     state = {}
