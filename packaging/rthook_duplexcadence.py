@@ -1,9 +1,10 @@
-"""PyInstaller runtime hook: let sounddevice fall back to the PortAudio library inside the bundle.
+"""PyInstaller runtime hook: make sounddevice load the PortAudio library shipped in the bundle.
 
 sounddevice looks PortAudio up with ``ctypes.util.find_library("portaudio")``, which on Linux only
-searches the system (ldconfig). The system library is preferred (it matches the local ALSA/Pulse
-setup); when there is none, the copy collected at build time in ``sys._MEIPASS`` is used, so the
-bundle also runs on machines without ``libportaudio2``.
+asks the system (ldconfig) and so finds nothing where ``libportaudio2`` is not installed. This hook
+answers with the copy collected at build time in ``sys._MEIPASS``, so audio devices work on any
+machine; PortAudio then uses the system's ALSA (``libasound.so.2`` is deliberately not bundled) and
+through it PulseAudio or PipeWire. Without ALSA, importing sounddevice fails and the app says so.
 """
 import ctypes.util
 import glob
@@ -14,11 +15,11 @@ _system_find_library = ctypes.util.find_library
 
 
 def _find_library(name):
-    found = _system_find_library(name)
-    if found is None and name == "portaudio":
+    if name == "portaudio":
         bundled = sorted(glob.glob(os.path.join(sys._MEIPASS, "libportaudio.so*")))
-        found = bundled[0] if bundled else None
-    return found
+        if bundled:
+            return bundled[0]
+    return _system_find_library(name)
 
 
 ctypes.util.find_library = _find_library

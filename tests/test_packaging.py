@@ -17,11 +17,14 @@ import sys
 import tarfile
 import time
 import wave
+from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from engine import paths
+from engine.audio import read_wav
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGING = ROOT / "packaging"
@@ -193,8 +196,9 @@ def test_bundle_layout(unpacked):
                 "PySide6/Qt/plugins/platforms/libqoffscreen.so", "PySide6/Qt/plugins/platforms/libqxcb.so",
                 "PySide6/Qt/plugins/platforms/libqwayland.so", "torch/lib/libtorch_cpu.so"):
         assert (internal / rel).is_file(), rel
-    for oracle in ("moshi", "stepaudio2", "pytest", "hypothesis", "torch/test"):
-        assert not (internal / oracle).exists(), f"{oracle} must not be bundled"
+    for unwanted in ("moshi", "stepaudio2", "pytest", "hypothesis", "torch/test", "libasound.so.2"):
+        assert not (internal / unwanted).exists(), f"{unwanted} must not be bundled"
+    assert list(internal.glob("libportaudio.so*")), "PortAudio must be bundled"
     _validate(unpacked / "duplexcadence.desktop")
 
 
@@ -218,6 +222,58 @@ def test_scripted_session_runs_from_the_unpacked_bundle(unpacked, tmp_path):
     assert len(records) >= 2, records
     with wave.open(str(export / "session_output.wav")) as f:
         assert f.getnframes() > 0
+
+
+@contextmanager
+def _pulse_server(folder: Path):
+    """A private PulseAudio server with null sinks "mic" and "spk"; yields the client environment."""
+    missing = [t for t in ("pulseaudio", "pactl", "paplay") if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"PulseAudio tools missing ({', '.join(missing)}); the Makefile's sysdeps installs them")
+    run = folder / "run"
+    run.mkdir(parents=True)
+    sock = run / "native"
+    env = dict(_bare_env(folder / "home"), XDG_RUNTIME_DIR=str(run), PULSE_RUNTIME_PATH=str(run / "pulse"),
+               PULSE_SERVER=f"unix:{sock}", PULSE_SINK="spk", PULSE_SOURCE="mic.monitor")
+    with open(folder / "pulseaudio.log", "w") as log:
+        server = subprocess.Popen(
+            ["pulseaudio", "-n", "--daemonize=no", "--exit-idle-time=-1", "--use-pid-file=no", "--system=false",
+             f"--load=module-native-protocol-unix socket={sock} auth-anonymous=1",
+             "--load=module-null-sink sink_name=mic", "--load=module-null-sink sink_name=spk",
+             "--log-target=stderr"], env=env, stdout=log, stderr=log)
+        try:
+            deadline = time.monotonic() + 15
+            while subprocess.run(["pactl", "info"], env=env, capture_output=True).returncode != 0:
+                assert server.poll() is None and time.monotonic() < deadline, \
+                    "PulseAudio did not start:\n" + (folder / "pulseaudio.log").read_text()[-2000:]
+                time.sleep(0.1)
+            yield env
+        finally:
+            server.terminate()
+            server.wait(10)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_audio_devices_work_from_the_bundle(unpacked, tmp_path):
+    """The bundled PortAudio with the system's ALSA reaches a sound server: speech played into the
+    "mic" sink is what the frozen app hears."""
+    speech = tmp_path / "in.wav"
+    subprocess.run(["espeak-ng", "-w", str(speech), "Testing the microphone of the frozen app."], check=True)
+    export = tmp_path / "export"
+    with _pulse_server(tmp_path) as env:
+        app = subprocess.Popen([str(unpacked / "duplexcadence"), "--input-device", "pulse", "--output-device",
+                                "pulse", "--seconds", "4", "--export", str(export), "--model", "mimi",
+                                "--size", "tiny", "--device", "cpu"],
+                               cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        while app.poll() is None:                        # keep talking until the session is over
+            subprocess.run(["paplay", "--device=mic", str(speech)], env=env, timeout=60)
+        out, err = app.communicate(timeout=600)
+    assert app.returncode == 0, err[-3000:]
+    assert "4 seconds processed" in out, out + err[-2000:]
+    heard, rate = read_wav(export / "session_input.wav")
+    assert rate == 24000 and len(heard) == 4 * 24000
+    assert np.sqrt(np.mean(heard ** 2)) > 0.01, "no speech reached the frozen app through PortAudio"
 
 
 @pytest.mark.slow
