@@ -153,6 +153,7 @@ def main(argv=None) -> int:
     from PySide6.QtWidgets import QApplication
     app = QApplication.instance() or QApplication(["duplexcadence"])
     app.setApplicationName("DuplexCadence")
+    app.setDesktopFileName("duplexcadence")        # matches packaging/duplexcadence.desktop (Wayland)
     app.setOrganizationName("DuplexCadence")
     from app.audio_io import AudioUnavailable
     from app.settings import open_qsettings

@@ -41,6 +41,10 @@ def import_moshi():
         from moshi.models.lm import LMGen
         from moshi.utils.compile import no_compile
     except ImportError as e:
+        import sys
+        if getattr(sys, "frozen", False):      # the installed bundle ships without the optional extra
+            raise ImportError("the moshi backbone is not part of this installed build; run DuplexCadence "
+                              "from source with the 'moshi' extra to use it") from None
         raise ImportError(f"the moshi backbone needs the optional 'moshi' extra "
                           f"(pip install 'duplexcadence[moshi]'): {e}") from None
     return loaders, LMGen, no_compile
