@@ -1,11 +1,9 @@
 """Step-Audio2 tail plumbing on the CPU (tiny size): regions and plans, checkpoint folder loading, prompts,
 the live tail == offline synthesis, and the synth command."""
-import argparse
 
 import numpy as np
 import pytest
 import torch
-import yaml
 
 from engine.cli import synth as synth_cli
 from engine.core import DemandArena, SessionSpec, StockArena, make_plan

@@ -10,7 +10,6 @@ are turned into plain mappings: only the constructor arguments are taken, no obj
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, Tuple
@@ -109,9 +108,6 @@ def preset(size: str) -> T2WConfig:
 
 
 # -- flow.yaml -----------------------------------------------------------------------------------------
-
-_TAG = re.compile(r"!(new|name|apply|ref|copy|include|tuple|module|placeholder)(:[\w.]+)?")
-
 
 class _TaggedLoader(yaml.SafeLoader):
     """SafeLoader that reads hyperpyyaml tags as plain data (never constructs or imports anything)."""
