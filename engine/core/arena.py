@@ -266,9 +266,11 @@ class StockArena(ArenaBase):
         self.static: Dict[str, torch.Tensor] = {}
         self.live: Dict[str, torch.Tensor] = {}
         for r in plan.regions:
-            if r.stock_units is not None:
-                # what the stock runtime keeps resident (e.g. a module buffer sized for 1000 frames)
-                self.static[r.name] = torch.zeros(r.shape_at(r.stock_units), dtype=r.dtype, device=self.device)
+            shape = r.stock_static_shape()
+            if shape is not None:
+                # what the stock runtime keeps resident (e.g. a module buffer sized for 1000 frames);
+                # nothing reads it, so it is not zero-filled (the allocator reserves it all the same)
+                self.static[r.name] = torch.empty(shape, dtype=r.dtype, device=self.device)
             st = self.states[r.name]
             self.live[r.name] = torch.zeros(r.shape_at(st.length), dtype=r.dtype, device=self.device)
 

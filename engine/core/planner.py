@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from functools import reduce
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import torch
+
 from .regions import Clock, Region, SessionSpec, region_names
 
 MAX_SIM_STEPS = 100_000
@@ -89,8 +91,14 @@ class Plan:
     def stock_bytes(self) -> Dict[str, int]:
         out = {}
         for r in self.regions:
-            units = r.stock_units if r.stock_units is not None else self.demand[r.name]
-            out[r.name] = r.bytes_at(units)
+            shape = r.stock_static_shape()
+            if shape is None:
+                out[r.name] = r.bytes_at(self.demand[r.name])
+            else:
+                n = 1
+                for x in shape:
+                    n *= x
+                out[r.name] = n * torch.empty((), dtype=r.dtype).element_size()
         return out
 
 

@@ -170,6 +170,8 @@ class Region:
     with no time axis, which then must be :class:`Fixed`-like with ``length`` 0 ignored).
     ``stock_units`` is what the stock runtime sizes the time axis at (its static constant), so the
     planner can print stock bytes next to demand bytes; ``stock_note`` says how stock keeps it.
+    ``stock_shape``: the stock's static buffer shape when it differs beyond the time axis (Step-Audio2's
+    estimator cache is a (16, 16, 2, 8, 1000, 128) buffer whatever the model's step count and depth).
     ``newest_first``: a step's new units go to the *front* of the time axis (the region reads
     newest -> oldest, as Step-Audio2's DiT cache ``cat([new, cache])`` does); retention keeps the
     same logical units ``[0:prefix]`` and the last window, so lengths and plans are unchanged.
@@ -184,6 +186,7 @@ class Region:
     stock_note: str = ""
     doc: str = ""
     newest_first: bool = False
+    stock_shape: Optional[Tuple[int, ...]] = None
 
     def __post_init__(self):
         n_none = sum(1 for s in self.shape if s is None)
@@ -202,6 +205,14 @@ class Region:
     def shape_at(self, units: int) -> Tuple[int, ...]:
         """Concrete shape when the time axis holds ``units``."""
         return tuple(int(units) if s is None else int(s) for s in self.shape)
+
+    def stock_static_shape(self) -> Optional[Tuple[int, ...]]:
+        """Full shape of the stock runtime's static buffer for this region, if it keeps one."""
+        if self.stock_shape is not None:
+            return tuple(int(x) for x in self.stock_shape)
+        if self.stock_units is not None:
+            return self.shape_at(self.stock_units)
+        return None
 
     def bytes_at(self, units: int) -> int:
         n = 1

@@ -81,10 +81,10 @@ class StepAudio2Token2Wav(StreamingModel):
         blocks = e.num_blocks + e.num_up_blocks
         return [
             Region("est_att", (f.n_timesteps, d.depth, 2, d.heads, None, 2 * d.head_dim), MEL,
-                   PrefixWindow(WINDOW), stock_units=1000, newest_first=True,
+                   PrefixWindow(WINDOW), stock_shape=(16, 16, 2, 8, 1000, 128), newest_first=True,
                    stock_note="module buffer (16, 16, 2, 8, 1000, 128) + torch.cat truncation"),
             Region("est_cnn", (f.n_timesteps, d.depth, 2, 2 * d.hidden, 2), STILL, Fixed(0),
-                   stock_note="module buffer (16, 16, 2, 1024, 2)"),
+                   stock_shape=(16, 16, 2, 1024, 2), stock_note="module buffer (16, 16, 2, 1024, 2)"),
             Region("enc_att", (blocks, 1, e.heads, None, 2 * (e.output_size // e.heads)), MEL,
                    PrefixWindow(WINDOW), stock_note="torch.cat grow and truncate"),
             Region("enc_cnn", (1, e.output_size, 2 + 2 * e.up_stride), STILL, Fixed(0),
