@@ -99,3 +99,14 @@ def test_bench_plan_cli_lists_every_registered_model(capsys):
     assert main(["plan"]) == 0
     with pytest.raises(SystemExit):
         main(["plan", "--model", "no-such-model"])
+
+
+def test_stock_shape_overrides_the_stock_bytes_beyond_the_time_axis():
+    from engine.core import StockArena
+    r = Region("est", (10, 2, None, 4), Clock("mel", (50,)), PrefixWindow(100), stock_shape=(16, 2, 1000, 4))
+    plan = make_plan([r], SessionSpec(prefix={"est": 300}))
+    assert plan.stock_bytes()["est"] == 16 * 2 * 1000 * 4 * 4
+    assert plan.demand_bytes()["est"] == 10 * 2 * 450 * 4 * 4
+    arena = StockArena(plan, "cpu")
+    assert tuple(arena.static["est"].shape) == (16, 2, 1000, 4)
+    assert arena["est"].get().shape == (10, 2, 300, 4)
