@@ -238,7 +238,42 @@ class InputSource:
         return self.failure
 
 
-class DeviceInput(InputSource):
+class _PortAudioStream:
+    """Open, close and watch one PortAudio stream (``direction`` "input" or "output") of a device."""
+
+    direction = "input"
+    device: "DeviceInfo"
+    rate: int
+    failure: Optional[str]
+    _stream = None
+    _stopping = False
+
+    def start(self) -> None:
+        sd = sounddevice_module()
+        cls = sd.InputStream if self.direction == "input" else sd.OutputStream
+        try:
+            self._stream = cls(device=self.device.index, samplerate=self.rate, channels=1,
+                               dtype="float32", callback=self._callback)
+            self._stream.start()
+        except Exception as e:
+            raise AudioUnavailable(f"cannot open {self.direction} device '{self.device.name}': {e}") from None
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self._stream is not None:
+            try:
+                self._stream.close(ignore_errors=True)
+            finally:
+                self._stream = None
+
+    def check(self) -> Optional[str]:
+        s = self._stream
+        if self.failure is None and not self._stopping and s is not None and not s.active:
+            self.failure = f"{self.direction} device '{self.device.name}' stopped (unplugged?)"
+        return self.failure
+
+
+class DeviceInput(_PortAudioStream, InputSource):
     """A PortAudio input device at its native rate, mono float32."""
 
     def __init__(self, device: DeviceInfo):
@@ -253,28 +288,6 @@ class DeviceInput(InputSource):
             self.xruns += 1
         self.ring.write(indata[:, 0])        # copy only: nothing else happens in the callback
 
-    def start(self) -> None:
-        sd = sounddevice_module()
-        try:
-            self._stream = sd.InputStream(device=self.device.index, samplerate=self.rate, channels=1,
-                                          dtype="float32", callback=self._callback)
-            self._stream.start()
-        except Exception as e:
-            raise AudioUnavailable(f"cannot open input device '{self.device.name}': {e}") from None
-
-    def stop(self) -> None:
-        self._stopping = True
-        if self._stream is not None:
-            try:
-                self._stream.close(ignore_errors=True)
-            finally:
-                self._stream = None
-
-    def check(self) -> Optional[str]:
-        s = self._stream
-        if self.failure is None and not self._stopping and s is not None and not s.active:
-            self.failure = f"input device '{self.device.name}' stopped (unplugged?)"
-        return self.failure
 
 
 class _PacedInput(InputSource):
@@ -353,8 +366,10 @@ class FileInput(_PacedInput):
         return out
 
 
-class DeviceOutput:
+class DeviceOutput(_PortAudioStream):
     """A PortAudio output device at its native rate; the callback plays ``ring`` or zeros."""
+
+    direction = "output"
 
     def __init__(self, device: DeviceInfo, seconds: float = 30.0):
         self.device = device
@@ -372,28 +387,6 @@ class DeviceOutput:
         n = self.ring.read_into(outdata[:, 0])
         outdata[n:, 0] = 0.0                 # nothing queued: play silence
 
-    def start(self) -> None:
-        sd = sounddevice_module()
-        try:
-            self._stream = sd.OutputStream(device=self.device.index, samplerate=self.rate, channels=1,
-                                           dtype="float32", callback=self._callback)
-            self._stream.start()
-        except Exception as e:
-            raise AudioUnavailable(f"cannot open output device '{self.device.name}': {e}") from None
-
-    def stop(self) -> None:
-        self._stopping = True
-        if self._stream is not None:
-            try:
-                self._stream.close(ignore_errors=True)
-            finally:
-                self._stream = None
-
-    def check(self) -> Optional[str]:
-        s = self._stream
-        if self.failure is None and not self._stopping and s is not None and not s.active:
-            self.failure = f"output device '{self.device.name}' stopped (unplugged?)"
-        return self.failure
 
 
 class Playback:
