@@ -19,7 +19,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 import soxr
 
-from app.wavio import read_wav
+from engine.wavio import read_wav
 
 #: the engine's audio rate (one-second frames of 24,000 samples)
 ENGINE_RATE = 24000

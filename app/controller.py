@@ -20,7 +20,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.audio_io import ENGINE_RATE, InputSource, Playback, SilentInput
 from app.pump import FramePump
-from app.wavio import WavSpool, write_wav
+from engine.wavio import WavSpool, write_wav
 from engine.session import LiveError, LiveResult, LiveRunner, SessionConfig, export_records
 
 IDLE, STARTING, RUNNING, DRAINING, STOPPING = "idle", "starting", "running", "draining", "stopping"

@@ -110,7 +110,7 @@ class ScriptedRun:
 
     def finish(self) -> None:
         from PySide6.QtWidgets import QApplication
-        from app.wavio import WavError
+        from engine.wavio import WavError
         a, w = self.args, self.window
         if a.screenshot and not self._shot:
             self._screenshot()
@@ -157,7 +157,7 @@ def main(argv=None) -> int:
     app.setOrganizationName("DuplexCadence")
     from app.audio_io import AudioUnavailable
     from app.settings import open_qsettings
-    from app.wavio import WavError
+    from engine.wavio import WavError
     from app.window import MainWindow
 
     if not _scripted(a):

@@ -15,7 +15,7 @@ from app.panels import DevicePanel, EventLogPanel, ModelPanel, SummaryRow, Toggl
 from app.plots import MemoryPlot, TimingPlot
 from app.settings import AppSettings, load_settings, open_qsettings, save_settings
 from app.viewmodel import YELLOW, EventLog, SessionSeries
-from app.wavio import WavError
+from engine.wavio import WavError
 from engine.paths import asset
 from engine.session import ExportError, SessionConfig
 

@@ -11,7 +11,7 @@ from PySide6.QtGui import QImage
 
 from app.gui_main import build_parser
 from app.gui_main import main as gui_main
-from app.wavio import read_wav
+from engine.wavio import read_wav
 
 ROOT = Path(__file__).resolve().parent.parent
 

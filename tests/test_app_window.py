@@ -20,7 +20,7 @@ from app import controller as ctl
 from app.audio_io import AudioUnavailable, FileInput, SilentInput
 from app.controller import SessionController
 from app.settings import load_settings, open_qsettings
-from app.wavio import read_wav
+from engine.wavio import read_wav
 from app.window import SYNTHETIC_BANNER, MainWindow
 from engine.session import LiveRunner, SessionConfig
 from test_app_fakes import FailingRunner, SlowRunner, VanishingInput

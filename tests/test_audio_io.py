@@ -13,7 +13,7 @@ from app import audio_io
 from app.audio_io import (ENGINE_RATE, AudioUnavailable, DeviceInfo, DeviceInput, DeviceOutput, FileInput,
                           FrameAssembler, Playback, RingBuffer, StreamResampler, find_device)
 from app.pump import SILENCE_DB, FramePump, level_db
-from app.wavio import WavError, WavSpool, read_wav, write_wav
+from engine.wavio import WavError, WavSpool, read_wav, write_wav
 
 RNG = np.random.default_rng(1234)
 
@@ -137,8 +137,17 @@ def test_wav_errors_name_the_problem(tmp_path):
     (tmp_path / "u.wav").write_bytes(_wav_bytes(85, 1, 8000, 16, b"\0" * 10))
     with pytest.raises(WavError, match="unsupported WAV encoding"):
         read_wav(tmp_path / "u.wav")
-    with pytest.raises(WavError, match="cannot write"):
-        write_wav(tmp_path / "missing-dir" / "x.wav", noise(10), 8000)
+    with pytest.raises(WavError, match="cannot write"):          # a folder that cannot exist
+        write_wav(tmp_path / "t.wav" / "x.wav", noise(10), 8000)
+    write_wav(tmp_path / "new-dir" / "x.wav", noise(10), 8000)  # missing folders are made
+    assert read_wav(tmp_path / "new-dir" / "x.wav")[1] == 8000
+
+
+def test_write_wav_keeps_channels_interleaved(tmp_path):
+    x = np.stack([np.full(100, 0.5, np.float32), np.full(100, -0.25, np.float32)], axis=1)
+    write_wav(tmp_path / "st.wav", x, 16000)
+    y, rate = read_wav(tmp_path / "st.wav")                     # mixed down on reading
+    assert rate == 16000 and y.shape == (100,) and np.allclose(y, 0.125, atol=1e-4)
 
 
 def test_wav_spool_saves_what_was_appended(tmp_path):
@@ -156,7 +165,7 @@ def test_wav_spool_saves_what_was_appended(tmp_path):
     mid, _ = read_wav(tmp_path / "mid.wav")
     assert np.array_equal(mid, y[:sum(len(p) for p in parts[:4])])
     with pytest.raises(WavError, match="cannot write"):
-        spool.save(tmp_path / "nope" / "x.wav")
+        spool.save(tmp_path / "mid.wav" / "x.wav")       # under a file: no such folder can exist
     spool.close()
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import soxr
 
-from app.wavio import read_wav
+from engine.wavio import read_wav
 
 ROOT = Path(__file__).resolve().parent.parent
 SECONDS = 7

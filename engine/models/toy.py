@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Dict, List
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.core import (Clock, Fixed, PrefixWindow, Region, Ring, SessionSpec, StateView, StepPlan,

@@ -13,10 +13,10 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Dict, List, Sequence
+
+from engine.atomic import atomic_write
 
 from .records import SecondRecord
 
@@ -29,24 +29,7 @@ class ExportError(OSError):
 
 
 def _atomic_write(path: Path, text: str) -> Path:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    except OSError as e:
-        raise ExportError(f"cannot write {path}: {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise ExportError(f"cannot write {path}: {e.strerror or e}") from None
-    return path
+    return atomic_write(path, lambda f: f.write(text), ExportError, text=True, sync=True)
 
 
 def to_csv(records: Sequence[SecondRecord]) -> str:

@@ -12,7 +12,7 @@ rate ``r``; at 12.5 Hz that is 12 frames for even seconds and 13 for odd ones (s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Dict, List, Tuple
 

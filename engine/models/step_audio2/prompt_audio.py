@@ -10,42 +10,18 @@ Mel filterbanks are the Slaney-style ones librosa builds; the Kaldi filterbank i
 from __future__ import annotations
 
 import math
-import wave
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from engine.wavio import read_wav
+
 from .stream import Prompt
 
 TOKENIZER = "speech_tokenizer_v2_25hz.onnx"
 SPEAKER = "campplus.onnx"
-
-
-def read_wav(path) -> tuple:
-    """Mono float32 in [-1, 1] and the sample rate, from 8/16/24/32-bit PCM."""
-    try:
-        with wave.open(str(path), "rb") as w:
-            sr, width, ch, n = w.getframerate(), w.getsampwidth(), w.getnchannels(), w.getnframes()
-            raw = w.readframes(n)
-    except (wave.Error, EOFError) as e:
-        raise ValueError(f"{path}: not a PCM .wav ({e})") from None
-    if width == 1:
-        x = (np.frombuffer(raw, np.uint8).astype(np.float32) - 128.0) / 128.0
-    elif width == 2:
-        x = np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0
-    elif width == 3:
-        b = np.frombuffer(raw, np.uint8).reshape(-1, 3).astype(np.int32)
-        x = ((b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16)) << 8 >> 8).astype(np.float32) / 8388608.0
-    elif width == 4:
-        x = np.frombuffer(raw, "<i4").astype(np.float32) / 2147483648.0
-    else:
-        raise ValueError(f"{path}: {8 * width}-bit samples are not supported")
-    x = x.reshape(-1, ch).mean(axis=1)
-    if x.size < sr // 10:
-        raise ValueError(f"{path}: shorter than 0.1 s")
-    return x.astype(np.float32), sr
 
 
 def resample(x: np.ndarray, sr: int, to: int) -> np.ndarray:

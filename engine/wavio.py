@@ -2,7 +2,7 @@
 
 ``read_wav`` accepts what people actually have: PCM 8/16/24/32-bit, IEEE float 32/64-bit and
 WAVE_FORMAT_EXTENSIBLE, any channel count (mixed down to mono). ``write_wav`` writes 16-bit PCM
-mono atomically (temporary file, then rename), so a crash never leaves half a file behind.
+(mono or [frames, channels]) atomically (temporary file, then rename), so a crash never leaves half a file behind.
 :class:`WavSpool` collects a session's audio on disk as it happens (an hour of 24 kHz audio is
 170 MB as 16-bit PCM: not something to keep in memory) and saves it as a WAV on export.
 """
@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Tuple
 
 import numpy as np
+
+from engine.atomic import atomic_write
 
 _PCM, _FLOAT, _EXTENSIBLE = 1, 3, 0xFFFE
 
@@ -97,33 +99,18 @@ def _pcm16(samples: np.ndarray) -> bytes:
     return np.clip(np.round(x * 32768.0), -32768, 32767).astype("<i2").tobytes()
 
 
-def _header(rate: int, nbytes: int) -> bytes:
-    return struct.pack("<4sI4s4sIHHIIHH4sI", b"RIFF", 36 + nbytes, b"WAVE", b"fmt ", 16, _PCM, 1,
-                       int(rate), int(rate) * 2, 2, 16, b"data", nbytes)
-
-
-def _atomic_write(path: Path, write) -> Path:
-    """Write through ``write(file)`` into a temporary file next to ``path``, then rename it."""
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".wav", dir=path.parent)
-    except OSError as e:
-        raise WavError(f"cannot write {path}: {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except OSError as e:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise WavError(f"cannot write {path}: {e.strerror or e}") from None
-    return path
+def _header(rate: int, nbytes: int, channels: int = 1) -> bytes:
+    return struct.pack("<4sI4s4sIHHIIHH4sI", b"RIFF", 36 + nbytes, b"WAVE", b"fmt ", 16, _PCM, channels,
+                       int(rate), int(rate) * 2 * channels, 2 * channels, 16, b"data", nbytes)
 
 
 def write_wav(path, samples: np.ndarray, rate: int) -> Path:
-    """Write mono float samples as 16-bit PCM (clipped to [-1, 1]), atomically. Returns the path."""
-    path = Path(path)
-    pcm = _pcm16(samples)
-    return _atomic_write(path, lambda f: (f.write(_header(rate, len(pcm))), f.write(pcm)))
+    """Write float samples (mono 1-D, or [frames, channels]) as 16-bit PCM clipped to [-1, 1],
+    atomically. Returns the path."""
+    x = np.asarray(samples)
+    channels = 1 if x.ndim == 1 else int(x.shape[1])
+    pcm = _pcm16(x)                                   # row-major [frames, channels] = interleaved
+    return atomic_write(path, lambda f: (f.write(_header(rate, len(pcm), channels)), f.write(pcm)), WavError)
 
 
 class WavSpool:
@@ -162,7 +149,7 @@ class WavSpool:
                 f.write(_header(self.rate, self.samples * 2))
                 self._file.seek(0)
                 shutil.copyfileobj(self._file, f, 1 << 20)
-        return _atomic_write(path, write)
+        return atomic_write(path, write, WavError)
 
     def close(self) -> None:
         self._file.close()
