@@ -13,6 +13,7 @@ import torch
 
 from engine.core import make_plan
 from engine.models.registry import ModelEntry, register
+from engine.npio import load_array
 
 from .config import MimiConfig, preset
 from .model import MimiDecoder
@@ -32,7 +33,9 @@ def synth(args) -> int:
     """Decode CODES.npy (codebooks x frames) to a float32 24 kHz waveform in OUT.npy."""
     if not args.codes:
         raise ValueError("mimi synth needs --codes CODES.npy (int, codebooks x frames)")
-    codes = np.load(args.codes)
+    codes = load_array(args.codes, "codes file")
+    if not isinstance(codes, np.ndarray) or not np.issubdtype(codes.dtype, np.integer):
+        raise ValueError(f"{args.codes}: codes must be an integer array (codebooks x frames)")
     if codes.ndim != 2:
         raise ValueError(f"{args.codes}: codes must be 2-D (codebooks x frames), got shape {codes.shape}")
     k = args.num_codebooks or codes.shape[0]

@@ -13,6 +13,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from engine.npio import load_array
+
 from .config import TOKEN_RATE
 from .stream import Prompt
 
@@ -50,12 +52,9 @@ def make_prompt(tokens, mel, spk, vocab: int = 6561, source: str = "prompt") -> 
 
 def load_npz(path) -> Prompt:
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"prompt file {path} does not exist")
-    try:
-        data = np.load(path, allow_pickle=False)
-    except Exception as e:                                    # noqa: BLE001
-        raise ValueError(f"{path}: not a readable .npz ({e})") from None
+    data = load_array(path, "prompt file")
+    if not hasattr(data, "files"):
+        raise ValueError(f"{path}: a voice prompt .npz holds {', '.join(NPZ_KEYS)}; this is a single array")
     missing = [k for k in NPZ_KEYS if k not in data.files]
     if missing:
         raise ValueError(f"{path}: missing {', '.join(missing)} (needs {', '.join(NPZ_KEYS)})")

@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from engine.npio import load_array
+
 from .prompt import load_prompt
 from .stream import synthesize
 from .weights import load_model
@@ -16,12 +18,7 @@ def load_tokens(path) -> list:
     if not path:
         raise ValueError("--tokens is required for step-audio2 (a 1-D int .npy of 25 Hz speech tokens)")
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"tokens file {p} does not exist")
-    try:
-        arr = np.load(p, allow_pickle=False)
-    except Exception as e:                                    # noqa: BLE001
-        raise ValueError(f"{p}: not a readable .npy ({e})") from None
+    arr = load_array(p, "tokens file")
     if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
         raise ValueError(f"{p}: expected a non-empty 1-D integer array, got {arr.dtype} {arr.shape}")
     if arr.min() < 0 or arr.max() >= 6561:
