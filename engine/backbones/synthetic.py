@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from engine.core import Executor, make_plan
+from engine.core.toggles import requested
 
 from .policy import SPEAK, TurnPolicy
 from .base import Backbone, BackboneInfo, Thought, TokenFormat
@@ -128,10 +129,7 @@ class SyntheticBackbone(Backbone):
 
     # -- toggles and reporting -----------------------------------------------------------------------
     def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
-        if demand_sized is not None:
-            self._toggles["demand_sized"] = bool(demand_sized)
-        if graph_replay is not None:
-            self._toggles["graph_replay"] = bool(graph_replay)
+        self._toggles.update(requested(demand_sized, graph_replay))
         if self.executor is not None:
             self.executor.set_toggles(demand_sized, graph_replay)
 

@@ -24,6 +24,7 @@ import torch
 from .arena import ArenaBase, DemandArena, make_arena
 from .model import StateView, StreamingModel
 from .planner import Plan, ShapeSignature, StepPlan
+from .toggles import requested
 
 log = logging.getLogger("engine.executor")
 
@@ -76,10 +77,7 @@ class Executor:
     # -- toggles -------------------------------------------------------------------------------------
     def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
         """Request toggles; they take effect at the next step boundary."""
-        if demand_sized is not None:
-            self._want["demand_sized"] = bool(demand_sized)
-        if graph_replay is not None:
-            self._want["graph_replay"] = bool(graph_replay)
+        self._want.update(requested(demand_sized, graph_replay))
 
     def toggles(self) -> Dict[str, bool]:
         """Toggles in effect for the next step (graph replay needs CUDA and demand-sized state)."""

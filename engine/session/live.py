@@ -19,6 +19,8 @@ from typing import Optional
 
 import numpy as np
 
+from engine.core.toggles import requested
+
 from .config import SessionConfig
 from .records import SecondRecord, keeps_up
 from .session import DuplexSession, check_frame
@@ -79,10 +81,7 @@ class LiveRunner:
     def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
         """Applied at the next second boundary."""
         with self._cv:
-            if demand_sized is not None:
-                self._toggles["demand_sized"] = bool(demand_sized)
-            if graph_replay is not None:
-                self._toggles["graph_replay"] = bool(graph_replay)
+            self._toggles.update(requested(demand_sized, graph_replay))
 
     def backlog(self) -> int:
         with self._cv:

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from engine.backbones import Backbone, TokenFormat, make_backbone
+from engine.core.toggles import requested
 from engine.tail import DecoderTail
 
 from .config import SessionConfig
@@ -184,10 +185,7 @@ class DuplexSession:
     def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
         """Effective from the next second (thread-safe); the output never changes by a sample."""
         with self._lock:
-            if demand_sized is not None:
-                self._pending["demand_sized"] = bool(demand_sized)
-            if graph_replay is not None:
-                self._pending["graph_replay"] = bool(graph_replay)
+            self._pending.update(requested(demand_sized, graph_replay))
 
     def toggles(self) -> Dict[str, bool]:
         """Toggles in effect (graph replay reads False without CUDA)."""

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from engine.core import Executor, make_plan
+from engine.core.toggles import requested
 from engine.tail import DecoderTail, TailInfo
 
 from . import weights as W
@@ -120,9 +121,7 @@ class MimiTail(DecoderTail):
     # -- toggles and reporting ----------------------------------------------------------------------
     def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
         """Requested toggles apply from the next second (and to the next stream)."""
-        for k, v in (("demand_sized", demand_sized), ("graph_replay", graph_replay)):
-            if v is not None:
-                self._toggles[k] = bool(v)
+        self._toggles.update(requested(demand_sized, graph_replay))
         if self.executor is not None:
             self.executor.set_toggles(demand_sized=demand_sized, graph_replay=graph_replay)
 

@@ -12,6 +12,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
+from engine.core.toggles import requested
 from engine.tail import DecoderTail, TailInfo
 
 from .config import CHUNK_TOKENS, LOOKAHEAD, SAMPLE_RATE, SILENCE_TOKEN, TOKEN_RATE
@@ -72,10 +73,7 @@ class StepAudio2Tail(DecoderTail):
         return audio
 
     def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
-        if demand_sized is not None:
-            self._flags["demand_sized"] = bool(demand_sized)
-        if graph_replay is not None:
-            self._flags["graph_replay"] = bool(graph_replay)
+        self._flags.update(requested(demand_sized, graph_replay))
         if self.session is not None:
             self.session.executor.set_toggles(demand_sized=demand_sized, graph_replay=graph_replay)
 
