@@ -21,6 +21,17 @@ SENTENCES = [
 ]
 
 
+@pytest.fixture
+def one_torch_thread():
+    """Tiny ops on a shared 2-core machine: OpenMP spin-waits dominate, so run torch on one thread
+    (both sides of a comparison run alike)."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _espeak(text: str, out: Path) -> tuple:
     from engine.audio import read_wav, to_mono
     subprocess.run(["espeak-ng", "-s", "165", "-w", str(out), text], check=True, capture_output=True, timeout=60)

@@ -9,17 +9,8 @@ from engine.models.mimi.config import RELEASED, TINY
 from engine.models.mimi.model import MimiDecoder
 from engine.models.mimi.tail import MimiTail
 
-pytestmark = [pytest.mark.oracle,
+pytestmark = [pytest.mark.oracle, pytest.mark.usefixtures("one_torch_thread"),
               pytest.mark.skipif(not stock_mimi.available(), reason="moshi/einops (test oracles) not installed")]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # tiny ops on a shared 2-core machine: OpenMP spin-waits dominate; both sides run alike
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _codes(cfg, k, n, seed):

@@ -11,12 +11,7 @@ from engine.models.mimi.model import MimiDecoder
 from engine.models.mimi.tail import MimiTail, check_codes, make_tail
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _codes(k, n, seed=0, cfg=TINY):
