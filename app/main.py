@@ -18,16 +18,8 @@ SUBCOMMANDS = {
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
-        import importlib
-        modname = SUBCOMMANDS[argv[0]]
-        try:
-            mod = importlib.import_module(modname)
-        except ModuleNotFoundError as e:
-            if e.name != modname:
-                raise
-            print(f"duplexcadence {argv[0]}: not yet built in this version", file=sys.stderr)
-            return 2
-        return int(mod.main(argv[1:]) or 0)
+        from engine.cli import run_subcommand
+        return run_subcommand(f"duplexcadence {argv[0]}", SUBCOMMANDS[argv[0]], argv[1:])
     from app.gui_main import main as gui_main   # Qt is imported only here
     return int(gui_main(argv) or 0)
 

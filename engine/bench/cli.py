@@ -4,8 +4,9 @@ Subcommands live in their own modules (engine/bench/<name>.py, each with ``main(
 """
 from __future__ import annotations
 
-import importlib
 import sys
+
+from engine.cli import run_subcommand
 
 COMMANDS = {
     "plan": ("engine.bench.plan", "print a model's timeline, shape signatures and bytes per region vs stock"),
@@ -29,15 +30,7 @@ def main(argv=None) -> int:
     if cmd not in COMMANDS:
         print(f"duplexcadence-bench: unknown command {cmd!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    modname = COMMANDS[cmd][0]
-    try:
-        mod = importlib.import_module(modname)
-    except ModuleNotFoundError as e:
-        if e.name != modname:
-            raise
-        print(f"duplexcadence-bench {cmd}: not yet — this benchmark is not built in this version.", file=sys.stderr)
-        return 2
-    return int(mod.main(rest) or 0)
+    return run_subcommand(f"duplexcadence-bench {cmd}", COMMANDS[cmd][0], rest)
 
 
 if __name__ == "__main__":
