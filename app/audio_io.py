@@ -11,10 +11,12 @@ Sources fill ``ring`` at their native ``rate``: :class:`DeviceInput` (PortAudio 
 """
 from __future__ import annotations
 
+import collections
+import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Deque, List, Optional, Tuple
 
 import numpy as np
 import soxr
@@ -23,6 +25,16 @@ from engine.wavio import read_wav
 
 #: the engine's audio rate (one-second frames of 24,000 samples)
 ENGINE_RATE = 24000
+#: the level of an empty or all-zero block (dBFS)
+SILENCE_DB = -120.0
+
+
+def block_db(x: np.ndarray) -> float:
+    """RMS level of a block in dBFS (SILENCE_DB for an empty or all-zero block)."""
+    if len(x) == 0:
+        return SILENCE_DB
+    rms = float(np.sqrt(np.mean(np.square(x, dtype=np.float64))))
+    return max(SILENCE_DB, 20.0 * math.log10(rms)) if rms > 0 else SILENCE_DB
 
 
 class AudioUnavailable(RuntimeError):
@@ -342,8 +354,8 @@ class SilentInput(_PacedInput):
 class FileInput(_PacedInput):
     """A WAV file played as the microphone at real-time pace, then silence (``finished`` turns True)."""
 
-    def __init__(self, path, speed: float = 1.0):
-        samples, rate = read_wav(path)
+    def __init__(self, path, speed: float = 1.0, max_seconds: Optional[float] = None):
+        samples, rate = read_wav(path, max_seconds=max_seconds, need_audio=True)   # only what will be played
         super().__init__(rate, speed)
         self.path = str(path)
         self.label = f"file {path}"
@@ -390,24 +402,70 @@ class DeviceOutput(_PortAudioStream):
 
 
 class Playback:
-    """The model's 24 kHz speech on its way to a sink: resampled to the sink's rate, flushable."""
+    """The model's 24 kHz speech on its way to a sink: resampled to the sink's rate, flushable.
 
-    def __init__(self, sink):
+    It remembers the level of every 20 ms of what it queued, so it can say how much of the queue
+    is real speech (:meth:`speech_queued_s`: queued silence is not the model speaking) and how
+    loud the audio playing right now is (:meth:`playing_level_db`, the output level meter).
+    """
+
+    #: 20 ms pieces are measured; a piece louder than ``speech_db`` (dBFS) counts as speech
+    PIECE_S = 0.02
+    SPEECH_DB = -45.0
+
+    def __init__(self, sink, speech_db: float = SPEECH_DB):
         self.sink = sink
+        self.speech_db = float(speech_db)
         self._rs = StreamResampler(ENGINE_RATE, sink.rate)
         self._lock = threading.Lock()
+        self._pushed = 0                                    # samples (sink rate) ever queued
+        self._pieces: Deque[Tuple[int, float]] = collections.deque()   # (end sample, level dBFS)
 
-    def push(self, audio: np.ndarray) -> None:
+    def push(self, audio: np.ndarray) -> float:
+        """Queue one piece of model audio; returns the seconds that were queued ahead of it."""
         with self._lock:
-            self.sink.ring.write(self._rs.process(audio))
+            ahead = len(self.sink.ring) / self.sink.rate
+            y = self._rs.process(audio)
+            self.sink.ring.write(y)
+            piece = max(1, int(self.PIECE_S * self.sink.rate))
+            for i in range(0, len(y), piece):
+                self._pieces.append((self._pushed + min(len(y), i + piece), block_db(y[i:i + piece])))
+            self._pushed += len(y)
+        return ahead
 
     def queued_s(self) -> float:
-        """Seconds of audio waiting to be played."""
+        """Seconds of audio waiting to be played (speech and silence)."""
         return len(self.sink.ring) / self.sink.rate
+
+    def _played_to(self) -> int:
+        """Drop the pieces already played; returns the sample position playing now."""
+        pos = self._pushed - len(self.sink.ring)
+        while self._pieces and self._pieces[0][0] <= pos:
+            self._pieces.popleft()
+        return pos
+
+    def speech_queued_s(self) -> float:
+        """Seconds of queued audio louder than ``speech_db``: what a barge-in would cut off."""
+        with self._lock:
+            pos = self._played_to()
+            n, start = 0, pos
+            for end, db in self._pieces:
+                if db > self.speech_db:
+                    n += end - max(start, pos)
+                start = end
+        return n / self.sink.rate
+
+    def playing_level_db(self) -> float:
+        """The level of the 20 ms playing now (SILENCE_DB when nothing is queued)."""
+        with self._lock:
+            self._played_to()
+            return self._pieces[0][1] if self._pieces else SILENCE_DB
 
     def flush(self) -> float:
         """Drop all queued playback (barge-in); returns the seconds dropped."""
         with self._lock:
             n = self.sink.ring.clear()
             self._rs.reset()
+            self._pushed = self._pushed - n
+            self._pieces.clear()
         return n / self.sink.rate

@@ -19,6 +19,7 @@ import numpy as np
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.audio_io import ENGINE_RATE, InputSource, Playback, SilentInput
+from app.monitor import AudioMonitor
 from app.pump import FramePump
 from engine.wavio import WavSpool, write_wav
 from engine.session import LiveError, LiveResult, LiveRunner, SessionConfig, export_records
@@ -35,6 +36,7 @@ class SessionController(QObject):
     message = Signal(str, str)       # (level "error" | "warning" | "info", text) for the banner
     event = Signal(str, str)         # (kind, text) for the event log
     meters = Signal(dict)            # level_db, mic_open, xruns, backlog, playback_s, barge_ins
+    notice = Signal(str)             # per second: "cannot keep up: …" while it cannot, else ""
     stopped = Signal()
 
     def __init__(self, runner_factory: Optional[Callable[[SessionConfig], object]] = None,
@@ -57,6 +59,7 @@ class SessionController(QObject):
         self.session_info: Dict[str, object] = {}
         self._notice_shown = False
         self._push_to_talk = False
+        self.monitor = AudioMonitor()                # waveforms and mic-to-speaker delay (app/monitor.py)
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self, cfg: SessionConfig, source: InputSource, sink=None, max_seconds: Optional[int] = None) -> None:
@@ -98,6 +101,8 @@ class SessionController(QObject):
                               max_frames=max_seconds)
         self.pump.push_to_talk = self._push_to_talk
         self.pump.accepting = False
+        self.monitor.clear()
+        self.pump.on_block, self.pump.on_frame = self.monitor.on_block, self.monitor.on_frame
         self.pump.start()
         self._set_state(STARTING)
         self.event.emit("session", f"starting: {cfg.tail} tail, {cfg.backbone} backbone, size {cfg.size}, "
@@ -245,8 +250,11 @@ class SessionController(QObject):
         self._output.append(audio)
         pump = self.pump
         pump.model_speaking = rec.decision == "speak"
+        ahead = None
         if pump.playback is not None and self.state == RUNNING:
-            pump.playback.push(audio)
+            ahead = pump.playback.push(audio)
+        self.monitor.on_answer(rec.index, audio, ENGINE_RATE, ahead)
+        self.notice.emit(notice)
         self.record.emit(rec)
 
     def _check_devices(self) -> None:
@@ -273,6 +281,7 @@ class SessionController(QObject):
             "xruns": src.xruns + src.ring.overflows + (sink.xruns if sink is not None else 0),
             "backlog": self.runner.backlog(),
             "playback_s": pump.playback.queued_s() if pump.playback is not None else 0.0,
+            "output_db": pump.playback.playing_level_db() if pump.playback is not None else None,
             "barge_ins": pump.barge_ins,
             "submitted": self.submitted,
         })

@@ -1,33 +1,27 @@
 """The frame pump: the worker thread between the microphone ring and the engine.
 
 It waits on the input source's ring, applies the push-to-talk gate, measures the input level,
-detects barge-in (the user starts talking while model speech is queued: the queued playback is
-flushed), resamples to 24 kHz with a streaming resampler, cuts one-second frames and hands each
+detects barge-in (the user starts talking while model *speech* is queued — queued silence does not
+count — after at least ``BARGE_IN_QUIET_S`` of quiet, so pauses between words are not new onsets:
+the queued playback is flushed), resamples to 24 kHz with a streaming resampler, cuts one-second frames and hands each
 to ``submit`` (``LiveRunner.submit``, which never blocks). No Qt here: the controller polls the
 pump's counters from a GUI timer.
 """
 from __future__ import annotations
 
 import collections
-import math
 import threading
 from typing import Callable, Deque, Optional
 
 import numpy as np
 
-from app.audio_io import ENGINE_RATE, FrameAssembler, InputSource, Playback, StreamResampler
+from app.audio_io import (ENGINE_RATE, SILENCE_DB, FrameAssembler, InputSource, Playback, StreamResampler,
+                          block_db as level_db)
 
 #: input level (dBFS) above which a rising edge counts as the user starting to talk
 BARGE_IN_DB = -35.0
-SILENCE_DB = -120.0
-
-
-def level_db(x: np.ndarray) -> float:
-    """RMS level of a block in dBFS (SILENCE_DB for an empty or all-zero block)."""
-    if len(x) == 0:
-        return SILENCE_DB
-    rms = float(np.sqrt(np.mean(np.square(x, dtype=np.float64))))
-    return max(SILENCE_DB, 20.0 * math.log10(rms)) if rms > 0 else SILENCE_DB
+#: quiet (seconds) the user must leave before a new rising edge counts: gaps between words do not
+BARGE_IN_QUIET_S = 0.5
 
 
 class FramePump(threading.Thread):
@@ -54,12 +48,15 @@ class FramePump(threading.Thread):
         self.barge_in_db = barge_in_db
         self.push_to_talk = False        # True: the mic is muted unless ``talking``
         self.talking = False             # Space held (push-to-talk)
-        self.model_speaking = False      # the latest second's decision was "speak"
+        self.model_speaking = False      # the latest second's decision was "speak" (shown, not used to flush)
         self.level_db = SILENCE_DB       # latest block, before the gate
         self.submitted = 0
         self.events: Deque[tuple] = collections.deque(maxlen=1000)
         self.barge_ins = 0
         self._was_voiced = False
+        self._quiet_s = float("inf")     # seconds of unvoiced input since the last voiced block
+        self.on_block: Optional[Callable[[np.ndarray, int], None]] = None   # (gated block, rate): the scope
+        self.on_frame: Optional[Callable[[int], None]] = None               # (frame index) at submit: latency
 
     # -- control (any thread) ------------------------------------------------------------
     @property
@@ -108,27 +105,38 @@ class FramePump(threading.Thread):
         gate_open = self.talking or not self.push_to_talk
         if not gate_open:
             block = np.zeros_like(block)
-        self._barge_in(gate_open and self.level_db > self.barge_in_db)
+        self._barge_in(gate_open and self.level_db > self.barge_in_db, len(block) / self._source.rate)
+        if self.on_block is not None:
+            self.on_block(block, self._source.rate)
         for frame in self._frames.push(self._resampler.process(block)):
             if self.done:
                 break
+            if self.on_frame is not None:
+                self.on_frame(self.submitted)
             self._submit(frame)
             self.submitted += 1
 
-    def _barge_in(self, voiced: bool) -> None:
-        onset = voiced and not self._was_voiced
+    def _barge_in(self, voiced: bool, block_s: float) -> None:
+        """A rising edge after enough quiet, while real speech is queued, flushes the playback."""
+        onset = voiced and not self._was_voiced and self._quiet_s >= BARGE_IN_QUIET_S
         self._was_voiced = voiced
+        self._quiet_s = 0.0 if voiced else self._quiet_s + block_s
+        if onset:
+            self._flush_speech("user started talking")
+
+    def _flush_speech(self, why: str) -> None:
         pb = self.playback
-        if onset and pb is not None and (self.model_speaking or pb.queued_s() > 0):
-            dropped = pb.flush()
-            self.barge_ins += 1
-            self.events.append(("barge-in", f"user started talking: flushed {dropped:.2f} s of playback"))
+        if pb is None or pb.speech_queued_s() <= 0:
+            return                       # nothing but silence queued: the model is not speaking
+        dropped = pb.flush()
+        self.barge_ins += 1
+        self.events.append(("barge-in", f"{why}: flushed {dropped:.2f} s of playback"))
 
     def press_talk(self, pressed: bool) -> None:
-        """Push-to-talk key state. Pressing while the model speaks is a barge-in too."""
+        """Push-to-talk key state. Pressing (a key-down edge, not a repeat) while the model speaks is a
+        barge-in too."""
+        edge = bool(pressed) and not self.talking
         self.talking = bool(pressed)
-        if pressed and self.push_to_talk and self.playback is not None and self.playback.queued_s() > 0:
-            dropped = self.playback.flush()
-            self.barge_ins += 1
-            self.events.append(("barge-in", f"push-to-talk pressed: flushed {dropped:.2f} s of playback"))
+        if edge and self.push_to_talk:
+            self._flush_speech("push-to-talk pressed")
 

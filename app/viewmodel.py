@@ -52,18 +52,34 @@ class Summary:
     backlog: int = 0
     state_bytes: int = 0
     reserved_bytes: int = 0
+    delay_ms: Optional[float] = None    # mic-to-speaker delay of the latest second (None: not measured)
     colours: Dict[str, str] = field(default_factory=dict)
 
     def text(self) -> Dict[str, str]:
-        """Label texts by key (the keys of ``colours``)."""
+        """Label texts by key (the keys of ``colours``); "—" for a value with no data yet."""
+        none = not self.seconds
+        delay = None if none or self.delay_ms is None else f"{self.delay_ms / 1000.0:.2f} s"
         return {
-            "p50": f"p50 {self.p50_ms:.0f} ms",
-            "p99": f"p99 {self.p99_ms:.0f} ms",
-            "misses": f"misses {self.misses} ({self.misses_window} in 60 s)",
-            "lateness": f"late now {self.lateness_ms:.0f} ms",
-            "backlog": f"backlog {self.backlog} s",
-            "memory": f"state {format_bytes(self.state_bytes)}",
+            "p50": f"p50 {'—' if none else f'{self.p50_ms:.0f} ms'}",
+            "p99": f"p99 {'—' if none else f'{self.p99_ms:.0f} ms'}",
+            "misses": "misses —" if none else f"misses {self.misses} ({self.misses_window} in 60 s)",
+            "lateness": f"late now {'—' if none else f'{self.lateness_ms:.0f} ms'}",
+            "backlog": f"backlog {'—' if none else f'{self.backlog} s'}",
+            "delay": f"mic→speaker {delay or '—'}",
+            "memory": f"state {'—' if none else format_bytes(self.state_bytes)}",
         }
+
+
+@dataclass
+class StageStats:
+    """p50/p99 (ms) of each stage and of the whole second, and a histogram of the second's total."""
+    seconds: int
+    p50: Dict[str, float]               # keys: listen, think, speak, total
+    p99: Dict[str, float]
+    bins: np.ndarray                    # [K + 1] histogram edges, ms
+    counts: np.ndarray                  # [K] seconds per bin
+
+    STAGES = ("listen", "think", "speak", "total")
 
 
 class SessionSeries:
@@ -99,8 +115,29 @@ class SessionSeries:
         return self.column("index")
 
     def stages(self) -> Dict[str, np.ndarray]:
-        """listen/think/speak ms per second (the stacked bars)."""
-        return {k: self.column(f"{k}_ms") for k in ("listen", "think", "speak")}
+        """listen/think/speak ms per second (the stacked bars); SPEAK is 0 where the record says the
+        tail was skipped (a listening second the model leaves silent)."""
+        out = {k: self.column(f"{k}_ms") for k in ("listen", "think", "speak")}
+        out["speak"][self.tail_skipped()] = 0.0
+        return out
+
+    def tail_skipped(self) -> np.ndarray:
+        return np.asarray([bool(r.get("tail_skipped", False)) for r in self.rows], dtype=bool)
+
+    def listening(self) -> np.ndarray:
+        """Seconds whose decision was to listen (their SPEAK bar is the tail on silence tokens)."""
+        return np.asarray([r.get("decision") == "listen" for r in self.rows], dtype=bool)
+
+    def stage_stats(self, bin_ms: float = 50.0) -> StageStats:
+        """Per-stage p50/p99 over these rows and a histogram of the total in ``bin_ms`` bins
+        (at least up to 1.2 × the deadline, so sessions compare on one axis)."""
+        cols = dict(self.stages(), total=self.column("total_ms"))
+        p50 = {k: percentile(v, 50) for k, v in cols.items()}
+        p99 = {k: percentile(v, 99) for k, v in cols.items()}
+        top = max(1.2 * self.deadline_ms, float(cols["total"].max()) if len(self) else 0.0)
+        edges = np.arange(0.0, top + bin_ms, bin_ms)
+        counts, _ = np.histogram(cols["total"], bins=edges)
+        return StageStats(len(self), p50, p99, edges, counts)
 
     def missed(self) -> np.ndarray:
         return np.asarray([bool(r["missed"]) for r in self.rows], dtype=bool)
@@ -112,6 +149,7 @@ class SessionSeries:
     def summary(self, window_s: int = SUMMARY_WINDOW_S) -> Summary:
         if not self.rows:
             return Summary(colours={k: GREY for k in Summary().text()})
+        delay = self.rows[-1].get("mic_to_speaker_ms")
         recent = self.rows[-window_s:]
         totals = [float(r["total_ms"]) for r in recent]
         last = self.rows[-1]
@@ -119,7 +157,8 @@ class SessionSeries:
                     misses=sum(1 for r in self.rows if r["missed"]),
                     misses_window=sum(1 for r in recent if r["missed"]),
                     lateness_ms=float(last["late_ms"]), backlog=int(last.get("backlog", 0)),
-                    state_bytes=int(last["state_bytes"]), reserved_bytes=int(last["reserved_bytes"]))
+                    state_bytes=int(last["state_bytes"]), reserved_bytes=int(last["reserved_bytes"]),
+                    delay_ms=None if delay is None or delay != delay else float(delay))
         d = self.deadline_ms
         s.colours = {
             "p50": traffic_light(s.p50_ms, 0.7 * d, d),
@@ -127,6 +166,7 @@ class SessionSeries:
             "misses": traffic_light(s.misses_window, 1, 3),
             "lateness": traffic_light(s.lateness_ms, 1e-9, 0.5 * d),
             "backlog": traffic_light(s.backlog, 1, 3),
+            "delay": GREY if s.delay_ms is None else traffic_light(s.delay_ms, 2.0 * d, 3.0 * d),
             "memory": GREEN,
         }
         return s

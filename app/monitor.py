@@ -1,0 +1,120 @@
+"""What the user says and hears, on one wall clock: the scrolling waveforms and the delay a person feels.
+
+No Qt here: the frame pump (its worker thread) reports each input block and the moment each
+one-second frame is complete; the controller (GUI thread) reports each answer second as it is
+queued for playback, with the seconds already queued ahead of it. From these :class:`AudioMonitor`
+keeps
+
+* two :class:`Envelope` s — min/max per 20 ms column of the microphone (as the engine hears it,
+  after the push-to-talk gate) and of the model's speech, placed at the moment it *plays*; a plot
+  draws the last few seconds of both and the delay is visible as the gap between them;
+* the mic-to-speaker delay of every second: from the moment its input frame was complete to the
+  moment its answer starts playing (the answer is ready, then waits behind the audio queued ahead
+  of it). Without an output device it is the delay until the answer is ready.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Callable, Dict, Optional, Tuple
+
+import numpy as np
+
+#: seconds of audio the scrolling waveforms keep
+SCOPE_SPAN_S = 8.0
+
+
+class Envelope:
+    """Min/max of a signal per ``col_s`` column of wall-clock time, for the last ``span_s`` seconds.
+
+    ``add`` may come from any thread; columns live in a ring indexed by absolute column number,
+    so a view costs the same however long the session runs.
+    """
+
+    def __init__(self, span_s: float = SCOPE_SPAN_S, col_s: float = 0.02):
+        self.col_s = float(col_s)
+        self.span_cols = int(round(span_s / col_s))
+        n = self.span_cols + int(round(4.0 / col_s))          # room for up to 4 s queued ahead of now
+        self._lo = np.zeros(n, dtype=np.float32)
+        self._hi = np.zeros(n, dtype=np.float32)
+        self._col = np.full(n, -1, dtype=np.int64)
+        self._lock = threading.Lock()
+
+    def add(self, t0: float, samples: np.ndarray, rate: float) -> None:
+        """Place ``samples`` [N] at ``rate`` Hz starting at wall time ``t0`` (seconds)."""
+        x = np.asarray(samples, dtype=np.float32).reshape(-1)
+        if not len(x):
+            return
+        cols = np.floor((t0 + np.arange(len(x)) / float(rate)) / self.col_s).astype(np.int64)   # [N]
+        starts = np.flatnonzero(np.r_[True, cols[1:] != cols[:-1]])                            # [C]
+        lo, hi, c = np.minimum.reduceat(x, starts), np.maximum.reduceat(x, starts), cols[starts]
+        keep = slice(max(0, len(c) - len(self._col)), None)          # never two columns in one slot
+        lo, hi, c = lo[keep], hi[keep], c[keep]
+        slot = c % len(self._col)
+        with self._lock:
+            same = self._col[slot] == c                                # a column continued by this block
+            self._lo[slot] = np.where(same, np.minimum(self._lo[slot], lo), lo)
+            self._hi[slot] = np.where(same, np.maximum(self._hi[slot], hi), hi)
+            self._col[slot] = c
+
+    def view(self, now: float) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(x [C] seconds relative to ``now`` (<= 0), lo [C], hi [C]) of the last ``span_s``; 0 where empty."""
+        c_now = int(math.floor(now / self.col_s))
+        want = np.arange(c_now - self.span_cols + 1, c_now + 1, dtype=np.int64)
+        slot = want % len(self._col)
+        with self._lock:
+            valid = self._col[slot] == want
+            lo = np.where(valid, self._lo[slot], 0.0)
+            hi = np.where(valid, self._hi[slot], 0.0)
+        return (want - c_now) * self.col_s, lo, hi
+
+
+class AudioMonitor:
+    """Input/output envelopes and the mic-to-speaker delay per second (see the module docstring)."""
+
+    def __init__(self, span_s: float = SCOPE_SPAN_S, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.mic = Envelope(span_s)
+        self.speech = Envelope(span_s)
+        self._captured: Dict[int, float] = {}        # frame index -> wall time its last sample arrived
+        self.delay_ms: Dict[int, float] = {}         # second index -> mic-to-speaker delay
+        self.playing = False                         # the latest answer went to an output device
+        self._lock = threading.Lock()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._captured.clear()
+            self.delay_ms.clear()
+        self.mic = Envelope(self.mic.span_cols * self.mic.col_s)
+        self.speech = Envelope(self.speech.span_cols * self.speech.col_s)
+
+    # -- the frame pump's thread -----------------------------------------------------------
+    def on_block(self, block: np.ndarray, rate: int) -> None:
+        """A block of input that just arrived (it ends now)."""
+        self.mic.add(self.clock() - len(block) / float(rate), block, rate)
+
+    def on_frame(self, index: int) -> None:
+        """Frame ``index`` is complete and goes to the engine now."""
+        with self._lock:
+            self._captured[index] = self.clock()
+
+    # -- the GUI thread ---------------------------------------------------------------------
+    def on_answer(self, index: int, audio: np.ndarray, rate: int, queued_ahead_s: Optional[float]) -> float:
+        """Second ``index``'s answer is ready now; ``queued_ahead_s`` is the audio queued before it
+        (None: no output device). Returns its delay in ms (NaN when its frame was never seen)."""
+        now = self.clock()
+        starts = now + (queued_ahead_s or 0.0)
+        self.playing = queued_ahead_s is not None
+        self.speech.add(starts, audio, rate)
+        with self._lock:
+            captured = self._captured.pop(index, None)
+            if captured is None:
+                return float("nan")
+            delay = (starts - captured) * 1000.0
+            self.delay_ms[index] = delay
+        return delay
+
+    def delay_for(self, index: int) -> Optional[float]:
+        with self._lock:
+            return self.delay_ms.get(index)
