@@ -45,7 +45,7 @@ def test_schedule_follows_the_stock_feeding_rule(n, expect):
 
 
 def test_newest_first_region_demand_arena_matches_stock_arena(tiny_model):
-    spec = tiny_model.session(6, steps=5, last_tokens=3)
+    spec = tiny_model.spec(6, steps=5, last_tokens=3)
     regions = [r for r in tiny_model.regions(spec) if r.name == "est_att"]
     spec = SessionSpec(steps=5, prefix={"est_att": 6}, last_advance={"mel": 6})
     plan = make_plan(regions, spec)

@@ -1,12 +1,13 @@
 """The clock-aware engine core: declarations, planner, state arenas, executor. No model code, no Qt."""
-from .regions import Clock, STILL, Retention, Fixed, SlidingWindow, PrefixWindow, Ring, Horizon, Region, SessionSpec
+from .regions import (Clock, STILL, Retention, Static, Fixed, SlidingWindow, PrefixWindow, Ring, Horizon, Region,
+                      SessionSpec, prefixed)
 from .planner import Plan, StepPlan, ShapeSignature, make_plan, format_plan
 from .arena import RegionState, DemandArena, StockArena, make_arena
 from .model import StreamingModel, StateView
 from .executor import Executor, GraphEntry, ExecStats
 
 __all__ = [
-    "Clock", "STILL", "Retention", "Fixed", "SlidingWindow", "PrefixWindow", "Ring", "Horizon", "Region",
+    "Clock", "STILL", "Retention", "Static", "Fixed", "prefixed", "SlidingWindow", "PrefixWindow", "Ring", "Horizon", "Region",
     "SessionSpec", "Plan", "StepPlan", "ShapeSignature", "make_plan", "format_plan", "RegionState",
     "DemandArena", "StockArena", "make_arena", "StreamingModel", "StateView", "Executor", "GraphEntry", "ExecStats",
 ]

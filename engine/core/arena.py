@@ -17,7 +17,7 @@ from typing import Dict, Iterable, Optional
 import torch
 
 from .planner import Plan, StepPlan
-from .regions import Fixed, Horizon, PrefixWindow, Region, Ring, SlidingWindow
+from .regions import Fixed, Horizon, PrefixWindow, Region, Ring, SlidingWindow, Static
 
 
 class RegionState:
@@ -220,7 +220,7 @@ class DemandArena(ArenaBase):
     def _retain(self, st, step):
         r = st.region
         grown, after = step.grown[r.name], step.after[r.name]
-        if r.axis is None or isinstance(r.retention, (Fixed, Ring, Horizon)) or grown == after:
+        if r.axis is None or isinstance(r.retention, (Static, Fixed, Ring, Horizon)) or grown == after:
             return
         prefix = int(self.plan.spec.prefix.get(r.name, 0)) if isinstance(r.retention, PrefixWindow) else 0
         keep = after - prefix

@@ -24,7 +24,7 @@ import torch
 from .arena import ArenaBase, DemandArena, make_arena
 from .model import StateView, StreamingModel
 from .planner import Plan, ShapeSignature, StepPlan
-from .toggles import requested
+from .toggles import Toggles, graphs_can_run
 
 log = logging.getLogger("engine.executor")
 
@@ -66,7 +66,7 @@ class Executor:
         self.debug = debug
         self.stats = ExecStats()
         self.k = 0
-        self._want = {"demand_sized": bool(demand_sized), "graph_replay": bool(graph_replay)}
+        self._want = Toggles(bool(demand_sized), bool(graph_replay))
         self._warned_no_cuda = False
         self.arena: ArenaBase = make_arena("demand" if demand_sized else "stock", plan, self.device)
         self.state = StateView(self.arena)
@@ -77,26 +77,23 @@ class Executor:
     # -- toggles -------------------------------------------------------------------------------------
     def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
         """Request toggles; they take effect at the next step boundary."""
-        self._want.update(requested(demand_sized, graph_replay))
+        self._want = self._want.merged(demand_sized, graph_replay)
 
-    def toggles(self) -> Dict[str, bool]:
-        """Toggles in effect for the next step (graph replay needs CUDA and demand-sized state)."""
-        return {"demand_sized": self._want["demand_sized"], "graph_replay": self._graphs_possible()}
+    def toggles(self) -> Toggles:
+        """Toggles in effect for the next step (:meth:`Toggles.effective`: graph replay needs CUDA and
+        demand-sized state)."""
+        return Toggles(self._want.demand_sized, self._graphs_possible())
 
     def _graphs_possible(self) -> bool:
-        if not self._want["graph_replay"]:
-            return False
-        if self.device.type != "cuda" or not torch.cuda.is_available():
-            if not self._warned_no_cuda:
-                msg = "graph replay needs CUDA: running eagerly on %s" % self.device
-                log.warning(msg)
-                self.stats.notes.append(msg)
-                self._warned_no_cuda = True
-            return False
-        return self._want["demand_sized"]
+        if self._want.graph_replay and not graphs_can_run(self.device) and not self._warned_no_cuda:
+            msg = "graph replay needs CUDA: running eagerly on %s" % self.device
+            log.warning(msg)
+            self.stats.notes.append(msg)
+            self._warned_no_cuda = True
+        return self._want.effective(self.device).graph_replay
 
     def _apply_toggles(self) -> None:
-        want = "demand" if self._want["demand_sized"] else "stock"
+        want = "demand" if self._want.demand_sized else "stock"
         if self.arena.kind == want:
             return
         contents, positions = self.arena.export(), dict(self.arena.positions)
@@ -263,7 +260,4 @@ class Executor:
 
     @property
     def mode(self) -> str:
-        t = self.toggles()
-        if t["graph_replay"]:
-            return "graphs"
-        return "demand" if t["demand_sized"] else "stock"
+        return self.toggles().mode

@@ -47,6 +47,35 @@ class StateView(Mapping):
     def arena_kind(self) -> str:
         return self._arena.kind
 
+    def under(self, prefix: str) -> "ScopedState":
+        """The handles of a sub-module whose regions were declared under ``prefix`` (see
+        :func:`engine.core.regions.prefixed`): it reads ``state["cache"]`` for ``prefix.cache``."""
+        return ScopedState(self, prefix)
+
+
+class ScopedState(Mapping):
+    """A sub-module's view of the state: its own short region names, resolved under a prefix."""
+
+    def __init__(self, base: Mapping, prefix: str):
+        self._base, self._prefix = base, f"{prefix}." if prefix else ""
+
+    def __getitem__(self, name: str):
+        return self._base[self._prefix + name]
+
+    def __iter__(self):
+        n = len(self._prefix)
+        return (k[n:] for k in self._base if k.startswith(self._prefix))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    @property
+    def step_counter(self) -> torch.Tensor:
+        return self._base.step_counter
+
+    def under(self, prefix: str) -> "ScopedState":
+        return ScopedState(self, prefix)
+
 
 class StreamingModel(nn.Module):
     """Base class of every engine model (decoder tails and toy test models)."""

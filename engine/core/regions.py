@@ -10,8 +10,9 @@ steps...). A clock says how many units a step appends; the retention says what s
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -85,6 +86,26 @@ class Fixed(Retention):
 
     def describe(self) -> str:
         return f"fixed {self.length}"
+
+
+@dataclass(frozen=True)
+class Static(Retention):
+    """State with no time axis, replaced in place every step (conv weights folded per session, a
+    speaker condition, a whole fixed-shape cache): its shape is the region's shape, nothing grows."""
+
+    kind = "static"
+
+    def initial(self, prefix: int) -> int:
+        return 0
+
+    def after(self, grown: int, prefix: int) -> int:
+        return 0
+
+    def grows(self) -> bool:
+        return False
+
+    def describe(self) -> str:
+        return "static"
 
 
 @dataclass(frozen=True)
@@ -167,7 +188,7 @@ class Region:
     """One piece of streaming state.
 
     ``shape`` is the full tensor shape with ``None`` at the time axis (or no ``None`` for a region
-    with no time axis, which then must be :class:`Fixed`-like with ``length`` 0 ignored).
+    with no time axis, which then is :class:`Static` or a :class:`Ring`).
     ``stock_units`` is what the stock runtime sizes the time axis at (its static constant), so the
     planner can print stock bytes next to demand bytes; ``stock_note`` says how stock keeps it.
     ``stock_shape``: the stock's static buffer shape when it differs beyond the time axis (Step-Audio2's
@@ -192,8 +213,14 @@ class Region:
         n_none = sum(1 for s in self.shape if s is None)
         if n_none > 1:
             raise ValueError(f"region {self.name!r}: at most one time axis (None) in shape {self.shape}")
-        if n_none == 0 and not isinstance(self.retention, (Fixed, Ring)):
+        if n_none == 0 and not isinstance(self.retention, (Static, Fixed, Ring)):
             raise ValueError(f"region {self.name!r}: a {self.retention.kind} region needs a time axis")
+        if n_none == 1 and isinstance(self.retention, Static):
+            raise ValueError(f"region {self.name!r}: a static region has no time axis (no None in its shape)")
+
+    def under(self, prefix: str) -> "Region":
+        """This region declared by a sub-module mounted at ``prefix`` (its name becomes ``prefix.name``)."""
+        return dataclasses.replace(self, name=f"{prefix}.{self.name}" if prefix else self.name)
 
     @property
     def axis(self) -> Optional[int]:
@@ -219,6 +246,11 @@ class Region:
         for s in self.shape_at(units):
             n *= s
         return n * torch.empty((), dtype=self.dtype).element_size()
+
+
+def prefixed(prefix: str, regions: Sequence[Region]) -> List[Region]:
+    """A reusable block's regions (declared under its own short names) mounted at ``prefix``."""
+    return [r.under(prefix) for r in regions]
 
 
 def region_names(regions: Sequence[Region]) -> Tuple[str, ...]:

@@ -21,18 +21,21 @@ def plan(size: str = "released", steps: Optional[int] = None, prompt_seconds: fl
     with torch.device("meta"):
         model = StepAudio2Token2Wav(preset(size))
     frames = 2 * max(1, int(round(prompt_seconds * TOKEN_RATE)))
-    spec = model.session(frames, steps, label=f"step-audio2 {size}, {prompt_seconds:g} s prompt")
+    spec = model.spec(frames, steps, label=f"step-audio2 {size}, {prompt_seconds:g} s prompt")
     return make_plan(model.regions(spec), spec)
 
 
 def make_tail(size: str = "released", device="cpu", seed: int = 0, checkpoint: Optional[str] = None,
-              prompt: Optional[str] = None, mode: str = "graphs"):
+              prompt: Optional[str] = None, mode: str = "graphs", shared: Optional[dict] = None):
+    """``shared``: another tail's ``shared_weights()`` (same size/device/checkpoint/seed): nothing is loaded."""
     from .prompt import load_prompt
     from .tail import StepAudio2Tail
     from .weights import load_model
-    model = load_model(checkpoint, size, seed, device)
-    return StepAudio2Tail(model, load_prompt(prompt, checkpoint, seed), "checkpoint" if checkpoint else size,
-                          synthetic=checkpoint is None, mode=mode)
+    if shared is not None:
+        model, voice = shared["model"], shared["prompt"]
+    else:
+        model, voice = load_model(checkpoint, size, seed, device), load_prompt(prompt, checkpoint, seed)
+    return StepAudio2Tail(model, voice, "checkpoint" if checkpoint else size, synthetic=checkpoint is None, mode=mode)
 
 
 def _synth(args):

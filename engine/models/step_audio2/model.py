@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine.core import (STILL, Clock, Fixed, PrefixWindow, Region, SessionSpec, StateView, StepPlan,
+from engine.core import (STILL, Clock, Fixed, PrefixWindow, Region, SessionSpec, StateView, Static, StepPlan,
                          StreamingModel)
 
 from .config import (CHUNK_TOKENS, LOOKAHEAD, MEL_CACHE, MEL_RATE, SILENCE_TOKEN, SOURCE_CACHE, WINDOW,
@@ -66,7 +66,7 @@ class StepAudio2Token2Wav(StreamingModel):
         return self.fade.device
 
     # -- session declaration -------------------------------------------------------------------------
-    def session(self, prompt_frames: int, steps: Optional[int] = None, last_tokens: Optional[int] = None,
+    def spec(self, prompt_frames: int, steps: Optional[int] = None, last_tokens: Optional[int] = None,
                 label: str = "") -> SessionSpec:
         """A session over a prompt of ``prompt_frames`` mel frames; ``last_tokens`` on the last chunk."""
         if prompt_frames <= 0 or prompt_frames % 2:
@@ -83,15 +83,15 @@ class StepAudio2Token2Wav(StreamingModel):
             Region("est_att", (f.n_timesteps, d.depth, 2, d.heads, None, 2 * d.head_dim), MEL,
                    PrefixWindow(WINDOW), stock_shape=(16, 16, 2, 8, 1000, 128), newest_first=True,
                    stock_note="module buffer (16, 16, 2, 8, 1000, 128) + torch.cat truncation"),
-            Region("est_cnn", (f.n_timesteps, d.depth, 2, 2 * d.hidden, 2), STILL, Fixed(0),
+            Region("est_cnn", (f.n_timesteps, d.depth, 2, 2 * d.hidden, 2), STILL, Static(),
                    stock_shape=(16, 16, 2, 1024, 2), stock_note="module buffer (16, 16, 2, 1024, 2)"),
             Region("enc_att", (blocks, 1, e.heads, None, 2 * (e.output_size // e.heads)), MEL,
                    PrefixWindow(WINDOW), stock_note="torch.cat grow and truncate"),
-            Region("enc_cnn", (1, e.output_size, 2 + 2 * e.up_stride), STILL, Fixed(0),
+            Region("enc_cnn", (1, e.output_size, 2 + 2 * e.up_stride), STILL, Static(),
                    stock_note="new tensors each call"),
             Region("flow_noise", (1, f.output_size, None), STILL, Fixed(prompt + NOISE_MARGIN),
                    stock_units=50 * 600, stock_note="module buffer for 600 s"),
-            Region("spk_cond", (2, f.output_size), STILL, Fixed(0), stock_note="recomputed every call"),
+            Region("spk_cond", (2, f.output_size), STILL, Static(), stock_note="recomputed every call"),
             Region("hift_mel", (1, self.cfg.hift.in_channels, None), STILL, Fixed(MEL_CACHE),
                    stock_note="new tensor each call"),
             Region("hift_source", (1, 1, None), STILL, Fixed(SOURCE_CACHE), stock_note="new tensor each call"),

@@ -87,7 +87,7 @@ class Session:
         self.mode = mode
         self.seed = int(seed)
         flags = mode_flags(mode)
-        spec = model.session(self.prompt.frames, steps, last_tokens)
+        spec = model.spec(self.prompt.frames, steps, last_tokens)
         self.plan: Plan = make_plan(model.regions(spec), spec)
         self.executor = Executor(model, self.plan, self.device, debug=debug, **flags)
         self.graphs = self.executor.prepare_graphs(lambda sp: model.example_inputs(sp, self.device))
@@ -113,7 +113,7 @@ class Session:
         """Last chunk of an open-ended session: a finite plan for the steps so far + this one, the state
         migrated into its arena (exact copies), run eagerly."""
         k, old = self.k, self.executor
-        spec = self.model.session(self.prompt.frames, k + 1, len(tokens))
+        spec = self.model.spec(self.prompt.frames, k + 1, len(tokens))
         self.plan = make_plan(self.model.regions(spec), spec)
         ex = Executor(self.model, self.plan, self.device, demand_sized=old.arena.kind == "demand")
         ex.arena.load(old.arena.export(), dict(old.arena.positions), k)
