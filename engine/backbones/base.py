@@ -79,15 +79,23 @@ class Backbone:
     def close(self) -> None:
         """Release what the backbone holds."""
 
+    def shared_weights(self) -> Optional[Dict[str, object]]:
+        """Read-only modules another session's backbone can be built around (``make_backbone(shared=)``);
+        None when this backbone cannot share its weights."""
+        return None
+
 
 def make_backbone(name: str, fmt: TokenFormat, *, size: str, device, seed: int = 0,
                   checkpoint: Optional[str] = None, demand_sized: bool = True, graph_replay: bool = True,
-                  reply_seconds: int = 4, debug: bool = False) -> Backbone:
-    """Build the backbone ``name`` for a tail reading ``fmt`` (moshi is imported only here, when chosen)."""
+                  reply_seconds: int = 4, debug: bool = False, shared: Optional[Dict[str, object]] = None) -> Backbone:
+    """Build the backbone ``name`` for a tail reading ``fmt`` (moshi is imported only here, when chosen).
+
+    ``shared``: another backbone's ``shared_weights()`` (same name, size, device, checkpoint, seed)."""
     if name == "synthetic":
         from .synthetic import SyntheticBackbone
         return SyntheticBackbone(fmt, size=size, device=device, seed=seed, demand_sized=demand_sized,
-                                 graph_replay=graph_replay, reply_seconds=reply_seconds, debug=debug)
+                                 graph_replay=graph_replay, reply_seconds=reply_seconds, debug=debug,
+                                 shared=shared)
     if name == "moshi":
         from .moshi import MoshiBackbone
         return MoshiBackbone(fmt, size=size, device=device, seed=seed, checkpoint=checkpoint)

@@ -75,8 +75,10 @@ class SyntheticBackbone(Backbone):
     """VAD-driven duplex policy + the seeded-random AR speech decoder on the engine executor."""
 
     def __init__(self, fmt: TokenFormat, *, size: str, device, seed: int = 0, demand_sized: bool = True,
-                 graph_replay: bool = True, reply_seconds: int = 4, debug: bool = False):
+                 graph_replay: bool = True, reply_seconds: int = 4, debug: bool = False,
+                 shared: Optional[Dict[str, object]] = None):
         self.fmt = fmt
+        self._shared = shared
         self.size = size
         self.device = torch.device(device)
         self.seed = int(seed)
@@ -96,9 +98,12 @@ class SyntheticBackbone(Backbone):
 
     def start(self) -> None:
         with torch.no_grad():
-            model = SpeechDecoder(self.args, seed=self.seed)
-            self.embedder = AudioEmbedder(self.args.dim, seed=self.seed).to(self.device).eval()
-            self.model = model.to(self.device).eval()
+            if self._shared is not None:                 # another session's weights (read-only when stepping)
+                self.embedder, self.model = self._shared["embedder"], self._shared["model"]
+            else:
+                model = SpeechDecoder(self.args, seed=self.seed)
+                self.embedder = AudioEmbedder(self.args.dim, seed=self.seed).to(self.device).eval()
+                self.model = model.to(self.device).eval()
             spec = self.model.session_spec()
             plan = make_plan(self.model.regions(spec), spec)
             self.executor = Executor(self.model, plan, self.device, debug=self.debug, **self._toggles)
@@ -138,6 +143,11 @@ class SyntheticBackbone(Backbone):
 
     def state_bytes(self) -> int:
         return self.executor.state_bytes() if self.executor is not None else 0
+
+    def shared_weights(self) -> Optional[Dict[str, object]]:
+        if self.model is None:
+            return None
+        return {"model": self.model, "embedder": self.embedder}
 
     def close(self) -> None:
         self.executor = None

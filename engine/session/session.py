@@ -105,8 +105,10 @@ class DuplexSession:
     change by a single sample). ``tail`` may be given to run a ready-built decoder tail.
     """
 
-    def __init__(self, cfg: SessionConfig, tail: Optional[DecoderTail] = None):
+    def __init__(self, cfg: SessionConfig, tail: Optional[DecoderTail] = None,
+                 backbone_shared: Optional[Dict[str, object]] = None):
         self.cfg = cfg.resolved()
+        self._backbone_shared = backbone_shared    # another session's backbone weights (engine.host)
         self.device = torch.device(self.cfg.device)
         self.records: List[SecondRecord] = []
         self.tail: Optional[DecoderTail] = tail
@@ -139,7 +141,8 @@ class DuplexSession:
         self.backbone = make_backbone(c.backbone, self.fmt, size=c.size, device=self.device, seed=c.seed,
                                       checkpoint=c.backbone_checkpoint,
                                       demand_sized=c.demand_sized, graph_replay=graphs,
-                                      reply_seconds=c.reply_seconds, debug=c.debug)
+                                      reply_seconds=c.reply_seconds, debug=c.debug,
+                                      shared=self._backbone_shared)
         self.backbone.start()
         # graph captures restore the RNG they used; seeding here makes second 0 start identically
         # whichever toggles the session was built with

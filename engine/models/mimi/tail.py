@@ -141,6 +141,10 @@ class MimiTail(DecoderTail):
                                               self.num_codebooks)
         return self._silence[:, None].expand(-1, int(n)).clone()
 
+    def shared_weights(self) -> Dict[str, object]:
+        """The decoder module, read-only while streaming: another stream can be built around it."""
+        return {"model": self.model}
+
 
 def zero_latent_codes(codebooks: torch.Tensor, n_semantic: int, k: int) -> torch.Tensor:
     """RVQ encoding of a zero vector: the semantic and acoustic parts each start from residual 0."""
@@ -156,12 +160,13 @@ def zero_latent_codes(codebooks: torch.Tensor, n_semantic: int, k: int) -> torch
 
 def make_tail(size: str = "released", device="cpu", seed: int = 0, checkpoint: Optional[str] = None,
               num_codebooks: int = 8, demand_sized: bool = True, graph_replay: Optional[bool] = None,
-              batch_conv: bool = False) -> MimiTail:
+              batch_conv: bool = False, shared: Optional[dict] = None) -> MimiTail:
     """Registry hook: a Mimi tail with checkpoint weights, or seeded random ones at ``size``.
 
     ``batch_conv``: one cuDNN call per second for the non-transposed convs (bit-identical to moshi on
     the H200 in docs/benchmarks.md, 9.4 vs 12.1 ms per audio second; other GPUs: check first).
+    ``shared``: another tail's ``shared_weights()`` (same size/device/checkpoint/seed): nothing is loaded.
     """
-    model = build_model(size, device, seed, checkpoint, batch_conv=batch_conv)
+    model = shared["model"] if shared is not None else build_model(size, device, seed, checkpoint, batch_conv=batch_conv)
     return MimiTail(model, device, num_codebooks, size=size, synthetic_weights=checkpoint is None,
                     demand_sized=demand_sized, graph_replay=graph_replay)

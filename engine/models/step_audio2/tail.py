@@ -89,3 +89,8 @@ class StepAudio2Tail(DecoderTail):
 
     def silence_tokens(self, n: int) -> torch.Tensor:
         return torch.full((1, int(n)), SILENCE_TOKEN, dtype=torch.long)
+
+    def shared_weights(self) -> Dict[str, object]:
+        """What another stream of the same weights can be built around (``make_tail(shared=...)``): the
+        model is read-only while streaming (constants are folded at load), the prompt is copied per stream."""
+        return {"model": self.model, "prompt": self.prompt}
