@@ -17,18 +17,24 @@ import math
 import sys
 from pathlib import Path
 
+from engine.cli.validate import OneLineParser, output_file, output_folder, seconds, seed
+
 SCRIPT_FLAGS = ("input_file", "input_device", "seconds", "export", "screenshot", "output_file")
+SCREENSHOT_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+#: what --export writes (none of them may be the input)
+EXPORT_FILES = ("session.csv", "session.jsonl", "session.trace.json", "session_input.wav", "session_output.wav")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="duplexcadence", description="Live full-duplex conversation with a "
+    p = OneLineParser(prog="duplexcadence", description="Live full-duplex conversation with a "
                                 "clock-aware engine. Subcommands: synth, run (see 'duplexcadence synth -h').")
     s = p.add_argument_group("scripted session (demos, tests, screenshots)")
     s.add_argument("--input-file", metavar="IN.wav", help="play this WAV as the microphone, at real-time pace")
     s.add_argument("--input-device", metavar="NAME", help="use this audio input device (name or index)")
     s.add_argument("--output-device", metavar="NAME", help="play the model's speech on this device")
     s.add_argument("--output-file", metavar="OUT.wav", help="write the model's speech (24 kHz) here")
-    s.add_argument("--seconds", type=float, help="stop after N seconds of input (default: the input file's length)")
+    s.add_argument("--seconds", type=seconds,
+                   help="stop after N seconds of input (default: the input file's length; at most 24 h)")
     s.add_argument("--export", metavar="DIR", help="write CSV, JSON Lines, trace and WAVs of the session here")
     s.add_argument("--screenshot", metavar="PNG", help="save a screenshot of the window at the end")
     m = p.add_argument_group("model")
@@ -40,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--backbone-checkpoint", help="Moshi weights folder")
     m.add_argument("--no-demand-sized", action="store_true", help="stock-sized state arenas")
     m.add_argument("--no-graph-replay", action="store_true", help="run every second eagerly")
-    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--seed", type=seed, default=0, help="seed of the random weights and sampling (0 to 2**63-1)")
     p.add_argument("--settings", metavar="INI", help="keep settings in this INI file (default: the platform store)")
     return p
 
@@ -129,12 +135,24 @@ class ScriptedRun:
         QApplication.instance().exit(self.exit_code)
 
 
+def check_outputs(a: argparse.Namespace) -> None:
+    """Refuse output paths that are special files, links or the input, before the window opens."""
+    inputs = [a.input_file]
+    if a.output_file:
+        output_file(a.output_file, "--output-file", inputs, suffixes=(".wav",))
+    if a.screenshot:
+        output_file(a.screenshot, "--screenshot", inputs, suffixes=SCREENSHOT_SUFFIXES)
+    if a.export:
+        output_folder(a.export, "--export", inputs + [a.output_file, a.screenshot], names=EXPORT_FILES)
+
+
 def _audio(a: argparse.Namespace):
     """(source, sink) for a scripted run; raises AudioUnavailable / WavError with one message."""
     from app.audio_io import DeviceInput, DeviceOutput, FileInput, find_device, list_devices
+    check_outputs(a)
     source = sink = None
     if a.input_file:
-        source = FileInput(a.input_file)
+        source = FileInput(a.input_file, max_seconds=a.seconds)
     if a.input_device is not None or a.output_device is not None:
         inputs, outputs = list_devices()
         if a.input_device is not None:

@@ -5,6 +5,8 @@ any channel count; atomic 16-bit writes); bad files raise :class:`AudioError` wi
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from engine.wavio import WavError, read_wav, write_wav  # noqa: F401  (re-exported for callers)
@@ -33,9 +35,12 @@ def resample(x: np.ndarray, rate_in: int, rate_out: int = SESSION_RATE) -> np.nd
     return np.ascontiguousarray(soxr.resample(x, rate_in, rate_out, quality="HQ"), dtype=np.float32)
 
 
-def load_mono(path, rate: int = SESSION_RATE) -> np.ndarray:
-    """Read any PCM WAV, mix down to mono and resample to ``rate``: float32 1-D."""
-    x, r = read_wav(path)
+def load_mono(path, rate: int = SESSION_RATE, max_seconds: Optional[float] = None) -> np.ndarray:
+    """Read an audio file (any WAV, FLAC, OGG...), mix down to mono and resample to ``rate``: float32 1-D.
+
+    Streamed: with ``max_seconds`` only that much of the file is read. A file without samples is an
+    AudioError (a session needs input)."""
+    x, r = read_wav(path, max_seconds=max_seconds, need_audio=True)
     return resample(to_mono(x), r, rate)
 
 

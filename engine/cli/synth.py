@@ -4,17 +4,20 @@ from __future__ import annotations
 import argparse
 import sys
 
+from engine.cli.validate import OneLineParser, output_file, seed
 from engine.models import registry
+from engine.npio import AUDIO_SUFFIXES
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="duplexcadence synth", description=__doc__)
+    p = OneLineParser(prog="duplexcadence synth", description=__doc__)
     p.add_argument("--model", required=True, help="decoder tail: step-audio2 | mimi")
     p.add_argument("--checkpoint", help="checkpoint folder (step-audio2) or .safetensors file (mimi); "
                                         "omit for seeded random weights at the released size")
-    p.add_argument("--out", required=True, help="output .npy (float32 waveform, 24 kHz)")
+    p.add_argument("--out", required=True, help="output: .npy (float32 waveform, 24 kHz, bit exact) or .wav "
+                                                "(16-bit PCM); written atomically")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0, help="seed of the random weights (0 to 2**63-1)")
     p.add_argument("--mode", default="graphs", choices=["stock", "demand", "graphs"],
                    help="state allocation / execution mode (all give the same bits); graphs fall back "
                         "to eager without CUDA")
@@ -40,8 +43,10 @@ def main(argv=None) -> int:
         print(f"duplexcadence synth: model {a.model!r} has no synth command", file=sys.stderr)
         return 2
     try:
+        output_file(a.out, "--out", inputs=[getattr(a, k, None) for k in ("tokens", "codes", "prompt", "checkpoint")],
+                    suffixes=AUDIO_SUFFIXES)
         return int(entry.synth(a) or 0)
-    except (FileNotFoundError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError) as e:                # FileNotFoundError and WavError included
         print(f"duplexcadence synth: error: {e}", file=sys.stderr)
         return 1
 

@@ -13,8 +13,9 @@ import torch
 
 from engine.core import make_plan
 from engine.models.registry import ModelEntry, register
-from engine.npio import load_array
+from engine.npio import load_array, save_audio
 
+from . import weights as W
 from .config import MimiConfig, preset
 from .model import MimiDecoder
 from .tail import MimiTail, build_model, check_codes, make_tail
@@ -48,15 +49,43 @@ def synth(args) -> int:
                      num_codebooks=k, demand_sized=demand, graph_replay=graphs)
     tail.start()
     audio = np.concatenate([tail.push(check_codes(codes[:k], k, tail.cfg.bins)), tail.flush()]).astype(np.float32)
-    np.save(args.out, audio)
+    out = save_audio(args.out, audio, tail.cfg.sample_rate)
     print(f"mimi: {codes.shape[1]} frames x {k} codebooks -> {audio.shape[0]} samples "
           f"({audio.shape[0] / tail.cfg.sample_rate:.2f} s at {tail.cfg.sample_rate} Hz), mode {tail.executor.mode}, "
-          f"{'seeded random' if args.checkpoint is None else 'checkpoint'} weights -> {args.out}", file=sys.stderr)
+          f"{'seeded random' if args.checkpoint is None else 'checkpoint'} weights -> {out}", file=sys.stderr)
     return 0
+
+
+def resolve_checkpoint(path: str) -> str:
+    """A Mimi ``.safetensors`` file (or a folder holding ``tokenizer-*.safetensors``), checked by its
+    header: every key the released decoder reads, at its shape (no weights are loaded)."""
+    from pathlib import Path
+
+    from engine.models import checkfiles
+    from .config import RELEASED
+    p = Path(path).expanduser()
+    if p.is_dir():
+        found = sorted(p.glob("tokenizer-*.safetensors")) or sorted(p.glob("*mimi*.safetensors"))
+        if not found:
+            raise ValueError(f"Mimi checkpoint folder {p} lacks a tokenizer-*.safetensors file")
+        p = found[0]
+    if not p.is_file():
+        raise ValueError(f"Mimi checkpoint {p} does not exist")
+    if p.suffix not in (".safetensors", ".sft", ".sfts"):
+        raise ValueError(f"Mimi checkpoint {p} is not a .safetensors file")
+    have = checkfiles.safetensors_header(p)
+    bad = [k for k, shape in W.decoder_keys(RELEASED).items()
+           if tuple(have.get(k, have.get(W._alias(k), (None, None)))[1] or ()) != tuple(shape)]
+    if bad:
+        raise ValueError(f"{p} is not a Mimi checkpoint: {len(bad)} decoder key(s) missing or mis-shaped, "
+                         f"e.g. {bad[0]}")
+    return str(p)
 
 
 register(ModelEntry(name="mimi", title="Mimi decoder (Moshi, Hibiki, Sesame CSM)",
                     architecture="split RVQ + x2 upsample + 8-layer ring-KV transformer + causal SEANet",
-                    plan=plan, make_tail=make_tail, synth=synth))
+                    plan=plan, make_tail=make_tail, synth=synth, resolve_checkpoint=resolve_checkpoint,
+                    checkpoint_hint="Mimi .safetensors (tokenizer-e351c8d8-checkpoint125.safetensors)",
+                    bench=("engine.bench.mimi", "Mimi decoder: moshi eager / moshi graphs vs our modes (GPU)")))
 
 __all__ = ["MimiConfig", "MimiDecoder", "MimiTail", "build_model", "make_tail", "plan", "synth"]

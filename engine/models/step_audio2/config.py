@@ -108,6 +108,18 @@ def preset(size: str) -> T2WConfig:
 
 
 # -- flow.yaml -----------------------------------------------------------------------------------------
+#
+# The document is bounded before anything is built from it: its size, its YAML aliases (an alias bomb
+# shares nodes while parsing but explodes when walked), its nesting depth and the number of nodes the
+# resolved 'flow' entry may expand to. Every value read is type- and range-checked; every failure is
+# one ValueError naming the file.
+
+MAX_YAML_BYTES = 1 << 20          # a released flow.yaml is ~5 KB
+MAX_YAML_ALIASES = 256
+MAX_YAML_DEPTH = 48
+MAX_FLOW_NODES = 50_000           # nodes of the resolved 'flow' entry
+MAX_DIM = 1 << 20                 # the largest width or count a constructor argument may give
+
 
 class _TaggedLoader(yaml.SafeLoader):
     """SafeLoader that reads hyperpyyaml tags as plain data (never constructs or imports anything)."""
@@ -126,66 +138,138 @@ def _tagged(loader, tag_suffix, node):
 _TaggedLoader.add_multi_constructor("!", _tagged)
 
 
+def _read_text(path: Path) -> str:
+    """The file's text, refused when it is not a regular file or larger than MAX_YAML_BYTES."""
+    if not path.is_file():
+        raise ValueError(f"{path}: not a regular file")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_YAML_BYTES + 1)
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
+    if len(data) > MAX_YAML_BYTES:
+        raise ValueError(f"{path}: larger than {MAX_YAML_BYTES // 1024} KiB; not a flow.yaml")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text; not a flow.yaml") from None
+
+
+def _check_events(text: str, path: Path) -> None:
+    """Count aliases and nesting in the event stream, before any node is composed."""
+    aliases = depth = 0
+    for ev in yaml.parse(text, Loader=_TaggedLoader):
+        if isinstance(ev, yaml.AliasEvent):
+            aliases += 1
+            if aliases > MAX_YAML_ALIASES:
+                raise ValueError(f"{path}: more than {MAX_YAML_ALIASES} YAML aliases; not a flow.yaml")
+        elif isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                raise ValueError(f"{path}: nested deeper than {MAX_YAML_DEPTH} levels; not a flow.yaml")
+        elif isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+
+
 def read_flow_yaml(path) -> Dict[str, Any]:
     """The ``flow`` mapping of a released flow.yaml, tags kept as ``{'__tag__', 'args'}``, refs resolved."""
     path = Path(path)
+    text = _read_text(path)
     try:
-        doc = yaml.load(path.read_text(), Loader=_TaggedLoader)
+        _check_events(text, path)
+        doc = yaml.load(text, Loader=_TaggedLoader)
     except yaml.YAMLError as e:
-        raise ValueError(f"{path}: not a readable flow.yaml ({e})") from None
+        reason = " ".join(str(e).split())
+        raise ValueError(f"{path}: not a readable flow.yaml ({reason})") from None
     if not isinstance(doc, dict) or "flow" not in doc:
         raise ValueError(f"{path}: no top-level 'flow' entry")
-    return _resolve(doc["flow"], doc)
+    return _Resolver(doc, path).resolve(doc["flow"], ("flow",))
 
 
-def _resolve(node, root):
-    if isinstance(node, dict):
-        if node.get("__tag__") == "ref" and isinstance(node.get("args"), str):
-            ref = node["args"].strip()
-            key = ref[1:-1] if ref.startswith("<") and ref.endswith(">") else ref
-            if key not in root:
-                raise ValueError(f"flow.yaml: !ref {ref} names no top-level entry")
-            return _resolve(root[key], root)
-        return {k: _resolve(v, root) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_resolve(v, root) for v in node]
-    return node
+class _Resolver:
+    """Replaces ``!ref <key>`` by the top-level entry ``key`` (a copy), with a node budget and cycle check."""
+
+    def __init__(self, root: Dict[str, Any], path: Path):
+        self.root, self.path, self.nodes = root, path, 0
+
+    def resolve(self, node, chain: Tuple[str, ...]):
+        self.nodes += 1
+        if self.nodes > MAX_FLOW_NODES:
+            raise ValueError(f"{self.path}: 'flow' expands to more than {MAX_FLOW_NODES} nodes "
+                             f"(aliases or !ref repeated); not a flow.yaml")
+        if isinstance(node, dict):
+            if node.get("__tag__") == "ref" and isinstance(node.get("args"), str):
+                return self._ref(node["args"].strip(), chain)
+            return {k: self.resolve(v, chain) for k, v in node.items()}
+        if isinstance(node, list):
+            return [self.resolve(v, chain) for v in node]
+        return node
+
+    def _ref(self, ref: str, chain: Tuple[str, ...]):
+        key = ref[1:-1] if ref.startswith("<") and ref.endswith(">") else ref
+        if key not in self.root:
+            raise ValueError(f"{self.path}: !ref {ref} names no top-level entry")
+        if key in chain:
+            raise ValueError(f"{self.path}: !ref cycle {' -> '.join(chain[chain.index(key):] + (key,))}")
+        return self.resolve(self.root[key], chain + (key,))
 
 
-def _args(node, what: str) -> Dict[str, Any]:
-    if not isinstance(node, dict) or not isinstance(node.get("args"), dict):
-        raise ValueError(f"flow.yaml: '{what}' is not a constructor mapping")
-    return node["args"]
+def _kind(value) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", type(None): "empty"}.get(type(value), "a number")
 
 
-def _check(cls_tag: str, node, expected_suffix: str, what: str) -> None:
-    tag = (node or {}).get("__tag__") or ""
+def _node(node, expected_suffix: str, what: str, path: Path) -> Dict[str, Any]:
+    """The constructor arguments of ``!new:...<expected_suffix>`` at ``what``; one line if it is anything else."""
+    if not isinstance(node, dict) or "__tag__" not in node:
+        raise ValueError(f"{path}: '{what}' must be a !new:...{expected_suffix} constructor, found {_kind(node)}")
+    tag = str(node["__tag__"])
     if not tag.endswith(expected_suffix):
-        raise ValueError(f"flow.yaml: '{what}' is {tag or 'missing'}, expected a {expected_suffix} ({cls_tag})")
+        raise ValueError(f"{path}: '{what}' is !{tag}, expected a !new:...{expected_suffix}")
+    args = node.get("args")
+    if args is None:
+        return {}
+    if not isinstance(args, dict):
+        raise ValueError(f"{path}: '{what}' takes keyword arguments (a mapping), found {_kind(args)}")
+    return args
+
+
+def _int(args: Dict[str, Any], key: str, default: int, what: str, path: Path) -> int:
+    v = args.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_DIM:
+        raise ValueError(f"{path}: {what}.{key} must be an integer from 1 to {MAX_DIM}, found {v!r:.40}")
+    return v
+
+
+def _float(args: Dict[str, Any], key: str, default: float, what: str, path: Path, top: float) -> float:
+    v = args.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= top:
+        raise ValueError(f"{path}: {what}.{key} must be a number from 0 to {top:g}, found {v!r:.40}")
+    return float(v)
 
 
 def flow_config_from_yaml(path) -> FlowConfig:
     """Constructor arguments of the flow, its encoder and its DiT estimator, as a :class:`FlowConfig`."""
-    flow = read_flow_yaml(path)
-    _check("flow", flow, "CausalMaskedDiffWithXvec", "flow")
-    fa = _args(flow, "flow")
-    ea = _args(fa.get("encoder"), "flow.encoder")
-    dec = _args(fa.get("decoder"), "flow.decoder")
-    da = _args(dec.get("estimator"), "flow.decoder.estimator")
+    path = Path(path)
+    fa = _node(read_flow_yaml(path), "CausalMaskedDiffWithXvec", "flow", path)
+    ea = _node(fa.get("encoder"), "", "flow.encoder", path)
+    dec = _node(fa.get("decoder"), "", "flow.decoder", path)
+    da = _node(dec.get("estimator"), "", "flow.decoder.estimator", path)
     if ea.get("pos_enc_layer_type", "rel_pos_espnet") != "rel_pos_espnet" or \
             ea.get("selfattention_layer_type", "rel_selfattn") != "rel_selfattn":
-        raise ValueError("flow.yaml: only the rel_pos_espnet / rel_selfattn encoder is supported")
+        raise ValueError(f"{path}: only the rel_pos_espnet / rel_selfattn encoder is supported")
+    e = "flow.encoder"
     enc = EncoderConfig(
-        input_size=int(ea.get("input_size", 512)), output_size=int(ea.get("output_size", 512)),
-        heads=int(ea.get("attention_heads", 8)), linear_units=int(ea.get("linear_units", 2048)),
-        num_blocks=int(ea.get("num_blocks", 6)), num_up_blocks=int(ea.get("num_up_blocks", 4)),
-        pre_lookahead=int(ea.get("pre_lookahead_len", LOOKAHEAD)), up_stride=int(ea.get("up_stride", 2)))
+        input_size=_int(ea, "input_size", 512, e, path), output_size=_int(ea, "output_size", 512, e, path),
+        heads=_int(ea, "attention_heads", 8, e, path), linear_units=_int(ea, "linear_units", 2048, e, path),
+        num_blocks=_int(ea, "num_blocks", 6, e, path), num_up_blocks=_int(ea, "num_up_blocks", 4, e, path),
+        pre_lookahead=_int(ea, "pre_lookahead_len", LOOKAHEAD, e, path), up_stride=_int(ea, "up_stride", 2, e, path))
+    d = "flow.decoder.estimator"
     dit = DiTConfig(
-        in_channels=int(da.get("in_channels", 320)), out_channels=int(da.get("out_channels", 80)),
-        hidden=int(da.get("hidden_size", 512)), depth=int(da.get("depth", 16)),
-        heads=int(da.get("num_heads", 8)), head_dim=int(da.get("head_dim", 64)),
-        mlp_ratio=float(da.get("mlp_ratio", 4.0)))
+        in_channels=_int(da, "in_channels", 320, d, path), out_channels=_int(da, "out_channels", 80, d, path),
+        hidden=_int(da, "hidden_size", 512, d, path), depth=_int(da, "depth", 16, d, path),
+        heads=_int(da, "num_heads", 8, d, path), head_dim=_int(da, "head_dim", 64, d, path),
+        mlp_ratio=_float(da, "mlp_ratio", 4.0, d, path, 64.0))
     return FlowConfig(
-        vocab_size=int(fa.get("vocab_size", 6561)), input_size=int(fa.get("input_size", 512)),
-        output_size=int(fa.get("output_size", 80)), spk_embed_dim=int(fa.get("spk_embed_dim", 192)),
-        cfg_rate=float(dec.get("inference_cfg_rate", 0.7)), encoder=enc, dit=dit)
+        vocab_size=_int(fa, "vocab_size", 6561, "flow", path), input_size=_int(fa, "input_size", 512, "flow", path),
+        output_size=_int(fa, "output_size", 80, "flow", path), spk_embed_dim=_int(fa, "spk_embed_dim", 192, "flow", path),
+        cfg_rate=_float(dec, "inference_cfg_rate", 0.7, "flow.decoder", path, 100.0), encoder=enc, dit=dit)

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.npio import load_array
+from engine.npio import load_array, save_audio
 
 from .prompt import load_prompt
 from .stream import synthesize
@@ -19,6 +19,8 @@ def load_tokens(path) -> list:
         raise ValueError("--tokens is required for step-audio2 (a 1-D int .npy of 25 Hz speech tokens)")
     p = Path(path)
     arr = load_array(p, "tokens file")
+    if not isinstance(arr, np.ndarray):
+        raise ValueError(f"{p}: an .npz archive; --tokens takes a 1-D int .npy array")
     if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
         raise ValueError(f"{p}: expected a non-empty 1-D integer array, got {arr.dtype} {arr.shape}")
     if arr.min() < 0 or arr.max() >= 6561:
@@ -34,7 +36,7 @@ def synth(args) -> int:
     model = load_model(args.checkpoint, args.size, args.seed, args.device)
     chunks = synthesize(model, prompt, tokens, args.mode, args.seed)
     wav = np.concatenate(chunks).astype(np.float32)
-    np.save(args.out, wav)
-    print(f"wrote {args.out}: {wav.size} samples ({wav.size / 24000:.2f} s at 24 kHz), {len(chunks)} chunks, "
+    out = save_audio(args.out, wav, 24000)
+    print(f"wrote {out}: {wav.size} samples ({wav.size / 24000:.2f} s at 24 kHz), {len(chunks)} chunks, "
           f"mode {args.mode}", file=sys.stderr)
     return 0

@@ -1,0 +1,110 @@
+"""Checks on what users type, shared by ``duplexcadence run``, ``synth`` and the app's scripted flags.
+
+Every check fails with one line that names the argument or the path and says what is wrong:
+
+* :class:`OneLineParser` prints argparse errors as one line (``prog: error: ...``), not usage + error;
+* :func:`seconds` and :func:`seed` are argparse ``type=`` functions (finite, in range);
+* :func:`output_file` / :func:`output_folder` refuse an output that exists and is not what is
+  expected (a device node, FIFO, socket, symbolic link; a file where a folder is wanted) and an
+  output that is one of the inputs (same inode, so a hard link or a second spelling is caught too).
+  These checks hold for root as for anyone else: they look at the file type, not at permissions.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Iterable, NoReturn, Optional, Sequence
+
+from engine.atomic import not_replaceable
+
+#: the longest session or input the command lines accept (24 hours)
+MAX_SECONDS = 24 * 3600.0
+#: seeds are stored as signed 64-bit integers (torch, NumPy)
+MAX_SEED = 2 ** 63 - 1
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line on stderr (exit status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def seconds(text: str) -> float:
+    """argparse type: a duration in seconds, finite, > 0 and at most 24 h."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0 or value > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is out of range: give seconds greater than 0 and at most {MAX_SECONDS:.0f} (24 h)")
+    return value
+
+
+def seed(text: str) -> int:
+    """argparse type: an integer seed in [0, 2**63 - 1]."""
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer seed") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"{text} is out of range: a seed is an integer from 0 to 2**63-1")
+    return value
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def output_file(path, what: str, inputs: Iterable[Optional[str]] = (),
+                suffixes: Optional[Sequence[str]] = None) -> Path:
+    """Check an output file named by the user before any work is done; ValueError with one line.
+
+    ``inputs``: paths the same run reads (an output may not be one of them); ``suffixes``: the
+    endings the writer understands (lower case, with the dot)."""
+    p = Path(path)
+    if suffixes is not None and p.suffix.lower() not in suffixes:
+        raise ValueError(f"{what} {p}: must end in {' or '.join(suffixes)}")
+    why = not_replaceable(p)
+    if why:
+        raise ValueError(f"{what} {p}: {why}")
+    for src in inputs:
+        if src is not None and _same_file(p, Path(src)):
+            raise ValueError(f"{what} {p} is the input file {src}: writing it would destroy the input")
+    return p
+
+
+def output_folder(path, what: str, inputs: Iterable[Optional[str]] = (), names: Sequence[str] = ()) -> Path:
+    """Check an output folder: new, or an existing real folder (not a link to one); none of the
+    files ``names`` it will hold may be one of ``inputs`` or something other than a regular file."""
+    p = Path(path)
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise ValueError(f"{what} {p}: {e.strerror or e}") from None
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a folder"
+        raise ValueError(f"{what} {p}: it exists and is {kind}; name a new or an existing folder")
+    for name in names:
+        output_file(p / name, what, inputs)
+    for src in inputs:
+        if src is not None and _same_file(p, Path(src)):
+            raise ValueError(f"{what} {p} is the input {src}")
+    return p
+
+
+def fail(prog: str, message: str, code: int = 2) -> int:
+    """Print ``prog: error: message`` on stderr and return ``code`` (for ``return fail(...)``)."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return code
