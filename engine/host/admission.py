@@ -1,0 +1,127 @@
+"""Admission by measured headroom: a new session is refused when admitting it would make a second miss.
+
+The host keeps, for every finished second of every session, when its work ran (host wall clock)
+and how late it finished relative to its frame's arrival. Over the trailing window:
+
+* ``busy``: the fraction of wall time during which *some* session's second was running (the union
+  of the intervals; with one launching thread this is the sum of the seconds' work);
+* ``worst``: the longest arrival-to-done time of any second (queue wait + work);
+* the cost of one more session: ``busy / n`` per second (the measured mean of the active sessions).
+
+Admitting adds that cost to both: the new session's second can come due just before anyone's.
+Admission is allowed when, after it, ``busy`` and ``worst`` both stay under the deadline less a
+reserve (``reserve_ms``, default 100 ms of the 1,000 ms), and the GPU has memory for one more
+session at the size the last admission measured. Right after an admission the window holds too
+few seconds with every session running: the host says it is still measuring and refuses until
+``min_seconds`` have been seen.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Deque, List, Optional, Tuple
+
+from engine.session.records import DEADLINE_MS
+
+
+class HostFull(RuntimeError):
+    """The host refuses a new session; ``str(e)`` is one line saying why."""
+
+
+@dataclass
+class Headroom:
+    """What the trailing window measured, and what one more session would do to it."""
+
+    sessions: int
+    seconds: int                 # seconds finished in the window with every current session admitted
+    busy_ms: float               # per wall second: union of the time some second was running
+    worst_ms: float              # longest arrival-to-done of any second in the window
+    cost_ms: float               # one more session, per second (busy / sessions)
+    budget_ms: float             # deadline less the reserve
+
+    @property
+    def free_ms(self) -> float:
+        """How much of the budget is still free per second (negative: already over)."""
+        return self.budget_ms - max(self.busy_ms, self.worst_ms)
+
+    def admits_one_more(self) -> bool:
+        return max(self.busy_ms, self.worst_ms) + self.cost_ms <= self.budget_ms
+
+
+def union_ms(spans: List[Tuple[float, float]]) -> float:
+    """Total length (ms) of the union of ``(start, end)`` intervals in seconds."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total * 1000.0
+
+
+class LoadMeter:
+    """Finished seconds of every session over a trailing window of wall time (thread-safe)."""
+
+    def __init__(self, window_s: float = 10.0, reserve_ms: float = 100.0, min_seconds: int = 3,
+                 deadline_ms: float = DEADLINE_MS):
+        self.window_s = float(window_s)
+        self.reserve_ms = float(reserve_ms)
+        self.min_seconds = int(min_seconds)
+        self.deadline_ms = float(deadline_ms)
+        self._lock = threading.Lock()
+        self._spans: Deque[Tuple[float, float, float]] = deque()    # (start, end, arrival-to-done ms)
+        self._since = time.perf_counter()                          # the last change in the session count
+
+    def record(self, start: float, end: float, latency_ms: float) -> None:
+        """One finished second: its work ran from ``start`` to ``end`` (perf_counter seconds)."""
+        with self._lock:
+            self._spans.append((start, end, float(latency_ms)))
+            self._trim(end)
+
+    def sessions_changed(self) -> None:
+        """An admission or a departure: measurements before it no longer describe the host."""
+        with self._lock:
+            self._since = time.perf_counter()
+
+    def _trim(self, now: float) -> None:
+        while self._spans and self._spans[0][1] < now - self.window_s:
+            self._spans.popleft()
+
+    def headroom(self, sessions: int, now: Optional[float] = None) -> Headroom:
+        now = time.perf_counter() if now is None else now
+        with self._lock:
+            self._trim(now)
+            spans = [s for s in self._spans if s[0] >= self._since]
+        budget = self.deadline_ms - self.reserve_ms
+        if not spans:
+            return Headroom(sessions, 0, 0.0, 0.0, 0.0, budget)
+        wall = max(1e-3, min(self.window_s, now - max(self._since, spans[0][0])))
+        busy = union_ms([(a, b) for a, b, _ in spans]) / wall
+        worst = max(lat for _, _, lat in spans)
+        cost = busy / max(1, sessions)
+        return Headroom(sessions, len(spans), busy, worst, cost, budget)
+
+    def refusal(self, sessions: int, need_seconds: int) -> Optional[str]:
+        """None when one more session fits; else the reason, one line."""
+        if sessions == 0:
+            return None
+        h = self.headroom(sessions)
+        if h.seconds < need_seconds:
+            return (f"still measuring the last change ({h.seconds} of {need_seconds} seconds seen with "
+                    f"{sessions} session(s)); try again in a few seconds")
+        if h.admits_one_more():
+            return None
+        return (f"no headroom for another session: {sessions} session(s) keep the host busy "
+                f"{h.busy_ms:.0f} ms per second, the slowest second took {h.worst_ms:.0f} ms from arrival to "
+                f"done, and one more adds about {h.cost_ms:.0f} ms (budget {h.budget_ms:.0f} ms of the "
+                f"{self.deadline_ms:.0f} ms deadline)")
+
+
+def memory_refusal(free_bytes: int, per_session_bytes: int, margin_bytes: int = 256 << 20) -> Optional[str]:
+    """None when the device has room for one more session of ``per_session_bytes``; else the reason."""
+    if per_session_bytes <= 0 or free_bytes >= per_session_bytes + margin_bytes:
+        return None
+    return (f"not enough GPU memory for another session: {free_bytes / 2**20:.0f} MiB free, a session takes "
+            f"about {per_session_bytes / 2**20:.0f} MiB (+{margin_bytes / 2**20:.0f} MiB margin)")

@@ -1,0 +1,59 @@
+"""Each hosted session draws its random numbers from its own generator state, as if it ran alone.
+
+The models draw from the device's default generators (the synthetic decoder's Gumbel sampling, the
+HiFT's source noise), and a lone session seeds them with ``torch.manual_seed`` at its start. In a
+host, N sessions share those generators, so their draws would interleave and every output would
+depend on the others. :class:`SessionRng` gives each session its own state instead:
+
+* CUDA: a separate generator *state object* (``Generator.clone_state``), installed on the default
+  generator with ``graphsafe_set_state`` while the session is built and while it runs eagerly. A
+  CUDA graph registers the state object that was installed when it was captured and, at every
+  replay, reads and advances that object's seed and offset — not whatever is installed then. So a
+  session's graphs keep drawing from its own state even while other sessions replay concurrently on
+  other streams (each state also has its own seed/offset tensors for the graph, so nothing races).
+* CPU: the default CPU generator's state, saved after and restored before each of the session's
+  exclusive sections (eager draws cannot run concurrently with another session's: the host runs
+  every eager second exclusively, see :mod:`engine.host.gate`).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Optional
+
+import torch
+
+
+def _default_cuda_generator(device: torch.device) -> "torch.Generator":
+    torch.cuda.init()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.default_generators[index]
+
+
+class SessionRng:
+    """One session's random number state (CPU, and CUDA when the session runs there)."""
+
+    def __init__(self, device: torch.device):
+        self.device = torch.device(device)
+        self._cpu: torch.Tensor = torch.get_rng_state()
+        self._gen: Optional[torch.Generator] = None
+        self._state: Optional[torch.Generator] = None
+        if self.device.type == "cuda":
+            self._gen = _default_cuda_generator(self.device)
+            self._state = self._gen.clone_state()      # a new state object, registered by this session's graphs
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """Make this session's state the default generators' for the duration of the block."""
+        outer_cpu = torch.get_rng_state()
+        torch.set_rng_state(self._cpu)
+        outer = None
+        if self._gen is not None:
+            outer = self._gen.graphsafe_get_state()
+            self._gen.graphsafe_set_state(self._state)
+        try:
+            yield
+        finally:
+            self._cpu = torch.get_rng_state()
+            torch.set_rng_state(outer_cpu)
+            if self._gen is not None:
+                self._gen.graphsafe_set_state(outer)

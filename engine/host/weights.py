@@ -1,0 +1,117 @@
+"""Weights loaded once per host and shared by every session that runs the same model.
+
+A key names what fixes the weights: which part (tail or backbone), the model's name, its size, the
+device, the checkpoint and the seed of random weights. The first session of a key builds its
+models the usual way; the host then asks them for their shareable modules (``shared_weights()``:
+read-only while streaming) and keeps them here; the next sessions of that key are built around
+them (``make_tail(shared=...)`` / ``make_backbone(shared=...)``) and load nothing. Everything
+per-stream (state arenas, graphs, prompt copies, RNG) stays per session.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Dict, Iterable, Optional
+
+import torch
+
+from engine.session import SessionConfig
+
+
+@dataclass(frozen=True)
+class WeightsKey:
+    """What fixes a model's weights: part ("tail" | "backbone"), name, size, device, checkpoint, seed."""
+
+    part: str
+    name: str
+    size: str
+    device: str
+    checkpoint: Optional[str]
+    seed: int
+
+    @classmethod
+    def tail(cls, cfg: SessionConfig) -> "WeightsKey":
+        return cls("tail", cfg.tail, cfg.size, cfg.device, cfg.checkpoint, int(cfg.seed))
+
+    @classmethod
+    def backbone(cls, cfg: SessionConfig) -> "WeightsKey":
+        return cls("backbone", cfg.backbone, cfg.size, cfg.device, cfg.backbone_checkpoint, int(cfg.seed))
+
+    def label(self) -> str:
+        src = self.checkpoint or f"seed {self.seed}"
+        return f"{self.part} {self.name} {self.size} on {self.device} ({src})"
+
+
+def module_bytes(values: Iterable[object], device: Optional[torch.device] = None) -> int:
+    """Bytes of the parameters, buffers and tensors among ``values`` (each counted once)."""
+    seen, total = set(), 0
+
+    def add(t: torch.Tensor) -> None:
+        nonlocal total
+        if device is not None and t.device.type != torch.device(device).type:
+            return
+        key = (t.untyped_storage().data_ptr(), t.device)
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+
+    for v in values:
+        if isinstance(v, torch.nn.Module):
+            for t in list(v.parameters()) + list(v.buffers()):
+                add(t)
+            for sub in v.modules():              # constants kept as plain lists (e.g. folded modulations)
+                for a in vars(sub).values():
+                    for t in (a if isinstance(a, (list, tuple)) else [a]):
+                        for u in (t if isinstance(t, (list, tuple)) else [t]):
+                            if isinstance(u, torch.Tensor):
+                                add(u)
+        elif isinstance(v, torch.Tensor):
+            add(v)
+        elif hasattr(v, "__dict__"):             # a small holder of tensors (a voice prompt)
+            for a in vars(v).values():
+                if isinstance(a, torch.Tensor):
+                    add(a)
+    return total
+
+
+class WeightsCache:
+    """Shared modules by :class:`WeightsKey` (thread-safe); reports what each key holds on its device."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: Dict[WeightsKey, Dict[str, object]] = {}
+        self._hits: Dict[WeightsKey, int] = {}
+
+    def get(self, key: WeightsKey) -> Optional[Dict[str, object]]:
+        """The shared modules for ``key``, or None (the caller builds them and :meth:`put` s them)."""
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:
+                self._hits[key] = self._hits.get(key, 0) + 1
+            return found
+
+    def put(self, key: WeightsKey, shared: Optional[Dict[str, object]]) -> None:
+        """Keep ``shared`` (a model's ``shared_weights()``); None (cannot share) is ignored."""
+        if shared is None:
+            return
+        with self._lock:
+            self._entries.setdefault(key, shared)
+
+    def keys(self):
+        with self._lock:
+            return list(self._entries)
+
+    def bytes(self, key: WeightsKey) -> int:
+        """Bytes the shared modules of ``key`` hold on its device."""
+        with self._lock:
+            shared = self._entries.get(key)
+        return module_bytes(shared.values(), torch.device(key.device)) if shared else 0
+
+    def report(self) -> Dict[str, Dict[str, int]]:
+        """Per key: bytes on the device and how many sessions reused it."""
+        return {k.label(): {"bytes": self.bytes(k), "reused": self._hits.get(k, 0)} for k in self.keys()}
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._hits.clear()
