@@ -1,0 +1,213 @@
+"""LISTEN's first half: one second of 24 kHz microphone audio -> 10 LLM-width audio tokens.
+
+An engine :class:`~engine.core.model.StreamingModel` with one step per second:
+
+1. resample 24 kHz -> 16 kHz (a two-phase windowed-sinc FIR, its input history a Fixed region);
+2. log-mel (80 bins, 25 ms Hann windows, 10 ms hop) of 104 frames: the second's 100 frames, delayed by
+   20 ms so that the 2 frames of right context the encoder's convolutions want have already arrived,
+   plus 2 frames of left context (the 16 kHz history is a Fixed region of 880 samples);
+3. Whisper encoder: conv(k3) + GELU, conv(k3, stride 2) + GELU -> 52 positions, the two edge positions
+   dropped -> 50; learned positions from where the encoder's cache stands; 24 pre-norm layers attending
+   over the cache plus the new 50 (keys/values are regions); final LayerNorm;
+4. projector (1024 -> 4096, ReLU, 4096 -> 4096) and AvgPool(5): 10 tokens.
+
+The stock keeps growing the encoder's key/value cache and drops it when it would reach the encoder's
+1,500 positions; :class:`ResetWindow` declares exactly that, so the planner knows every second's shape
+(a period of 29 seconds at the released size) and each recurs: one CUDA graph per signature.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, List
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.core import Clock, Fixed, Region, SessionSpec, SlidingWindow, StateView, StepPlan, StreamingModel
+
+from .dims import AudioDims
+from .layers import Projector
+
+RATE_IN, RATE = 24000, 16000
+HOP, WIN, N_FFT = 160, 400, 400
+FRAMES = 100                      # mel frames per second
+CONTEXT = 2                       # mel frames of context on each side
+POSITIONS = FRAMES // 2           # encoder positions per second
+TAPS = 48                         # resampler FIR length (per phase)
+RS_HISTORY = TAPS - 3             # 24 kHz samples kept between seconds
+MEL_HISTORY = (2 * CONTEXT) * HOP + (WIN - HOP)   # 880 samples of 16 kHz kept between seconds
+
+
+@dataclass(frozen=True)
+class ResetWindow(SlidingWindow):
+    """Grows by ``advance`` a step and starts again from empty once it would reach ``window``.
+
+    The stock's encoder cache: when ``cache + advance >= window`` before a second, the cache is
+    dropped and the second starts a fresh one. After a step whose view held ``grown`` units, the
+    region keeps ``grown`` unless the next step would overflow, in which case it keeps nothing.
+    """
+
+    advance: int = POSITIONS
+    kind = "reset-window"
+
+    def initial(self, prefix: int) -> int:
+        return 0
+
+    def after(self, grown: int, prefix: int) -> int:
+        return 0 if grown + self.advance >= self.window else grown
+
+    def describe(self) -> str:
+        return f"grow, reset before {self.window}"
+
+
+def resampler_kernels(taps: int = TAPS, cutoff: float = 0.3) -> torch.Tensor:
+    """Two FIR phases [2, 1, taps] taking 24 kHz to 16 kHz (outputs at 1.5-sample input steps)."""
+    n = torch.arange(taps, dtype=torch.float64)
+    centre = (taps - 1) / 2.0 - 0.75
+    kernels = []
+    for shift in (0.0, 1.5):
+        t = n - centre - shift
+        h = 2 * cutoff * torch.sinc(2 * cutoff * t)
+        h = h * (0.5 - 0.5 * torch.cos(2 * math.pi * (n + 0.5) / taps))    # Hann over the taps
+        kernels.append(h / h.sum())
+    return torch.stack(kernels).unsqueeze(1).to(torch.float32)
+
+
+def slaney_mel(n_mels: int = 80, n_fft: int = N_FFT, rate: int = RATE) -> torch.Tensor:
+    """Slaney-scale, area-normalised triangular mel filters: [n_fft/2 + 1, n_mels] float32."""
+    def to_mel(f):
+        f = torch.as_tensor(f, dtype=torch.float64)
+        lin = 3.0 * f / 200.0
+        return torch.where(f < 1000.0, lin, 15.0 + 27.0 * torch.log(torch.clamp(f, min=1e-9) / 1000.0) / math.log(6.4))
+
+    def to_hz(m):
+        lin = 200.0 * m / 3.0
+        return torch.where(m < 15.0, lin, 1000.0 * torch.exp((m - 15.0) * math.log(6.4) / 27.0))
+
+    pts = to_hz(torch.linspace(0.0, float(to_mel(rate / 2.0)), n_mels + 2, dtype=torch.float64))   # [n_mels + 2]
+    freqs = torch.linspace(0.0, rate / 2.0, n_fft // 2 + 1, dtype=torch.float64)                  # [bins]
+    lo, mid, hi = pts[:-2], pts[1:-1], pts[2:]
+    up = (freqs[:, None] - lo[None]) / (mid - lo)[None]
+    down = (hi[None] - freqs[:, None]) / (hi - mid)[None]
+    w = torch.clamp(torch.minimum(up, down), min=0.0) * (2.0 / (hi - lo))[None]
+    return w.to(torch.float32)
+
+
+class EncoderLayer(nn.Module):
+    """Whisper encoder layer (pre-LayerNorm attention with biases but none on keys; GELU MLP)."""
+
+    def __init__(self, a: AudioDims):
+        super().__init__()
+        d = a.d_model
+        self.h, self.hd = a.heads, a.head_dim
+        self.self_attn = nn.Module()
+        self.self_attn.q_proj = nn.Linear(d, d)
+        self.self_attn.k_proj = nn.Linear(d, d, bias=False)
+        self.self_attn.v_proj = nn.Linear(d, d)
+        self.self_attn.out_proj = nn.Linear(d, d)
+        self.self_attn_layer_norm = nn.LayerNorm(d, eps=a.eps)
+        self.fc1 = nn.Linear(d, a.ffn)
+        self.fc2 = nn.Linear(a.ffn, d)
+        self.final_layer_norm = nn.LayerNorm(d, eps=a.eps)
+
+    def forward(self, x: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor,
+                k_new: torch.Tensor, v_new: torch.Tensor) -> torch.Tensor:
+        # x: [1, T, d]; k_all/v_all: [H, L, hd] (history + these T, written through k_new/v_new [H, T, hd])
+        t = x.shape[1]
+        att = self.self_attn
+        h = self.self_attn_layer_norm(x)
+        q = att.q_proj(h).view(1, t, self.h, self.hd).transpose(1, 2)              # [1, H, T, hd]
+        k_new.copy_(att.k_proj(h).view(t, self.h, self.hd).transpose(0, 1))
+        v_new.copy_(att.v_proj(h).view(t, self.h, self.hd).transpose(0, 1))
+        o = F.scaled_dot_product_attention(q, k_all.unsqueeze(0), v_all.unsqueeze(0))   # [1, H, T, hd]
+        x = x + att.out_proj(o.transpose(1, 2).reshape(1, t, -1))
+        return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
+
+
+class AudioEncoder(StreamingModel):
+    """Streaming Whisper encoder + projector + pooling, one engine step per second of audio.
+
+    Step input ``pcm``: [24000] float32; output ``emb``: [10, llm_hidden] in the model dtype.
+    Parameter names follow the checkpoint (``conv1``, ``conv2``, ``embed_positions``, ``layers.N``,
+    ``layer_norm``; the projector is ``proj.linear1/2``, stored as ``audio_projection_layer``).
+    """
+
+    name = "minicpmo45-audio"
+
+    def __init__(self, a: AudioDims, llm_hidden: int):
+        super().__init__()
+        self.a = a
+        self.conv1 = nn.Conv1d(a.n_mels, a.d_model, 3, padding=1)
+        self.conv2 = nn.Conv1d(a.d_model, a.d_model, 3, stride=2, padding=1)
+        self.embed_positions = nn.Embedding(a.max_positions, a.d_model)
+        self.layers = nn.ModuleList(EncoderLayer(a) for _ in range(a.layers))
+        self.layer_norm = nn.LayerNorm(a.d_model, eps=a.eps)
+        self.proj = Projector(a.d_model, llm_hidden)
+        self.float_buffers(torch.device("cpu"))
+        self.clock = Clock("encoder", (POSITIONS,), rate_hz=float(POSITIONS))
+        self.audio_clock = Clock("seconds", (1,), rate_hz=1.0)
+
+    def float_buffers(self, device) -> None:
+        """(Re)make the float32 constants (resampler FIR, Hann window, mel filters) on ``device``; call
+        after casting the parameters to another dtype."""
+        self.register_buffer("rs_kernels", resampler_kernels().to(device), persistent=False)
+        self.register_buffer("window", torch.hann_window(WIN, periodic=True).to(device), persistent=False)
+        self.register_buffer("fbank", slaney_mel(self.a.n_mels).to(device), persistent=False)
+
+    # -- engine contract ---------------------------------------------------------------------------
+    def regions(self, spec: SessionSpec) -> List[Region]:
+        a = self.a
+        dt = self.conv1.weight.dtype
+        shape = (a.layers, a.heads, None, a.head_dim)
+        ret = ResetWindow(a.max_positions, POSITIONS)
+        note = "HF past_key_values grown by torch.cat each second, dropped before reaching max positions"
+        return [
+            Region("rs_hist", (RS_HISTORY,), self.audio_clock, Fixed(0), stock_note="new tensor each second",
+                   doc="24 kHz input history of the resampler"),
+            Region("mel_hist", (MEL_HISTORY,), self.audio_clock, Fixed(0), stock_note="new tensor each second",
+                   doc="16 kHz samples of the mel frames' left context"),
+            Region("enc_k", shape, self.clock, ret, dtype=dt, stock_note=note, doc="encoder keys"),
+            Region("enc_v", shape, self.clock, ret, dtype=dt, stock_note=note, doc="encoder values"),
+        ]
+
+    def session_spec(self) -> SessionSpec:
+        return SessionSpec(steps=None, label="MiniCPM-o 4.5 audio encoder")
+
+    def example_inputs(self, plan: StepPlan, device) -> Dict[str, torch.Tensor]:
+        return {"pcm": torch.randn(RATE_IN, device=device) * 0.1}
+
+    def step(self, state: StateView, inputs: Dict[str, torch.Tensor], plan: StepPlan) -> Dict[str, torch.Tensor]:
+        pcm16 = self._resample(state, inputs["pcm"])                 # [16000] float32
+        mel = self._log_mel(state, pcm16)                            # [80, 104] float32
+        x = self._front(mel.to(self.conv1.weight.dtype))             # [1, 50, d]
+        before = plan.before["enc_k"]                                # host int, fixed per signature
+        x = x + self.embed_positions.weight[before:before + POSITIONS].unsqueeze(0)
+        k_all, v_all = state["enc_k"].grow(), state["enc_v"].grow()  # [L, H, before + 50, hd]
+        k_new, v_new = state["enc_k"].tail(), state["enc_v"].tail()  # [L, H, 50, hd]
+        for i, layer in enumerate(self.layers):
+            x = layer(x, k_all[i], v_all[i], k_new[i], v_new[i])
+        x = self.proj(self.layer_norm(x))                            # [1, 50, llm]
+        emb = F.avg_pool1d(x.transpose(1, 2), self.a.pool, self.a.pool).transpose(1, 2)   # [1, 10, llm]
+        return {"emb": emb[0]}
+
+    # -- pieces --------------------------------------------------------------------------------------
+    def _resample(self, state: StateView, pcm: torch.Tensor) -> torch.Tensor:
+        ext = torch.cat([state["rs_hist"].get(), pcm.to(torch.float32)])           # [45 + 24000]
+        state["rs_hist"].set(ext[-RS_HISTORY:])
+        y = F.conv1d(ext.view(1, 1, -1), self.rs_kernels, stride=3)                  # [1, 2, 8000]
+        return y[0].transpose(0, 1).reshape(-1)                                      # [16000]
+
+    def _log_mel(self, state: StateView, pcm16: torch.Tensor) -> torch.Tensor:
+        ext = torch.cat([state["mel_hist"].get(), pcm16])                            # [880 + 16000]
+        state["mel_hist"].set(ext[-MEL_HISTORY:])
+        frames = ext.unfold(0, WIN, HOP) * self.window                               # [104, 400]
+        power = torch.fft.rfft(frames, n=N_FFT, dim=-1).abs().pow(2)                 # [104, 201]
+        mel = torch.clamp(power @ self.fbank, min=1e-10).log10()                     # [104, 80]
+        return ((mel + 4.0) / 4.0).transpose(0, 1)                                   # [80, 104]
+
+    def _front(self, mel: torch.Tensor) -> torch.Tensor:
+        h = F.gelu(self.conv1(mel.unsqueeze(0)))                                     # [1, d, 104]
+        h = F.gelu(self.conv2(h))                                                    # [1, d, 52]
+        return h[:, :, 1:-1].transpose(1, 2)                                         # [1, 50, d]

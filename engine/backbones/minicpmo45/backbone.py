@@ -1,0 +1,215 @@
+"""Backbone ``minicpm-o-4.5``: MiniCPM-o 4.5's whole duplex second in front of the Step-Audio2 tail.
+
+LISTEN = audio encoder (an engine model on the executor) + the LLM prefill of ``<unit>`` and 10 audio
+tokens; THINK = the LLM's decode steps + the TTS's 26 steps; SPEAK = token2wav (the session's tail).
+A listening second runs neither the TTS nor token2wav (``listen_skips_tail``): the session plays
+silence. Speaking seconds hand the tail their 25 codes; the session's very first reply starts with 3
+silence tokens (4218) and every reply's last second ends with 3 of them as lookahead, so each later
+reply finds them at the head of the token2wav buffer, as the stock starts each turn's buffer.
+
+Modes (the engine toggles): *stock* (demand_sized off) keeps every history as MiniCPM-o's PyTorch
+runtime does — HF-style caches grown with ``torch.cat``, all eager; *demand* allocates every region
+once at the planner's demand; *graphs* adds exact-shape CUDA graph replay where shapes recur: the
+encoder's second (one graph per signature of its 29-second cycle) and the TTS decode steps (one per
+per-turn KV length). The LLM's decode runs eagerly in every mode: its length grows every token, and a
+padded cache with a mask would change the bits. Every mode gives the same tokens, codes and audio.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Dict, List, Optional
+
+import torch
+
+from engine.core import Executor, make_plan
+from engine.core.toggles import requested
+
+from ..base import Backbone, BackboneInfo, Thought, TokenFormat
+from .audio import AudioEncoder
+from .dims import Dims, preset
+from .kv import demand_units, kv_regions, make_store, switch_store
+from .layers import seeded_init
+from .llm import Qwen3
+from .protocol import Protocol
+from .tts import TTS, DecodeGraphs
+from .turns import make_turns
+from . import weights as W
+
+if TYPE_CHECKING:
+    from engine.session.vad import VadResult
+
+SILENCE = 4218                 # the Step-Audio2 silence token
+LOOKAHEAD = 3
+LLM_TOKENS_PER_SECOND = 33     # worst case: finalize 2 + <unit> 1 + audio 10 + turn_eos 1 + 19 decoded
+TTS_TOKENS_PER_SECOND = 45     # worst case: 19 text + audio BOS + 25 codes fed back
+
+
+class MiniCPMO45Backbone(Backbone):
+    """MiniCPM-o 4.5 (audio encoder, Qwen3 LLM, TTS) on released or seeded random weights."""
+
+    listen_skips_tail = True
+
+    def __init__(self, fmt: TokenFormat, *, size: str, device, seed: int = 0, checkpoint: Optional[str] = None,
+                 demand_sized: bool = True, graph_replay: bool = True, reply_seconds: int = 4,
+                 debug: bool = False, turn_policy: Optional[str] = None, horizon_seconds: int = 600):
+        if fmt.codebooks != 1 or fmt.vocab != 6561:
+            raise ValueError("the minicpm-o-4.5 backbone speaks Step-Audio2 tokens: use it with the 'step-audio2' tail")
+        self.fmt, self.size, self.seed = fmt, size, int(seed)
+        self.device = torch.device(device)
+        self.folder = W.open_folder(checkpoint) if checkpoint else None
+        self.dims: Dims = self.folder.dims if self.folder else preset(size)
+        self.turns = make_turns(turn_policy or ("model" if self.folder else "voice-activity"), reply_seconds)
+        self.horizon_seconds = int(horizon_seconds)
+        self._toggles = {"demand_sized": bool(demand_sized), "graph_replay": bool(graph_replay)}
+        self.debug = debug
+        self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.tts_graphs: Optional[DecodeGraphs] = None
+        self._first_reply = True
+        self._speech = False
+        l, t = self.dims.llm, self.dims.tts
+        weights = f"checkpoint {self.folder.path}" if self.folder else "seeded random weights"
+        self.info = BackboneInfo(
+            name="minicpm-o-4.5",
+            title=(f"MiniCPM-o 4.5 (Whisper {self.dims.audio.d_model}x{self.dims.audio.layers} -> Qwen3 "
+                   f"{l.hidden}x{l.layers} -> TTS {t.hidden}x{t.layers}; {size}; {weights}; "
+                   f"turns: {self.turns.label})"),
+            synthetic=self.folder is None,
+            note=("" if self.folder else "seeded random weights and the voice-activity turn policy: timing and "
+                  "memory are real, the words and the voice are not"))
+
+    # -- building --------------------------------------------------------------------------------------
+    def start(self) -> None:
+        d, dev, dt = self.dims, self.device, self.dtype
+        with torch.no_grad():
+            self.llm = W.build(Qwen3, d.llm, device=dev, dtype=dt).eval()
+            self.tts = W.build(TTS, d.tts, d.llm, device=dev, dtype=dt).eval()
+            self.encoder = AudioEncoder(d.audio, d.llm.hidden).to(device=dev, dtype=dt).eval()
+            self.encoder.float_buffers(dev)
+            self._fill_weights()
+            spec = self.encoder.session_spec()
+            self.executor = Executor(self.encoder, make_plan(self.encoder.regions(spec), spec), dev,
+                                     debug=self.debug, **self._toggles)
+            self.executor.prepare_graphs(lambda sp: self.encoder.example_inputs(sp, dev))
+            self.executor.init_state({})
+            self._make_stores()
+            self._prepare_tts_graphs()
+            tok = self.folder.tokenizer if self.folder else None
+            too_long = None
+            if tok is not None:
+                limit = d.sampling.max_chars_per_unit
+                too_long = lambda ids: len(tok.decode(ids, skip_special_tokens=True)) >= limit   # noqa: E731
+            self.protocol = Protocol(d, self.llm, self.tts, self.kv_llm, self.kv_tts, self._tts_step, too_long)
+
+    def _fill_weights(self) -> None:
+        if self.folder is None:
+            seeded_init(self.llm, self.seed * 1000 + 1)
+            seeded_init(self.tts, self.seed * 1000 + 2)
+            seeded_init(self.encoder, self.seed * 1000 + 3)
+            return
+        sh = W._Shards(self.folder, "cpu")
+        W.load_module(self.llm, sh, "llm.")
+        W.load_module(self.tts, sh, "tts.")
+        names = [n for n, _ in self.encoder.named_parameters()]
+        rename = {n: ("audio_projection_layer." + n[5:]) if n.startswith("proj.") else "apm." + n for n in names}
+        W.load_module(self.encoder, sh, "", rename)
+
+    def _make_stores(self) -> None:
+        d, dt = self.dims, self.dtype
+        self.llm_regions = kv_regions("llm", d.llm.layers, d.llm.kv_heads, d.llm.head_dim, LLM_TOKENS_PER_SECOND,
+                                      d.llm.max_positions, dt, "HF DynamicCache: torch.cat per forward, unbounded")
+        seconds = min(self.horizon_seconds, d.llm.max_positions // LLM_TOKENS_PER_SECOND)
+        self.llm_capacity = demand_units(self.llm_regions, seconds)
+        per_turn = self.turns.max_turn_seconds
+        tts_cap = d.tts.max_positions if per_turn is None else min(d.tts.max_positions,
+                                                                   per_turn * TTS_TOKENS_PER_SECOND)
+        self.tts_regions = kv_regions("tts", d.tts.layers, d.tts.kv_heads, d.tts.head_dim, TTS_TOKENS_PER_SECOND,
+                                      d.tts.max_positions, dt, "HF DynamicCache per turn: torch.cat per token")
+        self.tts_capacity = tts_cap
+        demand = self._toggles["demand_sized"]
+        self.kv_llm = make_store(demand, self.llm_regions[0], d.llm.layers, self.llm_capacity, self.device)
+        self.kv_tts = make_store(demand, self.tts_regions[0], d.tts.layers, self.tts_capacity, self.device)
+
+    def _graphs_on(self) -> bool:
+        t = self._toggles
+        return t["graph_replay"] and t["demand_sized"] and self.device.type == "cuda" and torch.cuda.is_available()
+
+    def _prepare_tts_graphs(self) -> None:
+        if not self._graphs_on():
+            return
+        self.tts_graphs = DecodeGraphs(self.tts, self.device)
+        if self.turns.max_turn_seconds is not None and self.kv_tts.length == 0:
+            rng = torch.cuda.get_rng_state(self.device)
+            self.tts_graphs.prepare(self.kv_tts, self.tts_capacity)
+            torch.cuda.set_rng_state(rng, self.device)
+
+    def _tts_step(self, code: torch.Tensor, kv) -> torch.Tensor:
+        if self.tts_graphs is not None and kv.kind == "demand":
+            return self.tts_graphs.step(code, kv)
+        return self.tts.step_code(code, kv)
+
+    # -- per second ------------------------------------------------------------------------------------
+    def listen(self, audio: torch.Tensor, vad: "VadResult") -> None:
+        self._apply_toggles()
+        self._speech = bool(vad.speech)
+        with torch.no_grad():
+            emb = self.executor.step({"pcm": audio})["emb"]            # [10, llm hidden]
+            self.protocol.prefill(emb)
+
+    def think(self, frames: int) -> Thought:
+        with torch.no_grad():
+            unit, hidden = self.protocol.decode(self.turns.decide(self._speech))
+            if unit.decision == "listen":
+                return Thought("listen", None, 0, text="")
+            self.protocol.speak(unit, hidden)
+        codes = unit.codes.view(1, -1)                                  # [1, n] int64 on the device
+        parts: List[torch.Tensor] = []
+        if self._first_reply:
+            parts.append(self._silence(LOOKAHEAD))
+            self._first_reply = False
+        parts.append(codes)
+        if unit.end_of_turn:
+            parts.append(self._silence(LOOKAHEAD))
+        return Thought("speak", torch.cat(parts, dim=1), int(codes.shape[1]), text=self._text(unit.text_ids))
+
+    def _silence(self, n: int) -> torch.Tensor:
+        return torch.full((1, n), SILENCE, dtype=torch.long, device=self.device)
+
+    def _text(self, ids: List[int]) -> str:
+        if self.folder is not None:
+            return self.folder.tokenizer.decode(ids, skip_special_tokens=True)
+        return " ".join(f"<{i}>" for i in ids)
+
+    # -- toggles and reporting ---------------------------------------------------------------------------
+    def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
+        self._pending = getattr(self, "_pending", {})
+        self._pending.update(requested(demand_sized, graph_replay))
+
+    def _apply_toggles(self) -> None:
+        pending, self._pending = getattr(self, "_pending", {}), {}
+        if not pending:
+            return
+        self._toggles.update(pending)
+        self.executor.set_toggles(**pending)
+        demand = self._toggles["demand_sized"]
+        p = self.protocol
+        p.kv_llm = self.kv_llm = switch_store(self.kv_llm, demand, self.llm_capacity, self.device)
+        new_tts = switch_store(self.kv_tts, demand, self.tts_capacity, self.device)
+        if new_tts is not self.kv_tts:
+            self.tts_graphs = None                                      # graphs point into the old storage
+        p.kv_tts = self.kv_tts = new_tts
+        if self._graphs_on() and self.tts_graphs is None:
+            self.tts_graphs = DecodeGraphs(self.tts, self.device)       # captured lazily from here on
+        elif not self._graphs_on():
+            self.tts_graphs = None
+
+    def toggles(self) -> Dict[str, bool]:
+        return {"demand_sized": self._toggles["demand_sized"], "graph_replay": self._graphs_on()}
+
+    def state_bytes(self) -> int:
+        if not hasattr(self, "protocol"):
+            return 0
+        return int(self.executor.state_bytes() + self.kv_llm.nbytes() + self.kv_tts.nbytes())
+
+    def close(self) -> None:
+        for name in ("protocol", "executor", "llm", "tts", "encoder", "kv_llm", "kv_tts", "tts_graphs"):
+            if hasattr(self, name):
+                delattr(self, name)

@@ -1,0 +1,144 @@
+"""Building blocks shared by the LLM (Qwen3) and the TTS (Llama): RMSNorm, RoPE, GQA attention, SwiGLU.
+
+Every block reads and writes its key/value history through a ``KVLayer`` (see :mod:`.kv`): the stock
+policy grows it with ``torch.cat``; the demand policy writes into storage allocated once and hands
+back an exact-length view. The arithmetic is the same in both: attention always runs over exactly
+the positions written so far (no padding, no mask beyond causality), so both give the same bits.
+"""
+from __future__ import annotations
+
+from typing import Optional, Protocol, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class KVLayer(Protocol):
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Store ``k``/``v`` [1, Hkv, T, hd] after the history; return the whole history [1, Hkv, L, hd]."""
+
+
+class RMSNorm(nn.Module):
+    """RMS norm computed in float32, scaled in the model's dtype."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [T, hd] for integer ``positions`` [T] (half-split layout, angles in float32)."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    ang = positions.to(torch.float32)[:, None] * inv[None, :]          # [T, hd/2]
+    ang = torch.cat([ang, ang], dim=-1)                                 # [T, hd]
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [1, H, T, hd]; cos/sin: [T, hd]."""
+    half = x.shape[-1] // 2
+    turned = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + turned * sin
+
+
+def causal_mask(t_new: int, t_all: int, device) -> Optional[torch.Tensor]:
+    """Boolean [t_new, t_all] mask: new token i sees history plus new tokens 0..i (None for one token)."""
+    if t_new == 1:
+        return None
+    past = t_all - t_new
+    rows = torch.arange(t_new, device=device)[:, None]
+    cols = torch.arange(t_all, device=device)[None, :]
+    return cols <= rows + past
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention with RoPE; ``qk_norm`` adds Qwen3's per-head RMSNorm on q and k."""
+
+    def __init__(self, dim: int, heads: int, kv_heads: int, head_dim: int, eps: float, qk_norm: bool):
+        super().__init__()
+        self.h, self.hkv, self.hd = heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(dim, heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(dim, kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(dim, kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * head_dim, dim, bias=False)
+        self.q_norm = RMSNorm(head_dim, eps) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, eps) if qk_norm else None
+
+    def forward(self, x: torch.Tensor, kv: KVLayer, cos: torch.Tensor, sin: torch.Tensor,
+                mask: Optional[torch.Tensor]) -> torch.Tensor:
+        # x: [1, T, dim]
+        t = x.shape[1]
+        q = self.q_proj(x).view(1, t, self.h, self.hd)
+        k = self.k_proj(x).view(1, t, self.hkv, self.hd)
+        v = self.v_proj(x).view(1, t, self.hkv, self.hd).transpose(1, 2)     # [1, Hkv, T, hd]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q.transpose(1, 2), cos, sin)                             # [1, H, T, hd]
+        k = apply_rope(k.transpose(1, 2), cos, sin)                             # [1, Hkv, T, hd]
+        k_all, v_all = kv.append(k, v)                                          # [1, Hkv, L, hd]
+        if self.hkv != self.h:
+            rep = self.h // self.hkv
+            k_all = k_all.repeat_interleave(rep, dim=1)                         # [1, H, L, hd]
+            v_all = v_all.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)  # [1, H, T, hd]
+        return self.o_proj(out.transpose(1, 2).reshape(1, t, self.h * self.hd))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, dim: int, ffn: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, ffn, bias=False)
+        self.up_proj = nn.Linear(dim, ffn, bias=False)
+        self.down_proj = nn.Linear(ffn, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm decoder block (names as in the released checkpoint: ``self_attn``, ``mlp``, two norms)."""
+
+    def __init__(self, dim: int, heads: int, kv_heads: int, head_dim: int, ffn: int, eps: float, qk_norm: bool):
+        super().__init__()
+        self.input_layernorm = RMSNorm(dim, eps)
+        self.self_attn = Attention(dim, heads, kv_heads, head_dim, eps, qk_norm)
+        self.post_attention_layernorm = RMSNorm(dim, eps)
+        self.mlp = SwiGLU(dim, ffn)
+
+    def forward(self, x, kv: KVLayer, cos, sin, mask):
+        x = x + self.self_attn(self.input_layernorm(x), kv, cos, sin, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Projector(nn.Module):
+    """Two linear layers with a ReLU between (``linear1``, ``linear2``: the audio and semantic projectors)."""
+
+    def __init__(self, d_in: int, d_out: int):
+        super().__init__()
+        self.linear1 = nn.Linear(d_in, d_out)
+        self.linear2 = nn.Linear(d_out, d_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear2(F.relu(self.linear1(x)))
+
+
+def seeded_init(module: nn.Module, seed: int, std: float = 0.02) -> None:
+    """Seeded random weights (norm weights stay 1, biases 0), drawn on the module's own device."""
+    dev = next(module.parameters()).device
+    g = torch.Generator(device=dev).manual_seed(int(seed))
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name or "layer_norm" in name:
+                p.fill_(1.0) if name.endswith("weight") else p.zero_()
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.copy_(torch.randn(p.shape, generator=g, device=dev, dtype=torch.float32).to(p.dtype) * std)

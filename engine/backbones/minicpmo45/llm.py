@@ -1,0 +1,60 @@
+"""THINK's language model: Qwen3 (36 layers, hidden 4096, GQA 32/8, head_dim 128, untied lm_head).
+
+A plain module in the checkpoint's names (``model.embed_tokens``, ``model.layers.N``, ``model.norm``,
+``lm_head``; stored under ``llm.``). :meth:`Qwen3.forward` takes embeddings of ``T`` new positions and
+the session's KV store and returns the final-norm hidden state of every new position; the caller asks
+for logits of the last one only (the duplex protocol never needs more).
+"""
+from __future__ import annotations
+
+from typing import List
+
+import torch
+from torch import nn
+
+from .dims import LLMDims
+from .kv import KVStore
+from .layers import DecoderLayer, RMSNorm, causal_mask, rope_tables
+
+
+class _Body(nn.Module):
+    def __init__(self, d: LLMDims):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(d.vocab, d.hidden)
+        self.layers = nn.ModuleList(
+            DecoderLayer(d.hidden, d.heads, d.kv_heads, d.head_dim, d.ffn, d.eps, qk_norm=True)
+            for _ in range(d.layers))
+        self.norm = RMSNorm(d.hidden, d.eps)
+
+
+class Qwen3(nn.Module):
+    """The duplex LLM; its key/value history lives in a :class:`~.kv.KVStore` the caller owns."""
+
+    def __init__(self, d: LLMDims):
+        super().__init__()
+        self.d = d
+        self.model = _Body(d)
+        self.lm_head = nn.Linear(d.hidden, d.vocab, bias=False)
+
+    def embed(self, ids: List[int]) -> torch.Tensor:
+        """Token embeddings [T, hidden] for a list of ids."""
+        w = self.model.embed_tokens.weight
+        return self.model.embed_tokens(torch.tensor(ids, dtype=torch.long, device=w.device))
+
+    def forward(self, embeds: torch.Tensor, kv: KVStore) -> torch.Tensor:
+        # embeds: [T, hidden] -> hidden states after the final norm [T, hidden]
+        t = embeds.shape[0]
+        start = kv.length
+        dev = embeds.device
+        cos, sin = rope_tables(torch.arange(start, start + t, device=dev), self.d.head_dim, self.d.rope_theta,
+                               embeds.dtype)
+        mask = causal_mask(t, start + t, dev)
+        x = embeds.unsqueeze(0)                                                   # [1, T, hidden]
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, kv.layer(i), cos, sin, mask)
+        kv.commit(t)
+        return self.model.norm(x)[0]                                              # [T, hidden]
+
+    def logits(self, hidden_last: torch.Tensor) -> torch.Tensor:
+        """lm_head of one hidden state [hidden] -> float32 logits [1, vocab]."""
+        return self.lm_head(hidden_last.view(1, -1)).float()

@@ -1,0 +1,159 @@
+"""The MiniCPM-o 4.5 duplex unit: what happens to the LLM and the TTS in one second.
+
+LISTEN (:meth:`Protocol.prefill`): the previous unit is closed first (its deferred terminator and
+``</unit>`` fed as the stock's deferred finalize does), then ``<unit>`` and the second's 10 audio
+embeddings are fed; the logits of the last position wait for THINK.
+
+THINK (:meth:`Protocol.decode`): at most 20 decode steps. Step 0 is the decision token (sampled, or
+forced by the turn policy); a sampled ``<|listen|>`` while a reply is still open becomes
+``<|tts_bos|>``; ``<|listen|>``, ``<|chunk_eos|>`` and ``<|chunk_tts_eos|>`` end the unit (deferred to
+the next finalize); step 19 is always ``<|chunk_eos|>``; every other token is fed back, and from step 1
+on its token id and final hidden state go to the TTS. ``<|turn_eos|>`` ends the reply: the TTS may
+stop early and its per-turn history is dropped after this second. A listening unit runs no TTS.
+
+The TTS (:meth:`Protocol.speak`) prefills the condition and draws 26 codes (25 kept; fewer when it
+draws EOS where EOS is allowed: at a reply's first and last second).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional
+
+import torch
+
+from .dims import Dims
+from .kv import KVStore
+from .llm import Qwen3
+from .sampling import TextSampler, code_logits, draw
+from .tts import TTS
+from .turns import TurnDecision
+
+
+@dataclass
+class Unit:
+    """What THINK made of one second."""
+
+    decision: str                          # "listen" | "speak"
+    text_ids: List[int] = field(default_factory=list)    # tokens after the decision token (to the TTS)
+    llm_steps: int = 0                     # decode steps run
+    end_of_turn: bool = False
+    codes: Optional[torch.Tensor] = None   # [n] int64 on the device (speaking units)
+
+
+class Protocol:
+    """The per-second duplex protocol over an LLM KV store and a per-turn TTS KV store.
+
+    ``kv_llm`` / ``kv_tts`` are attributes the backbone swaps when the demand toggle flips;
+    ``tts_step`` runs one TTS decode step (eager or a replayed graph); ``too_long`` (optional, with a
+    tokenizer) says whether a unit's text has reached the stock's 28-character limit.
+    """
+
+    def __init__(self, dims: Dims, llm: Qwen3, tts: TTS, kv_llm: KVStore, kv_tts: KVStore,
+                 tts_step: Callable[[torch.Tensor, KVStore], torch.Tensor],
+                 too_long: Optional[Callable[[List[int]], bool]] = None):
+        self.d = dims
+        self.llm, self.tts = llm, tts
+        self.kv_llm, self.kv_tts = kv_llm, kv_tts
+        self.tts_step = tts_step
+        self.too_long = too_long
+        tk = dims.tokens
+        self.sampler = TextSampler(dims.sampling, tk, forbidden=[tk.tts_pad])
+        self.turn_ended = True
+        self.pending_close: Optional[List[int]] = None
+        self.logits: Optional[torch.Tensor] = None
+
+    # -- LISTEN ----------------------------------------------------------------------------------------
+    def feed(self, embeds: torch.Tensor) -> torch.Tensor:
+        """Feed embeddings [T, hidden]; the final hidden state of each position [T, hidden]."""
+        return self.llm(embeds, self.kv_llm)
+
+    def feed_ids(self, ids: List[int]) -> torch.Tensor:
+        return self.feed(self.llm.embed(ids))
+
+    def close_unit(self) -> None:
+        """The deferred finalize of the previous unit: its terminator (if any) and ``</unit>``."""
+        if self.pending_close is not None:
+            self.feed_ids(self.pending_close)
+            self.pending_close = None
+
+    def prefill(self, audio_emb: torch.Tensor) -> None:
+        """``<unit>`` then the second's audio embeddings [10, hidden]; keep the last logits."""
+        self.close_unit()
+        self.feed_ids([self.d.tokens.unit])
+        h = self.feed(audio_emb.to(self.llm.lm_head.weight.dtype))
+        self.logits = self.llm.logits(h[-1])
+
+    # -- THINK ------------------------------------------------------------------------------------------
+    def decode(self, turn: TurnDecision) -> tuple:
+        """Run the unit's decode steps; returns (Unit, hidden states [n, hidden] of its text tokens)."""
+        tk, s = self.d.tokens, self.d.sampling
+        logits, self.logits = self.logits, None
+        if turn.forced == "listen" and not self.turn_ended:      # a reply cut short: close the turn first
+            h = self.feed_ids([tk.turn_eos])
+            logits = self.llm.logits(h[-1])
+            self.end_turn()
+        unit = Unit("speak")
+        hidden: List[torch.Tensor] = []
+        terminator: Optional[int] = None
+        for j in range(s.max_tokens_per_unit):
+            if j == s.max_tokens_per_unit - 1:
+                terminator = tk.chunk_eos
+                break
+            tok = self._choose(j, turn, logits)
+            unit.llm_steps += 1
+            if tok in tk.chunk_terminators:
+                terminator = tok
+                unit.decision = "listen" if tok == tk.listen else "speak"
+                break
+            self.turn_ended = False
+            if j > 0 and self.too_long is not None and self.too_long(unit.text_ids + [tok]):
+                terminator = tk.chunk_eos
+                break
+            h = self.feed_ids([tok])
+            logits = self.llm.logits(h[-1])
+            if tok == tk.turn_eos:
+                unit.end_of_turn = True
+                self.turn_ended = True
+            if j > 0:
+                unit.text_ids.append(tok)
+                hidden.append(h[-1:])
+        self.pending_close = ([terminator] if terminator is not None else []) + [tk.unit_end]
+        hid = torch.cat(hidden, dim=0) if hidden else None
+        return unit, hid
+
+    def _choose(self, j: int, turn: TurnDecision, logits: torch.Tensor) -> int:
+        tk = self.d.tokens
+        if j == 0 and turn.forced is not None:
+            return tk.listen if turn.forced == "listen" else tk.speak
+        if turn.last and j == self.d.sampling.max_tokens_per_unit - 2:
+            return tk.turn_eos                                 # the policy's reply ends in this second
+        tok = self.sampler(logits)
+        if tok == tk.listen and not self.turn_ended:
+            tok = tk.tts_bos
+        return tok
+
+    # -- the TTS ----------------------------------------------------------------------------------------
+    def speak(self, unit: Unit, hidden: Optional[torch.Tensor]) -> None:
+        """Draw the second's codes into ``unit.codes``; drop the TTS history after a reply's last second."""
+        s, d = self.d.sampling, self.d.tts
+        kv = self.kv_tts
+        min_codes = 0 if (kv.length == 0 or unit.end_of_turn) else s.tts_steps
+        cond = self.tts.condition(unit.text_ids, hidden)                       # [n + 1, hidden]
+        logits = self.tts(cond, kv)
+        codes = torch.zeros(s.tts_steps, dtype=torch.long, device=cond.device)
+        kept = s.tts_steps - 1
+        for t in range(s.tts_steps):
+            if t > 0:
+                logits = self.tts_step(codes[t - 1:t], kv)
+            c = draw(code_logits(logits, codes, t, s, d.eos, min_codes))
+            codes[t:t + 1] = c
+            if t >= min_codes and int(c.item()) == d.eos:      # a host check only where EOS may come
+                kept = t
+                break
+        unit.codes = codes[:kept]
+        if unit.end_of_turn:
+            self.end_turn()
+
+    def end_turn(self) -> None:
+        self.kv_tts.reset()
+        self.turn_ended = True

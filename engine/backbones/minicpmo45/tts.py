@@ -1,0 +1,143 @@
+"""THINK's speech generator: the MiniCPM-o 4.5 TTS (Llama 20 x 768) with its conditioning and code head.
+
+Per speaking second the TTS reads a *condition*: for every text token the LLM produced after
+``<|speak|>``, ``emb_text(token) + L2norm(projector_semantic(LLM hidden))`` (4096 -> 768 -> 768),
+then the ``emb_text`` embedding of the audio-BOS id. It prefills the condition at the turn's current
+position, then decodes 26 steps, each feeding the previous code through ``emb_code``: 25 codes for
+token2wav (the 26th is drawn and dropped, as the stock does). Its key/value history lasts one turn.
+
+Graph replay: a decode step's shapes depend only on how many positions the turn's KV holds, and those
+positions recur every turn. :class:`DecodeGraphs` keeps one CUDA graph per KV length over a
+:class:`~.kv.DemandKV` (stable addresses, exact-length views), captured ahead of time up to the turn
+length the turn policy allows and lazily beyond; sampling stays outside the graph (it is the same
+code in every mode, so the draws are the same).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .dims import LLMDims, TTSDims
+from .kv import KVStore
+from .layers import DecoderLayer, Projector, RMSNorm, causal_mask, rope_tables
+
+
+class _Body(nn.Module):
+    def __init__(self, d: TTSDims):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            DecoderLayer(d.hidden, d.heads, d.kv_heads, d.head_dim, d.ffn, d.eps, qk_norm=False)
+            for _ in range(d.layers))
+        self.norm = RMSNorm(d.hidden, d.eps)
+
+
+class TTS(nn.Module):
+    """The TTS decoder in the checkpoint's names (``emb_text``, ``emb_code.0``, ``head_code.0``,
+    ``model.layers.N``, ``model.norm``, ``projector_semantic``). ``head_code.0.weight`` is the
+    weight-normed head already folded (see :func:`~.weights.fold_weight_norm`)."""
+
+    def __init__(self, d: TTSDims, llm: LLMDims):
+        super().__init__()
+        self.d = d
+        self.emb_text = nn.Embedding(d.text_vocab, d.hidden)
+        self.emb_code = nn.ModuleList([nn.Embedding(d.codes, d.hidden)])
+        self.head_code = nn.ModuleList([nn.Linear(d.hidden, d.codes, bias=False)])
+        self.model = _Body(d)
+        self.projector_semantic = Projector(llm.hidden, d.hidden)
+
+    def condition(self, tokens: List[int], hidden: Optional[torch.Tensor]) -> torch.Tensor:
+        """The second's condition [n + 1, hidden]: text + semantic per token, then audio BOS."""
+        dev = self.emb_text.weight.device
+        bos = self.emb_text(torch.tensor([self.d.audio_bos], dtype=torch.long, device=dev))     # [1, hidden]
+        if not tokens:
+            return bos
+        text = self.emb_text(torch.tensor(tokens, dtype=torch.long, device=dev))                # [n, hidden]
+        sem = F.normalize(self.projector_semantic(hidden), p=2.0, dim=-1)                         # [n, hidden]
+        return torch.cat([text + sem, bos], dim=0)
+
+    def forward(self, embeds: torch.Tensor, kv: KVStore) -> torch.Tensor:
+        # embeds: [T, hidden] at turn positions kv.length .. kv.length + T - 1 -> float32 logits [1, codes]
+        t = embeds.shape[0]
+        start = kv.length
+        dev = embeds.device
+        cos, sin = rope_tables(torch.arange(start, start + t, device=dev), self.d.head_dim, self.d.rope_theta,
+                               embeds.dtype)
+        x = embeds.unsqueeze(0)                                                 # [1, T, hidden]
+        mask = causal_mask(t, start + t, dev)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, kv.layer(i), cos, sin, mask)
+        kv.commit(t)
+        h = self.model.norm(x)[:, -1]                                           # [1, hidden]
+        return self.head_code[0](h).float()                                     # [1, codes]
+
+    def step_code(self, code: torch.Tensor, kv: KVStore) -> torch.Tensor:
+        """One decode step: the previous code [1] (device int64) -> logits [1, codes]."""
+        return self.forward(self.emb_code[0](code), kv)
+
+
+class DecodeGraphs:
+    """One CUDA graph per TTS KV length for the decode step (no padding: exact-length attention)."""
+
+    def __init__(self, tts: TTS, device: torch.device):
+        self.tts = tts
+        self.device = device
+        self.graphs: Dict[int, tuple] = {}
+        self.pool = None
+        self.stream: Optional[torch.cuda.Stream] = None
+        self.captures = 0
+        self.replays = 0
+
+    def _side(self):
+        if self.stream is None:
+            self.stream = torch.cuda.Stream(self.device)
+            self.pool = torch.cuda.graph_pool_handle()
+        return self.stream
+
+    def capture(self, kv, length: int, warm: bool) -> None:
+        """Capture the step that makes the KV hold ``length`` positions (KV at ``length - 1`` now)."""
+        saved = kv.length
+        code = torch.zeros(1, dtype=torch.long, device=self.device)
+        s = self._side()
+        s.wait_stream(torch.cuda.current_stream(self.device))
+        try:
+            with torch.cuda.stream(s):
+                if warm:                                      # run once for real on the side stream
+                    kv.length = length - 1
+                    self.tts.step_code(code, kv)
+                kv.length = length - 1
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=self.pool, stream=s):
+                    out = self.tts.step_code(code, kv)
+            torch.cuda.current_stream(self.device).wait_stream(s)
+        finally:
+            kv.length = saved
+        self.graphs[length] = (g, code, out)
+        self.captures += 1
+
+    def prepare(self, kv, up_to: int) -> None:
+        """Ahead of time (before the session's first turn), over an empty KV: lengths 2..up_to."""
+        for n in range(2, min(int(up_to), kv.capacity) + 1):
+            self.capture(kv, n, warm=True)
+        torch.cuda.synchronize(self.device)
+        kv.k_buf.zero_()
+        kv.v_buf.zero_()
+        kv.reset()
+
+    def step(self, code: torch.Tensor, kv) -> torch.Tensor:
+        n = kv.length + 1
+        entry = self.graphs.get(n)
+        if entry is None:
+            logits = self.tts.step_code(code, kv)             # eager, for real; capture for next time
+            kv.length -= 1
+            self.capture(kv, n, warm=False)
+            kv.length += 1
+            return logits
+        g, static_code, out = entry
+        static_code.copy_(code)
+        g.replay()
+        kv.commit(1)
+        self.replays += 1
+        return out.clone()
