@@ -99,4 +99,9 @@ def make_backbone(name: str, fmt: TokenFormat, *, size: str, device, seed: int =
     if name == "moshi":
         from .moshi import MoshiBackbone
         return MoshiBackbone(fmt, size=size, device=device, seed=seed, checkpoint=checkpoint)
-    raise ValueError(f"unknown backbone {name!r}; choose one of: synthetic, moshi")
+    if name == "minicpm-o-4.5":
+        from .minicpmo45 import MiniCPMO45Backbone
+        return MiniCPMO45Backbone(fmt, size=size, device=device, seed=seed, checkpoint=checkpoint,
+                                  demand_sized=demand_sized, graph_replay=graph_replay,
+                                  reply_seconds=reply_seconds, debug=debug)
+    raise ValueError(f"unknown backbone {name!r}; choose one of: synthetic, moshi, minicpm-o-4.5")

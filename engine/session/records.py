@@ -44,6 +44,7 @@ class SecondRecord:
     user_speech: bool = False     # voice activity detected in the input second
     backlog: int = 0              # frames still waiting when this second finished
     text: str = ""                # text the backbone produced (Moshi with a tokenizer), else ""
+    tail_skipped: bool = False    # the backbone listened and the decoder tail did not run (MiniCPM-o 4.5)
 
     def to_dict(self) -> Dict[str, object]:
         """A plain, JSON-safe dict (floats rounded to microseconds / 1e-6)."""

@@ -173,14 +173,16 @@ class DuplexSession:
             return dict(self._info)
         ti = self.tail.info if self.tail is not None else None
         bi = self.backbone.info if self.backbone is not None else None
-        synthetic = bool((ti and ti.synthetic_weights) or (bi and bi.synthetic))
+        synthetic = bool(ti and ti.synthetic_weights) or (ti is None and bool(bi and bi.synthetic))
         return {
             "tail": self.cfg.tail, "backbone": self.cfg.backbone,
             "tail_title": ti.title if ti else self.cfg.tail,
             "backbone_title": bi.title if bi else self.cfg.backbone,
             "synthetic": synthetic,
             "note": ("synthetic weights: timing and memory are real; the voice is not speech — "
-                     "load a checkpoint folder for a real voice") if synthetic else "",
+                     "load a checkpoint folder for a real voice") if synthetic else
+                    ("synthetic backbone: its speech tokens are random, so the checkpoint's voice says no words "
+                     "(the moshi backbone holds a conversation)") if bi and bi.synthetic else "",
             "device": str(self.device), "size": self.cfg.size,
         }
 
@@ -227,7 +229,7 @@ class DuplexSession:
             clock.mark("think")
             thought = self.backbone.think(frames)
             clock.mark("speak")
-            audio = self.tail.push(self._tail_tokens(thought.tokens, frames))
+            audio, tail_skipped = self._speak(thought, frames)
             clock.mark("end")
         ms = clock.stages()
         self.fifo.push(self.to_session_rate(audio))
@@ -243,7 +245,7 @@ class DuplexSession:
             alloc_bytes=alloc, reserved_bytes=reserved, peak_bytes=peak,
             demand_sized=toggles["demand_sized"], graph_replay=toggles["graph_replay"],
             tail=self.cfg.tail, backbone=self.cfg.backbone, input_rms=rms(x), output_rms=rms(out),
-            user_speech=bool(vad.speech), backlog=int(backlog), text=thought.text)
+            user_speech=bool(vad.speech), backlog=int(backlog), text=thought.text, tail_skipped=tail_skipped)
         self.records.append(rec)
         return out, rec
 
@@ -258,6 +260,18 @@ class DuplexSession:
             return np.zeros_like(out)
         level = rms(out)
         return out * np.float32(min(1.0, SYNTHETIC_RMS / level)) if level > 0 else out
+
+    def _speak(self, thought, frames: int) -> Tuple[np.ndarray, bool]:
+        """SPEAK: the tail decodes the second's tokens; returns (audio, whether the tail was skipped).
+
+        A backbone with ``listen_skips_tail`` (MiniCPM-o 4.5: a listening second runs no TTS and no
+        token2wav) hands over its speaking tokens as they are (a reply's silence prefix and lookahead
+        included) and skips the tail while it listens: the second plays silence."""
+        if getattr(self.backbone, "listen_skips_tail", False):
+            if thought.tokens is None:
+                return np.zeros(0, dtype=np.float32), True
+            return self.tail.push(thought.tokens), False
+        return self.tail.push(self._tail_tokens(thought.tokens, frames)), False
 
     def _tail_tokens(self, tokens: Optional[torch.Tensor], frames: int) -> torch.Tensor:
         """The second's (codebooks, frames) tokens for the tail; silence fills what is missing, in front."""
