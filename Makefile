@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml tests/oracle-requirements.txt
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q "$(TORCH_SPEC)"
-	$(VPY) -m pip install -q -e ".[test]"
+	$(VPY) -m pip install -q -e ".[test,serve]"
 	$(VPY) -m pip install -q --no-deps -r tests/oracle-requirements.txt
 	@touch $(STAMP)
 

@@ -4,6 +4,7 @@
   duplexcadence --input-file IN.wav  scripted session (see --help)
   duplexcadence synth ...            decode tokens with an engine decoder tail (no GUI)
   duplexcadence run ...              headless duplex session over a wav file (no GUI)
+  duplexcadence serve ...            host sessions on Ray Serve for remote clients (extra: serve)
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 SUBCOMMANDS = {
     "synth": "engine.cli.synth",
     "run": "engine.cli.run",
+    "serve": "engine.serve.cli",
 }
 
 

@@ -1,0 +1,75 @@
+"""`duplexcadence run --engine ws://HOST:PORT`: the headless session, run by a remote server.
+
+The flow is the embedded ``run``'s (the same journal, progress, summary and files); only the runner
+differs: :class:`~engine.serve.client.RemoteRunner`. Without ``--realtime`` each second is sent
+when the previous one came back (as fast as the server goes, no queueing); with it, one second per
+second. If the server goes away, every second received so far is written like an interrupted run
+and the command says what happened (exit 1).
+"""
+from __future__ import annotations
+
+import argparse
+import queue
+import time
+from typing import List
+
+import numpy as np
+
+from engine.session import SessionConfig
+
+from .auth import read_token
+from .client import RemoteRunner
+
+
+def remote_config(a: argparse.Namespace) -> SessionConfig:
+    """What the client asks of the server: the model names, seed and toggles (nothing resolved here:
+    the server owns weights, size and device). Local checkpoint paths make no sense remotely."""
+    from engine.cli.run import MODES
+    if a.checkpoint or a.backbone_checkpoint:
+        raise ValueError("--checkpoint and --backbone-checkpoint name the server's weights: give them to "
+                         "`duplexcadence serve`, not to a client with --engine")
+    demand, graphs = MODES[a.mode]
+    return SessionConfig(tail=a.model, backbone=a.backbone, size=a.size, device=a.device,
+                         demand_sized=demand, graph_replay=graphs, seed=a.seed)
+
+
+def make_runner(a: argparse.Namespace, cfg: SessionConfig) -> RemoteRunner:
+    """The remote runner for ``--engine`` (the token from --token-file or $DUPLEXCADENCE_TOKEN)."""
+    return RemoteRunner(cfg, a.engine, read_token(a.token_file, role="client"))
+
+
+def run_remote(runner: RemoteRunner, frames: List[np.ndarray], progress, journal, stop, realtime: bool) -> None:
+    """Feed ``frames`` to the remote session and journal each second as it comes back."""
+    from engine.cli.run import Interrupted, _take, announce
+    runner.start()
+    try:
+        while not runner.ready.wait(0.1):
+            pass
+    except Interrupted:
+        runner.stop(timeout=10.0)
+        raise
+    stop.building = False
+    if runner.session is None:
+        _take(runner.results.get(), frames, journal, progress)     # the refusal, as a RuntimeError
+        return
+    announce(runner.session.info)
+    t0 = time.perf_counter()
+    submitted = 0
+    try:
+        while journal.seconds < len(frames) and not stop.signum:
+            due = int(time.perf_counter() - t0) + 1 if realtime else journal.seconds + 1
+            while submitted < min(due, len(frames)):
+                runner.submit(frames[submitted])
+                submitted += 1
+            try:
+                item = runner.results.get(timeout=0.02)
+            except queue.Empty:
+                if not runner.running and runner.results.empty():
+                    raise RuntimeError(f"the session on {runner.where} ended before the end of the input")
+                continue
+            _take(item, frames, journal, progress)
+        runner.stop(timeout=60.0)                 # the server finishes the second in progress
+        while not runner.results.empty():
+            _take(runner.results.get_nowait(), frames, journal, progress)
+    finally:
+        runner.stop(timeout=10.0)

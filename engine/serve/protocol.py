@@ -1,0 +1,157 @@
+"""The wire protocol between a remote client and a serving replica (one WebSocket = one session).
+
+Everything here is plain Python (no Ray, no FastAPI): the server and the client both import it.
+
+Client -> server
+  * text ``{"type": "hello", "protocol": 1, "config": {...}}`` first (what the client asks of the
+    session: tail, backbone, size, device, seed, toggles, reply_seconds; see :data:`CLIENT_FIELDS`);
+  * binary: one second of mono 24 kHz audio as little-endian float32, exactly ``4 * 24000`` bytes;
+  * text ``{"type": "toggles", "demand_sized": bool|null, "graph_replay": bool|null}``;
+  * text ``{"type": "stop", "drain": bool}``: finish (with ``drain``: every queued second) and end.
+
+Server -> client
+  * text ``{"type": "ready", "info": {...}, "replica": str, "node": str}`` once the session is built;
+  * binary: one finished second, :func:`pack_result` (a JSON header with the record, then the audio);
+  * text ``{"type": "refused", "message": str}`` then a close with a 44xx/45xx code (bad token,
+    wrong model, full cluster): nothing was built;
+  * text ``{"type": "error", "message": str}``: the session failed (it has stopped);
+  * text ``{"type": "end", "seconds": int}`` after a stop, then a normal close.
+
+Bits: audio travels as raw float32 and each record as JSON with Python's shortest round-trip float
+repr, so a record and its audio arrive exactly as the server's session made them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+from typing import Any, Dict, Tuple
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from engine.session.live import LiveResult
+from engine.session.records import SecondRecord
+
+PROTOCOL = 1
+RATE = 24000
+FRAME_BYTES = 4 * RATE
+PATH = "/session"
+
+#: SessionConfig fields a client may ask for; the model itself (weights, size, device) is the server's
+CLIENT_FIELDS = ("tail", "backbone", "size", "device", "seed", "demand_sized", "graph_replay", "reply_seconds")
+
+# WebSocket close codes (4000-4999 are the application's)
+CLOSE_NORMAL = 1000
+CLOSE_UNAUTHORIZED = 4401
+CLOSE_BAD_REQUEST = 4400
+CLOSE_CONFLICT = 4409          # the client asked for a model this server does not serve
+CLOSE_FULL = 4503              # every replica is at its session limit
+CLOSE_SHUTDOWN = 4504          # the replica is shutting down
+
+_HEADER = struct.Struct("<I")  # length of the JSON header that precedes a result's audio
+
+
+class ProtocolError(ValueError):
+    """A message that does not follow the protocol (the text says what is wrong)."""
+
+
+def encode(kind: str, **fields: Any) -> str:
+    """A text message: ``{"type": kind, **fields}``."""
+    return json.dumps({"type": kind, **fields})
+
+
+def decode(text: str) -> Dict[str, Any]:
+    """A text message as a dict with a ``type``; ProtocolError otherwise."""
+    try:
+        msg = json.loads(text)
+    except (TypeError, ValueError) as e:
+        raise ProtocolError(f"a text message is not JSON: {e}") from None
+    if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+        raise ProtocolError("a text message is a JSON object with a string 'type'")
+    return msg
+
+
+def hello(config: Dict[str, Any]) -> str:
+    """The client's first message: the fields of :data:`CLIENT_FIELDS` it sets."""
+    return encode("hello", protocol=PROTOCOL, config={k: v for k, v in config.items() if k in CLIENT_FIELDS})
+
+
+def read_hello(text: str) -> Dict[str, Any]:
+    """The config of a hello message; ProtocolError when it is not one."""
+    msg = decode(text)
+    if msg["type"] != "hello":
+        raise ProtocolError(f"the first message must be a hello, not {msg['type']!r}")
+    if msg.get("protocol") != PROTOCOL:
+        raise ProtocolError(f"protocol {msg.get('protocol')!r} is not supported (this server speaks {PROTOCOL}): "
+                            "update the client or the server so both are the same version")
+    config = msg.get("config")
+    if not isinstance(config, dict):
+        raise ProtocolError("a hello carries a 'config' object")
+    unknown = sorted(set(config) - set(CLIENT_FIELDS))
+    if unknown:
+        raise ProtocolError(f"a hello's config cannot set {', '.join(unknown)}")
+    return config
+
+
+def pack_frame(frame: np.ndarray) -> bytes:
+    """One second of audio ``[24000]`` float32 as little-endian bytes."""
+    return np.ascontiguousarray(frame, dtype="<f4").tobytes()
+
+
+def unpack_frame(data: bytes) -> np.ndarray:
+    """The ``[24000]`` float32 frame of a binary message; ProtocolError when its size is wrong."""
+    if len(data) != FRAME_BYTES:
+        raise ProtocolError(f"a frame is one second of mono 24 kHz float32 audio ({FRAME_BYTES} bytes); "
+                            f"got {len(data)} bytes")
+    return np.frombuffer(data, dtype="<f4").astype(np.float32)
+
+
+def record_fields(rec: SecondRecord) -> Dict[str, Any]:
+    """Every field of a record, unrounded (JSON keeps floats exactly)."""
+    return dataclasses.asdict(rec)
+
+
+def pack_result(res: LiveResult) -> bytes:
+    """A finished second: ``[u32 header length][JSON header][float32 audio]``."""
+    header = json.dumps({"record": record_fields(res.record), "keeps_up": bool(res.keeps_up),
+                         "notice": res.notice}).encode("utf-8")
+    return _HEADER.pack(len(header)) + header + pack_frame(res.audio)
+
+
+def unpack_result(data: bytes) -> LiveResult:
+    """The :class:`LiveResult` of a binary server message (record and audio bit for bit)."""
+    if len(data) < _HEADER.size:
+        raise ProtocolError("a result message is shorter than its header")
+    (n,) = _HEADER.unpack_from(data)
+    head = data[_HEADER.size:_HEADER.size + n]
+    try:
+        meta = json.loads(head.decode("utf-8"))
+        rec = SecondRecord(**meta["record"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ProtocolError(f"a result's header cannot be read: {e}") from None
+    audio = np.frombuffer(data[_HEADER.size + n:], dtype="<f4").astype(np.float32)
+    return LiveResult(rec, audio, bool(meta.get("keeps_up", True)), str(meta.get("notice", "")))
+
+
+def session_url(url: str) -> Tuple[str, str]:
+    """``(websocket URL of the session endpoint, host:port for messages)`` from what a user types.
+
+    ``ws://HOST:PORT`` and ``wss://HOST:PORT`` are taken as they are (the session path is added when
+    missing); ``http(s)://`` is read as ``ws(s)://``. Anything else is a ValueError saying so.
+    """
+    text = str(url or "").strip()
+    parts = urlsplit(text)
+    scheme = {"ws": "ws", "wss": "wss", "http": "ws", "https": "wss"}.get(parts.scheme.lower())
+    if scheme is None or not parts.hostname:
+        raise ValueError(f"engine URL {text!r} is not a ws://HOST:PORT or wss://HOST:PORT address")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"engine URL {text!r} has a port that is not a number from 0 to 65535") from None
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    path = parts.path.rstrip("/")
+    if not path.endswith(PATH):
+        path = path + PATH
+    where = netloc if port is not None else f"{parts.hostname}:{443 if scheme == 'wss' else 80}"
+    return f"{scheme}://{netloc}{path}", where
