@@ -2,7 +2,7 @@
 
 Interactive:  duplexcadence
 Scripted:     duplexcadence --input-file IN.wav [--output-file OUT.wav] [--seconds N] [--export DIR]
-                            [--screenshot PNG] [--model step-audio2|mimi] [--backbone synthetic|moshi]
+                            [--screenshot PNG] [--model TAIL] [--backbone synthetic|moshi]
                             [--checkpoint PATH]
 A scripted run uses the model its flags name (defaults otherwise, never the saved settings, which it
 leaves alone), plays the WAV as the microphone at real-time pace (then silence), stops after N
@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from engine.cli.validate import OneLineParser, output_file, output_folder, seconds, seed
+from engine.models import registry
 
 SCRIPT_FLAGS = ("input_file", "input_device", "seconds", "export", "screenshot", "output_file")
 SCREENSHOT_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
@@ -38,11 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--export", metavar="DIR", help="write CSV, JSON Lines, trace and WAVs of the session here")
     s.add_argument("--screenshot", metavar="PNG", help="save a screenshot of the window at the end")
     m = p.add_argument_group("model")
-    m.add_argument("--model", dest="tail", choices=["step-audio2", "mimi"], help="decoder tail")
+    m.add_argument("--model", dest="tail", choices=registry.tail_names(), help="decoder tail")
     m.add_argument("--backbone", choices=["synthetic", "moshi"])
     m.add_argument("--size", choices=["auto", "released", "tiny"])
     m.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    m.add_argument("--checkpoint", help="decoder tail checkpoint (Step-Audio2 folder, Mimi .safetensors)")
+    m.add_argument("--checkpoint", help="decoder tail checkpoint (" + registry.checkpoint_hints() + ")")
     m.add_argument("--backbone-checkpoint", help="Moshi weights folder")
     m.add_argument("--no-demand-sized", action="store_true", help="stock-sized state arenas")
     m.add_argument("--no-graph-replay", action="store_true", help="run every second eagerly")

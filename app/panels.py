@@ -11,9 +11,9 @@ from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QComboBox, QFileDialog, 
 from app.audio_io import DeviceInfo
 from app.plots import LevelMeter
 from app.viewmodel import GREEN, RED, EventLog, Summary
+from engine.models import registry
 from engine.session import SessionConfig
 
-TAILS = [("Step-Audio2 token2wav (MiniCPM-o 4.5)", "step-audio2"), ("Mimi decoder (Moshi)", "mimi")]
 BACKBONES = [("Synthetic (seeded policy, random weights)", "synthetic"), ("Moshi", "moshi")]
 SIZES = [("auto", "auto"), ("released", "released"), ("tiny", "tiny")]
 
@@ -72,7 +72,8 @@ class ModelPanel(QGroupBox):
     def __init__(self, cuda: bool, parent=None):
         super().__init__("Model", parent)
         self.cuda = cuda
-        self.tail = _combo(TAILS, "the decoder tail that turns speech tokens into audio")
+        self.tail = _combo([(e.title, e.name) for e in registry.tails()],
+                           "the decoder tail that turns speech tokens into audio")
         self.backbone = _combo(BACKBONES, "the model that listens and decides what to say")
         self.size = _combo(SIZES, "auto picks released sizes on a GPU and tiny sizes on a CPU")
         self.checkpoint = PathChooser("none: seeded random weights")

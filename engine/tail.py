@@ -1,9 +1,11 @@
-"""Decoder tails as the duplex session sees them: speech tokens in, 24 kHz audio out.
+"""Decoder tails as the duplex session sees them: speech tokens in, audio out (resampled by the session).
 
-Each engine decoder (Step-Audio2 token2wav, Mimi) provides a :class:`DecoderTail` subclass that
-hides its stream bookkeeping (lookahead, cross-fades, frames per second) behind ``push``. The
-optimization toggles go straight to the tail's :class:`~engine.core.executor.Executor` and take
-effect at the next step; every mode produces the same bits.
+:class:`DecoderTail` is the interface. :class:`EngineTail` is the glue every engine decoder shares:
+the open-ended plan and its executor, ahead-of-time graph capture, the toggles (one
+:class:`~engine.core.toggles.Toggles` value, applied at the next step), the frame buffer that runs
+one engine step per complete second, the partial last second through a finite plan, state bytes and
+silence tokens. A decoder package subclasses it with a few hooks (its model, its token check, the
+codes of silence); every mode produces the same bits.
 """
 from __future__ import annotations
 
@@ -12,6 +14,9 @@ from typing import Dict, Optional
 
 import numpy as np
 import torch
+
+from engine.core import Executor, Plan, SessionSpec, StepPlan, StreamingModel, make_plan
+from engine.core.toggles import Toggles, graphs_can_run
 
 
 @dataclass
@@ -58,3 +63,141 @@ class DecoderTail:
     def silence_tokens(self, n: int) -> torch.Tensor:
         """Tokens that decode to (near) silence, for seconds when the model listens."""
         raise NotImplementedError
+
+    def shared_weights(self) -> Optional[Dict[str, object]]:
+        """Read-only modules another stream of the same decoder can be built around (the registry's
+        ``make_tail(..., shared=)``); None when this tail cannot share them."""
+        return None
+
+
+class EngineTail(DecoderTail):
+    """One streaming session of an engine decoder whose steps are whole seconds of frames.
+
+    The model (a :class:`~engine.core.model.StreamingModel`) declares a clock named ``frames`` whose
+    advance is the frames a step consumes (12 or 13 at 12.5 Hz), takes ``{"codes": [K, n]}`` and
+    returns ``{"audio": [..., samples]}``, and provides ``spec(steps=, last_frames=)`` and
+    ``example_inputs(plan, device)``. Subclasses give :meth:`zero_codes` (the codes of silence) and
+    may check tokens further in :meth:`check_tokens`.
+    """
+
+    frames_clock = "frames"
+
+    def __init__(self, model: StreamingModel, info: TailInfo, device, toggles: Optional[Toggles] = None):
+        self.model, self.info, self.device = model, info, torch.device(device)
+        self._toggles = toggles if toggles is not None else Toggles(True, graphs_can_run(self.device))
+        self.plan: Plan = self._plan(self.session_spec())
+        self.executor: Optional[Executor] = None
+        self._buf = torch.zeros((info.codebooks, 0), dtype=torch.int64)
+        self._ended = False
+        self._silence: Optional[torch.Tensor] = None
+
+    # -- hooks -----------------------------------------------------------------------------------------
+    def session_spec(self, steps: Optional[int] = None, last_frames: Optional[int] = None) -> SessionSpec:
+        """The model's session: open-ended (``steps=None``) or finite with a short last second."""
+        return self.model.spec(steps=steps, last_frames=last_frames)
+
+    def _plan(self, spec: SessionSpec) -> Plan:
+        return make_plan(self.model.regions(spec), spec)
+
+    def example_inputs(self, sp: StepPlan) -> Dict[str, torch.Tensor]:
+        return self.model.example_inputs(sp, self.device)
+
+    def zero_codes(self) -> torch.Tensor:
+        """The codes (one per codebook, int64 [K]) of a frame of silence."""
+        raise NotImplementedError
+
+    def check_tokens(self, tokens) -> torch.Tensor:
+        """Tokens as int64 [K, n] on the CPU, or ValueError: K codebooks, integers in [0, vocab)."""
+        t = tokens if isinstance(tokens, torch.Tensor) else torch.as_tensor(np.asarray(tokens))
+        k, vocab = self.info.codebooks, self.info.vocab
+        if t.dim() != 2 or t.shape[0] != k:
+            raise ValueError(f"{self.info.name} codes must be (codebooks={k}, frames), got shape {tuple(t.shape)}")
+        if t.dtype.is_floating_point or t.dtype == torch.bool or t.is_complex():
+            raise ValueError(f"{self.info.name} codes must be integers, got {t.dtype}")
+        t = t.to("cpu", torch.int64)
+        if t.numel() and (int(t.min()) < 0 or int(t.max()) >= vocab):
+            raise ValueError(f"{self.info.name} codes must lie in [0, {vocab}), got values in "
+                             f"[{int(t.min())}, {int(t.max())}]")
+        return t
+
+    # -- stream ----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def start(self, seed: int = 0) -> None:
+        """New stream: fresh state, graphs captured ahead of time where they can run."""
+        ex = Executor(self.model, self.plan, self.device, **self._toggles)
+        ex.prepare_graphs(self.example_inputs)
+        ex.init_state()
+        self.executor = ex
+        self._buf = self._buf[:, :0]
+        self._ended = False
+
+    @property
+    def seconds_done(self) -> int:
+        return 0 if self.executor is None else self.executor.k
+
+    def frames_needed(self) -> int:
+        """Frames the next second takes (its step's advance of the frames clock)."""
+        return self.plan.step(self.seconds_done).advances[self.frames_clock]
+
+    @torch.no_grad()
+    def push(self, tokens) -> np.ndarray:
+        """Buffer ``tokens`` [K, n] and decode every second that is complete."""
+        self._require_stream()
+        self._buf = torch.cat([self._buf, self.check_tokens(tokens)], dim=1)
+        chunks = []
+        while self._buf.shape[1] >= self.frames_needed():
+            n = self.frames_needed()
+            second, self._buf = self._buf[:, :n], self._buf[:, n:]
+            chunks.append(self._audio(self.executor.step({"codes": second.to(self.device)})))
+        return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
+
+    @torch.no_grad()
+    def flush(self) -> np.ndarray:
+        """End the stream: the buffered frames of a last, partial second run as the last step of a
+        finite plan (the state moves over by exact copies; the step runs eagerly)."""
+        self._require_stream()
+        self._ended = True
+        n = int(self._buf.shape[1])
+        if n == 0:
+            return np.zeros(0, dtype=np.float32)
+        k, old = self.executor.k, self.executor
+        plan = self._plan(self.session_spec(steps=k + 1, last_frames=n))
+        ex = Executor(self.model, plan, self.device, demand_sized=old.arena.kind == "demand",
+                      graph_replay=old.toggles().graph_replay)   # a one-off last step: it runs eagerly
+        ex.arena.load(old.arena.export(), dict(old.arena.positions), k)
+        ex.k = k
+        self.executor = ex
+        codes, self._buf = self._buf.to(self.device), self._buf[:, :0]
+        return self._audio(ex.step({"codes": codes}))
+
+    @staticmethod
+    def _audio(out: Dict[str, torch.Tensor]) -> np.ndarray:
+        return out["audio"].reshape(-1).float().cpu().numpy()
+
+    def _require_stream(self) -> None:
+        if self.executor is None or self._ended:
+            raise RuntimeError(f"no open {self.info.name} stream: call start() first (flush() ends a stream)")
+
+    # -- toggles and reporting ---------------------------------------------------------------------------
+    def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
+        """Requested toggles apply from the next second (and to the next stream)."""
+        self._toggles = self._toggles.merged(demand_sized, graph_replay)
+        if self.executor is not None and not self._ended:
+            self.executor.set_toggles(demand_sized=demand_sized, graph_replay=graph_replay)
+
+    def toggles(self) -> Toggles:
+        if self.executor is None or self._ended:
+            return self._toggles.effective(self.device)
+        return self.executor.toggles()
+
+    def state_bytes(self) -> int:
+        return 0 if self.executor is None else self.executor.state_bytes()
+
+    def silence_tokens(self, n: int) -> torch.Tensor:
+        if self._silence is None:
+            self._silence = self.zero_codes().to("cpu", torch.int64)
+        return self._silence[:, None].expand(-1, int(n)).clone()
+
+    def shared_weights(self) -> Optional[Dict[str, object]]:
+        """The decoder module (read-only while streaming): another stream can be built around it."""
+        return {"model": self.model}

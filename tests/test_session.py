@@ -15,7 +15,7 @@ from engine.models import registry
 from engine.session import (DuplexSession, LiveError, LiveResult, LiveRunner, SecondRecord, SessionConfig,
                             export_records)
 
-TAILS = ["step-audio2", "mimi"]
+TAILS = list(registry.tail_names())   # every registered decoder tail
 
 
 def _cfg(tail, **kw):

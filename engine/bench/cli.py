@@ -10,14 +10,18 @@ from engine.cli import run_subcommand
 
 COMMANDS = {
     "plan": ("engine.bench.plan", "print a model's timeline, shape signatures and bytes per region vs stock"),
-    "step-audio2": ("engine.bench.step_audio2", "Step-Audio2 token2wav: stock package vs our three modes (GPU)"),
-    "mimi": ("engine.bench.mimi", "Mimi decoder: moshi eager / moshi graphs vs our modes (GPU)"),
     "session": ("engine.bench.session", "duplex session: per-second totals and misses, stock vs optimized"),
 }
 
 
+def commands():
+    """The fixed commands plus each registered decoder's own benchmark (``ModelEntry.bench``)."""
+    from engine.models import registry
+    return {**COMMANDS, **registry.benchmarks()}
+
+
 def usage() -> str:
-    rows = "\n".join(f"  {name:<12} {doc}" for name, (_, doc) in COMMANDS.items())
+    rows = "\n".join(f"  {name:<15} {doc}" for name, (_, doc) in commands().items())
     return f"usage: duplexcadence-bench COMMAND [options]\n\ncommands:\n{rows}\n\n'duplexcadence-bench COMMAND --help' for options."
 
 
@@ -27,10 +31,11 @@ def main(argv=None) -> int:
         print(usage())
         return 0
     cmd, rest = argv[0], argv[1:]
-    if cmd not in COMMANDS:
+    table = commands()
+    if cmd not in table:
         print(f"duplexcadence-bench: unknown command {cmd!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    return run_subcommand(f"duplexcadence-bench {cmd}", COMMANDS[cmd][0], rest)
+    return run_subcommand(f"duplexcadence-bench {cmd}", table[cmd][0], rest)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from engine.audio import frames_of, load_mono
+from engine.models import registry
 from engine.session import DuplexSession, SessionConfig, export_records, summarize
 from engine.session.records import DEADLINE_MS
 
@@ -91,7 +92,7 @@ def _table(rows: Dict[str, Dict[str, object]]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="duplexcadence-bench session", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=int, default=60)
-    p.add_argument("--tail", default="step-audio2", choices=["step-audio2", "mimi"])
+    p.add_argument("--tail", default="step-audio2", choices=registry.tail_names())
     p.add_argument("--backbone", default="synthetic", choices=["synthetic", "moshi"])
     p.add_argument("--backbone-checkpoint", default=None)
     p.add_argument("--checkpoint", default=None)

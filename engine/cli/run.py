@@ -1,6 +1,6 @@
 """`duplexcadence run`: a headless duplex session over a WAV file, with every second on the record.
 
-  duplexcadence run --input IN.wav --output OUT.wav --log DIR [--model step-audio2|mimi]
+  duplexcadence run --input IN.wav --output OUT.wav --log DIR [--model TAIL]
                     [--backbone synthetic|moshi] [--checkpoint PATH] [--backbone-checkpoint DIR]
                     [--size auto|released|tiny] [--device auto|cpu|cuda] [--mode stock|demand|graphs]
                     [--realtime] [--seconds N]
@@ -23,6 +23,7 @@ from typing import List, Tuple
 import numpy as np
 
 from engine.audio import AudioError, frames_of, load_mono, write_wav
+from engine.models import registry
 from engine.session import (DuplexSession, ExportError, LiveError, LiveRunner, SessionConfig, export_records,
                             format_summary, summarize)
 from engine.session.export import _atomic_write
@@ -36,9 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", required=True, help="input WAV (any rate, any channels)")
     p.add_argument("--output", required=True, help="output WAV (24 kHz mono)")
     p.add_argument("--log", required=True, help="folder for session.csv / .jsonl / .trace.json / summary.json")
-    p.add_argument("--model", default="step-audio2", choices=["step-audio2", "mimi"], help="decoder tail (SPEAK)")
+    p.add_argument("--model", default="step-audio2", choices=registry.tail_names(), help="decoder tail (SPEAK)")
     p.add_argument("--backbone", default="synthetic", choices=["synthetic", "moshi"], help="LISTEN + THINK")
-    p.add_argument("--checkpoint", help="decoder tail weights (Step-Audio2 folder or Mimi .safetensors); with "
+    p.add_argument("--checkpoint", help="decoder tail weights (" + registry.checkpoint_hints() + "); with "
                                         "--backbone moshi a folder here is taken as the Moshi weights folder")
     p.add_argument("--backbone-checkpoint", help="Moshi weights folder (model.safetensors, Mimi, tokenizer)")
     p.add_argument("--size", default="auto", choices=["auto", "released", "tiny"],

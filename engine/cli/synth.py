@@ -11,8 +11,8 @@ from engine.npio import AUDIO_SUFFIXES
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="duplexcadence synth", description=__doc__)
-    p.add_argument("--model", required=True, help="decoder tail: step-audio2 | mimi")
-    p.add_argument("--checkpoint", help="checkpoint folder (step-audio2) or .safetensors file (mimi); "
+    p.add_argument("--model", required=True, help="decoder tail: " + " | ".join(registry.tail_names()))
+    p.add_argument("--checkpoint", help="decoder weights (" + registry.checkpoint_hints() + "); "
                                         "omit for seeded random weights at the released size")
     p.add_argument("--out", required=True, help="output: .npy (float32 waveform, 24 kHz, bit exact) or .wav "
                                                 "(16-bit PCM); written atomically")

@@ -1,30 +1,43 @@
-"""Registry of engine models (decoder tails and the toy test model), by name.
+"""The registry of engine models (decoder tails and the toy test model): the only list of decoders.
 
 Each model package registers a :class:`ModelEntry` when imported; :func:`load_all` imports the
-known packages. ``duplexcadence-bench plan --model NAME`` and ``duplexcadence synth --model NAME``
-look models up here.
+packages in :data:`KNOWN`. Everything that names decoders takes the names and titles from here:
+the app's tail picker, the session config, the ``--model`` choices of ``duplexcadence run`` /
+``synth`` / the scripted app, ``duplexcadence-bench`` (``plan`` and each decoder's own benchmark)
+and the tests. A decoder validates its own checkpoint by content (``resolve_checkpoint``): the
+session knows no file layouts. Adding a decoder means adding its package and one line to KNOWN.
 """
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from engine.core.planner import Plan
 
 #: packages that register models when imported (order = listing order)
-KNOWN = ["engine.models.step_audio2", "engine.models.mimi", "engine.models.toy"]
+KNOWN = ["engine.models.step_audio2", "engine.models.mimi", "engine.models.nemotron_codec", "engine.models.toy"]
 
 
 @dataclass
 class ModelEntry:
+    """One registered model: what it is called, how to plan, build, check and benchmark it."""
+
     name: str                                   # "step-audio2", "mimi", "toy"
     title: str                                  # for people
     architecture: str                           # "flow-matching DiT + HiFT", "Mimi SEANet", ...
     plan: Callable[..., Plan]                   # plan(size="released", **session) -> Plan
-    make_tail: Optional[Callable[..., object]] = None   # make_tail(size=, device=, seed=, checkpoint=) -> DecoderTail
+    make_tail: Optional[Callable[..., object]] = None   # make_tail(size=, device=, seed=, checkpoint=, shared=) -> DecoderTail
     synth: Optional[Callable[[object], int]] = None      # synth(argparse.Namespace) -> exit code
     add_synth_args: Optional[Callable[[object], None]] = None  # extra argparse options for synth
+    #: resolve_checkpoint(path) -> the path make_tail takes; ValueError (one line) when the contents are wrong
+    resolve_checkpoint: Optional[Callable[[str], str]] = None
+    checkpoint_hint: str = ""                   # what to choose: "folder with flow.yaml, flow.pt, hift.pt"
+    bench: Optional[Tuple[str, str]] = None     # (module with main(argv) -> int, one-line description)
+
+    @property
+    def is_tail(self) -> bool:
+        return self.make_tail is not None
 
 
 _REGISTRY: Dict[str, ModelEntry] = {}
@@ -59,3 +72,43 @@ def get(name: str) -> ModelEntry:
     if name not in _REGISTRY:
         raise KeyError(f"unknown model {name!r}; registered models: {', '.join(_REGISTRY) or 'none'}")
     return _REGISTRY[name]
+
+
+def tails() -> List[ModelEntry]:
+    """The decoder tails a session can run, in listing order."""
+    load_all()
+    return [e for e in _REGISTRY.values() if e.is_tail]
+
+
+def tail_names() -> Tuple[str, ...]:
+    return tuple(e.name for e in tails())
+
+
+def get_tail(name: str) -> ModelEntry:
+    """The tail called ``name``; ValueError naming the choices otherwise."""
+    load_all()
+    e = _REGISTRY.get(name)
+    if e is None or not e.is_tail:
+        raise ValueError(f"unknown tail {name!r}; choose one of: {', '.join(tail_names())}")
+    return e
+
+
+def resolve_checkpoint(tail: str, path: Optional[str]) -> Optional[str]:
+    """The checkpoint path ``tail`` will load (None for seeded random weights), checked by content."""
+    if path is None or str(path).strip() == "":
+        return None
+    e = get_tail(tail)
+    if e.resolve_checkpoint is None:
+        raise ValueError(f"the {e.title} takes no checkpoint")
+    return e.resolve_checkpoint(str(path))
+
+
+def checkpoint_hints() -> str:
+    """What each tail's checkpoint is, for help texts: "step-audio2: token2wav folder (...); mimi: ..."."""
+    return "; ".join(f"{e.name}: {e.checkpoint_hint}" for e in tails() if e.checkpoint_hint)
+
+
+def benchmarks() -> Dict[str, Tuple[str, str]]:
+    """``duplexcadence-bench`` commands the registered models bring: name -> (module, description)."""
+    load_all()
+    return {e.name: e.bench for e in _REGISTRY.values() if e.bench is not None}

@@ -3,16 +3,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
-TAILS = ("step-audio2", "mimi")
 BACKBONES = ("synthetic", "moshi")
 SIZES = ("auto", "released", "tiny")
 DEVICES = ("auto", "cpu", "cuda")
-
-#: files a Step-Audio2 token2wav checkpoint folder must hold
-STEP_AUDIO2_FILES = ("flow.yaml", "flow.pt", "hift.pt")
 
 
 def _cuda_available() -> bool:
@@ -27,8 +22,8 @@ class SessionConfig:
     ``size="auto"`` / ``device="auto"``: released sizes on CUDA when there is a GPU, tiny sizes on
     the CPU otherwise. On the CPU the session leaves one core to audio I/O and the GUI
     (``cpu_threads=0``); small per-token ops gain nothing from more threads, and threads that
-    compete for cores make every second slower. ``checkpoint`` is the decoder tail's (a Step-Audio2 folder with flow.yaml,
-    flow.pt, hift.pt; or a Mimi ``.safetensors`` file), ``backbone_checkpoint`` the Moshi weights
+    compete for cores make every second slower. ``checkpoint`` is the decoder tail's (each decoder checks its own by content:
+    ``registry.resolve_checkpoint``), ``backbone_checkpoint`` the Moshi weights
     folder. The toggles can change between any two seconds without changing one output sample.
     """
 
@@ -50,7 +45,8 @@ class SessionConfig:
 
     def resolved(self) -> "SessionConfig":
         """A copy with ``size``/``device`` made concrete; raises ValueError with one clear message."""
-        _check_choice("tail", self.tail, TAILS)
+        from engine.models import registry     # the only list of decoder tails
+        _check_choice("tail", self.tail, registry.tail_names())
         _check_choice("backbone", self.backbone, BACKBONES)
         _check_choice("size", self.size, SIZES)
         _check_choice("device", self.device, DEVICES)
@@ -63,7 +59,7 @@ class SessionConfig:
             raise ValueError(f"cpu_threads must be 0 (auto) or positive, got {self.cpu_threads}")
         if int(self.reply_seconds) < 1:
             raise ValueError(f"reply_seconds must be at least 1, got {self.reply_seconds}")
-        checkpoint = _check_tail_checkpoint(self.tail, self.checkpoint)
+        checkpoint = registry.resolve_checkpoint(self.tail, self.checkpoint)   # checked by the decoder
         backbone_ckpt = None
         if self.backbone == "moshi":
             if self.tail != "mimi":
@@ -81,26 +77,3 @@ class SessionConfig:
 def _check_choice(what: str, value, choices) -> None:
     if value not in choices:
         raise ValueError(f"unknown {what} {value!r}; choose one of: {', '.join(choices)}")
-
-
-def _check_tail_checkpoint(tail: str, checkpoint: Optional[str]) -> Optional[str]:
-    if checkpoint is None or str(checkpoint) == "":
-        return None
-    p = Path(checkpoint).expanduser()
-    if tail == "step-audio2":
-        if not p.is_dir():
-            raise ValueError(f"Step-Audio2 checkpoint folder {p} does not exist or is not a folder")
-        missing = [f for f in STEP_AUDIO2_FILES if not (p / f).is_file()]
-        if missing:
-            raise ValueError(f"checkpoint folder {p} lacks {', '.join(missing)}")
-        return str(p)
-    if p.is_dir():                      # a Mimi folder: pick its tokenizer safetensors
-        found = sorted(p.glob("tokenizer-*.safetensors")) or sorted(p.glob("*mimi*.safetensors"))
-        if not found:
-            raise ValueError(f"Mimi checkpoint folder {p} lacks a tokenizer-*.safetensors file")
-        return str(found[0])
-    if not p.is_file():
-        raise ValueError(f"Mimi checkpoint {p} does not exist")
-    if p.suffix != ".safetensors":
-        raise ValueError(f"Mimi checkpoint {p} is not a .safetensors file")
-    return str(p)

@@ -43,6 +43,22 @@ def _synth(args):
     return synth(args)
 
 
+def resolve_checkpoint(path: str) -> str:
+    """A token2wav folder, checked by content: flow.yaml must parse as the flow's constructor arguments,
+    flow.pt and hift.pt must be PyTorch files (their weights are checked when they load)."""
+    from engine.models import checkfiles
+    from .config import flow_config_from_yaml
+    from .weights import FLOW_FILES
+    folder = checkfiles.existing_folder(path, "Step-Audio2 checkpoint folder")
+    checkfiles.require_files(folder, FLOW_FILES)
+    flow_config_from_yaml(folder / "flow.yaml")
+    for name in ("flow.pt", "hift.pt"):
+        checkfiles.torch_file(folder / name)
+    return str(folder)
+
+
 register(ModelEntry(name="step-audio2", title="Step-Audio2 token2wav (MiniCPM-o 4.5, Step-Audio-2-mini)",
                     architecture="conformer encoder + DiT flow matching (10 Euler steps, CFG) + HiFT vocoder",
-                    plan=plan, make_tail=make_tail, synth=_synth))
+                    plan=plan, make_tail=make_tail, synth=_synth, resolve_checkpoint=resolve_checkpoint,
+                    checkpoint_hint="token2wav folder (flow.yaml, flow.pt, hift.pt)",
+                    bench=("engine.bench.step_audio2", "Step-Audio2 token2wav: stock package vs our three modes (GPU)")))
