@@ -10,7 +10,8 @@ as it is):
 * ``config.json`` — optional: the LM's constructor arguments plus ``moshi_name``, ``mimi_name``,
   ``tokenizer_name``, ``mimi_config_name`` (a JSON file of Mimi's config), ``lm_gen_config``
   (sampling: ``temp``, ``temp_text``, ``top_k``, ``top_k_text``). Without it moshi's defaults
-  (Moshi 7B) apply.
+  (Moshi 7B) apply. Weight files it names must be ``.safetensors`` inside the folder: moshi would
+  load a ``.pt`` with ``torch.load`` without ``weights_only``, running any pickled code.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from typing import Optional
 MOSHI_NAME = "model.safetensors"
 MIMI_NAME = "tokenizer-e351c8d8-checkpoint125.safetensors"
 TOKENIZER_NAME = "tokenizer_spm_32k_3.model"
+#: weight files the adapter lets moshi load (never pickles)
+WEIGHT_SUFFIXES = (".safetensors",)
 
 
 @dataclass
@@ -50,8 +53,18 @@ def _read_json(path: Path, what: str) -> dict:
     return data
 
 
-def _need(folder: Path, name: str, what: str) -> Path:
+def _need(folder: Path, name, what: str, safetensors: bool = False) -> Path:
+    """``folder / name``, which must be a regular file inside ``folder``; ``safetensors``: weights
+    must be a ``.safetensors`` file (moshi loads any other name with ``torch.load`` and no
+    ``weights_only``, which runs whatever code a pickle carries)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"config.json in {folder}: the file name for {what} must be a string, got {name!r:.40}")
     p = folder / name
+    if Path(name).is_absolute() or ".." in Path(name).parts:
+        raise ValueError(f"config.json in {folder}: {what} must be a file inside the folder, got {name!r}")
+    if safetensors and p.suffix.lower() not in WEIGHT_SUFFIXES:
+        raise ValueError(f"config.json in {folder} names {name} for {what}: only .safetensors weights are loaded "
+                         f"(a pickled .pt/.bin file can run code when loaded)")
     if not p.is_file():
         raise ValueError(f"Moshi weights folder {folder} lacks {name} ({what})")
     return p
@@ -73,8 +86,11 @@ def validate_folder(folder) -> MoshiFiles:
             names[key] = lm_config.pop(key, names[key])
         for key in ("model_type", "model_id", "lora_name", "tts_config", "stt_config"):
             lm_config.pop(key, None)
-    lm = _need(f, names["moshi_name"], "the LM weights")
-    mimi = _need(f, names["mimi_name"], "the Mimi weights")
+    lm = _need(f, names["moshi_name"], "the LM weights", safetensors=True)
+    mimi = _need(f, names["mimi_name"], "the Mimi weights", safetensors=True)
+    if not isinstance(names["tokenizer_name"], str) or Path(names["tokenizer_name"]).is_absolute() \
+            or ".." in Path(names["tokenizer_name"]).parts:
+        raise ValueError(f"config.json in {f}: tokenizer_name must be a file name inside the folder")
     tok = f / names["tokenizer_name"]
     mimi_config = None
     if names["mimi_config_name"]:

@@ -107,7 +107,9 @@ class LiveRunner:
             session.start()
             self.session = session
         except Exception as e:  # noqa: BLE001 - any failure goes to the caller as one message
-            log.exception("session start failed")
+            # bad input (a checkpoint, a missing package) is the caller's one line; only a bug logs a traceback
+            expected = isinstance(e, (ValueError, OSError, ImportError, KeyError))
+            log.log(logging.DEBUG if expected else logging.ERROR, "session start failed", exc_info=True)
             self.results.put(LiveError(f"cannot start the session: {e}"))
             self._running = False
             self.ready.set()

@@ -15,6 +15,8 @@ from typing import Dict, List, Tuple
 
 import torch
 
+from engine.checkpoints import check_tensor
+
 from .config import MimiConfig
 
 CODEBOOK_EPS = 1e-5
@@ -111,6 +113,7 @@ def check_state(state: Dict[str, torch.Tensor], cfg: MimiConfig, source: str = "
         if tuple(t.shape) != tuple(shape):
             wrong.append(f"{key}: {tuple(t.shape)}, expected {tuple(shape)}")
             continue
+        check_tensor(key, t, source)
         out[key] = t.detach().to(torch.float32)
     if missing or wrong:
         lines = [f"{source} is not a Mimi decoder of these dims (d={cfg.dimension}, {cfg.num_layers} layers, "

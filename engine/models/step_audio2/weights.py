@@ -13,6 +13,8 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from engine.checkpoints import check_tensor
+
 from .config import HiFTConfig, T2WConfig, flow_config_from_yaml, preset
 from .model import StepAudio2Token2Wav
 
@@ -126,6 +128,9 @@ def checkpoint_state(folder) -> Tuple[T2WConfig, Dict[str, torch.Tensor]]:
         if missing or extra or bad:
             raise ValueError(f"{folder / fname} does not match flow.yaml's model: missing {missing[:4]}, "
                              f"unexpected {extra[:4]}, wrong shape {bad[:4]}")
+        for k in want:
+            if ref[prefix + k].dtype.is_floating_point:
+                check_tensor(k, sd[k], str(folder / fname))
         state.update({prefix + k: v.float() for k, v in sd.items()})
     return cfg, state
 
