@@ -20,7 +20,7 @@ import sys
 import types
 
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 import torch
@@ -246,19 +246,48 @@ class Case:
         return preset(self.size)
 
 
+# Plain random weights leave the vocoder's f0 near 0.2 Hz (every frame unvoiced: the sine branch is multiplied
+# by zero) and a quarter of the samples at the clamp. These factors, applied to the seeded weights, put f0 in
+# the speech range (|400 z + 120| Hz for the classifier's output z, a few frames still unvoiced) and the
+# output well inside the clamp (log-magnitude channels 0.15x, 1 lower), and make the excitation matter (5x).
+F0_GAIN, F0_BIAS_HZ = 400.0, 120.0
+LOG_MAG_GAIN, LOG_MAG_SHIFT = 0.15, -1.0
+SOURCE_GAIN = 5.0
+
+
+def voiced(state: dict, cfg) -> dict:
+    """A copy of ``state`` whose HiFT produces voiced frames and unclamped speech (see the factors above)."""
+    out = dict(state)
+    mag = cfg.hift.n_fft // 2 + 1                           # conv_post channels [0, mag) are log-magnitudes
+    out["hift.f0_predictor.classifier.weight"] = state["hift.f0_predictor.classifier.weight"] * F0_GAIN
+    out["hift.f0_predictor.classifier.bias"] = state["hift.f0_predictor.classifier.bias"] + F0_BIAS_HZ
+    gain = state["hift.conv_post.parametrizations.weight.original0"].clone()    # [18, 1, 1]
+    gain[:mag] *= LOG_MAG_GAIN
+    out["hift.conv_post.parametrizations.weight.original0"] = gain
+    bias = state["hift.conv_post.bias"].clone()                                  # [18]
+    bias[:mag] += LOG_MAG_SHIFT
+    out["hift.conv_post.bias"] = bias
+    out["hift.m_source.l_linear.weight"] = state["hift.m_source.l_linear.weight"] * SOURCE_GAIN
+    return out
+
+
 def make_case(size: str, prompt_tokens: int, n_tokens: int, seed: int = 3) -> Case:
-    """Fresh random weights, prompt and tokens (lengths chosen by the caller: not multiples of anything)."""
+    """Fresh random weights (made :func:`voiced`), prompt and tokens (lengths chosen by the caller: not
+    multiples of anything)."""
     cfg = preset(size)
     g = torch.Generator().manual_seed(seed)
     prompt = Prompt(torch.randint(0, 6561, (1, prompt_tokens), generator=g),
                     torch.randn(1, 2 * prompt_tokens, 80, generator=g), torch.randn(1, 192, generator=g))
     tokens = torch.randint(0, 6561, (n_tokens,), generator=g).tolist()
-    return Case(size, W.random_state_dict(cfg, seed), prompt, tokens, seed)
+    return Case(size, voiced(W.random_state_dict(cfg, seed), cfg), prompt, tokens, seed)
 
 
-def stock_outputs(case: "Case", device: str = "cpu") -> List[np.ndarray]:
-    """The stock package's per-chunk audio for ``case`` (its own Token2wav.stream)."""
+def stock_outputs(case: "Case", device: str = "cpu", f0_log: Optional[list] = None) -> List[np.ndarray]:
+    """The stock package's per-chunk audio for ``case`` (its own Token2wav.stream); every f0 the stock's
+    predictor returns (``[1, T]`` Hz per call) is appended to ``f0_log`` when given."""
     flow, hift = build_flow(case.cfg.flow), build_hift(case.cfg.hift)
+    if f0_log is not None:
+        hift.f0_predictor.register_forward_hook(lambda mod, args, f0: f0_log.append(f0.detach().cpu()))
     flow.load_state_dict({k[5:]: v for k, v in case.state.items() if k.startswith("flow.")}, strict=True)
     hift.load_state_dict({k[5:]: v for k, v in case.state.items() if k.startswith("hift.")}, strict=True)
     st = StockStream(flow, hift, case.prompt.tokens, case.prompt.mel, case.prompt.spk, device,

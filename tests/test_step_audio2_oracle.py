@@ -4,6 +4,7 @@ Same seeded random weights, prompt, tokens and seed on both sides. The oracle si
 stock hard-codes (512 hidden, 8 x 64 heads) and shrinks depth; prompt and token counts are odd on purpose
 (a 37-token prompt, 109 tokens: three start-up chunks, two steady chunks, a 9-token last chunk).
 """
+import numpy as np
 import pytest
 import torch
 
@@ -23,8 +24,33 @@ def case():
 
 
 @pytest.fixture(scope="module")
-def stock(case):
-    return stock_outputs(case)
+def stock_run(case):
+    f0 = []
+    outs = stock_outputs(case, f0_log=f0)
+    return outs, torch.cat([x.flatten() for x in f0])
+
+
+@pytest.fixture(scope="module")
+def stock(stock_run):
+    return stock_run[0]
+
+
+def assert_voiced_and_unclamped(case, outs, f0):
+    """The case reaches the vocoder's voiced path (f0 in the speech range, a few unvoiced frames for the
+    other branch) and its audio stays inside the clamp, so an error in the sine source shows in the bits."""
+    hift = case.cfg.hift
+    voiced = (f0 > hift.nsf_voiced_threshold).float().mean().item()
+    speech = ((f0 >= 80) & (f0 <= 400)).float().mean().item()
+    assert voiced >= 0.9 and voiced < 1.0, f"fraction of voiced frames {voiced:.3f}"
+    assert speech >= 0.5, f"fraction of frames with f0 in 80-400 Hz {speech:.3f}"
+    audio = np.concatenate(outs)
+    clamped = float(np.mean(np.abs(audio) >= hift.audio_limit))
+    assert clamped < 0.01, f"fraction of samples at the clamp {clamped:.4f}"
+    assert float(np.std(audio)) > 0.01
+
+
+def test_oracle_weights_reach_the_voiced_path_inside_the_clamp(case, stock_run):
+    assert_voiced_and_unclamped(case, *stock_run)
 
 
 def test_schedule_has_start_up_steady_and_short_last_chunks(case):
@@ -43,7 +69,9 @@ def test_every_mode_is_bit_identical_to_the_stock_package(case, stock, mode):
 
 def test_released_dims_two_chunks_bit_identical():
     case = make_case("released", prompt_tokens=23, n_tokens=41, seed=11)
-    ref = stock_outputs(case)
+    f0 = []
+    ref = stock_outputs(case, f0_log=f0)
+    assert_voiced_and_unclamped(case, ref, torch.cat([x.flatten() for x in f0]))
     model = W.build(case.cfg, case.state, "cpu")
     with torch.no_grad():
         ours = synthesize(model, case.prompt, case.tokens, "demand", case.seed)
