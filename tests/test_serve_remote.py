@@ -139,3 +139,71 @@ def replica_stats():
     actors = [a for a in ray.util.list_named_actors(all_namespaces=True) if "DuplexSessions" in a["name"]]
     actor = ray.get_actor(actors[0]["name"], namespace=actors[0]["namespace"])
     return ray.get(actor.record_routing_stats.remote())
+
+
+def test_wrong_model_and_full_replica_refused_in_words(server, frames):
+    wrong = RemoteRunner(SessionConfig(tail="mimi"), server, TOKEN)
+    wrong.start()
+    assert wrong.ready.wait(60) and wrong.session is None
+    msg = wrong.results.get(timeout=5).message
+    assert "refused the session" in msg and "serves step-audio2 + synthetic" in msg and "'mimi'" in msg
+    first = RemoteRunner(SessionConfig(), server, TOKEN)          # the replica's only slot
+    first.start()
+    assert first.ready.wait(120) and first.session is not None
+    second = RemoteRunner(SessionConfig(), server, TOKEN)
+    second.start()
+    assert second.ready.wait(60) and second.session is None
+    msg = second.results.get(timeout=5).message
+    assert "the cluster is full" in msg and "maximum of 1 sessions" in msg
+    first.submit(frames[0])
+    assert isinstance(collect(first, 1)[0], LiveResult)
+    first.stop(timeout=30.0)
+    assert not first.running and first.lost is None
+
+
+def test_run_engine_cli_writes_what_embedded_writes(server, speech_wav, tmp_path, monkeypatch, one_torch_thread):
+    from engine.cli.run import main as run_main
+    from engine.wavio import read_wav
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    monkeypatch.delenv("DUPLEXCADENCE_TOKEN", raising=False)
+    common = ["--input", str(speech_wav), "--seconds", "4", "--seed", "3", "--quiet"]
+    assert run_main(common + ["--output", str(tmp_path / "emb.wav"), "--log", str(tmp_path / "emb"),
+                              "--size", "tiny", "--device", "cpu"]) == 0
+    assert run_main(common + ["--output", str(tmp_path / "rem.wav"), "--log", str(tmp_path / "rem"),
+                              "--engine", server, "--token-file", str(token_file)]) == 0
+    a, b = read_wav(tmp_path / "emb.wav")[0], read_wav(tmp_path / "rem.wav")[0]
+    assert a.shape == b.shape and np.array_equal(a, b)
+    for name in ("session.csv", "session.jsonl", "session.trace.json", "session_output.wav", "summary.json"):
+        assert (tmp_path / "rem" / name).is_file()
+    assert len((tmp_path / "rem" / "session.jsonl").read_text().splitlines()) == 4
+    # no token: one line, exit 2, nothing written
+    assert run_main(common + ["--output", str(tmp_path / "x.wav"), "--log", str(tmp_path / "x"),
+                              "--engine", server]) == 2
+    assert not (tmp_path / "x.wav").exists() and not (tmp_path / "x").exists()
+
+
+def test_replica_killed_mid_session_keeps_every_second(server, frames):
+    """Last in this module: the replica dies (Serve starts a new one for later clients)."""
+    import ray
+    runner = RemoteRunner(SessionConfig(seed=5), server, TOKEN)
+    runner.start()
+    assert runner.ready.wait(120) and runner.session is not None
+    for f in frames[:3]:
+        runner.submit(f)
+    got = collect(runner, 3)
+    assert [type(g) for g in got] == [LiveResult] * 3
+    ray.kill(ray.get_actor(runner.session.actor, namespace="serve"), no_restart=False)
+    for f in frames[3:]:
+        runner.submit(f)
+    rest = collect(runner, len(frames) - 3, timeout=60.0)
+    lost = [g for g in rest if isinstance(g, LiveError)]
+    assert len(lost) == 1 and isinstance(lost[0], ServerLost) and rest[-1] is lost[0]
+    assert lost[0] is runner.lost and lost[0].seconds == 3 + len(rest) - 1
+    assert "went away after" in lost[0].message and "kept" in lost[0].message
+    kept = got + rest[:-1]
+    assert runner.session.records == [g.record for g in kept]        # every second that arrived is kept
+    outs, records = embedded(frames[: len(kept)], 5)
+    assert all(np.array_equal(g.audio, o) for g, o in zip(kept, outs))
+    assert not runner.running
+    runner.stop(timeout=5.0)                                           # stopping a lost session is harmless

@@ -126,7 +126,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         spec = plan(a, float(ray.cluster_resources().get("GPU", 0)))
         spec.token = token
-        serve.start(http_options={"host": a.host, "port": a.port})
+        # the proxy runs on the head only: clients connect to the address given here, replicas anywhere
+        serve.start(proxy_location="HeadOnly", http_options={"host": a.host, "port": a.port})
         serve.run(build_app(spec), name="duplexcadence", route_prefix="/", blocking=False)
     except Exception as e:  # noqa: BLE001 - port in use, not enough GPUs for the replicas, ...
         ray.shutdown()

@@ -149,6 +149,9 @@ class RemoteRunner:
                            f"{': no session endpoint there' if status == 404 else ''})") from None
         try:
             self._ws.send(P.hello(client_config(self.cfg)))
+        except ConnectionClosed:
+            pass                                 # refused at once: the reason is still there to read
+        try:
             first = P.decode(self._ws.recv(timeout=None))
         except ConnectionClosed as e:
             raise _Refused(f"the engine server at {self.where} closed the connection before the session "

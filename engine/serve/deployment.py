@@ -127,10 +127,13 @@ def _get(q: "queue.Queue"):
 
 
 async def _send_close(ws: WebSocket, text: str, code: int) -> None:
+    """``text`` (a JSON message), then a close with ``code`` and a short reason."""
     if ws.application_state == WebSocketState.CONNECTED:
+        reason = str(P.decode(text).get("message", ""))
+        reason = reason.encode("utf-8")[:120].decode("utf-8", "ignore")   # a close reason holds 123 bytes
         try:
             await ws.send_text(text)
-            await ws.close(code=code)
+            await ws.close(code=code, reason=reason)
         except (RuntimeError, WebSocketDisconnect, OSError):
             pass
 

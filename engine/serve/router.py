@@ -32,14 +32,18 @@ def expected_headroom(stats: Mapping[str, Any], placed_here: int) -> Tuple[float
 def rank_by_headroom(entries: Sequence[Tuple[Any, Mapping[str, Any], int]]) -> List[Any]:
     """The replicas of ``entries`` (``(replica, stats, placed_here)``), most headroom first.
 
-    Ties go to the replica with fewer sessions, then keep the given order.
+    A replica at its session limit goes behind every other one (it would only refuse); ties go to
+    the replica with fewer sessions, then keep the given order.
     """
     scored = []
     for order, (replica, stats, placed) in enumerate(entries):
-        headroom, sessions = expected_headroom(stats or {}, placed)
-        scored.append((-headroom, sessions, order, replica))
-    scored.sort(key=lambda t: t[:3])
-    return [t[3] for t in scored]
+        stats = stats or {}
+        headroom, sessions = expected_headroom(stats, placed)
+        limit = int(stats.get("max_sessions", 0) or 0)
+        full = bool(limit) and sessions >= limit
+        scored.append((full, -headroom, sessions, order, replica))
+    scored.sort(key=lambda t: t[:4])
+    return [t[4] for t in scored]
 
 
 class HeadroomRouter(RequestRouter):
