@@ -3,8 +3,9 @@
 The host keeps, for every finished second of every session, when its work ran (host wall clock)
 and how late it finished relative to its frame's arrival. Over the trailing window:
 
-* ``busy``: the fraction of wall time during which *some* session's second was running (the union
-  of the intervals; with one launching thread this is the sum of the seconds' work);
+* ``busy``: per second of audio, how long *some* session's second was running (the union of the
+  intervals over the window, divided by the seconds each session ran; with one launching thread
+  this is the sum of the sessions' work per second);
 * ``worst``: the longest arrival-to-done time of any second (queue wait + work);
 * the cost of one more session: ``busy / n`` per second (the measured mean of the active sessions).
 
@@ -97,8 +98,10 @@ class LoadMeter:
         budget = self.deadline_ms - self.reserve_ms
         if not spans:
             return Headroom(sessions, 0, 0.0, 0.0, 0.0, budget)
-        wall = max(1e-3, min(self.window_s, now - max(self._since, spans[0][0])))
-        busy = union_ms([(a, b) for a, b, _ in spans]) / wall
+        # per second of audio: with every session paced at one frame a second this is per wall second;
+        # seconds run back to back (a backlog, a benchmark) are charged their real work, not the wall
+        audio_seconds = max(1.0, len(spans) / max(1, sessions))
+        busy = union_ms([(a, b) for a, b, _ in spans]) / audio_seconds
         worst = max(lat for _, _, lat in spans)
         cost = busy / max(1, sessions)
         return Headroom(sessions, len(spans), busy, worst, cost, budget)
