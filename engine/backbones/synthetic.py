@@ -112,11 +112,17 @@ class SyntheticBackbone(Backbone):
 
     # -- per second --------------------------------------------------------------------------------
     def listen(self, audio: torch.Tensor, vad: VadResult) -> None:
-        self._speech = bool(vad.speech)
+        emb = self.listen_inputs(audio, vad)                        # [10, 1, 1, dim]
         with torch.no_grad():
-            emb = self.embedder(audio)                              # [10, 1, 1, dim]
             for i in range(emb.shape[0]):
                 self.executor.step({"x": emb[i]})
+
+    def listen_inputs(self, audio: torch.Tensor, vad: VadResult) -> torch.Tensor:
+        """LISTEN's decoder inputs for one second, [10, 1, 1, dim] (the voice activity is noted for
+        THINK); :meth:`listen` steps them one by one, a host may step several sessions' together."""
+        self._speech = bool(vad.speech)
+        with torch.no_grad():
+            return self.embedder(audio)
 
     def think(self, frames: int) -> Thought:
         decision = self.policy.decide(self._speech)

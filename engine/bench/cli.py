@@ -11,6 +11,7 @@ from engine.cli import run_subcommand
 COMMANDS = {
     "plan": ("engine.bench.plan", "print a model's timeline, shape signatures and bytes per region vs stock"),
     "session": ("engine.bench.session", "duplex session: per-second totals and misses, stock vs optimized"),
+    "capacity": ("engine.bench.capacity", "sessions one device keeps on time, per mode (engine host)"),
 }
 
 

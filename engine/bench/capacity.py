@@ -1,0 +1,330 @@
+"""`duplexcadence-bench capacity`: how many duplex sessions one device keeps on time, per engine mode.
+
+  duplexcadence-bench capacity [--tail step-audio2] [--backbone synthetic] [--size auto] [--device auto]
+                               [--seconds 60] [--max-sessions 16] [--modes stock,optimized,batched]
+                               [--launch threads|one|both] [--window 4] [--json OUT] [--plot PNG]
+
+For each mode an :class:`~engine.host.EngineHost` runs sessions of the same config (shared weights,
+each its own input: speech-like bursts and pauses, staggered phases), fed one frame a second in
+real time. A ramp adds sessions and measures a short window at each count (stepping by what the
+last window's p99 leaves free, then bisecting between the largest clean count and the smallest
+that missed); the knee is then confirmed over ``--seconds``. ``max_sessions`` is the largest count
+whose confirmation had every session keep the cadence (no second later than its deadline). Then
+the first seconds of some sessions are run again, each alone, and compared bit for bit
+(``bit_identical_to_solo``).
+
+Modes: *stock-like* (our models with the stock's state policy: stock-sized buffers, torch.cat,
+eager), *optimized* (demand-sized state + exact-shape graph replay), *batched* (optimized, plus the
+host's batched LISTEN replay when its start-up check passes; else the reason). On a CPU this is a
+functional dry run at tiny size.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+
+from engine.audio import frames_of
+from engine.bench.session import speech_like
+from engine.host import EngineHost, WeightsKey
+from engine.host.drive import PacedLoad, Window
+from engine.session import DuplexSession, SessionConfig
+from engine.session.records import DEADLINE_MS
+
+MODES = {"stock": (False, False), "optimized": (True, True), "batched": (True, True)}
+LABELS = {"stock": "stock-like", "optimized": "optimized", "batched": "batched"}
+CLIP_SECONDS = 30
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def session_inputs(n: int, seed: int) -> List[List[np.ndarray]]:
+    """Per session: 30 s of its own speech-like input (played cyclically)."""
+    return [frames_of(speech_like(CLIP_SECONDS, seed=seed + 1000 + i))[:CLIP_SECONDS] for i in range(n)]
+
+
+# -- one mode -------------------------------------------------------------------------------------------
+def set_count(load: PacedLoad, cfg: SessionConfig, inputs, n: int) -> None:
+    while len(load.sessions) > n:
+        load.remove_last()
+    while len(load.sessions) < n:
+        load.add(cfg, inputs[len(load.sessions)])
+
+
+def _window_line(label: str, n: int, w: Window, seconds: float) -> str:
+    return (f"{label}: {n} session(s), {seconds:g} s: latency p50 {w.p50_ms:.0f} / p99 {w.p99_ms:.0f} / "
+            f"max {w.max_ms:.0f} ms, {w.misses} missed of {w.seconds}")
+
+
+def ramp(load: PacedLoad, cfg, inputs, label: str, max_n: int, window: float, time_limit: float):
+    """(knee, points): the largest count with a clean window, stepping then bisecting."""
+    points: Dict[int, Window] = {}
+    clean, missed, n = 0, None, 1
+    t_end = time.perf_counter() + time_limit
+    budget = DEADLINE_MS * 0.9
+    while True:
+        set_count(load, cfg, inputs, n)
+        load.settle(5.0)
+        w = load.measure(window)
+        points[n] = w
+        say(_window_line(label, n, w, window))
+        if w.misses == 0:
+            clean = max(clean, n)
+        else:
+            missed = n if missed is None else min(missed, n)
+        if clean >= max_n or (missed is not None and missed <= clean + 1):
+            return clean, points
+        if time.perf_counter() > t_end:
+            say(f"{label}: ramp time limit reached; knee {clean} not bracketed")
+            return clean, points
+        if missed is None:                                   # step by what the p99 leaves free
+            est = int(n * budget / max(w.p99_ms, 1.0))
+            n = min(max_n, max(n + 1, min(est, 2 * n)))
+        else:
+            n = (clean + missed) // 2 if missed - clean > 2 else clean + 1
+
+
+def confirm(load: PacedLoad, cfg, inputs, label: str, knee: int, seconds: float, tries: int):
+    """Run ``knee`` sessions for ``seconds``; one fewer on a miss (up to ``tries`` runs)."""
+    result: Optional[Window] = None
+    while knee > 0 and tries > 0:
+        set_count(load, cfg, inputs, knee)
+        load.settle(10.0)
+        say(f"{label}: confirming {knee} session(s) over {seconds:g} s ...")
+        result = load.measure(seconds)
+        say(_window_line(label, knee, result, seconds))
+        if result.misses == 0:
+            return knee, result
+        knee, tries = knee - 1, tries - 1
+    return 0, result
+
+
+def solo_check(host: EngineHost, cfg: SessionConfig, load: PacedLoad, sessions: int, seconds: int):
+    """Run the first ``seconds`` of some sessions again, each alone; compare bit for bit."""
+    chosen = load.sessions if sessions <= 0 else _spread(load.sessions, sessions)
+    checked = {}
+    from engine.models import registry
+    for d in chosen:
+        n = min(seconds, len(d.audio))
+        if n == 0:
+            continue
+        c = cfg
+        shared_tail = host.weights.get(WeightsKey.tail(c))
+        tail = None if shared_tail is None else registry.get(c.tail).make_tail(
+            size=c.size, device=c.device, seed=c.seed, checkpoint=c.checkpoint, shared=shared_tail)
+        s = DuplexSession(c, tail=tail, backbone_shared=host.weights.get(WeightsKey.backbone(c)))
+        s.start()
+        outs = [s.process(d.frames[k % len(d.frames)])[0] for k in range(n)]
+        s.close()
+        checked[d.index] = bool(np.array_equal(np.concatenate(outs), np.concatenate(d.audio[:n])))
+    return checked
+
+
+def _spread(items, k: int):
+    if len(items) <= k:
+        return list(items)
+    idx = sorted({round(i * (len(items) - 1) / (k - 1)) for i in range(k)}) if k > 1 else [0]
+    return [items[i] for i in idx]
+
+
+def run_mode(mode: str, base: SessionConfig, a, launch: str, inputs) -> Dict[str, object]:
+    demand, graphs = MODES[mode]
+    cfg = base.replace(demand_sized=demand, graph_replay=graphs)
+    label = f"{LABELS[mode]} [{launch}]"
+    host = EngineHost(device=cfg.device, launch=launch, batched=(mode == "batched"))
+    out: Dict[str, object] = {"launch": launch}
+    if mode == "batched":
+        ok, why = host.batched_check(cfg)
+        out.update(batched_enabled=ok, batched_why=why)
+        say(f"{label}: batched replay {'enabled' if ok else 'NOT enabled'}: {why}")
+        if not ok:
+            host.close()
+            return out
+    if cfg.device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    load = PacedLoad(host, keep_audio=a.solo_seconds)
+    t0 = time.perf_counter()
+    try:
+        knee, points = ramp(load, cfg, inputs, label, a.max_sessions, a.window, a.ramp_limit)
+        best, conf = confirm(load, cfg, inputs, label, knee, a.seconds, a.confirm_tries) if knee else (0, None)
+        mem = host.memory()
+    finally:
+        load.close()
+    per = list(mem["sessions"].values())
+    out.update({
+        "max_sessions": best, "ramp_knee": knee,
+        "ramp": [dict(w.to_dict(), window_s=a.window) for _, w in sorted(points.items())],
+        "confirmation": None if conf is None else dict(conf.to_dict(), seconds_run=a.seconds),
+        "p50_ms": conf.p50_ms if conf else None, "p99_ms": conf.p99_ms if conf else None,
+        "memory": {
+            "per_session_allocated_bytes": int(np.median([m["allocated_bytes"] for m in per])) if per else 0,
+            "per_session_reserved_bytes": int(np.median([m["reserved_bytes"] for m in per])) if per else 0,
+            "per_session_state_bytes": int(np.median([m["state_bytes"] for m in per])) if per else 0,
+            "shared_weights_bytes": sum(v["bytes"] for v in mem["shared_weights"].values()),
+            "max_reserved_bytes": int(torch.cuda.max_memory_reserved()) if cfg.device == "cuda" else 0,
+        },
+        "errors": load.errors(), "wall_s": time.perf_counter() - t0,
+    })
+    checked = solo_check(host, cfg, load, a.solo_sessions, a.solo_seconds)
+    out["solo_checked"] = {str(k): v for k, v in checked.items()}
+    out["bit_identical_to_solo"] = bool(checked) and all(checked.values())
+    say(f"{label}: max_sessions {best}; bit-identical to solo: {out['bit_identical_to_solo']} {checked}")
+    host.close()
+    return out
+
+
+# -- report ----------------------------------------------------------------------------------------------
+def plot(doc: Dict[str, object], path: Path) -> str:
+    """Sessions vs p99 (arrival to done) per mode: the ramp windows and the confirmation."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "plot skipped: matplotlib is not installed (pip install matplotlib)"
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    for name, m in doc["modes"].items():
+        ramp_pts = m.get("ramp") or []
+        if not ramp_pts:
+            continue
+        xs = [p["sessions"] for p in ramp_pts]
+        ys = [p["p99_ms"] for p in ramp_pts]
+        line, = ax.plot(xs, ys, "o-", label=f"{name} (max {m.get('max_sessions')})")
+        c = m.get("confirmation")
+        if c:
+            ax.plot([c["sessions"]], [c["p99_ms"]], "*", ms=14, color=line.get_color())
+    ax.axhline(DEADLINE_MS, ls="--", color="grey", lw=1)
+    ax.text(ax.get_xlim()[0], DEADLINE_MS, " deadline", va="bottom", color="grey", fontsize=8)
+    ax.set_xlabel("sessions on one device")
+    ax.set_ylabel("p99 arrival-to-done (ms)")
+    ax.set_title(f"{doc['tail']} + {doc['backbone']} ({doc['size']}, {doc['gpu']}); * = {doc['seconds']} s run",
+                 fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return f"plot: {path}"
+
+
+def table(doc: Dict[str, object]) -> str:
+    lines = [f"{'mode':<12} {'launch':<8} {'max sessions':>12} {'p50 ms':>8} {'p99 ms':>8} {'MiB/session':>12} "
+             f"{'shared MiB':>10} {'bit-identical':>13}"]
+    for name, m in doc["modes"].items():
+        if "max_sessions" not in m:
+            lines.append(f"{name:<12} {m['launch']:<8} {'-':>12}  not enabled: {m.get('batched_why', '')}")
+            continue
+        mem = m["memory"]
+        per = max(mem["per_session_allocated_bytes"], mem["per_session_state_bytes"]) / 2**20
+        p50 = f"{m['p50_ms']:.0f}" if m["p50_ms"] is not None else "-"
+        p99 = f"{m['p99_ms']:.0f}" if m["p99_ms"] is not None else "-"
+        lines.append(f"{name:<12} {m['launch']:<8} {m['max_sessions']:>12} {p50:>8} {p99:>8} {per:>12.0f} "
+                     f"{mem['shared_weights_bytes'] / 2**20:>10.0f} {str(m['bit_identical_to_solo']):>13}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="duplexcadence-bench capacity", description=__doc__.split("\n\n")[0])
+    p.add_argument("--tail", default="step-audio2", choices=["step-audio2", "mimi"])
+    p.add_argument("--backbone", default="synthetic", choices=["synthetic", "moshi"])
+    p.add_argument("--backbone-checkpoint", default=None)
+    p.add_argument("--checkpoint", default=None)
+    p.add_argument("--size", default="auto", choices=["auto", "released", "tiny"])
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--seconds", type=float, default=60.0, help="confirmation run at the knee (s)")
+    p.add_argument("--max-sessions", type=int, default=16)
+    p.add_argument("--modes", default="stock,optimized,batched", help="comma-separated: stock, optimized, batched")
+    p.add_argument("--launch", default="threads", choices=["threads", "one", "both"],
+                   help="who launches the seconds; 'both' ramps the optimized mode with each and keeps the better")
+    p.add_argument("--window", type=float, default=4.0, help="seconds measured at each ramp step")
+    p.add_argument("--ramp-limit", type=float, default=240.0, help="wall seconds a mode's ramp may take")
+    p.add_argument("--confirm-tries", type=int, default=2)
+    p.add_argument("--solo-sessions", type=int, default=3, help="sessions re-run alone for bit-identity (0: all)")
+    p.add_argument("--solo-seconds", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="write the results here (JSON)")
+    p.add_argument("--plot", default=None, help="PNG of sessions vs p99 (default: next to --json)")
+    return p
+
+
+def _check_args(a) -> Optional[str]:
+    for name in ("seconds", "window"):
+        if getattr(a, name) <= 0:
+            return f"--{name} must be positive"
+    if a.max_sessions < 1:
+        return "--max-sessions must be at least 1"
+    if a.solo_seconds < 1 or a.confirm_tries < 1:
+        return "--solo-seconds and --confirm-tries must be at least 1"
+    return None
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    why = _check_args(a) or (f"unknown mode(s) {bad}; choose from {', '.join(MODES)}" if bad or not modes else None)
+    try:
+        base = SessionConfig(tail=a.tail, backbone=a.backbone, size=a.size, device=a.device, seed=a.seed,
+                             checkpoint=a.checkpoint, backbone_checkpoint=a.backbone_checkpoint).resolved()
+    except ValueError as e:
+        why = why or str(e)
+    if why:
+        print(f"duplexcadence-bench capacity: error: {why}", file=sys.stderr)
+        return 2
+    if base.device == "cpu":
+        torch.set_num_threads(1)
+        base = base.replace(cpu_threads=1)
+    inputs = session_inputs(a.max_sessions, a.seed)
+    doc: Dict[str, object] = {
+        "tail": base.tail, "backbone": base.backbone, "size": base.size, "device": base.device,
+        "gpu": torch.cuda.get_device_name(0) if base.device == "cuda" else "cpu", "torch": torch.__version__,
+        "seconds": a.seconds, "window_s": a.window, "deadline_ms": DEADLINE_MS, "command": " ".join(sys.argv),
+        "modes": {}}
+    launch = a.launch
+    if launch == "both":
+        tried = {lm: run_mode("optimized", base, a, lm, inputs) for lm in ("one", "threads")}
+        key = lambda r: (r["max_sessions"], -(r["p99_ms"] or 1e9))       # noqa: E731
+        launch = max(tried, key=lambda lm: key(tried[lm]))
+        doc["launch_comparison"] = {lm: {k: r[k] for k in ("max_sessions", "p50_ms", "p99_ms", "ramp_knee")}
+                                    for lm, r in tried.items()}
+        say(f"launch: '{launch}' kept ({doc['launch_comparison']})")
+        doc["modes"][LABELS["optimized"]] = tried[launch]
+    doc["launch"] = launch
+    for m in modes:
+        if LABELS[m] not in doc["modes"]:
+            doc["modes"][LABELS[m]] = run_mode(m, base, a, launch, inputs)
+        if a.json:                                      # written as it goes: a cut-short run keeps what it had
+            _write(doc, a)
+    stock, opt = doc["modes"].get("stock-like"), doc["modes"].get("optimized")
+    if stock and opt and stock.get("max_sessions"):
+        doc["optimized_vs_stock_like"] = opt["max_sessions"] / stock["max_sessions"]
+    print(f"capacity: {base.tail} + {base.backbone}, {base.size}, {doc['gpu']}, {a.seconds:g} s at the knee")
+    print(table(doc))
+    if "optimized_vs_stock_like" in doc:
+        print(f"optimized keeps {doc['optimized_vs_stock_like']:.1f}x the sessions of stock-like on time")
+    if a.json:
+        _write(doc, a)
+        print(plot(doc, Path(a.plot) if a.plot else Path(a.json).with_suffix(".png")))
+    elif a.plot:
+        print(plot(doc, Path(a.plot)))
+    ok = all(m.get("bit_identical_to_solo", True) for m in doc["modes"].values())
+    return 0 if ok else 1
+
+
+def _write(doc: Dict[str, object], a) -> None:
+    out = Path(a.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""A paced load on a host: sessions fed one frame a second in real time, results collected, windows measured.
+
+What the capacity bench (``duplexcadence-bench capacity``) drives, and what a test can drive too.
+Each session gets its own input (frames repeated cyclically) and its own phase: its frame ``k``
+arrives at ``t0 + k`` seconds, with ``t0`` staggered across sessions, so the sessions' seconds come
+due spread over the second, as independent callers' would. A frame's arrival time travels with it:
+a second is timed from its frame's arrival, waits included.
+"""
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from engine.session import LiveError, SessionConfig
+from engine.session.records import SecondRecord, percentile
+
+from .host import EngineHost
+from .runner import HostedRunner
+
+GOLDEN = 0.6180339887
+
+
+@dataclass
+class Driven:
+    """One session under load: its runner, its input, what came back."""
+
+    index: int
+    runner: HostedRunner
+    frames: Sequence[np.ndarray]
+    t0: float = 0.0
+    next_k: int = 0
+    records: List[SecondRecord] = field(default_factory=list)
+    audio: List[np.ndarray] = field(default_factory=list)     # the first ``keep_audio`` seconds
+    error: str = ""
+
+    def latency_ms(self, rec: SecondRecord) -> float:
+        return rec.queue_wait_ms + rec.total_ms
+
+
+@dataclass
+class Window:
+    """Seconds that came due in ``[start, end)`` (host clock), across every session."""
+
+    sessions: int
+    seconds: int
+    misses: int
+    p50_ms: float                 # arrival to done, all seconds of all sessions
+    p99_ms: float
+    max_ms: float
+    per_session: List[Dict[str, float]]
+
+    def to_dict(self) -> Dict[str, object]:
+        return {"sessions": self.sessions, "seconds": self.seconds, "misses": self.misses, "p50_ms": self.p50_ms,
+                "p99_ms": self.p99_ms, "max_ms": self.max_ms, "per_session": self.per_session}
+
+
+class PacedLoad:
+    """Adds and removes sessions on ``host`` and feeds each one frame a second; see the module doc."""
+
+    def __init__(self, host: EngineHost, keep_audio: int = 0):
+        self.host = host
+        self.keep_audio = int(keep_audio)
+        self.sessions: List[Driven] = []
+        self._lock = threading.Lock()
+        self._heap: List = []
+        self._stop = threading.Event()
+        self._added = 0
+        self._feeder = threading.Thread(target=self._feed, name="paced-feeder", daemon=True)
+        self._collector = threading.Thread(target=self._collect, name="paced-collector", daemon=True)
+        self._feeder.start()
+        self._collector.start()
+
+    # -- sessions --------------------------------------------------------------------------------
+    def add(self, cfg: SessionConfig, frames: Sequence[np.ndarray], force: bool = True) -> Driven:
+        """Admit and build a session (blocks until built), then start feeding it at its own phase."""
+        runner = self.host.open(cfg, force=force)
+        runner.start()
+        runner.ready.wait()
+        if runner.session is None:
+            err = runner.results.get()
+            raise RuntimeError(err.message if isinstance(err, LiveError) else "the session did not start")
+        now = time.perf_counter()
+        phase = (self._added * GOLDEN) % 1.0
+        d = Driven(self._added, runner, frames, t0=now + 0.05 + phase)
+        self._added += 1
+        with self._lock:
+            self.sessions.append(d)
+            heapq.heappush(self._heap, (d.t0, d.index, d))
+        return d
+
+    def remove_last(self) -> None:
+        """Stop the most recently added session (its slot frees; its records stay)."""
+        with self._lock:
+            d = self.sessions.pop()
+        d.runner.stop(timeout=30.0)
+
+    def close(self) -> None:
+        self._stop.set()
+        for d in list(self.sessions):
+            d.runner.stop(timeout=30.0)
+        self._feeder.join(5.0)
+        self._collector.join(5.0)
+
+    # -- threads ---------------------------------------------------------------------------------
+    def _feed(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                item = self._heap[0] if self._heap else None
+            if item is None:
+                time.sleep(0.01)
+                continue
+            due, _, d = item
+            wait = due - time.perf_counter()
+            if wait > 0:
+                time.sleep(min(wait, 0.01))
+                continue
+            with self._lock:
+                heapq.heappop(self._heap)
+                alive = d in self.sessions
+                if alive:
+                    d.next_k += 1
+                    heapq.heappush(self._heap, (d.t0 + d.next_k, d.index, d))
+            if alive:
+                d.runner.submit(d.frames[(d.next_k - 1) % len(d.frames)], arrival=due)
+
+    def _collect(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                every = list(self.sessions)
+            got = False
+            for d in every:
+                while not d.runner.results.empty():
+                    res = d.runner.results.get()
+                    got = True
+                    if isinstance(res, LiveError):
+                        d.error = res.message
+                        continue
+                    d.records.append(res.record)
+                    if len(d.audio) < self.keep_audio:
+                        d.audio.append(res.audio)
+            if not got:
+                time.sleep(0.01)
+
+    # -- measuring -------------------------------------------------------------------------------
+    def settle(self, timeout: float = 5.0) -> bool:
+        """Wait until no session has frames queued (a build's stall has drained); False on timeout."""
+        end = time.perf_counter() + timeout
+        while time.perf_counter() < end:
+            with self._lock:
+                every = list(self.sessions)
+            if all(d.runner.backlog() == 0 for d in every):
+                return True
+            time.sleep(0.05)
+        return False
+
+    def measure(self, seconds: float, progress=None) -> Window:
+        """Run ``seconds`` of wall time and summarize every second whose frame arrived in it."""
+        start = time.perf_counter()
+        end = start + float(seconds)
+        while time.perf_counter() < end:
+            time.sleep(min(1.0, max(0.0, end - time.perf_counter())))
+            if progress is not None:
+                progress(time.perf_counter() - start)
+        time.sleep(1.2)                                      # the last frames' seconds finish
+        return self.window(start, end)
+
+    def window(self, start: float, end: float) -> Window:
+        with self._lock:
+            every = list(self.sessions)
+        lat, misses, per = [], 0, []
+        for d in every:
+            mine = [r for r in list(d.records) if start <= d.t0 + r.index < end]
+            due = sum(1 for k in range(d.next_k) if start <= d.t0 + k < end)
+            ms = [d.latency_ms(r) for r in mine]
+            lat += ms
+            # a second whose frame came in the window and that has not finished by now is late already
+            m = sum(1 for r in mine if r.missed) + max(0, due - len(mine))
+            misses += m
+            per.append({"session": d.index, "seconds": len(mine), "misses": m,
+                        "p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99),
+                        "p50_work_ms": percentile([r.total_ms for r in mine], 50),
+                        "p99_work_ms": percentile([r.total_ms for r in mine], 99)})
+            if d.error:
+                misses += 1
+                per[-1]["error"] = d.error
+        return Window(len(every), len(lat), misses, percentile(lat, 50), percentile(lat, 99),
+                      max(lat, default=0.0), per)
+
+    def errors(self) -> List[str]:
+        return [f"session {d.index}: {d.error}" for d in self.sessions if d.error]
+
