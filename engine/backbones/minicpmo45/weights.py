@@ -22,7 +22,7 @@ import json
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import torch
 from torch import nn
@@ -180,11 +180,6 @@ def default_dtype(dtype: torch.dtype):
 
 
 def build(cls, *args, device, dtype: torch.dtype) -> nn.Module:
-    """Construct a module straight at ``device`` / ``dtype`` without initialising it (meta, then empty)."""
-    with default_dtype(dtype), torch.device("meta"):
-        m = cls(*args)
-    return m.to_empty(device=device)
-
-
-def parameter_names(modules: List[nn.Module]) -> int:
-    return sum(p.numel() for m in modules for p in m.parameters())
+    """Construct a module straight at ``device`` / ``dtype`` (an 8B LLM never passes through host memory)."""
+    with default_dtype(dtype), torch.device(device):
+        return cls(*args)

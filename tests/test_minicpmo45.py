@@ -1,0 +1,220 @@
+"""MiniCPM-o 4.5 backbone on the CPU at the tiny size: stock == demand bit for bit (text tokens, speech
+codes, audio) with the toggles flipped mid-session; listening seconds skip the tail; the voice-activity
+turn policy; the encoder's reset cycle as the planner sees it; the KV policies; the samplers."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine.backbones.minicpmo45.audio import POSITIONS, AudioEncoder, ResetWindow
+from engine.backbones.minicpmo45.dims import PRESETS, Sampling, preset
+from engine.backbones.minicpmo45.kv import GrowingKV, demand_units, kv_regions, make_store, switch_store
+from engine.backbones.minicpmo45.layers import seeded_init
+from engine.backbones.minicpmo45.llm import Qwen3
+from engine.backbones.minicpmo45.sampling import TextSampler, code_logits, top_k_top_p
+from engine.core import Executor, make_plan
+from engine.session.config import SessionConfig
+from engine.session.session import DuplexSession
+
+#: user speech per second: a 3 s turn, a 2 s pause (the reply), talk over it (barge-in), a 1 s turn, pause
+PATTERN = [1, 1, 1, 0, 0, 1, 0, 0, 0]
+
+
+def _frames(pattern, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(24000) * (0.2 if s else 0.001)).astype(np.float32) for s in pattern]
+
+
+def _session(demand: bool, flips=(), pattern=PATTERN, seed=3):
+    s = DuplexSession(SessionConfig(backbone="minicpm-o-4.5", size="tiny", device="cpu", seed=seed,
+                                    demand_sized=demand, graph_replay=False, cpu_threads=1))
+    s.start()
+    tokens, floats = [], []                     # tail tokens; LLM and TTS logits (exact, not just argmax)
+    bb = s.backbone
+    think, tts_forward = bb.think, bb.tts.forward
+
+    def spy(frames):
+        floats.append(bb.protocol.logits.clone())
+        t = think(frames)
+        tokens.append(None if t.tokens is None else t.tokens.clone())
+        return t
+
+    def tts_spy(*args):
+        out = tts_forward(*args)
+        floats.append(out.clone())
+        return out
+    bb.think, bb.tts.forward = spy, tts_spy
+    outs, recs = [], []
+    for k, f in enumerate(_frames(pattern)):
+        if k in flips:
+            s.set_toggles(demand_sized=not s.cfg.demand_sized)
+        out, rec = s.process(f)
+        outs.append(out)
+        recs.append(rec)
+    s.close()
+    return np.concatenate(outs), recs, tokens, floats
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """One stock-mode session and one demand-sized session whose toggle flips at seconds 2, 4 and 7."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield _session(False), _session(True, flips=(2, 4, 7))
+    finally:
+        torch.set_num_threads(n)
+
+
+def test_stock_and_demand_identical_with_toggles_flipped(runs):
+    (a, ra, ta, fa), (b, rb, tb, fb) = runs
+    assert len(fa) == len(fb) > len(ra)
+    assert all(torch.equal(x, y) for x, y in zip(fa, fb))
+    assert [r.demand_sized for r in rb] == [True, True, False, False, True, True, True, False, False]
+    assert [r.text for r in ra] == [r.text for r in rb]
+    assert [r.decision for r in ra] == [r.decision for r in rb]
+    for x, y in zip(ta, tb):
+        assert (x is None and y is None) or torch.equal(x, y)
+    assert np.array_equal(a, b)
+    assert any(r.decision == "speak" for r in ra) and np.abs(a).max() > 0
+
+
+def test_listening_seconds_skip_the_tail_and_play_silence(runs):
+    out, recs, tokens, _ = runs[1]
+    assert [r.decision for r in recs] == ["listen", "listen", "listen", "speak", "speak", "listen", "speak",
+                                          "listen", "listen"]
+    for k, r in enumerate(recs):
+        second = out[k * 24000:(k + 1) * 24000]
+        if r.decision == "listen":
+            assert r.tail_skipped and tokens[k] is None and not np.any(second) and r.text == ""
+        else:
+            assert not r.tail_skipped and r.text and r.tokens > 0
+    # the first reply starts with 3 silence tokens; a reply's last second ends with 3 as lookahead
+    assert torch.equal(tokens[3][0, :3], torch.full((3,), 4218))
+    first_reply_end = tokens[4][0]
+    assert not torch.equal(first_reply_end[-3:], torch.full((3,), 4218))    # cut short by a barge-in
+    assert torch.equal(tokens[6][0, -3:], torch.full((3,), 4218))           # a 1 s reply ends in-turn
+
+
+def test_voice_activity_turns_force_only_the_decision_token(runs):
+    from engine.backbones.minicpmo45.turns import VoiceActivityTurns
+    t = VoiceActivityTurns(reply_seconds=2)
+    got = [t.decide(bool(s)) for s in [1, 1, 1, 0, 0, 0, 1, 0, 1]]
+    assert [(d.forced, d.last) for d in got] == [
+        ("listen", False), ("listen", False), ("listen", False), ("speak", False), ("speak", True),
+        ("listen", False), ("listen", False), ("speak", True), ("listen", False)]
+    recs = runs[1][1]
+    spoken = [r.text.split() for r in recs if r.decision == "speak"]
+    ending = set(PRESETS["tiny"].tokens.chunk_terminators)
+    for words in spoken:                          # the LLM's own tokens after <|speak|> (none ends a unit)
+        assert words and all(int(w.strip("<>")) not in ending for w in words)
+
+
+def _backbone_seconds(seed: int, pattern=(1, 0, 0)):
+    """The backbone alone (no tail): text and codes of each second."""
+    from engine.backbones.base import TokenFormat
+    from engine.backbones.minicpmo45 import MiniCPMO45Backbone
+    from engine.session.vad import VadResult
+    b = MiniCPMO45Backbone(TokenFormat(1, 6561, 25.0), size="tiny", device="cpu", seed=seed)
+    torch.manual_seed(seed)
+    b.start()
+    out = []
+    for f, sp in zip(_frames(pattern), pattern):
+        b.listen(torch.from_numpy(f), VadResult(bool(sp), 1.0 if sp else 0.0, 0.0, -70.0))
+        t = b.think(25)
+        out.append((t.decision, t.text, None if t.tokens is None else t.tokens.tolist()))
+    return out
+
+
+def test_seeded_sessions_repeat_and_seeds_differ(one_torch_thread):
+    a, b, c = _backbone_seconds(3), _backbone_seconds(3), _backbone_seconds(4)
+    assert a == b and a[1][0] == "speak" and len(a[1][2][0]) == 3 + 25 + 3     # a 1 s reply: prefix + lookahead
+    assert a[1][1] != c[1][1]
+
+
+def test_encoder_reset_cycle_planned():
+    for size, period, top in (("tiny", 2, 50), ("released", 29, 1400)):
+        a = preset(size).audio
+        enc_k = [r for r in AudioEncoder.regions(_Stub(a), None) if r.name == "enc_k"][0]
+        assert isinstance(enc_k.retention, ResetWindow)
+        plan = make_plan([enc_k], _spec())
+        assert plan.settled_at == 0 and plan.period == period
+        assert [s.before["enc_k"] for s in plan.timeline] == list(range(0, top + 1, POSITIONS))
+        assert plan.demand["enc_k"] == top + POSITIONS <= a.max_positions
+
+
+class _Stub:
+    """Just enough of an AudioEncoder for ``regions`` (no weights built at released size)."""
+
+    def __init__(self, a):
+        from engine.backbones.minicpmo45.audio import Clock
+        self.a = a
+        self.clock = Clock("encoder", (POSITIONS,))
+        self.audio_clock = Clock("seconds", (1,))
+        self.conv1 = torch.nn.Conv1d(1, 1, 1)
+
+
+def _spec():
+    from engine.core import SessionSpec
+    return SessionSpec(steps=None)
+
+
+def test_encoder_stock_arena_equals_demand_arena_across_resets(one_torch_thread):
+    d = preset("tiny")
+    enc = AudioEncoder(d.audio, d.llm.hidden).eval()
+    seeded_init(enc, 5)
+    spec = enc.session_spec()
+    ex = {m: Executor(enc, make_plan(enc.regions(spec), spec), "cpu", demand_sized=(m == "demand"))
+          for m in ("stock", "demand")}
+    rng = torch.Generator().manual_seed(0)
+    for k in range(7):                                          # two resets at the tiny size
+        pcm = torch.randn(24000, generator=rng) * 0.1
+        a = ex["stock"].step({"pcm": pcm})["emb"]
+        b = ex["demand"].step({"pcm": pcm})["emb"]
+        assert a.shape == (10, d.llm.hidden) and torch.equal(a, b)
+    assert ex["stock"].arena.states["enc_k"].length == ex["demand"].arena.states["enc_k"].length == 50
+
+
+def test_kv_policies_give_the_same_bits_and_migrate(one_torch_thread):
+    d = preset("tiny").llm
+    llm = Qwen3(d).eval()
+    seeded_init(llm, 1)
+    regions = kv_regions("llm", d.layers, d.kv_heads, d.head_dim, 33, d.max_positions, torch.float32, "")
+    cap = demand_units(regions, 3)
+    assert cap == 99
+    stores = [make_store(False, regions[0], d.layers, cap, "cpu"), make_store(True, regions[0], d.layers, cap, "cpu")]
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for t in (1, 11, 1, 2, 7):
+            x = torch.randn(t, d.hidden, generator=g)
+            a, b = llm(x, stores[0]), llm(x, stores[1])
+            assert torch.equal(a, b)
+            stores = [switch_store(stores[1], False, cap, "cpu"), switch_store(stores[0], True, cap, "cpu")]
+    assert isinstance(stores[0], GrowingKV) and stores[0].length == stores[1].length == 22
+    with pytest.raises(RuntimeError, match="horizon"):
+        llm(torch.randn(cap, d.hidden), stores[1])
+
+
+def test_samplers():
+    x = torch.tensor([[5.0, 4.0, 3.0, 2.0, 1.0, 0.0]])
+    assert torch.isinf(top_k_top_p(x, 3, 1.0)[0, 3:]).all() and torch.isfinite(top_k_top_p(x, 3, 1.0)[0, :3]).all()
+    kept = torch.isfinite(top_k_top_p(x, 6, 0.8)[0]).tolist()       # softmax mass 0.64 then 0.87: two kept
+    assert kept == [True, True, False, False, False, False]
+    s = Sampling()
+    logits = torch.tensor([[2.0, -2.0, 1.0, 0.5]])
+    codes = torch.tensor([0, 1, 1, 0, 0, 0], dtype=torch.long)
+    out = code_logits(logits, codes, 3, s, eos=3, min_codes=5)
+    t = logits / s.tts_temperature
+    assert torch.allclose(out[0, :3], torch.stack([t[0, 0] / 1.05, t[0, 1] * 1.05 ** 2, t[0, 2]]))
+    assert torch.isinf(out[0, 3])
+    tk = PRESETS["tiny"].tokens
+    ts = TextSampler(s, tk, [tk.tts_pad])
+    forced = torch.full((1, 256), -50.0)
+    forced[0, tk.chunk_eos] = 50.0
+    assert ts(forced) == tk.chunk_eos and ts.history == []          # the raw draw ends the unit
+    torch.manual_seed(0)
+    free = torch.zeros(1, 256)
+    free[0, tk.tts_pad] = 30.0
+    picks = {ts(free) for _ in range(20)}
+    assert tk.tts_pad not in picks and len(ts.history) == 20
