@@ -1,0 +1,100 @@
+"""Two replicas on a simulated two-node Ray cluster (ray.cluster_utils.Cluster; each worker node has
+one GPU slot, so one replica per node as on two GPUs): new sessions go to the replica with the most
+deadline headroom, a replica at its limit is passed over, and a full cluster refuses in words.
+
+CPU only, tiny model; the cluster is started here at its smallest and torn down at the end."""
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray.serve")
+pytest.importorskip("websockets")
+
+from engine.serve.client import RemoteRunner  # noqa: E402
+from engine.session import LiveResult, SessionConfig  # noqa: E402
+
+TOKEN = "cluster-test-token-0123456789"
+MODEL = dict(tail="step-audio2", backbone="synthetic", size="tiny", device="cpu", cpu_threads=1)
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def cluster_url():
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    import ray
+    from ray import serve
+    from ray.cluster_utils import Cluster
+
+    from engine.serve.deployment import ServeSpec, build_app
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0,
+                                                            "include_dashboard": False})
+    for _ in range(2):
+        cluster.add_node(num_cpus=1, num_gpus=1)            # a "GPU" per node: one replica each
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    try:
+        ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
+        cluster.wait_for_nodes()
+        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
+        spec = ServeSpec(config=dict(MODEL), token=TOKEN, max_sessions=2, replicas=2, gpus_per_replica=1.0,
+                         cpus_per_replica=0.5, drain_timeout_s=5.0, stats_period_s=0.5)
+        serve.run(build_app(spec), name="duplexcadence", route_prefix="/")
+        yield f"ws://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def open_session(url, seed=0):
+    r = RemoteRunner(SessionConfig(seed=seed), url, TOKEN)
+    r.start()
+    assert r.ready.wait(180)
+    return r
+
+
+def results(runner, n, timeout=120.0):
+    got, t0 = [], time.time()
+    while len(got) < n and time.time() - t0 < timeout:
+        try:
+            got.append(runner.results.get(timeout=0.5))
+        except Exception:  # queue.Empty
+            pass
+    return got
+
+
+def test_sessions_placed_by_headroom_on_two_nodes(cluster_url):
+    frame = (np.random.default_rng().standard_normal(24000) * 0.05).astype(np.float32)
+    a = open_session(cluster_url)
+    b = open_session(cluster_url)
+    assert a.session is not None and b.session is not None
+    # two idle replicas: the second session goes to the other one, on the other node
+    assert a.session.replica != b.session.replica and a.session.node != b.session.node
+    # a's replica measures its seconds (a light load); b's has a session that has not run a second
+    # yet and is booked at the cautious estimate (half the deadline with a limit of two sessions)
+    for _ in range(3):
+        a.submit(frame)
+    assert all(isinstance(g, LiveResult) for g in results(a, 3))
+    assert max(r.total_ms for r in a.session.records) < 500.0
+    time.sleep(2.5)                                          # routing stats travel every 0.5 s
+    c = open_session(cluster_url)
+    assert c.session is not None and c.session.replica == a.session.replica      # most headroom
+    d = open_session(cluster_url)                            # a's replica is at its limit: passed over
+    assert d.session is not None and d.session.replica == b.session.replica
+    e = open_session(cluster_url)                            # 2 replicas x 2 sessions: full
+    assert e.session is None
+    msg = e.results.get(timeout=5).message
+    assert "the cluster is full" in msg and "try again later" in msg
+    for r in (a, b, c, d):
+        r.stop(timeout=30.0)
+        assert r.lost is None
+    f = open_session(cluster_url)                            # room again once sessions end
+    assert f.session is not None
+    f.stop(timeout=30.0)
