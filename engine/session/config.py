@@ -5,7 +5,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-BACKBONES = ("synthetic", "moshi")
+BACKBONES = ("synthetic", "moshi", "minicpm-o-4.5")
 SIZES = ("auto", "released", "tiny")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -69,8 +69,19 @@ class SessionConfig:
             backbone_ckpt = str(files.folder)
             if checkpoint is None and files.standard_mimi and size == "released":
                 checkpoint = str(files.mimi)     # the released Mimi: our decoder reads the same weights
+        elif self.backbone == "minicpm-o-4.5":
+            if self.tail != "step-audio2":
+                raise ValueError("the minicpm-o-4.5 backbone speaks Step-Audio2 tokens: use it with the "
+                                 "'step-audio2' tail")
+            if self.backbone_checkpoint:
+                from engine.backbones.minicpmo45.weights import open_folder
+                folder = open_folder(self.backbone_checkpoint)       # one clear error for a broken folder
+                backbone_ckpt = str(folder.path)
+                if checkpoint is None and folder.token2wav is not None:
+                    checkpoint = registry.resolve_checkpoint(self.tail, str(folder.token2wav))
         elif self.backbone_checkpoint is not None:
-            raise ValueError("the synthetic backbone has no weights to load: backbone_checkpoint is for 'moshi'")
+            raise ValueError("the synthetic backbone has no weights to load: backbone_checkpoint is for "
+                             "'moshi' and 'minicpm-o-4.5'")
         return self.replace(size=size, device=device, checkpoint=checkpoint, backbone_checkpoint=backbone_ckpt)
 
 
