@@ -41,6 +41,11 @@ class SessionRng:
             self._gen = _default_cuda_generator(self.device)
             self._state = self._gen.clone_state()      # a new state object, registered by this session's graphs
 
+    @property
+    def generator(self) -> Optional[torch.Generator]:
+        """The session's CUDA generator (its own state object), for explicit ``generator=`` draws."""
+        return self._state
+
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
         """Make this session's state the default generators' for the duration of the block."""
