@@ -73,16 +73,18 @@ def random_model(size: str = "released", seed: int = 0, device="cpu") -> StepAud
 
 # -- released checkpoint ----------------------------------------------------------------------------------
 
+def _hift_name(key: str) -> str:
+    """A hift.pt key as our model names it (no ``generator.`` prefix, parametrized weight norm)."""
+    k = key[len("generator."):] if key.startswith("generator.") else key
+    if k.endswith(".weight_g"):
+        return k[:-len("weight_g")] + "parametrizations.weight.original0"
+    if k.endswith(".weight_v"):
+        return k[:-len("weight_v")] + "parametrizations.weight.original1"
+    return k
+
+
 def _hift_keys(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    out = {}
-    for k, v in state.items():
-        k = k[len("generator."):] if k.startswith("generator.") else k
-        if k.endswith(".weight_g"):
-            k = k[:-len("weight_g")] + "parametrizations.weight.original0"
-        elif k.endswith(".weight_v"):
-            k = k[:-len("weight_v")] + "parametrizations.weight.original1"
-        out[k] = v
-    return out
+    return {_hift_name(k): v for k, v in state.items()}
 
 
 def _hift_config(sd: Dict[str, torch.Tensor], path: Path) -> HiFTConfig:
@@ -115,7 +117,9 @@ def checkpoint_state(folder) -> Tuple[T2WConfig, Dict[str, torch.Tensor]]:
             raise FileNotFoundError(f"checkpoint folder {folder} has no {name}")
     flow_cfg = flow_config_from_yaml(folder / "flow.yaml")
     flow_sd = _load_pt(folder / "flow.pt")
-    hift_sd = _hift_keys(_load_pt(folder / "hift.pt"))
+    hift_raw = _load_pt(folder / "hift.pt")
+    hift_sd = _hift_keys(hift_raw)
+    in_file = {"flow.pt": {}, "hift.pt": {_hift_name(k): k for k in hift_raw}}   # our key -> the file's
     cfg = T2WConfig(flow=flow_cfg, hift=_hift_config(hift_sd, folder / "hift.pt"))
     with torch.device("meta"):
         ref = StepAudio2Token2Wav(cfg).state_dict()
@@ -130,7 +134,7 @@ def checkpoint_state(folder) -> Tuple[T2WConfig, Dict[str, torch.Tensor]]:
                              f"unexpected {extra[:4]}, wrong shape {bad[:4]}")
         for k in want:
             if ref[prefix + k].dtype.is_floating_point:
-                check_tensor(k, sd[k], str(folder / fname))
+                check_tensor(in_file[fname].get(k, k), sd[k], str(folder / fname))
         state.update({prefix + k: v.float() for k, v in sd.items()})
     return cfg, state
 
