@@ -137,7 +137,11 @@ class EngineTail(DecoderTail):
 
     def frames_needed(self) -> int:
         """Frames the next second takes (its step's advance of the frames clock)."""
-        return self.plan.step(self.seconds_done).advances[self.frames_clock]
+        return self.frames_in(self.plan.step(self.seconds_done))
+
+    def frames_in(self, sp: StepPlan) -> int:
+        """Frames step ``sp`` consumes: its advance of the ``frames`` clock."""
+        return sp.advances[self.frames_clock]
 
     @torch.no_grad()
     def push(self, tokens) -> np.ndarray:

@@ -5,18 +5,20 @@ packages in :data:`KNOWN`. Everything that names decoders takes the names and ti
 the app's tail picker, the session config, the ``--model`` choices of ``duplexcadence run`` /
 ``synth`` / the scripted app, ``duplexcadence-bench`` (``plan`` and each decoder's own benchmark)
 and the tests. A decoder validates its own checkpoint by content (``resolve_checkpoint``): the
-session knows no file layouts. Adding a decoder means adding its package and one line to KNOWN.
+session knows no file layouts. Adding a decoder means adding its package under ``engine/models/``:
+:func:`load_all` imports every package there, and ``ModelEntry.order`` sets the listing order.
 """
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 from engine.core.planner import Plan
 
-#: packages that register models when imported (order = listing order)
-KNOWN = ["engine.models.step_audio2", "engine.models.mimi", "engine.models.nemotron_codec", "engine.models.toy"]
+#: modules of engine/models that are not models
+NOT_MODELS = ("registry", "checkfiles")
 
 
 @dataclass
@@ -27,13 +29,15 @@ class ModelEntry:
     title: str                                  # for people
     architecture: str                           # "flow-matching DiT + HiFT", "Mimi SEANet", ...
     plan: Callable[..., Plan]                   # plan(size="released", **session) -> Plan
-    make_tail: Optional[Callable[..., object]] = None   # make_tail(size=, device=, seed=, checkpoint=, shared=) -> DecoderTail
+    #: make_tail(size=, device=, seed=, checkpoint=, shared=) -> DecoderTail
+    make_tail: Optional[Callable[..., object]] = None
     synth: Optional[Callable[[object], int]] = None      # synth(argparse.Namespace) -> exit code
     add_synth_args: Optional[Callable[[object], None]] = None  # extra argparse options for synth
     #: resolve_checkpoint(path) -> the path make_tail takes; ValueError (one line) when the contents are wrong
     resolve_checkpoint: Optional[Callable[[str], str]] = None
     checkpoint_hint: str = ""                   # what to choose: "folder with flow.yaml, flow.pt, hift.pt"
     bench: Optional[Tuple[str, str]] = None     # (module with main(argv) -> int, one-line description)
+    order: int = 50                             # listing order (the first tail is the default)
 
     @property
     def is_tail(self) -> bool:
@@ -53,7 +57,9 @@ def load_all() -> None:
     global _loaded
     if _loaded:
         return
-    for mod in KNOWN:
+    import engine.models
+    found = [m.name for m in pkgutil.iter_modules(engine.models.__path__) if m.name not in NOT_MODELS]
+    for mod in (f"engine.models.{name}" for name in sorted(found)):
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as e:
@@ -62,9 +68,13 @@ def load_all() -> None:
     _loaded = True
 
 
-def names() -> List[str]:
+def _listed() -> List[ModelEntry]:
     load_all()
-    return list(_REGISTRY)
+    return sorted(_REGISTRY.values(), key=lambda e: (e.order, e.name))
+
+
+def names() -> List[str]:
+    return [e.name for e in _listed()]
 
 
 def get(name: str) -> ModelEntry:
@@ -76,8 +86,7 @@ def get(name: str) -> ModelEntry:
 
 def tails() -> List[ModelEntry]:
     """The decoder tails a session can run, in listing order."""
-    load_all()
-    return [e for e in _REGISTRY.values() if e.is_tail]
+    return [e for e in _listed() if e.is_tail]
 
 
 def tail_names() -> Tuple[str, ...]:
@@ -110,5 +119,4 @@ def checkpoint_hints() -> str:
 
 def benchmarks() -> Dict[str, Tuple[str, str]]:
     """``duplexcadence-bench`` commands the registered models bring: name -> (module, description)."""
-    load_all()
-    return {e.name: e.bench for e in _REGISTRY.values() if e.bench is not None}
+    return {e.name: e.bench for e in _listed() if e.bench is not None}

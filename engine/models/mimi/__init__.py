@@ -85,7 +85,7 @@ def resolve_checkpoint(path: str) -> str:
 register(ModelEntry(name="mimi", title="Mimi decoder (Moshi, Hibiki, Sesame CSM)",
                     architecture="split RVQ + x2 upsample + 8-layer ring-KV transformer + causal SEANet",
                     plan=plan, make_tail=make_tail, synth=synth, resolve_checkpoint=resolve_checkpoint,
-                    checkpoint_hint="Mimi .safetensors (tokenizer-e351c8d8-checkpoint125.safetensors)",
+                    checkpoint_hint="Mimi .safetensors (tokenizer-e351c8d8-checkpoint125.safetensors)", order=10,
                     bench=("engine.bench.mimi", "Mimi decoder: moshi eager / moshi graphs vs our modes (GPU)")))
 
 __all__ = ["MimiConfig", "MimiDecoder", "MimiTail", "build_model", "make_tail", "plan", "synth"]

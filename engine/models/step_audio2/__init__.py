@@ -61,4 +61,5 @@ register(ModelEntry(name="step-audio2", title="Step-Audio2 token2wav (MiniCPM-o 
                     architecture="conformer encoder + DiT flow matching (10 Euler steps, CFG) + HiFT vocoder",
                     plan=plan, make_tail=make_tail, synth=_synth, resolve_checkpoint=resolve_checkpoint,
                     checkpoint_hint="token2wav folder (flow.yaml, flow.pt, hift.pt)",
+                    order=0,
                     bench=("engine.bench.step_audio2", "Step-Audio2 token2wav: stock package vs our three modes (GPU)")))
