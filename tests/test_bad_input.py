@@ -17,7 +17,7 @@ import pytest
 from engine.atomic import atomic_write
 from engine.cli import run as run_cli
 from engine.cli import synth as synth_cli
-from engine.cli.validate import output_file, output_folder, seconds, seed
+from engine.cli.validate import count, output_file, output_folder, seconds, seed
 from engine.models.mimi import weights as MW
 from engine.models.mimi.config import preset as mimi_preset
 from engine.npio import save_audio
@@ -68,6 +68,10 @@ def test_seconds_and_seed_accept_what_users_mean():
     for bad in (str(2 ** 64), "-1", "1.5", "x"):
         with pytest.raises(argparse.ArgumentTypeError):
             seed(bad)
+    assert count("8") == 8
+    for bad in ("0", "-1", "1e3", str(2 ** 40)):
+        with pytest.raises(argparse.ArgumentTypeError):
+            count(bad)
 
 
 @pytest.mark.parametrize("argv", [["--seconds", "nan"], ["--seconds", "1e9"], ["--seconds", "0"],

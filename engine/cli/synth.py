@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from engine.cli.validate import OneLineParser, output_file, seed
+from engine.cli.validate import OneLineParser, count, output_file, seed
 from engine.models import registry
 from engine.npio import AUDIO_SUFFIXES
 
@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tokens", help="1-D int .npy of 25 Hz speech tokens")
     g = p.add_argument_group("mimi")
     g.add_argument("--codes", help="int .npy (codebooks x frames)")
-    g.add_argument("--num-codebooks", type=int, default=None, help="codebooks to decode (8 Moshi, 32 CSM)")
+    g.add_argument("--num-codebooks", type=count, default=None, help="codebooks to decode (8 Moshi, 32 CSM)")
     return p
 
 

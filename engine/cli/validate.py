@@ -3,7 +3,7 @@
 Every check fails with one line that names the argument or the path and says what is wrong:
 
 * :class:`OneLineParser` prints argparse errors as one line (``prog: error: ...``), not usage + error;
-* :func:`seconds` and :func:`seed` are argparse ``type=`` functions (finite, in range);
+* :func:`seconds`, :func:`seed` and :func:`count` are argparse ``type=`` functions (finite, in range);
 * :func:`output_file` / :func:`output_folder` refuse an output that exists and is not what is
   expected (a device node, FIFO, socket, symbolic link; a file where a folder is wanted) and an
   output that is one of the inputs (same inode, so a hard link or a second spelling is caught too).
@@ -54,6 +54,17 @@ def seed(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer seed") from None
     if not 0 <= value <= MAX_SEED:
         raise argparse.ArgumentTypeError(f"{text} is out of range: a seed is an integer from 0 to 2**63-1")
+    return value
+
+
+def count(text: str) -> int:
+    """argparse type: a positive integer (a number of codebooks, of steps...), at most 65536."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= 1 << 16:
+        raise argparse.ArgumentTypeError(f"{text} is out of range: give a whole number from 1 to 65536")
     return value
 
 
