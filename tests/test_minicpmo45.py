@@ -194,6 +194,12 @@ def test_kv_policies_give_the_same_bits_and_migrate(one_torch_thread):
     assert isinstance(stores[0], GrowingKV) and stores[0].length == stores[1].length == 22
     with pytest.raises(RuntimeError, match="horizon"):
         llm(torch.randn(cap, d.hidden), stores[1])
+    # the LLM's store is growable: past the planned horizon it doubles (one copy) and the bits hold
+    grow = switch_store(stores[0], True, 24, "cpu", growable=True)
+    with torch.no_grad():
+        x = torch.randn(9, d.hidden, generator=g)
+        assert torch.equal(llm(x, stores[0]), llm(x, grow))
+    assert grow.capacity == 48 and grow.grown == 1 and grow.length == 31
 
 
 def test_samplers():

@@ -50,7 +50,7 @@ class MiniCPMO45Backbone(Backbone):
 
     def __init__(self, fmt: TokenFormat, *, size: str, device, seed: int = 0, checkpoint: Optional[str] = None,
                  demand_sized: bool = True, graph_replay: bool = True, reply_seconds: int = 4,
-                 debug: bool = False, turn_policy: Optional[str] = None, horizon_seconds: int = 600):
+                 debug: bool = False, turn_policy: Optional[str] = None, horizon_seconds: int = 60):
         if fmt.codebooks != 1 or fmt.vocab != 6561:
             raise ValueError("the minicpm-o-4.5 backbone speaks Step-Audio2 tokens: use it with the 'step-audio2' tail")
         self.fmt, self.size, self.seed = fmt, size, int(seed)
@@ -82,7 +82,7 @@ class MiniCPMO45Backbone(Backbone):
         with torch.no_grad():
             self.llm = W.build(Qwen3, d.llm, device=dev, dtype=dt).eval()
             self.tts = W.build(TTS, d.tts, d.llm, device=dev, dtype=dt).eval()
-            self.encoder = AudioEncoder(d.audio, d.llm.hidden).to(device=dev, dtype=dt).eval()
+            self.encoder = W.build(AudioEncoder, d.audio, d.llm.hidden, device=dev, dtype=dt).eval()
             self.encoder.float_buffers(dev)
             self._fill_weights()
             spec = self.encoder.session_spec()
@@ -125,7 +125,8 @@ class MiniCPMO45Backbone(Backbone):
                                       d.tts.max_positions, dt, "HF DynamicCache per turn: torch.cat per token")
         self.tts_capacity = tts_cap
         demand = self._toggles["demand_sized"]
-        self.kv_llm = make_store(demand, self.llm_regions[0], d.llm.layers, self.llm_capacity, self.device)
+        self.kv_llm = make_store(demand, self.llm_regions[0], d.llm.layers, self.llm_capacity, self.device,
+                                 growable=True)
         self.kv_tts = make_store(demand, self.tts_regions[0], d.tts.layers, self.tts_capacity, self.device)
 
     def _graphs_on(self) -> bool:
@@ -176,7 +177,7 @@ class MiniCPMO45Backbone(Backbone):
     def _text(self, ids: List[int]) -> str:
         if self.folder is not None:
             return self.folder.tokenizer.decode(ids, skip_special_tokens=True)
-        return " ".join(f"<{i}>" for i in ids)
+        return "".join(f"<{i}> " for i in ids)
 
     # -- toggles and reporting ---------------------------------------------------------------------------
     def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
@@ -191,7 +192,7 @@ class MiniCPMO45Backbone(Backbone):
         self.executor.set_toggles(**pending)
         demand = self._toggles["demand_sized"]
         p = self.protocol
-        p.kv_llm = self.kv_llm = switch_store(self.kv_llm, demand, self.llm_capacity, self.device)
+        p.kv_llm = self.kv_llm = switch_store(self.kv_llm, demand, self.llm_capacity, self.device, growable=True)
         new_tts = switch_store(self.kv_tts, demand, self.tts_capacity, self.device)
         if new_tts is not self.kv_tts:
             self.tts_graphs = None                                      # graphs point into the old storage

@@ -11,7 +11,9 @@ worst-case clock), and the planner sizes them: :func:`demand_units` runs
   ``torch.cat``.
 * :class:`DemandKV` allocates once at the planner's demand, writes in place and hands back an exact
   length view, so attention runs over the same positions as stock and gives the same bits; its
-  addresses never move, which lets the TTS replay CUDA graphs over it.
+  addresses never move, which lets the TTS replay CUDA graphs over it. The LLM's store is planned for
+  the session's first minute and doubles (one copy) if the session outlives that; the LLM runs
+  eagerly, so nothing depends on its addresses.
 """
 from __future__ import annotations
 
@@ -125,23 +127,43 @@ class GrowingKV(KVStore):
 
 
 class DemandKV(KVStore):
-    """Allocated once at ``capacity`` positions; in-place writes; exact-length views (stable addresses)."""
+    """Allocated once at ``capacity`` positions; in-place writes; exact-length views (stable addresses).
+
+    ``growable``: a session that outlives the planned horizon gets twice the room (one copy; up to the
+    region's :class:`~engine.core.regions.Horizon`) instead of an error. Only for a store no CUDA graph
+    reads (the LLM's); the TTS's per-turn store is fixed, so its graphs keep their addresses."""
 
     kind = "demand"
 
-    def __init__(self, region_k: Region, layers: int, capacity: int, device):
+    def __init__(self, region_k: Region, layers: int, capacity: int, device, growable: bool = False):
         super().__init__(region_k, layers)
         self.capacity = int(capacity)
+        self.growable = growable
+        self.grown = 0
         shape = region_k.shape_at(self.capacity)
         self.k_buf = torch.zeros(shape, dtype=region_k.dtype, device=device)     # [layers, Hkv, C, hd]
         self.v_buf = torch.zeros(shape, dtype=region_k.dtype, device=device)
+
+    def _room(self, end: int) -> None:
+        limit = getattr(self.region.retention, "max_units", self.capacity)
+        if not self.growable or end > limit:
+            raise RuntimeError(f"{self.region.name}: {end} positions exceed the horizon of "
+                               f"{self.capacity if not self.growable else limit} (start a new session)")
+        cap = min(limit, max(2 * self.capacity, end))
+        k, v = self.k_buf[:, :, :self.length], self.v_buf[:, :, :self.length]
+        shape = self.region.shape_at(cap)
+        self.k_buf = torch.zeros(shape, dtype=k.dtype, device=k.device)
+        self.v_buf = torch.zeros(shape, dtype=v.dtype, device=v.device)
+        self.k_buf[:, :, :self.length].copy_(k)
+        self.v_buf[:, :, :self.length].copy_(v)
+        self.capacity = cap
+        self.grown += 1
 
     def _append(self, i, k, v):
         t = k.shape[2]
         end = self.length + t
         if end > self.capacity:
-            raise RuntimeError(f"{self.region.name}: {end} positions exceed the session's horizon of "
-                               f"{self.capacity} (start a new session or raise the horizon)")
+            self._room(end)
         self.k_buf[i, :, self.length:end].copy_(k[0])
         self.v_buf[i, :, self.length:end].copy_(v[0])
         return self.k_buf[i:i + 1, :, :end], self.v_buf[i:i + 1, :, :end]
@@ -152,7 +174,7 @@ class DemandKV(KVStore):
     def load(self, k, v):
         n = int(k.shape[2])
         if n > self.capacity:
-            raise RuntimeError(f"{self.region.name}: {n} positions exceed the horizon of {self.capacity}")
+            self._room(n)
         self.k_buf[:, :, :n].copy_(k)
         self.v_buf[:, :, :n].copy_(v)
         self.length = n
@@ -161,15 +183,18 @@ class DemandKV(KVStore):
         return 2 * self.k_buf.numel() * self.k_buf.element_size()
 
 
-def make_store(demand: bool, region_k: Region, layers: int, capacity: int, device) -> KVStore:
-    return DemandKV(region_k, layers, capacity, device) if demand else GrowingKV(region_k, layers, device)
+def make_store(demand: bool, region_k: Region, layers: int, capacity: int, device, growable: bool = False
+               ) -> KVStore:
+    if demand:
+        return DemandKV(region_k, layers, capacity, device, growable)
+    return GrowingKV(region_k, layers, device)
 
 
-def switch_store(store: KVStore, demand: bool, capacity: int, device) -> KVStore:
+def switch_store(store: KVStore, demand: bool, capacity: int, device, growable: bool = False) -> KVStore:
     """The same history in the other policy (bit-exact copies); the store itself when nothing changes."""
     if (store.kind == "demand") == bool(demand):
         return store
     k, v = store.export()
-    new = make_store(demand, store.region, store.layers, capacity, device)
+    new = make_store(demand, store.region, store.layers, capacity, device, growable)
     new.load(k.to(device), v.to(device))
     return new
