@@ -72,6 +72,7 @@ def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False) -
     summary = summarize(records)
     summary["build_s"] = build_s
     summary["max_reserved_bytes"] = max((r.reserved_bytes for r in records), default=0)
+    summary.update(stage_means(records))
     summary["info"] = s.info
     s.close()
     del s
@@ -89,11 +90,36 @@ def _table(rows: Dict[str, Dict[str, object]]) -> str:
     return "\n".join(lines)
 
 
+def stage_means(records) -> Dict[str, float]:
+    """Means over all seconds and over speaking seconds (each stage too): the whole duplex second's cost."""
+    def mean(vals):
+        vals = list(vals)
+        return sum(vals) / len(vals) if vals else 0.0
+    speak = [r for r in records if r.decision == "speak"]
+    listen = [r for r in records if r.decision != "speak"]
+    out = {"mean_total_ms": mean(r.total_ms for r in records),
+           "mean_speaking_second_ms": mean(r.total_ms for r in speak),
+           "mean_listening_second_ms": mean(r.total_ms for r in listen)}
+    for stage in ("listen", "think", "speak"):
+        out[f"mean_{stage}_ms_speaking"] = mean(getattr(r, f"{stage}_ms") for r in speak)
+    return out
+
+
+def _means_table(rows: Dict[str, Dict[str, object]]) -> str:
+    lines = [f"{'mode':<8} {'mean':>8} {'mean speaking':>14} {'mean listening':>15}   speaking seconds: "
+             f"{'listen':>7} {'think':>7} {'speak':>7}"]
+    for name, s in rows.items():
+        lines.append(f"{name:<8} {s['mean_total_ms']:>8.1f} {s['mean_speaking_second_ms']:>14.1f} "
+                     f"{s['mean_listening_second_ms']:>15.1f}   {'':>17} {s['mean_listen_ms_speaking']:>7.1f} "
+                     f"{s['mean_think_ms_speaking']:>7.1f} {s['mean_speak_ms_speaking']:>7.1f}")
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="duplexcadence-bench session", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=int, default=60)
     p.add_argument("--tail", default="step-audio2", choices=registry.tail_names())
-    p.add_argument("--backbone", default="synthetic", choices=["synthetic", "moshi"])
+    p.add_argument("--backbone", default="synthetic", choices=["synthetic", "moshi", "minicpm-o-4.5"])
     p.add_argument("--backbone-checkpoint", default=None)
     p.add_argument("--checkpoint", default=None)
     p.add_argument("--size", default="auto", choices=["auto", "released", "tiny"])
@@ -140,6 +166,7 @@ def main(argv=None) -> int:
     info = results[modes[0]]["summary"]["info"]
     print(f"duplex session: {info['tail_title']} <- {info['backbone_title']}, {info['device']}, {len(frames)} s of input")
     print(_table(rows))
+    print(_means_table(rows))
     print(f"outputs bit-identical across modes: {all(identical.values())} {identical}; "
           f"toggles flipped every second: {flip}")
     if a.out:
