@@ -187,3 +187,23 @@ def test_host_bad_arguments():
         host = EngineHost(device="cpu")
         with pytest.raises(ValueError, match="CUDA is not available"):
             host.open(SessionConfig(device="cuda"))
+
+
+def test_batched_listen_step_check_cpu(one_torch_thread, monkeypatch):
+    """The batched LISTEN step over slots equals each session's own steps, bit for bit, where the
+    check enables it (here: one-row products batched, bmm); a batched step whose bits drift by one
+    ulp is refused, and the reason names the slot and the cache."""
+    import engine.host.batched as B
+    from engine.backbones.speech_decoder import SpeechDecoder, decoder_args
+    model = SpeechDecoder(decoder_args("tiny", 2048, 8), seed=1).eval()
+    ok, why = B.check_gemm(model, "cpu", "bmm", 3, 3, 0)
+    assert ok and "bit for bit" in why
+    assert B.check(model, "cpu", slots=3, steps=3)[0] in B.GEMMS
+    exact = B.project
+    monkeypatch.setattr(B, "project", lambda x, lin, gemm: torch.nextafter(exact(x, lin, gemm), x.new_tensor(1e9)))
+    gemm, why = B.check(model, "cpu", slots=3, steps=3)
+    assert gemm is None and "slot 0" in why and "differs" in why
+    host = EngineHost(device="cpu", batched=True)
+    ok, why = host.batched_check(_cfg("mimi"))
+    assert not ok and "CUDA" in why
+    host.close()

@@ -139,7 +139,7 @@ def run_mode(mode: str, base: SessionConfig, a, launch: str, inputs) -> Dict[str
     demand, graphs = MODES[mode]
     cfg = base.replace(demand_sized=demand, graph_replay=graphs)
     label = f"{LABELS[mode]} [{launch}]"
-    host = EngineHost(device=cfg.device, launch=launch, batched=(mode == "batched"))
+    host = EngineHost(device=cfg.device, launch=launch, batched=(mode == "batched"), batch_slots=a.batch_slots)
     out: Dict[str, object] = {"launch": launch}
     if mode == "batched":
         ok, why = host.batched_check(cfg)
@@ -151,12 +151,14 @@ def run_mode(mode: str, base: SessionConfig, a, launch: str, inputs) -> Dict[str
     if cfg.device == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    load = PacedLoad(host, keep_audio=a.solo_seconds)
+    load = PacedLoad(host, keep_audio=a.solo_seconds, align=a.batch_slots if mode == "batched" else 0)
     t0 = time.perf_counter()
     try:
         knee, points = ramp(load, cfg, inputs, label, a.max_sessions, a.window, a.ramp_limit)
         best, conf = confirm(load, cfg, inputs, label, knee, a.seconds, a.confirm_tries) if knee else (0, None)
         mem = host.memory()
+        if host.batcher is not None:
+            out["batched_groups"] = host.batcher.report()
     finally:
         load.close()
     per = list(mem["sessions"].values())
@@ -204,6 +206,8 @@ def plot(doc: Dict[str, object], path: Path) -> str:
             ax.plot([c["sessions"]], [c["p99_ms"]], "*", ms=14, color=line.get_color())
     ax.axhline(DEADLINE_MS, ls="--", color="grey", lw=1)
     ax.text(ax.get_xlim()[0], DEADLINE_MS, " deadline", va="bottom", color="grey", fontsize=8)
+    from matplotlib.ticker import MaxNLocator
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("sessions on one device")
     ax.set_ylabel("p99 arrival-to-done (ms)")
     ax.set_title(f"{doc['tail']} + {doc['backbone']} ({doc['size']}, {doc['gpu']}); * = {doc['seconds']} s run",
@@ -250,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--confirm-tries", type=int, default=2)
     p.add_argument("--solo-sessions", type=int, default=3, help="sessions re-run alone for bit-identity (0: all)")
     p.add_argument("--solo-seconds", type=int, default=8)
+    p.add_argument("--batch-slots", type=int, default=8, help="sessions per batched group (phase-aligned)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the results here (JSON)")
     p.add_argument("--plot", default=None, help="PNG of sessions vs p99 (default: next to --json)")

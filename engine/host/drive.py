@@ -62,8 +62,10 @@ class Window:
 class PacedLoad:
     """Adds and removes sessions on ``host`` and feeds each one frame a second; see the module doc."""
 
-    def __init__(self, host: EngineHost, keep_audio: int = 0):
+    def __init__(self, host: EngineHost, keep_audio: int = 0, align: int = 0):
+        """``align``: sessions come in phase-aligned groups of this many (batched LISTEN), 0: all staggered."""
         self.host = host
+        self.align = int(align)
         self.keep_audio = int(keep_audio)
         self.sessions: List[Driven] = []
         self._lock = threading.Lock()
@@ -85,7 +87,8 @@ class PacedLoad:
             err = runner.results.get()
             raise RuntimeError(err.message if isinstance(err, LiveError) else "the session did not start")
         now = time.perf_counter()
-        phase = (self._added * GOLDEN) % 1.0
+        slot = self._added // self.align if self.align > 0 else self._added
+        phase = (slot * GOLDEN) % 1.0
         d = Driven(self._added, runner, frames, t0=now + 0.05 + phase)
         self._added += 1
         with self._lock:

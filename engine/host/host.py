@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -26,6 +26,7 @@ from engine.session import SessionConfig
 
 from .admission import HostFull, LoadMeter, memory_refusal
 from .gate import Gate
+from .groups import ListenBatcher
 from .runner import Dispatcher, HostedRunner
 from .session import HostedSession
 from .weights import WeightsCache
@@ -37,7 +38,8 @@ class EngineHost:
     """Runs many duplex sessions on one device; see the module docstring."""
 
     def __init__(self, device: str = "auto", launch: str = "threads", max_sessions: Optional[int] = None,
-                 reserve_ms: float = 100.0, window_s: float = 10.0, min_seconds: int = 3):
+                 reserve_ms: float = 100.0, window_s: float = 10.0, min_seconds: int = 3,
+                 batched: bool = False, batch_slots: int = 8):
         if launch not in LAUNCH_MODES:
             raise ValueError(f"unknown launch mode {launch!r}; choose one of: {', '.join(LAUNCH_MODES)}")
         if max_sessions is not None and int(max_sessions) < 1:
@@ -55,6 +57,22 @@ class EngineHost:
         self._runners: List[HostedRunner] = []
         self._next_id = 0
         self._dispatcher: Optional[Dispatcher] = Dispatcher() if launch == "one" else None
+        self.batcher: Optional[ListenBatcher] = ListenBatcher(self, batch_slots) if batched else None
+
+    # -- batched LISTEN (opt-in) -------------------------------------------------------------------
+    def batched_check(self, cfg: SessionConfig) -> Tuple[bool, str]:
+        """Whether sessions of ``cfg`` would replay LISTEN batched here, and why (or why not).
+
+        Builds one session of ``cfg`` (its weights stay cached) and runs the start-up check: batched
+        steps against each session's own steps on random inputs, bit for bit, on this device."""
+        if self.batcher is None:
+            return False, "batched replay is off (EngineHost(batched=True) turns it on)"
+        probe = self.admit(cfg, force=True)
+        try:
+            gemm, why = self.batcher.verdict(getattr(probe.session.backbone, "model", None))
+        finally:
+            self.remove(probe)
+        return gemm is not None, why
 
     # -- admission ---------------------------------------------------------------------------------
     def refusal(self, cfg: SessionConfig) -> Optional[str]:
@@ -168,6 +186,8 @@ class EngineHost:
         """Per session: what its admission added; shared weights per key; the device's totals."""
         out: Dict[str, object] = {"sessions": {s.id: s.memory.to_dict() for s in self.sessions()},
                                   "shared_weights": self.weights.report()}
+        if self.batcher is not None:
+            out["batched_groups"] = self.batcher.report()
         if self.device.type == "cuda":
             out["allocated_bytes"] = int(torch.cuda.memory_allocated(self.device))
             out["reserved_bytes"] = int(torch.cuda.memory_reserved(self.device))

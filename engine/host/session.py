@@ -70,6 +70,9 @@ class HostedSession:
         self.memory = SessionMemory()
         self.spans: List[Tuple[float, float]] = []          # host wall time of each second's work
         self.exclusive_seconds = 0
+        self.in_shared_second = False           # a shared (concurrent) second is running now
+        self.group = None                       # the batched-LISTEN group it belongs to, if any
+        self.batched_note = ""
         self._lock = threading.Lock()
         self._pending: Dict[str, bool] = {}
 
@@ -93,8 +96,10 @@ class HostedSession:
                 if hit is None:
                     cache.put(key, getattr(part, "shared_weights", lambda: None)())
                     loaded += cache.bytes(key)
+            self.session = s
+            if self.host.batcher is not None:
+                self.batched_note = self.host.batcher.join(self)
             alloc1, res1 = _device_bytes(self.device)
-        self.session = s
         self.memory = SessionMemory(state=int(s.tail.state_bytes()) + int(s.backbone.state_bytes()),
                                     allocated=max(0, alloc1 - alloc0 - loaded), reserved=max(0, res1 - res0),
                                     shared_loaded=loaded,
@@ -103,6 +108,8 @@ class HostedSession:
     def close(self) -> None:
         if self.session is not None:
             with self.host.gate.exclusive():
+                if self.host.batcher is not None:
+                    self.host.batcher.leave(self)
                 self.session.close()
 
     # -- one second ------------------------------------------------------------------------------
@@ -127,10 +134,12 @@ class HostedSession:
             t0 = time.perf_counter()
             rng = self.rng.installed() if exclusive else contextlib.nullcontext()
             stream = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+            self.in_shared_second = not exclusive
             with rng, stream:
                 if pending:
                     self.session.set_toggles(**pending)
                 out, rec = self.session.process(frame, arrival=arrival, backlog=backlog)
+            self.in_shared_second = False
             t1 = time.perf_counter()
         self.exclusive_seconds += int(exclusive)
         self.spans.append((t0, t1))

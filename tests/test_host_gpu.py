@@ -1,0 +1,78 @@
+"""The engine host on CUDA: concurrent hosted sessions (threads, own streams, graph replay) give their
+solo output bit for bit; the batched LISTEN check runs on the device and batched groups keep the bits."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine.audio import frames_of
+from engine.bench.session import speech_like
+from engine.host import EngineHost
+from engine.session import DuplexSession, LiveError, SessionConfig
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+
+SECONDS = 6
+
+
+def _solo(cfg, frames):
+    s = DuplexSession(cfg)
+    s.start()
+    out = np.concatenate([s.process(f)[0] for f in frames])
+    s.close()
+    return out
+
+
+def _run(host, cfgs, inputs, flips=None):
+    runners = [host.open(c, force=True) for c in cfgs]
+    for r in runners:
+        r.start()
+        assert r.ready.wait(300)
+    for k in range(SECONDS):
+        for i, r in enumerate(runners):
+            if flips and flips[i] and k in flips[i]:
+                r.set_toggles(**flips[i][k])
+            r.submit(inputs[i][k])
+    outs = []
+    for r in runners:
+        got = []
+        for _ in range(SECONDS):
+            res = r.results.get(timeout=300)
+            assert not isinstance(res, LiveError), res.message
+            got.append(res.audio)
+        outs.append(np.concatenate(got))
+    return outs, runners
+
+
+@pytest.mark.parametrize("tail", ["step-audio2", "mimi"])
+def test_concurrent_hosted_sessions_equal_solo(tail):
+    cfg = SessionConfig(tail=tail, size="tiny", device="cuda", seed=5)
+    cfgs = [cfg, cfg, cfg.replace(demand_sized=False, graph_replay=False), cfg]
+    flips = [None, None, None, {2: {"graph_replay": False}, 4: {"graph_replay": True}}]
+    inputs = [frames_of(speech_like(SECONDS, seed=300 + i))[:SECONDS] for i in range(len(cfgs))]
+    host = EngineHost(device="cuda", launch="threads")
+    outs, runners = _run(host, cfgs, inputs, flips)
+    assert sum(r.hosted.exclusive_seconds for r in runners[:2]) == 0     # graph seconds ran concurrently
+    host.close()
+    for i, c in enumerate(cfgs):
+        assert np.array_equal(outs[i], _solo(c, inputs[i])), f"{tail} session {i} differs from its solo run"
+
+
+def test_batched_listen_groups_keep_bits():
+    cfg = SessionConfig(tail="mimi", size="tiny", device="cuda", seed=6)
+    host = EngineHost(device="cuda", launch="threads", batched=True, batch_slots=3)
+    ok, why = host.batched_check(cfg)
+    print("batched check:", ok, why)
+    if not ok:
+        host.close()
+        pytest.skip(f"batched LISTEN not enabled on this device: {why}")
+    inputs = [frames_of(speech_like(SECONDS, seed=400 + i))[:SECONDS] for i in range(3)]
+    outs, runners = _run(host, [cfg] * 3, inputs)
+    rounds = host.batcher.report()
+    host.close()
+    assert rounds and rounds[0]["batched_rounds"] > 0, rounds
+    for i in range(3):
+        assert np.array_equal(outs[i], _solo(cfg, inputs[i])), f"batched session {i} differs from its solo run"
