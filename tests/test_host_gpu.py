@@ -49,6 +49,8 @@ def _run(host, cfgs, inputs, flips=None):
 
 @pytest.mark.parametrize("tail", ["step-audio2", "mimi"])
 def test_concurrent_hosted_sessions_equal_solo(tail):
+    if tail == "mimi":
+        pytest.importorskip("soxr")           # the tiny Mimi decodes at 1.2 kHz; the session resamples
     cfg = SessionConfig(tail=tail, size="tiny", device="cuda", seed=5)
     cfgs = [cfg, cfg, cfg.replace(demand_sized=False, graph_replay=False), cfg]
     flips = [None, None, None, {2: {"graph_replay": False}, 4: {"graph_replay": True}}]
@@ -62,7 +64,7 @@ def test_concurrent_hosted_sessions_equal_solo(tail):
 
 
 def test_batched_listen_groups_keep_bits():
-    cfg = SessionConfig(tail="mimi", size="tiny", device="cuda", seed=6)
+    cfg = SessionConfig(tail="step-audio2", size="tiny", device="cuda", seed=6)
     host = EngineHost(device="cuda", launch="threads", batched=True, batch_slots=3)
     ok, why = host.batched_check(cfg)
     print("batched check:", ok, why)

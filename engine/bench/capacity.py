@@ -135,7 +135,12 @@ def _spread(items, k: int):
     return [items[i] for i in idx]
 
 
-def run_mode(mode: str, base: SessionConfig, a, launch: str, inputs) -> Dict[str, object]:
+def left(a) -> float:
+    """Wall seconds left before ``--time-limit`` (infinite without one)."""
+    return a.deadline - time.perf_counter()
+
+
+def run_mode(mode: str, base: SessionConfig, a, launch: str, inputs, ramp_only: bool = False) -> Dict[str, object]:
     demand, graphs = MODES[mode]
     cfg = base.replace(demand_sized=demand, graph_replay=graphs)
     label = f"{LABELS[mode]} [{launch}]"
@@ -154,8 +159,11 @@ def run_mode(mode: str, base: SessionConfig, a, launch: str, inputs) -> Dict[str
     load = PacedLoad(host, keep_audio=a.solo_seconds, align=a.batch_slots if mode == "batched" else 0)
     t0 = time.perf_counter()
     try:
-        knee, points = ramp(load, cfg, inputs, label, a.max_sessions, a.window, a.ramp_limit)
-        best, conf = confirm(load, cfg, inputs, label, knee, a.seconds, a.confirm_tries) if knee else (0, None)
+        ramp_s = min(a.ramp_limit, max(10.0, left(a) - (0 if ramp_only else a.seconds + 40)))
+        knee, points = ramp(load, cfg, inputs, label, a.max_sessions, a.window, ramp_s)
+        seconds = min(a.seconds, max(5.0, left(a) - 25))          # a time limit may shorten it: reported
+        best, conf = (confirm(load, cfg, inputs, label, knee, seconds, a.confirm_tries)
+                      if knee and not ramp_only else (knee if ramp_only else 0, None))
         mem = host.memory()
         if host.batcher is not None:
             out["batched_groups"] = host.batcher.report()
@@ -165,7 +173,8 @@ def run_mode(mode: str, base: SessionConfig, a, launch: str, inputs) -> Dict[str
     out.update({
         "max_sessions": best, "ramp_knee": knee,
         "ramp": [dict(w.to_dict(), window_s=a.window) for _, w in sorted(points.items())],
-        "confirmation": None if conf is None else dict(conf.to_dict(), seconds_run=a.seconds),
+        "confirmation": None if conf is None else dict(conf.to_dict(), seconds_run=seconds),
+        "confirmed": conf is not None and conf.misses == 0,
         "p50_ms": conf.p50_ms if conf else None, "p99_ms": conf.p99_ms if conf else None,
         "memory": {
             "per_session_allocated_bytes": int(np.median([m["allocated_bytes"] for m in per])) if per else 0,
@@ -176,6 +185,9 @@ def run_mode(mode: str, base: SessionConfig, a, launch: str, inputs) -> Dict[str
         },
         "errors": load.errors(), "wall_s": time.perf_counter() - t0,
     })
+    if ramp_only:
+        host.close()
+        return out
     checked = solo_check(host, cfg, load, a.solo_sessions, a.solo_seconds)
     out["solo_checked"] = {str(k): v for k, v in checked.items()}
     out["bit_identical_to_solo"] = bool(checked) and all(checked.values())
@@ -225,7 +237,8 @@ def table(doc: Dict[str, object]) -> str:
              f"{'shared MiB':>10} {'bit-identical':>13}"]
     for name, m in doc["modes"].items():
         if "max_sessions" not in m:
-            lines.append(f"{name:<12} {m['launch']:<8} {'-':>12}  not enabled: {m.get('batched_why', '')}")
+            why = m.get("error") or m.get("skipped") or f"not enabled: {m.get('batched_why', '')}"
+            lines.append(f"{name:<12} {m.get('launch', ''):<8} {'-':>12}  {why}")
             continue
         mem = m["memory"]
         per = max(mem["per_session_allocated_bytes"], mem["per_session_state_bytes"]) / 2**20
@@ -251,6 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="who launches the seconds; 'both' ramps the optimized mode with each and keeps the better")
     p.add_argument("--window", type=float, default=4.0, help="seconds measured at each ramp step")
     p.add_argument("--ramp-limit", type=float, default=240.0, help="wall seconds a mode's ramp may take")
+    p.add_argument("--time-limit", type=float, default=0.0,
+                   help="wall seconds for the whole bench (0: none); later modes shorten or are skipped")
     p.add_argument("--confirm-tries", type=int, default=2)
     p.add_argument("--solo-sessions", type=int, default=3, help="sessions re-run alone for bit-identity (0: all)")
     p.add_argument("--solo-seconds", type=int, default=8)
@@ -288,6 +303,7 @@ def main(argv=None) -> int:
     if base.device == "cpu":
         torch.set_num_threads(1)
         base = base.replace(cpu_threads=1)
+    a.deadline = time.perf_counter() + a.time_limit if a.time_limit > 0 else float("inf")
     inputs = session_inputs(a.max_sessions, a.seed)
     doc: Dict[str, object] = {
         "tail": base.tail, "backbone": base.backbone, "size": base.size, "device": base.device,
@@ -295,18 +311,20 @@ def main(argv=None) -> int:
         "seconds": a.seconds, "window_s": a.window, "deadline_ms": DEADLINE_MS, "command": " ".join(sys.argv),
         "modes": {}}
     launch = a.launch
-    if launch == "both":
-        tried = {lm: run_mode("optimized", base, a, lm, inputs) for lm in ("one", "threads")}
-        key = lambda r: (r["max_sessions"], -(r["p99_ms"] or 1e9))       # noqa: E731
-        launch = max(tried, key=lambda lm: key(tried[lm]))
-        doc["launch_comparison"] = {lm: {k: r[k] for k in ("max_sessions", "p50_ms", "p99_ms", "ramp_knee")}
-                                    for lm, r in tried.items()}
-        say(f"launch: '{launch}' kept ({doc['launch_comparison']})")
-        doc["modes"][LABELS["optimized"]] = tried[launch]
+    if launch == "both":                                # ramps of the optimized mode: one thread vs several
+        tried = {lm: _guarded(lambda lm=lm: run_mode("optimized", base, a, lm, inputs, ramp_only=True))
+                 for lm in ("one", "threads")}
+        knee = {lm: r.get("ramp_knee", 0) for lm, r in tried.items()}
+        launch = "one" if knee["one"] > knee["threads"] else "threads"
+        doc["launch_comparison"] = {lm: {"ramp_knee": r.get("ramp_knee"), "ramp": r.get("ramp"),
+                                         "error": r.get("error")} for lm, r in tried.items()}
+        say(f"launch: ramp knees {knee}; '{launch}' kept for every mode")
     doc["launch"] = launch
     for m in modes:
-        if LABELS[m] not in doc["modes"]:
-            doc["modes"][LABELS[m]] = run_mode(m, base, a, launch, inputs)
+        if left(a) < 30:
+            doc["modes"][LABELS[m]] = {"launch": launch, "skipped": "the --time-limit was reached before this mode"}
+        else:
+            doc["modes"][LABELS[m]] = _guarded(lambda m=m: run_mode(m, base, a, launch, inputs), launch)
         if a.json:                                      # written as it goes: a cut-short run keeps what it had
             _write(doc, a)
     stock, opt = doc["modes"].get("stock-like"), doc["modes"].get("optimized")
@@ -323,6 +341,17 @@ def main(argv=None) -> int:
         print(plot(doc, Path(a.plot)))
     ok = all(m.get("bit_identical_to_solo", True) for m in doc["modes"].values())
     return 0 if ok else 1
+
+
+def _guarded(fn, launch: str = "") -> Dict[str, object]:
+    """A mode's results, or what went wrong (the bench goes on with the next mode)."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - reported in the JSON and on the terminal
+        import traceback
+        traceback.print_exc()
+        say(f"mode failed: {type(e).__name__}: {e}")
+        return {"launch": launch, "error": f"{type(e).__name__}: {e}"}
 
 
 def _write(doc: Dict[str, object], a) -> None:

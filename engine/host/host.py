@@ -89,7 +89,8 @@ class EngineHost:
         return why
 
     def _free_bytes(self) -> int:
-        free, _ = torch.cuda.mem_get_info(self.device)
+        with self.gate.shared():                    # no CUDA call while an admission captures graphs
+            free, _ = torch.cuda.mem_get_info(self.device)
         cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
         return int(free + max(0, cached))
 
