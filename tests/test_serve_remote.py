@@ -154,7 +154,7 @@ def test_wrong_model_and_full_replica_refused_in_words(server, frames):
     second.start()
     assert second.ready.wait(60) and second.session is None
     msg = second.results.get(timeout=5).message
-    assert "the cluster is full" in msg and "maximum of 1 sessions" in msg
+    assert "the cluster is full" in msg and "1 of 1 sessions" in msg
     first.submit(frames[0])
     assert isinstance(collect(first, 1)[0], LiveResult)
     first.stop(timeout=30.0)

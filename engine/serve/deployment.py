@@ -25,6 +25,7 @@ from fastapi import FastAPI, WebSocket
 from ray import serve
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
+from engine.host import HostFull
 from engine.session import LiveError, LiveResult, SessionConfig
 
 from . import auth
@@ -198,12 +199,12 @@ class SessionReplica:
             return
         except WebSocketDisconnect:
             return
-        why = self.host.admit_reason()
-        if why is not None:
-            await _refuse(ws, P.CLOSE_FULL, f"the cluster is full: {why}, and it was the replica with the most "
-                                            "headroom — try again later or add a GPU replica")
+        try:
+            runner = await asyncio.to_thread(self.host.admit, cfg)
+        except HostFull as e:
+            await _refuse(ws, P.CLOSE_FULL, f"the cluster is full: {e} (on the replica with the most headroom) — "
+                                            "try again later or add a GPU replica")
             return
-        runner = self.host.open(cfg)
         drain = [False]
         try:
             await self._run(ws, runner, drain)

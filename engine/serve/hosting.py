@@ -1,37 +1,27 @@
-"""The sessions of one serving replica: which model it serves, admission by deadline headroom.
+"""The sessions of one serving replica: which model it serves, admission, headroom for placement.
 
-A replica owns one GPU (or, without one, the CPU) and hosts several live sessions on it. This
-module is the small interface the Serve deployment talks to — :meth:`SessionHost.open`,
-:meth:`SessionHost.release`, :meth:`SessionHost.stats` — so the deployment does not care how the
-sessions share the device. Today each session is a :class:`engine.session.LiveRunner` (its own
-worker thread and :class:`~engine.session.DuplexSession`), which is exactly what the embedded
-app runs, so a remote session's output is the embedded one's bit for bit.
+A replica owns one GPU (or, without one, the CPU) and hosts several live sessions on it through
+the multi-session :class:`engine.host.EngineHost` (shared weights, per-session state, graphs,
+stream and RNG; a hosted session's output is the one it gives alone, bit for bit). This module is
+the small interface the Serve deployment talks to — :meth:`SessionHost.config_for`,
+:meth:`SessionHost.admit`, :meth:`SessionHost.release`, :meth:`SessionHost.stats` — so the
+deployment does not care how the sessions share the device.
 
-Headroom: every session must finish each second within the 1 s deadline. Sessions on one device
-slow each other down, so each session's measured seconds already include the others' load; the
-replica's headroom is the deadline minus its slowest session's recent mean work per second, less
-an estimate for sessions that have not finished a second yet. A new session is admitted while the
-session count is under ``max_sessions`` and the predicted headroom after it stays positive.
+Admission is the engine host's, by measured headroom (and ``max_sessions``). Right after a session
+joins or leaves, the host measures a few seconds before it admits another; a client arriving then
+waits here (up to :data:`MEASURE_WAIT_S`) instead of being turned away from a replica with room.
 """
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Dict, List, Optional
+import time
+from typing import Any, Dict, Optional
 
-from engine.session import LiveRunner, SessionConfig
-from engine.session.records import DEADLINE_MS
+from engine.host import EngineHost, HostedRunner
+from engine.session import SessionConfig
 
-#: seconds of a session's recent history that count for its load
-RECENT = 5
-
-
-def _mean_recent_ms(runner) -> Optional[float]:
-    """A session's mean work per second over its last :data:`RECENT` seconds; None before its first."""
-    session = getattr(runner, "session", None)
-    records = list(getattr(session, "records", []) or [])[-RECENT:]
-    if not records:
-        return None
-    return sum(r.total_ms for r in records) / len(records)
+MEASURE_WAIT_S = 20.0        # longest a new session waits for the host to finish measuring
+POLL_S = 0.25
 
 
 class ModelMismatch(ValueError):
@@ -43,20 +33,17 @@ class SessionHost:
 
     ``base`` is the server's :class:`SessionConfig` (model, weights, size, device); a client may
     choose the seed, the engine toggles and the synthetic policy's reply length of its own session
-    (see :meth:`config_for`). ``runner_factory(cfg)`` makes a session runner with the interface of
-    :class:`LiveRunner`.
+    (see :meth:`config_for`).
     """
 
-    def __init__(self, base: SessionConfig, max_sessions: int = 4,
-                 runner_factory: Callable[[SessionConfig], Any] = LiveRunner):
+    def __init__(self, base: SessionConfig, max_sessions: int = 4, launch: str = "threads"):
         if int(max_sessions) < 1:
             raise ValueError(f"max_sessions must be at least 1, got {max_sessions}")
         self.base = base.resolved()
         self.max_sessions = int(max_sessions)
-        self._factory = runner_factory
+        self.engine = EngineHost(device=self.base.device, launch=launch, max_sessions=self.max_sessions)
         self._lock = threading.Lock()
-        self._runners: List[Any] = []
-        self.opened = 0                       # sessions opened over the replica's life
+        self.opened = 0                       # sessions admitted over the replica's life
 
     # -- what a client may ask --------------------------------------------------------------
     def config_for(self, asked: Dict[str, Any]) -> SessionConfig:
@@ -83,62 +70,44 @@ class SessionHost:
         return b.replace(**changes).resolved()
 
     # -- sessions ---------------------------------------------------------------------------
-    def admit_reason(self) -> Optional[str]:
-        """None when one more session fits; else why not (one sentence)."""
-        with self._lock:
-            n = len(self._runners)
-            if n >= self.max_sessions:
-                return f"this replica hosts its maximum of {self.max_sessions} sessions"
-            s = self._stats_locked()
-            if s["headroom_ms"] - s["ms_per_session"] < 0:
-                return (f"this replica has {s['headroom_ms']:.0f} ms of its {DEADLINE_MS:.0f} ms deadline left, "
-                        f"one more session needs about {s['ms_per_session']:.0f} ms")
-            return None
+    def measuring(self) -> bool:
+        """Whether the host is still measuring its last change (too few seconds seen to decide) and
+        has a free slot (a host at its session limit is full, measured or not)."""
+        n = self.engine.active()
+        return 0 < n < self.max_sessions and self.engine.meter.headroom(n).seconds < self.engine.min_seconds * n
 
-    def open(self, cfg: SessionConfig):
-        """Start a session runner for ``cfg`` (building the models happens in its worker)."""
-        runner = self._factory(cfg)
+    def admit(self, cfg: SessionConfig, wait_s: float = MEASURE_WAIT_S) -> HostedRunner:
+        """A started runner for ``cfg``, or :class:`engine.host.HostFull` saying why not.
+
+        While the host is still measuring its last change, wait (at most ``wait_s``) for it.
+        """
+        deadline = time.monotonic() + wait_s
+        while self.engine.refusal(cfg) is not None and self.measuring() and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        runner = self.engine.open(cfg)
         with self._lock:
-            self._runners.append(runner)
             self.opened += 1
         runner.start()
         return runner
 
-    def release(self, runner, drain: bool = False, timeout: float = 10.0) -> None:
-        """Stop a session (the second in progress finishes) and forget it."""
-        try:
-            runner.stop(timeout=timeout, drain=drain)
-        finally:
-            session = getattr(runner, "session", None)
-            if session is not None and hasattr(session, "close"):
-                session.close()
-            with self._lock:
-                if runner in self._runners:
-                    self._runners.remove(runner)
+    def release(self, runner: HostedRunner, drain: bool = False, timeout: float = 10.0) -> None:
+        """Stop a session (the second in progress finishes; with ``drain`` every queued one too); the
+        runner leaves the host by itself when it has stopped."""
+        runner.stop(timeout=timeout, drain=drain)
 
     def close_all(self) -> None:
         """Stop every session (the replica is going away)."""
-        with self._lock:
-            runners = list(self._runners)
-        for r in runners:
-            self.release(r, timeout=2.0)
+        self.engine.close()
 
     def active(self) -> int:
-        with self._lock:
-            return len(self._runners)
+        return self.engine.active()
 
     # -- headroom -----------------------------------------------------------------------------
     def stats(self) -> Dict[str, Any]:
         """Sessions, limit and deadline headroom (ms) — what the request router places by."""
-        with self._lock:
-            return self._stats_locked()
-
-    def _stats_locked(self) -> Dict[str, Any]:
-        means = [m for m in (_mean_recent_ms(r) for r in self._runners) if m is not None]
-        unmeasured = len(self._runners) - len(means)
-        worst = max(means, default=0.0)
-        per_session = worst / len(means) if means else DEADLINE_MS / self.max_sessions
-        headroom = DEADLINE_MS - worst - per_session * unmeasured
-        return {"sessions": len(self._runners), "max_sessions": self.max_sessions,
-                "headroom_ms": round(headroom, 3), "ms_per_session": round(per_session, 3),
-                "worst_ms": round(worst, 3), "opened": self.opened}
+        n = self.engine.active()
+        h = self.engine.meter.headroom(n)
+        per_session = h.cost_ms if h.cost_ms > 0 else h.budget_ms / self.max_sessions
+        return {"sessions": n, "max_sessions": self.max_sessions, "headroom_ms": round(h.free_ms, 3),
+                "ms_per_session": round(per_session, 3), "busy_ms": round(h.busy_ms, 3),
+                "worst_ms": round(h.worst_ms, 3), "measured_seconds": h.seconds, "opened": self.opened}
