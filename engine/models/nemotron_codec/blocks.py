@@ -29,11 +29,11 @@ from engine.core import Clock, Fixed, Region
 
 LN_EPS = 1e-6
 MAG_CAP = 100.0             # the largest magnitude the head can produce
-ALIGN_BYTES = 16            # per-frame library inputs start 16-byte aligned, as fresh allocations do
+ALIGN_BYTES = 512           # per-frame library inputs start 512-byte aligned, as fresh CUDA allocations do
 
 
 def frame_blocks(x: torch.Tensor) -> List[torch.Tensor]:
-    """The frames of ``x`` [n, ...] as n tensors [1, ...], each contiguous and 16-byte aligned."""
+    """The frames of ``x`` [n, ...] as n tensors [1, ...], each contiguous and aligned as a fresh allocation."""
     n, per = x.shape[0], x[0].numel()
     if (per * x.element_size()) % ALIGN_BYTES == 0 and x.is_contiguous():
         return [x[f:f + 1] for f in range(n)]
