@@ -28,6 +28,7 @@ from engine.atomic import atomic_write
 
 _PCM, _FLOAT, _EXTENSIBLE = 1, 3, 0xFFFE
 BLOCK_FRAMES = 1 << 16            # frames decoded at a time while streaming
+MAX_CHUNKS = 4096                 # RIFF chunks walked before 'data' (real files have a handful)
 
 
 class WavError(ValueError):
@@ -175,7 +176,7 @@ def _wav_layout(f, path: Path) -> dict:
     """Walk the RIFF chunks (seeking, not reading payloads) to 'fmt ' and 'data'; check sizes."""
     size = os.fstat(f.fileno()).st_size
     fmt, pos = None, 12
-    while True:
+    for _ in range(MAX_CHUNKS):
         f.seek(pos)
         head = f.read(8)
         if len(head) < 8:
@@ -189,6 +190,8 @@ def _wav_layout(f, path: Path) -> dict:
         elif cid == b"data":
             break
         pos += 8 + csize + (csize & 1)
+    else:
+        raise WavError(f"{path}: more than {MAX_CHUNKS} RIFF chunks before the audio; not a WAV file to read")
     if fmt is None:
         raise WavError(f"{path}: WAV file lacks a 'fmt ' chunk before its 'data'")
     tag, channels, rate, bits = _parse_fmt(fmt, path)

@@ -116,6 +116,9 @@ def test_truncated_empty_and_non_finite_inputs_are_one_line(tmp_path, three_s):
     (tmp_path / "x.wav").write_bytes(data[:20] + struct.pack("<H", 85) + data[22:])    # MP3-in-WAV, garbage
     with pytest.raises(WavError, match="x.wav: unsupported WAV encoding"):
         read_wav(tmp_path / "x.wav")
+    (tmp_path / "j.wav").write_bytes(data[:12] + b"junk\0\0\0\0" * 5000 + data[12:])   # a chunk walk is bounded
+    with pytest.raises(WavError, match="j.wav: more than 4096 RIFF chunks"):
+        read_wav(tmp_path / "j.wav")
     (tmp_path / "t.wav").write_text("hello")
     with pytest.raises(WavError, match="t.wav: not a WAV file"):
         read_wav(tmp_path / "t.wav")
