@@ -26,16 +26,18 @@ from .config import EncoderConfig
 
 
 def rel_position_table(d_model: int, max_len: int = 5000) -> torch.Tensor:
-    """espnet relative positional table ``(1, 2*max_len-1, d)``: positive positions reversed, then negative."""
-    pos = torch.arange(0, max_len, dtype=torch.float32).unsqueeze(1)
-    div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * -(math.log(10000.0) / d_model))
-    plus = torch.zeros(max_len, d_model)
-    minus = torch.zeros(max_len, d_model)
-    plus[:, 0::2] = torch.sin(pos * div)
-    plus[:, 1::2] = torch.cos(pos * div)
-    minus[:, 0::2] = torch.sin(-1 * pos * div)
-    minus[:, 1::2] = torch.cos(-1 * pos * div)
-    return torch.cat([torch.flip(plus, [0]).unsqueeze(0), minus[1:].unsqueeze(0)], dim=1)
+    """Sinusoids of relative positions ``[1, 2*max_len - 1, d]``, rows from ``r = max_len - 1`` down to ``-(max_len - 1)``.
+
+    Columns ``2i, 2i+1`` of row ``r`` hold ``sin(r w_i), cos(r w_i)`` with ``w_i = 10000^(-2i/d)``. Sine is odd and
+    cosine even, so the angles are taken for ``|r|`` only and the rows with ``r < 0`` negate the sine (exact).
+    """
+    freq = torch.exp(-(math.log(10000.0) / d_model) * torch.arange(0, d_model, 2, dtype=torch.float32))  # [d/2]
+    angle = torch.arange(max_len, dtype=torch.float32).unsqueeze(1) * freq          # [max_len, d/2], |r| w_i
+    sin, cos = torch.sin(angle), torch.cos(angle)
+    r = torch.arange(max_len - 1, -max_len, -1)                                      # [2*max_len - 1]
+    sign = torch.where(r < 0, -1.0, 1.0).unsqueeze(1)                                # [2*max_len - 1, 1]
+    rows = torch.stack([sin[r.abs()] * sign, cos[r.abs()]], dim=-1)                 # [2*max_len - 1, d/2, 2]
+    return rows.reshape(1, 2 * max_len - 1, d_model)
 
 
 class LinearEmbed(nn.Module):
@@ -51,7 +53,9 @@ class LinearEmbed(nn.Module):
 
 
 class RelPosSelfAttention(nn.Module):
-    """Transformer-XL style attention (matrix ac + rel-shifted matrix bd), learnable u/v biases."""
+    """Self-attention with relative positions (Transformer-XL): the logit of query ``i`` and key ``j`` is
+    ``(q_i + u) . k_j + (q_i + v) . p(i - j)``, divided by ``sqrt(d_k)``; ``u``, ``v`` learned per head and ``p``
+    a linear map of the sinusoidal table (see :func:`rel_position_table`)."""
 
     def __init__(self, heads: int, dim: int):
         super().__init__()
@@ -65,34 +69,41 @@ class RelPosSelfAttention(nn.Module):
         self.pos_bias_v = nn.Parameter(torch.zeros(heads, self.d_k))
 
     @staticmethod
-    def rel_shift(x: torch.Tensor) -> torch.Tensor:
-        """(b, h, t1, 2*t2-1) -> (b, h, t1, t2): row i keeps relative positions aligned to its key."""
-        b, h, t1, n = x.shape
-        padded = torch.cat([x.new_zeros((b, h, t1, 1)), x], dim=-1).view(b, h, n + 1, t1)
-        return padded[:, :, 1:].view_as(x)[:, :, :, : n // 2 + 1]
+    def skew(by_offset: torch.Tensor, keys: int) -> torch.Tensor:
+        """Logits against relative offsets -> logits against keys, as a strided view (no copy).
+
+        ``by_offset`` ``[b, h, t, 2*keys - 1]``: column ``m`` is the offset ``keys - 1 - m``. The ``t`` queries are
+        the last ``t`` of ``keys`` frames, so query ``i`` meets key ``j`` at offset ``keys - t + i - j``, which is
+        column ``t - 1 - i + j``: each row starts one column earlier than the row above. Returns ``[b, h, t, keys]``.
+        """
+        b, h, t, _ = by_offset.shape
+        sb, sh, row, col = by_offset.stride()
+        return by_offset.as_strided((b, h, t, keys), (sb, sh, row - col, col),
+                                    by_offset.storage_offset() + (t - 1) * col)
+
+    def _heads(self, y: torch.Tensor) -> torch.Tensor:
+        """``[1, t, h * d_k]`` -> ``[1, t, h, d_k]`` (a view)."""
+        return y.view(y.shape[0], y.shape[1], self.h, self.d_k)
 
     def forward(self, x: torch.Tensor, pos_emb: torch.Tensor, cache: Optional[torch.Tensor],
                 slot: torch.Tensor) -> torch.Tensor:
-        """x ``(1, t, C)``; cache ``(1, h, T0, 2*d_k)`` or None; ``slot`` ``(1, h, t, 2*d_k)`` receives the new k|v."""
-        n = x.size(0)
-        q = self.linear_q(x).view(n, -1, self.h, self.d_k)
-        k = self.linear_k(x).view(n, -1, self.h, self.d_k).transpose(1, 2)   # (1, h, t, d_k)
-        v = self.linear_v(x).view(n, -1, self.h, self.d_k).transpose(1, 2)
-        slot[..., :self.d_k].copy_(k)
-        slot[..., self.d_k:].copy_(v)
-        if cache is not None:
-            k = torch.cat([cache[..., :self.d_k], k], dim=2)                  # (1, h, T0+t, d_k)
-            v = torch.cat([cache[..., self.d_k:], v], dim=2)
-        p = self.linear_pos(pos_emb).view(pos_emb.size(0), -1, self.h, self.d_k).transpose(1, 2)
-        q_u = (q + self.pos_bias_u).transpose(1, 2)                            # (1, h, t, d_k)
-        q_v = (q + self.pos_bias_v).transpose(1, 2)
-        ac = torch.matmul(q_u, k.transpose(-2, -1))                            # (1, h, t, T)
-        bd = torch.matmul(q_v, p.transpose(-2, -1))                            # (1, h, t, 2T-1)
-        if ac.shape != bd.shape:
-            bd = self.rel_shift(bd)
-        scores = (ac + bd) / math.sqrt(self.d_k)
-        att = torch.matmul(torch.softmax(scores, dim=-1), v)                   # (1, h, t, d_k)
-        return self.linear_out(att.transpose(1, 2).contiguous().view(n, -1, self.h * self.d_k))
+        """x ``[1, t, C]``; cache ``[1, h, T0, 2*d_k]`` or None; ``slot`` ``[1, h, t, 2*d_k]`` receives the new k|v;
+        ``pos_emb`` ``[1, 2*(T0 + t) - 1, C]``. Returns ``[1, t, C]``."""
+        dk, t = self.d_k, x.shape[1]
+        q = self._heads(self.linear_q(x))                                       # [1, t, h, d_k]
+        keys = self._heads(self.linear_k(x)).transpose(1, 2)                    # [1, h, t, d_k]
+        values = self._heads(self.linear_v(x)).transpose(1, 2)
+        slot[..., :dk].copy_(keys)
+        slot[..., dk:].copy_(values)
+        if cache is not None:                                                   # [1, h, T0 + t, d_k]
+            keys = torch.cat([cache[..., :dk], keys], dim=2)
+            values = torch.cat([cache[..., dk:], values], dim=2)
+        rel = self._heads(self.linear_pos(pos_emb)).transpose(1, 2)              # [1, h, 2T-1, d_k]
+        content = torch.matmul((q + self.pos_bias_u).transpose(1, 2), keys.transpose(2, 3))     # [1, h, t, T]
+        by_offset = torch.matmul((q + self.pos_bias_v).transpose(1, 2), rel.transpose(2, 3))   # [1, h, t, 2T-1]
+        logits = (content + self.skew(by_offset, keys.shape[2])) / math.sqrt(dk)
+        mixed = torch.matmul(torch.softmax(logits, dim=-1), values)             # [1, h, t, d_k]
+        return self.linear_out(mixed.transpose(1, 2).reshape(x.shape[0], t, self.h * dk))
 
 
 class FeedForward(nn.Module):

@@ -8,9 +8,9 @@ Snake's ``1 / (alpha + 1e-9)`` is likewise folded once. Parameter names follow t
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -112,6 +112,8 @@ class SineSource(nn.Module):
     def __init__(self, sampling_rate: int, upsample_scale: int, harmonics: int, sine_amp: float,
                  noise_std: float, voiced_threshold: float):
         super().__init__()
+        if upsample_scale < 3:
+            raise ValueError(f"the NSF source needs at least 3 samples per frame, got {upsample_scale}")
         self.sr, self.scale = sampling_rate, upsample_scale
         self.sine_amp, self.noise_std, self.threshold = sine_amp, noise_std, voiced_threshold
         self.l_linear = nn.Linear(harmonics + 1, 1)
@@ -119,16 +121,28 @@ class SineSource(nn.Module):
                              persistent=False)
 
     def _sines(self, f: torch.Tensor) -> torch.Tensor:
-        """f ``(1, L, H)`` Hz -> sin(phase) ``(1, L, H)``, phase integrated at the frame rate."""
-        rad = (f / self.sr) % 1
-        rand_ini = torch.rand(f.shape[0], f.shape[2], device=f.device)
-        rand_ini[:, 0] = 0
-        rad[:, 0, :] = rad[:, 0, :] + rand_ini
-        rad = F.interpolate(rad.transpose(1, 2), scale_factor=1 / self.scale, mode="linear").transpose(1, 2)
-        phase = torch.cumsum(rad, dim=1) * 2 * np.pi
-        phase = F.interpolate(phase.transpose(1, 2) * self.scale, scale_factor=self.scale,
-                              mode="linear").transpose(1, 2)
-        return torch.sin(phase)
+        """Harmonic frequencies ``f`` ``[1, L, H]`` Hz, ``L = T * scale`` -> sin(phase) ``[1, L, H]``.
+
+        A sine's phase is 2 pi times the running count of cycles. Per sample the count advances by
+        ``f / sr`` cycles, whole cycles dropped (they leave the sine unchanged). The count is kept at the frame
+        rate: frame ``t`` advances by ``scale`` times the per-sample advance at its centre, which for an even
+        ``scale`` is the mean of its two middle samples (the middle one for an odd scale); the frame phases are
+        then spread over the samples by linear interpolation.
+
+        A random start phase per overtone (none for the fundamental) belongs to sample 0, which is no frame's
+        centre once ``scale > 2`` (checked at construction): it cannot reach the output, so it is only drawn,
+        to keep the generator where the stock leaves it.
+        """
+        batch, length, harmonics = f.shape
+        frames, s = length // self.scale, self.scale
+        cycles = torch.remainder(f / self.sr, 1.0)                               # [1, L, H] cycles per sample
+        torch.rand(batch, harmonics, device=f.device)                           # start phases: drawn, unread
+        by_frame = cycles.view(batch, frames, s, harmonics)                     # [1, T, scale, H]
+        lo, hi = (s - 1) // 2, s // 2
+        centre = by_frame[:, :, lo] if lo == hi else (by_frame[:, :, lo] + by_frame[:, :, hi]) * 0.5  # [1, T, H]
+        frame_phase = torch.cumsum(centre, dim=1) * (2 * math.pi) * s           # [1, T, H] radians x scale
+        phase = F.interpolate(frame_phase.transpose(1, 2), scale_factor=s, mode="linear")   # [1, H, L]
+        return torch.sin(phase.transpose(1, 2))
 
     def forward(self, f0: torch.Tensor) -> torch.Tensor:
         """f0 ``(1, L, 1)`` at the sample rate -> excitation ``(1, L, 1)``."""
