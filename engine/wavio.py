@@ -99,7 +99,11 @@ class AudioReader:
             raise WavError(f"{self.path}: implausible audio header ({self.channels} channels, {self.rate} Hz)")
 
     def _open_soundfile(self, layout) -> None:
-        import soundfile
+        try:
+            import soundfile
+        except (ImportError, OSError) as e:          # OSError: the package is there, libsndfile is not
+            raise WavError(f"{self.path}: not a PCM or float WAV, and soundfile (libsndfile), which reads the "
+                           f"other formats, is unavailable ({e})") from None
         self._file.seek(0)
         try:
             self._sf = soundfile.SoundFile(self._file)
