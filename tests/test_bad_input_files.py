@@ -22,7 +22,7 @@ from engine.models.mimi import weights as MW
 from engine.models.mimi.config import preset as mimi_preset
 from engine.models.step_audio2 import weights as W
 from engine.models.step_audio2.config import flow_config_from_yaml, preset
-from engine.wavio import WavError, read_wav, write_wav
+from engine.wavio import WavError, read_wav
 
 RNG = np.random.default_rng(11)
 
