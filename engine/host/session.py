@@ -135,10 +135,15 @@ class HostedSession:
             rng = self.rng.installed() if exclusive else contextlib.nullcontext()
             stream = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
             self.in_shared_second = not exclusive
+            regroup = bool(pending) and self.host.batcher is not None
             with rng, stream:
+                if regroup:                          # a migration would move the state its group's graph reads
+                    self.host.batcher.leave(self)
                 if pending:
                     self.session.set_toggles(**pending)
                 out, rec = self.session.process(frame, arrival=arrival, backlog=backlog)
+                if regroup:
+                    self.batched_note = self.host.batcher.join(self)
             self.in_shared_second = False
             t1 = time.perf_counter()
         self.exclusive_seconds += int(exclusive)
