@@ -42,35 +42,38 @@ class WeightsKey:
         return f"{self.part} {self.name} {self.size} on {self.device} ({src})"
 
 
+def _tensors(value, depth: int = 0):
+    """Tensors held by ``value``: a module's parameters, buffers and constants kept in plain attributes
+    (lists of folded modulations, say), a tensor, or a small holder of tensors (a voice prompt)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, torch.nn.Module):
+        yield from value.parameters()
+        yield from value.buffers()
+        for sub in value.modules():
+            for attr in vars(sub).values():
+                if isinstance(attr, (list, tuple)):
+                    yield from _tensors(attr, depth + 1)
+    elif isinstance(value, (list, tuple)) and depth < 4:
+        for v in value:
+            yield from _tensors(v, depth + 1)
+    elif hasattr(value, "__dict__") and depth == 0:
+        for v in vars(value).values():
+            if isinstance(v, torch.Tensor):
+                yield v
+
+
 def module_bytes(values: Iterable[object], device: Optional[torch.device] = None) -> int:
-    """Bytes of the parameters, buffers and tensors among ``values`` (each counted once)."""
+    """Bytes of the storages behind ``values`` (each storage counted once), on ``device``'s type if given."""
     seen, total = set(), 0
-
-    def add(t: torch.Tensor) -> None:
-        nonlocal total
-        if device is not None and t.device.type != torch.device(device).type:
-            return
-        key = (t.untyped_storage().data_ptr(), t.device)
-        if key not in seen:
-            seen.add(key)
-            total += t.untyped_storage().nbytes()
-
     for v in values:
-        if isinstance(v, torch.nn.Module):
-            for t in list(v.parameters()) + list(v.buffers()):
-                add(t)
-            for sub in v.modules():              # constants kept as plain lists (e.g. folded modulations)
-                for a in vars(sub).values():
-                    for t in (a if isinstance(a, (list, tuple)) else [a]):
-                        for u in (t if isinstance(t, (list, tuple)) else [t]):
-                            if isinstance(u, torch.Tensor):
-                                add(u)
-        elif isinstance(v, torch.Tensor):
-            add(v)
-        elif hasattr(v, "__dict__"):             # a small holder of tensors (a voice prompt)
-            for a in vars(v).values():
-                if isinstance(a, torch.Tensor):
-                    add(a)
+        for t in _tensors(v):
+            if device is not None and t.device.type != torch.device(device).type:
+                continue
+            key = (t.untyped_storage().data_ptr(), str(t.device))
+            if key not in seen:
+                seen.add(key)
+                total += t.untyped_storage().nbytes()
     return total
 
 
