@@ -21,10 +21,11 @@ from typing import Deque, List, Optional, Tuple
 import numpy as np
 import soxr
 
+from engine.audio import SESSION_RATE
 from engine.wavio import read_wav
 
 #: the engine's audio rate (one-second frames of 24,000 samples)
-ENGINE_RATE = 24000
+ENGINE_RATE = SESSION_RATE
 #: the level of an empty or all-zero block (dBFS)
 SILENCE_DB = -120.0
 

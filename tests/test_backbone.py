@@ -17,7 +17,7 @@ from engine.backbones.policy import LISTEN, SPEAK, TurnPolicy
 from engine.backbones.speech_decoder import SpeechDecoder, decoder_args
 from engine.backbones.synthetic import AudioEmbedder, mel_filterbank
 from engine.core import Executor, make_plan
-from engine.session.vad import EnergyVAD, VadResult
+from engine.vad import EnergyVAD, VadResult
 
 S2 = TokenFormat(codebooks=1, vocab=6561, rate_hz=25.0)
 MIMI = TokenFormat(codebooks=8, vocab=2048, rate_hz=12.5)

@@ -115,7 +115,7 @@ def _backbone_seconds(seed: int, pattern=(1, 0, 0)):
     """The backbone alone (no tail): text and codes of each second."""
     from engine.backbones.base import TokenFormat
     from engine.backbones.minicpmo45 import MiniCPMO45Backbone
-    from engine.session.vad import VadResult
+    from engine.vad import VadResult
     b = MiniCPMO45Backbone(TokenFormat(1, 6561, 25.0), size="tiny", device="cpu", seed=seed)
     torch.manual_seed(seed)
     b.start()

@@ -127,7 +127,7 @@ def test_loads_every_module_from_the_released_layout(folder, one_torch_thread):
     assert not torch.equal(b.tts.head_code[0].weight, v)
     assert "checkpoint" in b.info.title and not b.info.synthetic
     # a second with real (tiny) weights and the tokenizer: the text is the tokenizer's words
-    from engine.session.vad import VadResult
+    from engine.vad import VadResult
     x = torch.from_numpy((np.random.default_rng(0).standard_normal(24000) * 0.1).astype(np.float32))
     for speech in (True, False):
         b.listen(x, VadResult(speech, 1.0, 0.0, -70.0))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Dict, Optional
 import torch
 
 if TYPE_CHECKING:
-    from engine.session.vad import VadResult
+    from engine.vad import VadResult
 
 
 

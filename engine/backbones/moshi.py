@@ -29,7 +29,7 @@ from .base import Backbone, BackboneInfo, Thought, TokenFormat
 from .moshi_files import MoshiFiles, validate_folder
 
 if TYPE_CHECKING:
-    from engine.session.vad import VadResult
+    from engine.vad import VadResult
 
 FRAME = 1920          # samples per Mimi frame at 24 kHz (12.5 Hz)
 

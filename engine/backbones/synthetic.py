@@ -5,11 +5,11 @@ weights, so its tokens are not speech — but it runs the same work as MiniCPM-o
 the released size, so the timing and the memory are real.
 
 Per second:
-* LISTEN — a voice-activity decision (:class:`~engine.session.vad.EnergyVAD`, done by the session)
+* LISTEN — a voice-activity decision (:class:`~engine.vad.EnergyVAD`, done by the session)
   and the second's audio as 10 embeddings (log-mel of ten 100 ms windows, projected to the
   decoder width; a stand-in for MiniCPM-o's 10 audio tokens per second) prefilled into the decoder,
   one engine step each, so the decoder's context holds what the user said;
-* THINK — the :class:`~engine.session.vad.TurnPolicy` decides; when it speaks, the decoder
+* THINK — the :class:`~engine.vad.TurnPolicy` decides; when it speaks, the decoder
   generates the second's frames plus one boundary token (25 + 1 for Step-Audio2), one step each.
 Every step runs through the engine's :class:`~engine.core.executor.Executor`, so the toggles
 (demand-sized state, graph replay) apply here too without changing a token.
@@ -30,7 +30,7 @@ from .base import Backbone, BackboneInfo, Thought, TokenFormat
 from .speech_decoder import SpeechDecoder, decoder_args
 
 if TYPE_CHECKING:
-    from engine.session.vad import VadResult
+    from engine.vad import VadResult
 
 AUDIO_TOKENS_PER_SECOND = 10
 N_MELS = 80

@@ -31,12 +31,13 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from engine.audio import SESSION_RATE
 from engine.wavio import _header, _pcm16
 
 from .export import ExportError, to_csv, to_trace
 from .records import SecondRecord
 
-RATE = 24000
+RATE = SESSION_RATE
 MARKER = "session.unfinished"
 RECORDS = "session.jsonl"
 INPUT_WAV = "session_input.wav"

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
+from engine.audio import SESSION_RATE
 from engine.backbones import Backbone, TokenFormat, make_backbone
 from engine.core.toggles import requested
 from engine.tail import DecoderTail
@@ -27,9 +28,9 @@ from engine.tail import DecoderTail
 from .config import SessionConfig
 from .records import DEADLINE_MS, SecondRecord, lateness, summarize
 from .timing import StageClock, allocator_bytes
-from .vad import EnergyVAD
+from engine.vad import EnergyVAD
 
-RATE = 24000
+RATE = SESSION_RATE          # the one 24 kHz constant (engine.audio)
 SYNTHETIC_RMS = 0.1          # about -20 dBFS: playback level of a synthetic-weights tail's speech
 
 

@@ -35,7 +35,7 @@ from .turns import make_turns
 from . import weights as W
 
 if TYPE_CHECKING:
-    from engine.session.vad import VadResult
+    from engine.vad import VadResult
 
 SILENCE = 4218                 # the Step-Audio2 silence token
 LOOKAHEAD = 3

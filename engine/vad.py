@@ -1,4 +1,4 @@
-"""Voice activity per second (the synthetic backbone's turn policy reads it).
+"""Voice activity per second: the session measures it, the backbones read it (so it lives below both).
 
 :class:`EnergyVAD` splits a second into 20 ms windows and calls it speech when enough windows
 stand clearly above an adaptive noise floor (and above an absolute level, so a silent line never
@@ -10,8 +10,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+
 @dataclass
 class VadResult:
+    """One second's voice activity, as the session hands it to the backbone's LISTEN."""
+
     speech: bool           # this second holds speech
     active_fraction: float  # share of 20 ms windows above the threshold
     level_db: float        # loudest window, dBFS
