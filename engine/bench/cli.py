@@ -12,6 +12,7 @@ COMMANDS = {
     "plan": ("engine.bench.plan", "print a model's timeline, shape signatures and bytes per region vs stock"),
     "session": ("engine.bench.session", "duplex session: per-second totals and misses, stock vs optimized"),
     "capacity": ("engine.bench.capacity", "sessions one device keeps on time, per mode (engine host)"),
+    "serve-capacity": ("engine.bench.serve_capacity", "sessions a Ray Serve deployment keeps on time, per replica count"),
 }
 
 
