@@ -88,7 +88,8 @@ def test_format_plan_prints_timeline_signatures_and_bytes():
     r = _prefix_region(100, (50,))
     text = format_plan(make_plan([r], SessionSpec(prefix={"kv": 300}, label="t")))
     assert "prefix + window 100" in text and "shape signatures: 3" in text
-    assert "kv:300->350->350" in text and "less)" in text
+    assert "300->350->350  kv" in text and "% less than stock-sized" in text
+    assert max(len(line) for line in text.splitlines()) <= 120
 
 
 def test_bench_plan_cli_lists_every_registered_model(capsys):

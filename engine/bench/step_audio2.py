@@ -1,9 +1,19 @@
-"""`duplexcadence-bench step-audio2`: the stock token2wav package vs our three modes, one run, one GPU.
+"""`duplexcadence-bench step-audio2`: the stock token2wav package vs our modes, interleaved in one run, one GPU.
 
 Same seeded random weights (released dims by default), same 6 s prompt, tokens, flow noise and seed for
-all. Per mode: ms per 1 s chunk (median / p90 over the steady chunks, and the first chunk), kernels and
-GPU kernel time per steady chunk (torch.profiler over a separate short stream), max_memory_reserved /
-max_memory_allocated, state bytes, and torch.equal of every chunk's audio with the stock package's.
+every variant. Each variant is its own stream (its own modules, caches and random-generator state); chunk
+by chunk, every variant runs its next chunk in turn (the order rotates each chunk), so all of them see the
+same machine at the same moments. Reported per variant: ms per 1 s chunk (median / p90 over the steady
+chunks, the first chunk), kernels and GPU kernel time per chunk (torch.profiler over the last steady
+chunks, which are not timed), memory resident after building and the peak working memory of a chunk,
+state bytes, and torch.equal of every chunk's audio against the stock package with deterministic cuDNN.
+
+Variants: the stock package as its users run it (PyTorch's default cuDNN settings: non-deterministic
+algorithms allowed), the stock package with deterministic cuDNN (the bit reference: with the defaults it
+does not repeat its own bits), and ours in each mode: ``graphs`` (demand-sized state, CUDA graph
+replay), ``demand`` (demand-sized, eager), ``stock-like`` (our code with the stock's state policy). Our
+sessions always run with deterministic cuDNN (as the app runs them). The headline is the stock as users
+run it over ours ``graphs``; the deterministic-cuDNN ratio comes second.
 
 The stock package (PyPI ``minicpmo``, module ``stepaudio2``) is loaded through the test oracle loader
 (tests/stock_step_audio2.py); the engine's own decoder never imports it.
@@ -13,33 +23,38 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib.util
-import json
-import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import torch
 
+from engine.bench import report
 from engine.models.step_audio2 import weights as W
 from engine.models.step_audio2.config import preset
-from engine.models.step_audio2.dit import SelfAttention
 from engine.models.step_audio2.prompt import synthetic_prompt
 from engine.models.step_audio2.stream import Session, flow_noise, schedule
+from engine.stats import percentile, progress, table
 
 STEADY_FROM = 3          # chunks before this are start-up (own shapes, eager in graph mode)
+PROG = "duplexcadence-bench step-audio2"
+STOCK_USERS, STOCK_DET = "stock package", "stock package, deterministic cuDNN"
+OUR_MODES = {"graphs": "graphs", "demand": "demand", "stock-like": "stock", "stock": "stock"}
 
 
 def _oracle():
     path = Path(__file__).resolve().parents[2] / "tests" / "stock_step_audio2.py"
     if not path.is_file():
-        raise SystemExit(f"the stock loader {path} is missing (run from a source checkout)")
+        raise SystemExit(f"{PROG}: the stock loader {path} is missing (run from a source checkout)")
     spec = importlib.util.spec_from_file_location("stock_step_audio2", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules["stock_step_audio2"] = mod
     spec.loader.exec_module(mod)
+    if not mod.available():
+        raise SystemExit(f"{PROG}: the stock package is not installed "
+                         "(pip install --no-deps -r tests/oracle-requirements.txt)")
     return mod
 
 
@@ -49,154 +64,225 @@ def _tokens(n_chunks: int, seed: int) -> List[int]:
     return torch.randint(0, 6561, (25 * n_chunks + 4,), generator=g).tolist()
 
 
-def _stats(times: List[float]) -> Dict[str, float]:
-    steady = sorted(times[STEADY_FROM:-1]) or sorted(times)
-    return {"median_ms": 1e3 * statistics.median(steady), "p90_ms": 1e3 * steady[int(0.9 * (len(steady) - 1))],
-            "first_ms": 1e3 * times[0], "steady_chunks": len(steady)}
+class Variant:
+    """One stream under test: its own modules, caches, generator state and cuDNN settings."""
+
+    def __init__(self, label: str, device: torch.device, deterministic: bool):
+        self.label, self.device, self.deterministic = label, device, deterministic
+        self.times: List[float] = []
+        self.outs: List[np.ndarray] = []
+        self.work_peak = 0
+        self.resident = 0
+        self._rng: Optional[tuple] = None
+        self.info: Dict[str, object] = {}
+
+    def save_rng(self) -> None:
+        cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+        self._rng = (torch.get_rng_state(), cuda)
+
+    def enter(self) -> None:
+        """Make the process look as this variant's users run it: its cuDNN settings, its generator."""
+        torch.backends.cudnn.deterministic = self.deterministic
+        torch.backends.cudnn.benchmark = False
+        cpu, cuda = self._rng
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda, self.device)
+
+    def chunk(self, i: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def state_bytes(self) -> int:
+        raise NotImplementedError
 
 
-def _profile(run_chunk: Callable[[int], None], chunks: range) -> Dict[str, float]:
-    from torch.profiler import ProfilerActivity, profile
-    _sync()
-    acts = [ProfilerActivity.CUDA] if DEVICE == "cuda" else [ProfilerActivity.CPU]
-    with profile(activities=acts) as prof:
-        for i in chunks:
-            run_chunk(i)
-        _sync()
-    ev = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    n = len(chunks)
-    by_name: Dict[str, List[float]] = {}
-    for e in ev:
-        by_name.setdefault(e.name, []).append(e.device_time)
-    top = sorted(((sum(v) / n / 1e3, len(v) / n, k[:90]) for k, v in by_name.items()), reverse=True)[:25]
-    return {"kernels_per_chunk": len(ev) / n, "kernel_ms_per_chunk": sum(e.device_time for e in ev) / n / 1e3,
-            "top_kernels": [{"ms": round(a, 3), "count": round(b, 1), "name": c} for a, b, c in top]}
+class StockVariant(Variant):
+    def __init__(self, S, cfg, state, prompt, tokens, seed, device, deterministic):
+        super().__init__(STOCK_DET if deterministic else STOCK_USERS, device, deterministic)
+        flow, hift = S.build_flow(cfg.flow), S.build_hift(cfg.hift)
+        flow.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("flow.")}, strict=True)
+        hift.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("hift.")}, strict=True)
+        self.st = S.StockStream(flow, hift, prompt.tokens, prompt.mel[0], prompt.spk, device,
+                                noise=flow_noise(seed))
+        self.chunks = list(self.st.chunks(tokens))
+        torch.manual_seed(seed)
+        self.save_rng()
+
+    def chunk(self, i: int) -> np.ndarray:
+        c, last = self.chunks[i]
+        wav = self.st.t2w.stream(c, None, last_chunk=last, return_waveform=True)
+        return np.asarray(wav, dtype=np.float32).reshape(-1)
+
+    def state_bytes(self) -> int:
+        bufs = sum(b.numel() * b.element_size() for m in (self.st.flow, self.st.hift) for b in m.buffers())
+        live = sum(v.numel() * v.element_size() for v in self.st.t2w.stream_cache.values())
+        return bufs + live
 
 
-DEVICE = "cuda"
+class OurVariant(Variant):
+    def __init__(self, cfg, state, prompt, tokens, seed, device, mode):
+        super().__init__(f"ours {mode}", device, deterministic=True)
+        self.model = W.build(cfg, state, device)
+        self.tokens = tokens
+        self.sched = schedule(len(tokens))
+        t0 = time.perf_counter()
+        self.sess = Session(self.model, prompt, len(self.sched), self.sched[-1][1], OUR_MODES[mode], seed)
+        self.info = {"setup_s": time.perf_counter() - t0, "graphs": self.sess.graphs}
+        self.save_rng()
+
+    def chunk(self, i: int) -> np.ndarray:
+        start, n, _ = self.sched[i]
+        return self.sess.run(self.tokens[start:start + n]).cpu().numpy().reshape(-1)
+
+    def state_bytes(self) -> int:
+        return self.sess.state_bytes()
 
 
-def _sync():
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
-def _fresh():
+def _allocated(device: torch.device) -> int:
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+
+
+def _build(make: Callable[[], Variant], device: torch.device) -> Variant:
     gc.collect()
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+    _sync(device)
+    before = _allocated(device)
+    v = make()
+    _sync(device)
+    v.resident = _allocated(device) - before
+    return v
 
 
-def _memory(res: Dict) -> None:
-    cuda = DEVICE == "cuda"
-    res["max_memory_reserved_MiB"] = torch.cuda.max_memory_reserved() / 2 ** 20 if cuda else float("nan")
-    res["max_memory_allocated_MiB"] = torch.cuda.max_memory_allocated() / 2 ** 20 if cuda else float("nan")
-
-
-def run_stock(S, cfg, state, prompt, tokens, seed, profile_chunks) -> Dict:
-    _fresh()
-    flow, hift = S.build_flow(cfg.flow), S.build_hift(cfg.hift)
-    flow.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("flow.")}, strict=True)
-    hift.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("hift.")}, strict=True)
-    st = S.StockStream(flow, hift, prompt.tokens, prompt.mel[0], prompt.spk, DEVICE, noise=flow_noise(seed))
-    torch.manual_seed(seed)
-    chunks = list(st.chunks(tokens))
-    outs, times = [], []
-    for c, last in chunks:
-        _sync()
+def _run_chunk(v: Variant, i: int, timed: bool) -> None:
+    """Variant ``v`` runs chunk ``i``: timed (sync, chunk, sync) or under the profiler."""
+    dev = v.device
+    v.enter()
+    _sync(dev)
+    before = _allocated(dev)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    if timed:
         t0 = time.perf_counter()
-        wav = st.t2w.stream(c, None, last_chunk=last, return_waveform=True)
-        times.append(time.perf_counter() - t0)
-        outs.append(np.asarray(wav, dtype=np.float32).reshape(-1))
-    res = {"mode": "stock package", **_stats(times)}
-    _memory(res)
-    bufs = sum(b.numel() * b.element_size() for m in (flow, hift) for b in m.buffers())
-    live = sum(v.numel() * v.element_size() for v in st.t2w.stream_cache.values())
-    res["state_MiB"] = (bufs + live) / 2 ** 20
-    # kernels: a second short stream, steady chunks profiled
-    st2 = S.StockStream(flow, hift, prompt.tokens, prompt.mel[0], prompt.spk, DEVICE, noise=flow_noise(seed))
-    torch.manual_seed(seed)
-    short = chunks[:STEADY_FROM + profile_chunks]
-    for c, last in short[:STEADY_FROM]:
-        st2.t2w.stream(c, None, last_chunk=False, return_waveform=True)
-    res.update(_profile(lambda i: st2.t2w.stream(short[i][0], None, last_chunk=False, return_waveform=True),
-                        range(STEADY_FROM, len(short))))
-    del st, st2, flow, hift
-    return res, outs
+        out = v.chunk(i)
+        _sync(dev)
+        v.times.append(time.perf_counter() - t0)
+    else:
+        out, prof = _profiled(lambda: v.chunk(i), dev)
+        v.info.setdefault("profiled", []).append(prof)
+    if dev.type == "cuda":
+        v.work_peak = max(v.work_peak, torch.cuda.max_memory_allocated(dev) - before)
+    v.outs.append(out)
+    v.save_rng()
 
 
-def run_ours(cfg, state, prompt, tokens, seed, mode, profile_chunks) -> Dict:
-    # "MODE@stocklayout": the DiT attention in the stock's memory layout (a diagnostic variant)
-    label, mode = mode, mode.split("@")[0]
-    SelfAttention.rows_ln = SelfAttention.strided_kv = not label.endswith("@stocklayout")
-    _fresh()
-    model = W.build(cfg, state, DEVICE)
-    sched = schedule(len(tokens))
-    t_build = time.perf_counter()
-    sess = Session(model, prompt, len(sched), sched[-1][1], mode, seed)
-    setup_s = time.perf_counter() - t_build
-    outs, times = [], []
-    for start, n, _ in sched:
-        _sync()
-        t0 = time.perf_counter()
-        audio = sess.run(tokens[start:start + n]).cpu().numpy()
-        times.append(time.perf_counter() - t0)
-        outs.append(audio.reshape(-1))
-    res = {"mode": label, **_stats(times), "setup_s": setup_s, "graphs": sess.graphs}
-    _memory(res)
-    res["state_MiB"] = sess.state_bytes() / 2 ** 20
-    res["replayed"] = sess.executor.stats.replayed_steps
-    # kernels: a second short session (open-ended plan: every chunk's signature captured in graph mode)
-    del sess
-    sess2 = Session(model, prompt, None, None, mode, seed)
-    for start, n, _ in sched[:STEADY_FROM]:
-        sess2.run(tokens[start:start + n])
-    k0 = STEADY_FROM
-    res.update(_profile(lambda i: sess2.run(tokens[25 * i:25 * i + 28]), range(k0, k0 + profile_chunks)))
-    del sess2, model
-    return res, outs
+def _profiled(fn: Callable[[], np.ndarray], dev: torch.device):
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CUDA] if dev.type == "cuda" else [ProfilerActivity.CPU]
+    with profile(activities=acts) as prof:
+        out = fn()
+        _sync(dev)
+    ev = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return out, (len(ev), sum(e.device_time for e in ev) / 1e3)
 
 
-def table(rows: List[Dict]) -> str:
-    stock = rows[0]
-    lines = ["| mode | median ms/chunk | p90 ms | first ms | speed-up (median) | kernels/chunk | GPU kernel ms/chunk "
-             "| max reserved MiB | vs stock | state MiB | bit-identical |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(
-            f"| {r['mode']} | {r['median_ms']:.1f} | {r['p90_ms']:.1f} | {r['first_ms']:.0f} "
-            f"| {stock['median_ms'] / r['median_ms']:.2f}x | {r['kernels_per_chunk']:.0f} | {r['kernel_ms_per_chunk']:.1f} "
-            f"| {r['max_memory_reserved_MiB']:.0f} | {100 * (1 - r['max_memory_reserved_MiB'] / stock['max_memory_reserved_MiB']):+.0f}% "
-            f"| {r['state_MiB']:.1f} | {r.get('bit_identical', 'reference')} |")
-    return "\n".join(lines)
+def summarize(v: Variant) -> Dict[str, object]:
+    steady = v.times[STEADY_FROM:] or v.times
+    ms = [1e3 * t for t in steady]
+    prof = v.info.get("profiled", [])
+    cuda = v.device.type == "cuda"
+    row = {"variant": v.label, "median_ms": percentile(ms, 50), "p90_ms": percentile(ms, 90),
+           "first_ms": 1e3 * v.times[0] if v.times else float("nan"), "steady_chunks": len(ms),
+           "kernels_per_chunk": float(np.mean([p[0] for p in prof])) if prof else float("nan"),
+           "kernel_ms_per_chunk": float(np.mean([p[1] for p in prof])) if prof else float("nan"),
+           "resident_MiB": v.resident / 2 ** 20 if cuda else float("nan"),
+           "work_peak_MiB": v.work_peak / 2 ** 20 if cuda else float("nan"),
+           "state_MiB": v.state_bytes() / 2 ** 20, "cudnn_deterministic": v.deterministic,
+           "ms_per_chunk": [round(1e3 * t, 3) for t in v.times]}
+    row.update({k: val for k, val in v.info.items() if k != "profiled"})
+    return row
 
 
-def main(argv) -> int:
-    p = argparse.ArgumentParser(prog="duplexcadence-bench step-audio2", description=__doc__)
+def _compare(v: Variant, ref: Variant) -> Dict[str, object]:
+    same = [bool(np.array_equal(x, y)) for x, y in zip(v.outs, ref.outs)] if len(v.outs) == len(ref.outs) else [False]
+    out: Dict[str, object] = {"bit_identical": all(same), "chunks_identical": f"{sum(same)}/{len(ref.outs)}"}
+    if not all(same):
+        i = same.index(False)
+        a, b = v.outs[i], ref.outs[i]
+        out["first_mismatch"] = {"chunk": i, "max_abs": float(np.abs(a - b).max()) if a.shape == b.shape else "shape"}
+    return out
+
+
+def headline(rows: List[Dict], ours: str = "ours graphs") -> Dict[str, float]:
+    """Ratios of median ms per chunk, and the median of the chunk-by-chunk (paired) ratios."""
+    by = {r["variant"]: r for r in rows}
+    out = {}
+    if ours not in by:
+        return out
+    o = by[ours]
+    for key, stock in (("vs_stock_as_users_run_it", STOCK_USERS), ("vs_stock_deterministic_cudnn", STOCK_DET)):
+        if stock in by:
+            s = by[stock]
+            out[key] = s["median_ms"] / o["median_ms"]
+            pairs = [a / b for a, b in zip(s["ms_per_chunk"][STEADY_FROM:], o["ms_per_chunk"][STEADY_FROM:]) if b > 0]
+            out[key + "_paired"] = percentile(pairs, 50)
+    return out
+
+
+def markdown_table(rows: List[Dict]) -> str:
+    """The results as an aligned markdown table that fits 120 columns."""
+    ref = rows[0]
+
+    def num(x: float, fmt: str) -> str:
+        return "—" if x != x else format(x, fmt)            # NaN (not measured here) -> a dash
+    heads = ["variant", "median ms", "p90 ms", "first ms", "speed-up", "kernels", "kernel ms", "resident MiB",
+             "work MiB", "state MiB", "bit-exact"]
+    body = [[r["variant"], num(r["median_ms"], ".1f"), num(r["p90_ms"], ".1f"), num(r["first_ms"], ".0f"),
+             f"{ref['median_ms'] / r['median_ms']:.2f}x", num(r["kernels_per_chunk"], ".0f"),
+             num(r["kernel_ms_per_chunk"], ".1f"), num(r["resident_MiB"], ".0f"), num(r["work_peak_MiB"], ".0f"),
+             num(r["state_MiB"], ".1f"), str(r.get("bit_identical", "reference"))] for r in rows]
+    return table(body, heads, max_widths=[22] + [None] * 10)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--chunks", type=int, default=40, help="full 1 s chunks (a short last chunk follows)")
     p.add_argument("--size", default="released", choices=["released", "tiny", "oracle"])
     p.add_argument("--prompt-seconds", type=float, default=6.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--modes", default="stock,demand,graphs")
-    p.add_argument("--profile-chunks", type=int, default=3)
+    p.add_argument("--modes", default="stock-like,demand,graphs", help="our modes: graphs, demand, stock-like")
+    p.add_argument("--no-stock-default", action="store_true",
+                   help="leave out the stock package with its default cuDNN settings")
+    p.add_argument("--profile-chunks", type=int, default=2, help="steady chunks profiled (not timed) at the end")
     p.add_argument("--math", default="default", choices=["default", "tf32-off"],
                    help="default: PyTorch's defaults (cuDNN TF32 on, matmul TF32 off), as the stock package "
                         "runs; tf32-off: TF32 off everywhere")
-    p.add_argument("--json", help="write the results as JSON here")
+    p.add_argument("--json", default="bench-results/step-audio2.json",
+                   help="results as JSON here; the markdown table (.md) and the plot (.png) go next to it")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)    # cpu: a dry run of the harness
-    a = p.parse_args(argv)
-    global DEVICE
-    DEVICE = a.device
-    if DEVICE == "cuda" and not torch.cuda.is_available():
-        print("duplexcadence-bench step-audio2: needs a CUDA device", file=sys.stderr)
+    return p
+
+
+def main(argv) -> int:
+    argv = list(argv)
+    a = build_parser().parse_args(argv)
+    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in OUR_MODES]
+    if bad or a.chunks < STEADY_FROM + a.profile_chunks + 1 or a.profile_chunks < 0:
+        why = f"unknown mode(s) {bad}" if bad else \
+            f"--chunks must be at least {STEADY_FROM + a.profile_chunks + 1} (start-up + profiled + one timed)"
+        print(f"{PROG}: error: {why}", file=sys.stderr)
         return 2
-    # the same math settings for the stock package and ours; cuDNN restricted to deterministic
-    # algorithms (the HiFT's transposed convs otherwise may pick atomics-based ones: not even the stock
-    # package is then reproducible run to run)
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
+    device = torch.device(a.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"{PROG}: needs a CUDA device", file=sys.stderr)
+        return 2
+    if device.type != "cuda":
+        a.profile_chunks = 0                            # kernel counts are a CUDA measurement
     if a.math == "tf32-off":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
@@ -205,26 +291,71 @@ def main(argv) -> int:
     state = W.random_state_dict(cfg, a.seed)
     prompt = synthetic_prompt(a.prompt_seconds, a.seed)
     tokens = _tokens(a.chunks, a.seed)
-    rows, ref = [], None
-    r, ref = run_stock(S, cfg, state, prompt, tokens, a.seed, a.profile_chunks)
-    rows.append(r)
-    print(json.dumps(r), flush=True)
-    for mode in a.modes.split(","):
-        r, outs = run_ours(cfg, state, prompt, tokens, a.seed, mode, a.profile_chunks)
-        same = [bool(np.array_equal(x, y)) for x, y in zip(outs, ref)] if len(outs) == len(ref) else [False]
-        r["bit_identical"] = all(same)
-        r["chunks_identical"] = f"{sum(same)}/{len(ref)}"
-        if not all(same):
-            i = same.index(False)
-            r["first_mismatch"] = {"chunk": i, "max_abs": float(np.abs(outs[i] - ref[i]).max())
-                                   if outs[i].shape == ref[i].shape else "shape"}
-        rows.append(r)
-        print(json.dumps(r), flush=True)
-    meta = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__, "size": a.size,
-            "chunks": len(ref), "prompt_s": a.prompt_seconds, "seed": a.seed, "math": a.math,
-            "cudnn_tf32": torch.backends.cudnn.allow_tf32, "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
-            "cudnn_deterministic": True}
-    print(table(rows))
-    if a.json:
-        Path(a.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+
+    makers = [] if a.no_stock_default else [
+        lambda: StockVariant(S, cfg, state, prompt, tokens, a.seed, device, deterministic=False)]
+    makers.append(lambda: StockVariant(S, cfg, state, prompt, tokens, a.seed, device, deterministic=True))
+    makers += [lambda m=m: OurVariant(cfg, state, prompt, tokens, a.seed, device, "stock-like" if m == "stock" else m)
+               for m in modes]
+    with progress(len(makers), desc="building", unit="variant", quiet=a.quiet) as bar:
+        variants = []
+        for make in makers:
+            variants.append(_build(make, device))
+            bar.update()
+    n = len(schedule(len(tokens)))                      # full chunks + the short last one
+    profiled = range(n - 1 - a.profile_chunks, n - 1)
+    with progress(n, desc="chunks (all variants in turn)", unit="chunk", quiet=a.quiet) as bar:
+        for i in range(n):
+            order = variants[i % len(variants):] + variants[:i % len(variants)]
+            for v in order:
+                _run_chunk(v, i, timed=i not in profiled)
+            bar.update()
+    ref = next(v for v in variants if v.label == STOCK_DET)
+    rows = []
+    for v in variants:
+        v.times = v.times[:-1]                          # the short last chunk is not a 1 s chunk
+        row = summarize(v)
+        if v is not ref:
+            row.update(_compare(v, ref))
+        rows.append(row)
+    ratios = headline(rows)
+    meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "size": a.size, "chunks": n, "prompt_s": a.prompt_seconds, "seed": a.seed,
+            "math": a.math, "cudnn_tf32": torch.backends.cudnn.allow_tf32,
+            "matmul_tf32": torch.backends.cuda.matmul.allow_tf32, "interleaved": True,
+            "steady_chunks_from": STEADY_FROM, "profiled_chunks": list(profiled)}
+    tab = markdown_table(rows)
+    lines = []
+    if "vs_stock_as_users_run_it" in ratios:
+        lines.append(f"ours graphs vs the stock package as users run it: {ratios['vs_stock_as_users_run_it']:.2f}x "
+                     f"(median of paired chunks {ratios['vs_stock_as_users_run_it_paired']:.2f}x)")
+    if "vs_stock_deterministic_cudnn" in ratios:
+        lines.append(f"ours graphs vs the stock package with deterministic cuDNN: "
+                     f"{ratios['vs_stock_deterministic_cudnn']:.2f}x "
+                     f"(paired {ratios['vs_stock_deterministic_cudnn_paired']:.2f}x)")
+    print(tab)
+    for line in lines:
+        print(line)
+    notes = lines + [
+        "Interleaved: every variant runs chunk i in turn (order rotating) before any runs chunk i+1; medians "
+        f"over chunks {STEADY_FROM}..{n - 2 - a.profile_chunks} (start-up chunks, profiled chunks and the short "
+        "last chunk left out).",
+        "bit-identical: torch.equal of every chunk against the stock package with deterministic cuDNN (with its "
+        "default cuDNN settings the stock does not repeat its own bits).",
+        "resident MiB: memory allocated by building the variant (weights + state); chunk work peak MiB: the "
+        "most a chunk allocated on top of what was allocated before it."]
+    md = report.markdown("Step-Audio2 token2wav: stock package vs ours", report.command_line(PROG, argv),
+                         [("", tab)], notes)
+    fig = report.Figure([
+        report.Bars("ms per 1 s chunk (steady)", "ms", [r["variant"] for r in rows],
+                    {"median": [r["median_ms"] for r in rows], "p90": [r["p90_ms"] for r in rows]},
+                    hline=(1000.0, "1 s budget") if max(r["p90_ms"] for r in rows) > 700 else None),
+        report.Lines("ms per chunk, interleaved", "chunk", "ms",
+                     {r["variant"]: r["ms_per_chunk"] for r in rows})])
+    try:
+        written = report.write_all(Path(a.json), {"meta": meta, "headline": ratios, "rows": rows}, md, fig)
+    except OSError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    print("wrote " + ", ".join(str(p) for p in written))
     return 0

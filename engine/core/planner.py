@@ -165,45 +165,80 @@ def make_plan(regions: Sequence[Region], spec: SessionSpec) -> Plan:
     return Plan(regions, spec, timeline, demand, settled_at, period)
 
 
+def _names(names: List[str]) -> str:
+    """``tr.kv0, tr.kv1, tr.kv2, x`` -> ``tr.kv0-2, x`` (runs of consecutive numbered names shortened)."""
+    out: List[str] = []
+    run: List[Tuple[str, int]] = []
+
+    def flush() -> None:
+        if len(run) > 2:
+            out.append(f"{run[0][0]}{run[0][1]}-{run[-1][1]}")
+        else:
+            out.extend(f"{p}{i}" for p, i in run)
+        run.clear()
+    for name in names:
+        stem = name.rstrip("0123456789")
+        if stem != name and run and run[-1][0] == stem and run[-1][1] + 1 == int(name[len(stem):]):
+            run.append((stem, int(name[len(stem):])))
+            continue
+        flush()
+        if stem != name:
+            run.append((stem, int(name[len(stem):])))
+        else:
+            out.append(name)
+    flush()
+    return ", ".join(out)
+
+
+def _grouped(items: List[Tuple[str, str]]) -> str:
+    """``[(region, text)]`` -> one line per distinct text, naming the regions that share it."""
+    by_text: Dict[str, List[str]] = {}
+    for name, text in items:
+        by_text.setdefault(text, []).append(name)
+    return "\n".join(f"{text}  {_names(names)}" for text, names in by_text.items())
+
+
 def format_plan(plan: Plan, max_rows: int = 12) -> str:
-    """Human-readable timeline, signatures and bytes per region (demand vs stock)."""
-    lines = []
+    """Human-readable regions (demand vs stock bytes), timeline and signatures, aligned tables that fit
+    120 columns: regions whose lengths move alike share one line (``250->250->250  tr.kv0-7``)."""
+    import textwrap
+
+    from engine.stats import format_bytes, table
     label = plan.spec.label or "session"
     steps = plan.spec.steps if plan.finite else f"open-ended (settles at step {plan.settled_at}, period {plan.period})"
-    lines.append(f"plan for {label}: steps={steps}")
-    lines.append("")
-    lines.append("regions:")
+    lines = [f"plan for {label}: steps={steps}", "", "regions:"]
     db, sb = plan.demand_bytes(), plan.stock_bytes()
-    w = max(len(r.name) for r in plan.regions) if plan.regions else 4
-    lines.append(f"  {'name':<{w}}  {'clock':<14} {'retention':<22} {'demand shape':<34} {'demand':>10} {'stock':>10}  stock sizing")
-    for r in plan.regions:
-        clk = f"{r.clock.name} {'/'.join(map(str, r.clock.pattern))}"
-        shape = str(r.shape_at(plan.demand[r.name]))
-        lines.append(f"  {r.name:<{w}}  {clk:<14} {r.retention.describe():<22} {shape:<34} "
-                     f"{_fmt_bytes(db[r.name]):>10} {_fmt_bytes(sb[r.name]):>10}  {r.stock_note}")
+    rows = [[r.name, f"{r.clock.name} {'/'.join(map(str, r.clock.pattern))}", r.retention.describe(),
+             str(r.shape_at(plan.demand[r.name])), format_bytes(db[r.name]), format_bytes(sb[r.name])]
+            for r in plan.regions]
     td, ts = sum(db.values()), sum(sb.values())
-    saved = f" ({100 * (1 - td / ts):.1f}% less)" if ts else ""
-    lines.append(f"  {'total':<{w}}  {'':<14} {'':<22} {'':<34} {_fmt_bytes(td):>10} {_fmt_bytes(ts):>10}{saved}")
-    lines.append("")
-    lines.append("timeline (units before -> working view -> after):")
+    rows.append(["total", "", "", "", format_bytes(td), format_bytes(ts)])
+    lines.append(table(rows, ["name", "clock", "retention", "demand shape", "demand", "stock"],
+                       max_widths=[24, 20, 22, 22, 10, 10]))
+    if ts:
+        lines.append(f"demand-sized: {100 * (1 - td / ts):.1f}% less than stock-sized")
+    notes: Dict[str, List[str]] = {}
+    for r in plan.regions:
+        if r.stock_note:
+            notes.setdefault(r.stock_note, []).append(r.name)
+    if notes:
+        lines.append("stock sizing:")
+        lines += [textwrap.fill(f"{_names(names)}: {note}", 120, initial_indent="  ", subsequent_indent="    ")
+                  for note, names in notes.items()]
+    lines += ["", "timeline (units before -> working view -> after):"]
     shown = plan.timeline[:max_rows]
-    for s in shown:
-        cells = " ".join(f"{n}:{s.before[n]}->{s.grown[n]}->{s.after[n]}" for n in s.before)
-        sig = plan.signatures.index(s.signature)
-        lines.append(f"  step {s.index:>4}  sig#{sig}  {cells}{'  (last)' if s.is_last else ''}")
+    rows = [[s.index, f"sig#{plan.signatures.index(s.signature)}" + (" (last)" if s.is_last else ""),
+             _grouped([(n, f"{s.before[n]}->{s.grown[n]}->{s.after[n]}") for n in s.before])] for s in shown]
+    lines.append(table(rows, ["step", "signature", "regions"], max_widths=[None, None, 86]))
     if len(plan.timeline) > len(shown):
-        lines.append(f"  ... {len(plan.timeline) - len(shown)} more steps")
-    lines.append("")
-    lines.append(f"shape signatures: {len(plan.signatures)} (one CUDA graph each, no padding)")
+        lines.append(f"... {len(plan.timeline) - len(shown)} more steps")
+    lines += ["", f"shape signatures: {len(plan.signatures)} (one CUDA graph each, no padding)"]
+    rows = []
     for i, sig in enumerate(plan.signatures):
         n = sum(1 for s in plan.timeline if s.signature == sig)
-        lines.append(f"  sig#{i}: {n} step(s) in the timeline  {sig.label}")
+        adv = ", ".join(f"{c}+{k}" for c, k in sig.advances)
+        lens = _grouped([(r, f"{b}->{g}") for r, b, g in sig.lengths])
+        rows.append([f"sig#{i}", n, adv, lens])
+    lines.append(table(rows, ["signature", "steps", "clocks advance", "regions (before -> working view)"],
+                       max_widths=[None, None, 30, 64]))
     return "\n".join(lines)
-
-
-def _fmt_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024.0
-    return str(n)

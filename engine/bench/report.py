@@ -1,0 +1,151 @@
+"""What every ``duplexcadence-bench`` command leaves behind: ``NAME.json``, ``NAME.md`` and ``NAME.png`` side by side.
+
+The markdown file holds the command line, the machine and the same aligned table the command printed; the
+PNG is a plot people can paste into an issue. Plots use matplotlib with its file-only Agg backend (the
+``bench`` extra); without matplotlib the JSON and markdown are still written and one line says why the PNG
+is missing. Nothing here imports Qt.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from engine.atomic import atomic_write
+
+
+@dataclass
+class Bars:
+    """A grouped bar chart: one group per label, one bar per series (e.g. median and p90 per mode)."""
+
+    title: str
+    ylabel: str
+    labels: List[str]
+    series: Dict[str, List[float]]
+    hline: Optional[Tuple[float, str]] = None          # (y, label): a reference line such as a deadline
+
+
+@dataclass
+class Lines:
+    """Lines over a common x axis (e.g. ms per second over the session, one line per mode)."""
+
+    title: str
+    xlabel: str
+    ylabel: str
+    series: Dict[str, Sequence[float]]
+    hline: Optional[Tuple[float, str]] = None
+
+
+@dataclass
+class Figure:
+    """One PNG: panels side by side."""
+
+    panels: List[object] = field(default_factory=list)
+
+
+def _write(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda f: f.write(data))
+
+
+def machine() -> Dict[str, str]:
+    """Where the numbers came from."""
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    return {"python": platform.python_version(), "torch": torch.__version__, "gpu": gpu,
+            "cpu": platform.processor() or platform.machine(), "cores": str(os.cpu_count())}
+
+
+def command_line(prog: str, argv: Sequence[str]) -> str:
+    return " ".join([prog] + [shlex.quote(a) for a in argv])
+
+
+def siblings(json_path: Path) -> Tuple[Path, Path]:
+    """``x.json`` -> (``x.md``, ``x.png``)."""
+    stem = json_path.with_suffix("") if json_path.suffix == ".json" else json_path
+    return stem.with_name(stem.name + ".md"), stem.with_name(stem.name + ".png")
+
+
+def markdown(title: str, command: str, tables: Sequence[Tuple[str, str]], notes: Sequence[str] = ()) -> str:
+    """A shareable report: heading, command, machine, then each (caption, table)."""
+    m = machine()
+    out = [f"# {title}", "", f"Command: `{command}`", "",
+           f"Machine: {m['gpu']} (GPU), {m['cpu']} x{m['cores']}, Python {m['python']}, torch {m['torch']}", ""]
+    for caption, tab in tables:
+        if caption:
+            out += [f"**{caption}**", ""]
+        out += [tab, ""]
+    out += [f"- {n}" for n in notes]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _draw(ax, panel) -> None:
+    if isinstance(panel, Bars):
+        n = max(1, len(panel.series))
+        width = 0.8 / n
+        for i, (name, values) in enumerate(panel.series.items()):
+            xs = [j + (i - (n - 1) / 2) * width for j in range(len(panel.labels))]
+            bars = ax.bar(xs, values, width, label=name)
+            ax.bar_label(bars, labels=[f"{v:.0f}" if abs(v) >= 100 else f"{v:.1f}" for v in values], fontsize=7)
+        ax.set_xticks(range(len(panel.labels)), [textwrap.fill(x, 16) for x in panel.labels], fontsize=8)
+        ax.set_ylabel(panel.ylabel)
+    elif isinstance(panel, Lines):
+        for name, values in panel.series.items():
+            ax.plot(range(len(values)), list(values), label=name, linewidth=1.2)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_xlabel(panel.xlabel)
+        ax.set_ylabel(panel.ylabel)
+    else:
+        raise TypeError(f"unknown panel {type(panel).__name__}")
+    if panel.hline is not None:
+        ax.axhline(panel.hline[0], color="red", linestyle="--", linewidth=1, label=panel.hline[1])
+    ax.set_title(panel.title, fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    if len(panel.series) > 1 or panel.hline is not None:
+        ax.legend(fontsize=8)
+
+
+def render_png(fig: Figure, path: Path) -> Optional[str]:
+    """Draw ``fig`` to ``path``; returns None, or why no PNG was written (matplotlib missing)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg", force=True)
+        from matplotlib.figure import Figure as MplFigure
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+    except ImportError:
+        return "no PNG plot: matplotlib is not installed (pip install 'duplexcadence[bench]')"
+    import io
+    n = max(1, len(fig.panels))
+    mfig = MplFigure(figsize=(5.5 * n, 4.2), layout="constrained")
+    FigureCanvasAgg(mfig)
+    axes = mfig.subplots(1, n, squeeze=False)[0]
+    for ax, panel in zip(axes, fig.panels):
+        _draw(ax, panel)
+    buf = io.BytesIO()
+    mfig.savefig(buf, format="png", dpi=110)
+    _write(path, buf.getvalue())
+    return None
+
+
+def write_all(json_path: Path, doc: Dict, md: str, fig: Optional[Figure]) -> List[Path]:
+    """Write ``x.json``, ``x.md`` and (when ``fig``) ``x.png``; returns the paths written. A missing
+    matplotlib is reported on stderr in one line, not raised."""
+    json_path = Path(json_path)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    md_path, png_path = siblings(json_path)
+    _write(json_path, (json.dumps(doc, indent=1, default=str) + "\n").encode())
+    _write(md_path, md.encode())
+    written = [json_path, md_path]
+    if fig is not None and fig.panels:
+        why = render_png(fig, png_path)
+        if why:
+            print(f"note: {why}", file=sys.stderr)
+        else:
+            written.append(png_path)
+    return written
