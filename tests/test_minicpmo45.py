@@ -224,3 +224,26 @@ def test_samplers():
     free[0, tk.tts_pad] = 30.0
     picks = {ts(free) for _ in range(20)}
     assert tk.tts_pad not in picks and len(ts.history) == 20
+
+
+def test_llm_layer_segments_give_the_eager_bits(one_torch_thread):
+    """The per-layer segments the CUDA graphs replay (run eagerly here) == the whole eager forward."""
+    from engine.backbones.minicpmo45.llm_graphs import LayerGraphs
+    d = preset("tiny").llm
+    llm = Qwen3(d).eval()
+    seeded_init(llm, 6)
+    regions = kv_regions("llm", d.layers, d.kv_heads, d.head_dim, 33, d.max_positions, torch.float32, "")
+    ref, ours = (make_store(True, regions[0], d.layers, 64, "cpu") for _ in range(2))
+    seg = LayerGraphs(llm, ours, torch.device("cpu"), capture=False)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for t in (11, 1, 1, 2, 1, 10, 1, 1):
+            x = torch.randn(t, d.hidden, generator=g)
+            h = llm(x, ref)
+            if t == 1:
+                h2, logits = seg.forward(x)
+                assert torch.equal(h2, h) and torch.equal(logits, llm.logits(h[-1]))
+            else:
+                assert torch.equal(llm(x, ours), h)
+    assert ours.length == ref.length == 28 and seg.replays == 5
+    assert torch.equal(ours.k_buf[:, :, :28], ref.k_buf[:, :, :28])

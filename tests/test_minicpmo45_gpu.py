@@ -82,3 +82,39 @@ def test_released_tts_decode_graphs_equal_eager():
     assert dg.captures == 179 and dg.replays > 100
     for k, (a, b) in enumerate(pairs):
         assert torch.equal(a, b), f"step {k}"
+
+
+def llm_steps(device: str, size: str, layers: int, graphs: bool, feeds=(11, 1, 1, 2) * 8 + (1,) * 60):
+    """Hidden states and logits of an LLM (``layers`` deep at ``size`` widths): eager over a growing cache
+    vs the demand store with single tokens through the layer graphs."""
+    import dataclasses
+    from engine.backbones.minicpmo45.llm import Qwen3
+    from engine.backbones.minicpmo45.llm_graphs import LayerGraphs
+    d = dataclasses.replace(preset(size).llm, layers=layers)
+    dt = torch.bfloat16 if device == "cuda" else torch.float32
+    llm = build(Qwen3, d, device=device, dtype=dt).eval()
+    seeded_init(llm, 5)
+    regions = kv_regions("llm", d.layers, d.kv_heads, d.head_dim, 33, d.max_positions, dt, "")
+    stock = make_store(False, regions[0], d.layers, 0, device)
+    ours = make_store(True, regions[0], d.layers, sum(feeds), device)
+    seg = LayerGraphs(llm, ours, torch.device(device), capture=graphs)
+    g = torch.Generator(device="cpu").manual_seed(2)
+    pairs = []
+    with torch.no_grad():
+        for t in feeds:
+            x = (torch.randn(t, d.hidden, generator=g) * 0.02).to(device=device, dtype=dt)
+            h = llm(x, stock)
+            if t == 1:
+                h2, logits = seg.forward(x)
+                pairs += [(h, h2), (llm.logits(h[-1]), logits)]
+            else:
+                pairs.append((h, llm(x, ours)))
+    return pairs, seg
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_released_width_llm_layer_graphs_equal_eager():
+    pairs, seg = llm_steps("cuda", "released", 4, graphs=True)
+    assert len(seg.graphs) == 5 and seg.replays == 76
+    for k, (a, b) in enumerate(pairs):
+        assert torch.equal(a, b), f"pair {k}"

@@ -29,6 +29,7 @@ from .dims import Dims, preset
 from .kv import demand_units, kv_regions, make_store, switch_store
 from .layers import seeded_init
 from .llm import Qwen3
+from .llm_graphs import LayerGraphs, make_layer_graphs
 from .protocol import Protocol
 from .tts import TTS, DecodeGraphs
 from .turns import make_turns
@@ -92,12 +93,14 @@ class MiniCPMO45Backbone(Backbone):
             self.executor.init_state({})
             self._make_stores()
             self._prepare_tts_graphs()
+            self.llm_graphs: Optional[LayerGraphs] = make_layer_graphs(self.llm, self.kv_llm, dev, self._graphs_on())
             tok = self.folder.tokenizer if self.folder else None
             too_long = None
             if tok is not None:
                 limit = d.sampling.max_chars_per_unit
                 too_long = lambda ids: len(tok.decode(ids, skip_special_tokens=True)) >= limit   # noqa: E731
-            self.protocol = Protocol(d, self.llm, self.tts, self.kv_llm, self.kv_tts, self._tts_step, too_long)
+            self.protocol = Protocol(d, self.llm, self.tts, self.kv_llm, self.kv_tts, self._tts_step, too_long,
+                                     self._one_token)
 
     def _fill_weights(self) -> None:
         if self.folder is None:
@@ -146,6 +149,17 @@ class MiniCPMO45Backbone(Backbone):
         if self.tts_graphs is not None and kv.kind == "demand":
             return self.tts_graphs.step(code, kv)
         return self.tts.step_code(code, kv)
+
+    def _one_token(self, embed: torch.Tensor):
+        """A single-token LLM forward through the layer graphs (None: the eager path runs it)."""
+        if not self._graphs_on() or self.kv_llm.kind != "demand":
+            return None
+        kv = self.kv_llm
+        if kv.length + 1 > kv.capacity:
+            kv._room(kv.length + 1)                                     # a long session: more room, new graphs
+        if self.llm_graphs is None or not self.llm_graphs.valid_for(kv):
+            self.llm_graphs = make_layer_graphs(self.llm, kv, self.device, True)
+        return self.llm_graphs.forward(embed)
 
     # -- per second ------------------------------------------------------------------------------------
     def listen(self, audio: torch.Tensor, vad: "VadResult") -> None:
@@ -201,6 +215,8 @@ class MiniCPMO45Backbone(Backbone):
             self.tts_graphs = DecodeGraphs(self.tts, self.device)       # captured lazily from here on
         elif not self._graphs_on():
             self.tts_graphs = None
+        if not self._graphs_on():
+            self.llm_graphs = None
 
     def toggles(self) -> Dict[str, bool]:
         return {"demand_sized": self._toggles["demand_sized"], "graph_replay": self._graphs_on()}
@@ -211,6 +227,6 @@ class MiniCPMO45Backbone(Backbone):
         return int(self.executor.state_bytes() + self.kv_llm.nbytes() + self.kv_tts.nbytes())
 
     def close(self) -> None:
-        for name in ("protocol", "executor", "llm", "tts", "encoder", "kv_llm", "kv_tts", "tts_graphs"):
+        for name in ("protocol", "executor", "llm", "tts", "encoder", "kv_llm", "kv_tts", "tts_graphs", "llm_graphs"):
             if hasattr(self, name):
                 delattr(self, name)

@@ -44,18 +44,22 @@ class Protocol:
     """The per-second duplex protocol over an LLM KV store and a per-turn TTS KV store.
 
     ``kv_llm`` / ``kv_tts`` are attributes the backbone swaps when the demand toggle flips;
-    ``tts_step`` runs one TTS decode step (eager or a replayed graph); ``too_long`` (optional, with a
-    tokenizer) says whether a unit's text has reached the stock's 28-character limit.
+    ``tts_step`` runs one TTS decode step (eager or a replayed graph); ``one_token`` (optional) runs a
+    single-token LLM forward -> (hidden, logits) through the layer graphs, or returns None to leave it
+    to the eager path; ``too_long`` (optional, with a tokenizer) says whether a unit's text has reached
+    the stock's 28-character limit.
     """
 
     def __init__(self, dims: Dims, llm: Qwen3, tts: TTS, kv_llm: KVStore, kv_tts: KVStore,
                  tts_step: Callable[[torch.Tensor, KVStore], torch.Tensor],
-                 too_long: Optional[Callable[[List[int]], bool]] = None):
+                 too_long: Optional[Callable[[List[int]], bool]] = None,
+                 one_token: Optional[Callable[[torch.Tensor], Optional[tuple]]] = None):
         self.d = dims
         self.llm, self.tts = llm, tts
         self.kv_llm, self.kv_tts = kv_llm, kv_tts
         self.tts_step = tts_step
         self.too_long = too_long
+        self.one_token = one_token
         tk = dims.tokens
         self.sampler = TextSampler(dims.sampling, tk, forbidden=[tk.tts_pad])
         self.turn_ended = True
@@ -67,19 +71,26 @@ class Protocol:
         """Feed embeddings [T, hidden]; the final hidden state of each position [T, hidden]."""
         return self.llm(embeds, self.kv_llm)
 
-    def feed_ids(self, ids: List[int]) -> torch.Tensor:
-        return self.feed(self.llm.embed(ids))
+    def step_ids(self, ids: List[int], logits: bool) -> tuple:
+        """Feed token ids; (final hidden [T, hidden], last logits [1, V] or None when not asked for)."""
+        emb = self.llm.embed(ids)
+        if len(ids) == 1 and self.one_token is not None:
+            out = self.one_token(emb)
+            if out is not None:
+                return out
+        h = self.feed(emb)
+        return h, (self.llm.logits(h[-1]) if logits else None)
 
     def close_unit(self) -> None:
         """The deferred finalize of the previous unit: its terminator (if any) and ``</unit>``."""
         if self.pending_close is not None:
-            self.feed_ids(self.pending_close)
+            self.step_ids(self.pending_close, logits=False)
             self.pending_close = None
 
     def prefill(self, audio_emb: torch.Tensor) -> None:
         """``<unit>`` then the second's audio embeddings [10, hidden]; keep the last logits."""
         self.close_unit()
-        self.feed_ids([self.d.tokens.unit])
+        self.step_ids([self.d.tokens.unit], logits=False)
         h = self.feed(audio_emb.to(self.llm.lm_head.weight.dtype))
         self.logits = self.llm.logits(h[-1])
 
@@ -89,8 +100,7 @@ class Protocol:
         tk, s = self.d.tokens, self.d.sampling
         logits, self.logits = self.logits, None
         if turn.forced == "listen" and not self.turn_ended:      # a reply cut short: close the turn first
-            h = self.feed_ids([tk.turn_eos])
-            logits = self.llm.logits(h[-1])
+            h, logits = self.step_ids([tk.turn_eos], logits=True)
             self.end_turn()
         unit = Unit("speak")
         hidden: List[torch.Tensor] = []
@@ -109,8 +119,7 @@ class Protocol:
             if j > 0 and self.too_long is not None and self.too_long(unit.text_ids + [tok]):
                 terminator = tk.chunk_eos
                 break
-            h = self.feed_ids([tok])
-            logits = self.llm.logits(h[-1])
+            h, logits = self.step_ids([tok], logits=True)
             if tok == tk.turn_eos:
                 unit.end_of_turn = True
                 self.turn_ended = True
