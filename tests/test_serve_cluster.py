@@ -44,7 +44,7 @@ def cluster_url():
         cluster.wait_for_nodes()
         serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
         spec = ServeSpec(config=dict(MODEL), token=TOKEN, max_sessions=2, replicas=2, gpus_per_replica=1.0,
-                         cpus_per_replica=0.5, drain_timeout_s=5.0, stats_period_s=0.5)
+                         cpus_per_replica=0.5, drain_timeout_s=60.0, stats_period_s=0.5)
         serve.run(build_app(spec), name="duplexcadence", route_prefix="/")
         yield f"ws://127.0.0.1:{port}"
     finally:
@@ -107,3 +107,26 @@ def test_sessions_placed_by_headroom_on_two_nodes(cluster_url):
     f = open_session(cluster_url)                            # room again once sessions end
     assert f.session is not None
     f.stop(timeout=30.0)
+
+
+def test_removing_the_deployment_drains_live_sessions(cluster_url):
+    """Last in this module: the application is deleted (as a scale-down stops a replica) while a session
+    runs; the session keeps getting every second until its client stops, new sessions find nothing."""
+    from ray import serve
+    frame = (np.random.default_rng().standard_normal(24000) * 0.05).astype(np.float32)
+    a = open_session(cluster_url)
+    assert a.session is not None
+    a.submit(frame)
+    assert isinstance(results(a, 1)[0], LiveResult)
+    serve.delete("duplexcadence", _blocking=False)
+    time.sleep(2.0)
+    late = open_session(cluster_url)                         # the replicas take no new session now
+    assert late.session is None and "refused" in late.results.get(timeout=5).message
+    for _ in range(4):                                       # ... but the live one runs on, paced
+        a.submit(frame)
+        got = results(a, 1, timeout=30.0)
+        assert got and isinstance(got[0], LiveResult), got
+        time.sleep(0.5)
+    assert len(a.session.records) == 5 and a.lost is None
+    a.stop(timeout=30.0)
+    assert a.lost is None and not a.running

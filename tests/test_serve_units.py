@@ -188,3 +188,25 @@ def test_run_engine_refuses_local_checkpoints(capsys, tmp_path, speech_wav):
                         capsys)
     assert code == 2 and len(err) == 1 and "name the server's weights" in err[0]
     assert not (tmp_path / "o.wav").exists()
+
+
+def test_serve_defaults_overridden_for_live_sessions():
+    """Serve counts every open WebSocket toward max_ongoing_requests (default 5) and gives a stopping
+    replica 20 s (graceful_shutdown_timeout_s); live sessions need the limit above the session count
+    and a drain as long as a conversation. Autoscaling follows open sessions."""
+    pytest.importorskip("ray.serve")
+    from engine.serve.deployment import REFUSAL_SLACK, ServeSpec, deployment_options
+    from engine.serve.router import HeadroomRouter
+    spec = ServeSpec(config={}, token="x" * 16, max_sessions=12, replicas=2, gpus_per_replica=1.0,
+                     drain_timeout_s=1800.0)
+    o = deployment_options(spec)
+    assert o["max_ongoing_requests"] == 12 + REFUSAL_SLACK > 5
+    assert o["graceful_shutdown_timeout_s"] == 1800.0 > 20
+    assert o["num_replicas"] == 2 and o["ray_actor_options"]["num_gpus"] == 1.0
+    assert o["request_router_config"].request_router_class in (HeadroomRouter, "engine.serve.router.HeadroomRouter") \
+        or "HeadroomRouter" in str(o["request_router_config"].request_router_class)
+    auto = deployment_options(ServeSpec(config={}, token="x" * 16, max_sessions=8, replicas=1, autoscale=True,
+                                        max_replicas=4))
+    assert "num_replicas" not in auto
+    a = auto["autoscaling_config"]
+    assert (a["min_replicas"], a["max_replicas"], a["target_ongoing_requests"]) == (1, 4, 6.0)

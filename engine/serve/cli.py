@@ -19,6 +19,7 @@ import time
 from typing import List, Optional
 
 from engine.cli.run import MODES, make_config
+from engine.cli.validate import OneLineParser
 
 from .auth import ENV, TokenError, read_token
 
@@ -26,7 +27,7 @@ PROG = "duplexcadence serve"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+    p = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: localhost only)")
     p.add_argument("--port", type=int, default=8765)

@@ -210,9 +210,9 @@ class RemoteRunner:
 
     def _lose(self, detail: str) -> None:
         n = len(self.session.records) if self.session is not None else 0
+        kept = f"the {n} second{'s' if n != 1 else ''} received so far {'are' if n != 1 else 'is'} kept"
         self.lost = ServerLost(f"the engine server at {self.where} went away after {n} s of this session "
-                               f"({detail}); the {n} seconds received so far are kept — reconnect to start a "
-                               "new session", seconds=n)
+                               f"({detail}); {kept} — reconnect to start a new session", seconds=n)
         log.warning(self.lost.message)
         self.results.put(self.lost)
 

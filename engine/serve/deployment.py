@@ -234,8 +234,8 @@ class SessionReplica:
                     pass
 
 
-def build_app(spec: ServeSpec):
-    """The Serve application for ``spec``: options set from it (see the module docstring)."""
+def deployment_options(spec: ServeSpec) -> Dict[str, Any]:
+    """The Serve deployment options for ``spec`` (see the module docstring for why each)."""
     from ray.serve.config import RequestRouterConfig
 
     from .router import HeadroomRouter
@@ -258,4 +258,9 @@ def build_app(spec: ServeSpec):
         }
     else:
         opts["num_replicas"] = spec.replicas or 1
-    return SessionReplica.options(**opts).bind(asdict(spec))
+    return opts
+
+
+def build_app(spec: ServeSpec):
+    """The Serve application for ``spec``."""
+    return SessionReplica.options(**deployment_options(spec)).bind(asdict(spec))
