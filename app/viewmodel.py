@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 import numpy as np
+
+from engine.stats import format_bytes, percentile  # noqa: F401  (one of each for app and engine)
 
 GREEN, YELLOW, RED, GREY = "#2e9d57", "#d9a21b", "#d64541", "#8a8f98"
 MIB = 1024 * 1024
@@ -24,20 +26,6 @@ def traffic_light(value: float, yellow_at: float, red_at: float) -> str:
     if value >= red_at:
         return RED
     return YELLOW if value >= yellow_at else GREEN
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default); 0.0 for no values."""
-    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if len(values) else 0.0
-
-
-def format_bytes(n: float) -> str:
-    """Bytes for people: 512 B, 3.2 KiB, 41.0 MiB, 2.14 GiB."""
-    n = float(n)
-    for unit, scale in (("GiB", 1024 ** 3), ("MiB", MIB), ("KiB", 1024)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}" if unit == "GiB" else f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
 
 
 @dataclass

@@ -34,14 +34,16 @@ def format_bytes(n: float) -> str:
 
 
 def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], floatfmt: str = ".1f",
-          max_widths: Optional[Sequence[Optional[int]]] = None) -> str:
-    """An aligned GitHub-markdown table. ``max_widths``: per column, wrap cells wider than this (None: no limit),
-    which keeps a table inside a terminal's width."""
+          max_widths: Optional[Sequence[Optional[int]]] = None, header_width: Optional[int] = None) -> str:
+    """An aligned GitHub-markdown table. ``max_widths``: per column, wrap cells wider than this (None: no limit);
+    ``header_width``: wrap every header wider than this. Both keep a table inside a terminal's width."""
     from tabulate import tabulate
     rows = [list(r) for r in rows]
-    kw = {}
+    kw: dict = {}
     if max_widths is not None and rows:
         kw["maxcolwidths"] = list(max_widths)
+    if header_width is not None:
+        kw["maxheadercolwidths"] = header_width
     return tabulate(rows, headers=list(headers), tablefmt="github", floatfmt=floatfmt, **kw)
 
 

@@ -8,7 +8,10 @@ Each mode builds a fresh session (same seed, same input) and runs every second b
 input is paced virtually (frame k arrives at k seconds after the session starts), so a late second
 delays the next exactly as it would live. The modes must give the same waveform bit for bit; a
 last run flips the toggles every second and must give it too. Results: a table on stdout, and
-under ``--out`` ``bench.json`` plus each mode's CSV / JSONL / trace.
+under ``--out`` ``bench.json``, ``bench.md`` (the tables) and ``bench.png`` (ms per second over the session
+and the per-stage medians) plus each mode's CSV / JSONL / trace. Mode ``stock`` is our code with the stock's
+state policy ("stock-like"); where graph replay cannot run (CPU) the ``graphs`` mode runs eagerly and is
+labelled so.
 
 Without ``--input`` the input is speech-like and made here (so a machine without espeak-ng can
 run it): voiced bursts (a 120 Hz harmonic series, syllable envelope at 4 Hz) of 2-4 s with 3 s
@@ -17,8 +20,8 @@ pauses, enough for the voice-activity policy to listen and to answer.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Dict, List
@@ -27,11 +30,22 @@ import numpy as np
 import torch
 
 from engine.audio import frames_of, load_mono
+from engine.bench import report
 from engine.models import registry
 from engine.session import DuplexSession, SessionConfig, export_records, summarize
 from engine.session.records import DEADLINE_MS
+from engine.stats import MIB, progress, table
 
 MODES = {"stock": (False, False), "demand": (True, False), "graphs": (True, True)}
+LABELS = {"stock": "stock-like", "demand": "demand", "graphs": "graphs"}
+NO_GRAPHS = "eager (graph replay unavailable)"
+
+
+def label(mode: str, records) -> str:
+    """What a mode's row is called: ``graphs`` only where graph replay ran."""
+    if mode == "graphs" and records and not any(r.graph_replay for r in records):
+        return NO_GRAPHS
+    return LABELS[mode]
 
 
 def speech_like(seconds: int, seed: int = 0, rate: int = 24000) -> np.ndarray:
@@ -51,8 +65,9 @@ def speech_like(seconds: int, seed: int = 0, rate: int = 24000) -> np.ndarray:
     return (x + rng.standard_normal(x.size).astype(np.float32) * 1e-3).astype(np.float32)
 
 
-def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False) -> Dict[str, object]:
-    """One session over ``frames`` at a virtual one-frame-per-second pace."""
+def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False, desc: str = "",
+             quiet: bool = True) -> Dict[str, object]:
+    """One session over ``frames`` at a virtual one-frame-per-second pace (a progress bar unless ``quiet``)."""
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     t_build = time.perf_counter()
@@ -61,13 +76,16 @@ def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False) -
     build_s = time.perf_counter() - t_build
     outs = []
     t0 = time.perf_counter()
-    for k, f in enumerate(frames):
-        if flip:
-            s.set_toggles(demand_sized=bool(k % 2), graph_replay=bool(k % 2))
-        arrival = t0 + k                                       # frame k arrives k seconds in
-        now = time.perf_counter()
-        out, rec = s.process(f, arrival=min(arrival, now), backlog=0)
-        outs.append(out)
+    with progress(len(frames), desc=desc, unit="frame", quiet=quiet) as bar:
+        for k, f in enumerate(frames):
+            if flip:
+                s.set_toggles(demand_sized=bool(k % 2), graph_replay=bool(k % 2))
+            arrival = t0 + k                                       # frame k arrives k seconds in
+            now = time.perf_counter()
+            out, rec = s.process(f, arrival=min(arrival, now), backlog=0)
+            outs.append(out)
+            bar.set_postfix_str(f"{rec.total_ms:.0f} ms {rec.decision}", refresh=False)
+            bar.update()
     records = list(s.records)
     summary = summarize(records)
     summary["build_s"] = build_s
@@ -80,14 +98,13 @@ def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False) -
 
 
 def _table(rows: Dict[str, Dict[str, object]]) -> str:
-    head = (f"{'mode':<8} {'p50 total':>10} {'p99 total':>10} {'max':>8} {'misses':>7} {'listen':>8} "
-            f"{'think':>8} {'speak':>8} {'state MiB':>10} {'reserved MiB':>13}")
-    lines = [head]
-    for name, s in rows.items():
-        lines.append(f"{name:<8} {s['p50_total_ms']:>10.1f} {s['p99_total_ms']:>10.1f} {s['max_total_ms']:>8.1f} "
-                     f"{s['misses']:>7} {s['p50_listen_ms']:>8.1f} {s['p50_think_ms']:>8.1f} {s['p50_speak_ms']:>8.1f} "
-                     f"{s['state_bytes'] / 2**20:>10.1f} {s['max_reserved_bytes'] / 2**20:>13.1f}")
-    return "\n".join(lines)
+    """Per mode: p50 / p99 / max of the second's total, misses, stage medians, state and reserved memory."""
+    heads = ["mode", "p50 ms", "p99 ms", "max ms", "misses", "p50 listen", "p50 think", "p50 speak",
+             "state MiB", "reserved MiB"]
+    body = [[name, f"{s['p50_total_ms']:.1f}", f"{s['p99_total_ms']:.1f}", f"{s['max_total_ms']:.1f}", s["misses"],
+             f"{s['p50_listen_ms']:.1f}", f"{s['p50_think_ms']:.1f}", f"{s['p50_speak_ms']:.1f}",
+             f"{s['state_bytes'] / MIB:.1f}", f"{s['max_reserved_bytes'] / MIB:.1f}"] for name, s in rows.items()]
+    return table(body, heads, max_widths=[20] + [None] * 9, header_width=8)
 
 
 def stage_means(records) -> Dict[str, float]:
@@ -106,13 +123,13 @@ def stage_means(records) -> Dict[str, float]:
 
 
 def _means_table(rows: Dict[str, Dict[str, object]]) -> str:
-    lines = [f"{'mode':<8} {'mean':>8} {'mean speaking':>14} {'mean listening':>15}   speaking seconds: "
-             f"{'listen':>7} {'think':>7} {'speak':>7}"]
-    for name, s in rows.items():
-        lines.append(f"{name:<8} {s['mean_total_ms']:>8.1f} {s['mean_speaking_second_ms']:>14.1f} "
-                     f"{s['mean_listening_second_ms']:>15.1f}   {'':>17} {s['mean_listen_ms_speaking']:>7.1f} "
-                     f"{s['mean_think_ms_speaking']:>7.1f} {s['mean_speak_ms_speaking']:>7.1f}")
-    return "\n".join(lines)
+    """Per mode: mean second, mean speaking / listening second, and the stages of a mean speaking second."""
+    heads = ["mode", "mean ms", "mean speaking", "mean listening", "speaking: listen", "speaking: think",
+             "speaking: speak"]
+    body = [[name, f"{s['mean_total_ms']:.1f}", f"{s['mean_speaking_second_ms']:.1f}",
+             f"{s['mean_listening_second_ms']:.1f}", f"{s['mean_listen_ms_speaking']:.1f}",
+             f"{s['mean_think_ms_speaking']:.1f}", f"{s['mean_speak_ms_speaking']:.1f}"] for name, s in rows.items()]
+    return table(body, heads, max_widths=[20] + [None] * 6, header_width=9)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,7 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--flip-seconds", type=int, default=10, help="seconds of a run flipping toggles every second")
     p.add_argument("--input", default=None, help="input WAV (default: speech-like input made here)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="folder for bench.json and each mode's records")
+    p.add_argument("--out", default="bench-results/session",
+                   help="folder for bench.json, bench.md, bench.png and each mode's records")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 
 
@@ -147,13 +166,14 @@ def main(argv=None) -> int:
         print(f"duplexcadence-bench session: error: {e}", file=sys.stderr)
         return 2
     frames = frames_of(audio)[: a.seconds]
-    results, rows = {}, {}
+    results, rows, labels = {}, {}, {}
     for m in modes:
         demand, graphs = MODES[m]
-        r = run_mode(base.replace(demand_sized=demand, graph_replay=graphs), frames)
-        results[m], rows[m] = r, r["summary"]
-        print(f"{m}: {r['summary']['seconds']} s, built in {r['summary']['build_s']:.1f} s", file=sys.stderr)
-        print(_table({m: r["summary"]}), file=sys.stderr, flush=True)
+        r = run_mode(base.replace(demand_sized=demand, graph_replay=graphs), frames, desc=LABELS[m], quiet=a.quiet)
+        labels[m] = label(m, r["records"])
+        results[m], rows[labels[m]] = r, r["summary"]
+        print(f"{labels[m]}: {r['summary']['seconds']} s, built in {r['summary']['build_s']:.1f} s", file=sys.stderr)
+        print(_table({labels[m]: r["summary"]}), file=sys.stderr, flush=True)
         if a.out:                                   # written as it goes: a cut-short run keeps what it had
             export_records(r["records"], Path(a.out), stem=f"session-{m}")
     ref = results[modes[0]]["audio"]
@@ -161,22 +181,39 @@ def main(argv=None) -> int:
     flip = None
     if a.flip_seconds > 0:
         n = min(a.flip_seconds, len(frames))
-        fr = run_mode(base.replace(demand_sized=False, graph_replay=False), frames[:n], flip=True)
+        fr = run_mode(base.replace(demand_sized=False, graph_replay=False), frames[:n], flip=True,
+                      desc="toggles flipped", quiet=a.quiet)
         flip = bool(np.array_equal(ref[: n * 24000], fr["audio"]))
     info = results[modes[0]]["summary"]["info"]
-    print(f"duplex session: {info['tail_title']} <- {info['backbone_title']}, {info['device']}, {len(frames)} s of input")
-    print(_table(rows))
-    print(_means_table(rows))
-    print(f"outputs bit-identical across modes: {all(identical.values())} {identical}; "
-          f"toggles flipped every second: {flip}")
+    title = f"duplex session: {info['tail_title']} <- {info['backbone_title']}, {info['device']}, {len(frames)} s of input"
+    same = (f"outputs bit-identical across modes: {all(identical.values())} "
+            f"({', '.join(f'{labels[m]}: {v}' for m, v in identical.items())}); toggles flipped every second: {flip}")
+    tab, means = _table(rows), _means_table(rows)
+    print(textwrap.fill(title, 120))
+    print(tab)
+    print(means)
+    print(textwrap.fill(same, 120))
     if a.out:
         out = Path(a.out)
-        doc = {"seconds": len(frames), "modes": {m: {k: v for k, v in s.items()} for m, s in rows.items()},
+        doc = {"seconds": len(frames),
+               "modes": {m: {"label": labels[m], **results[m]["summary"]} for m in modes},
                "identical": identical, "flip_identical": flip, "deadline_ms": DEADLINE_MS,
                "torch": torch.__version__,
                "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "bench.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+        per_second = {labels[m]: [rec.total_ms for rec in results[m]["records"]] for m in modes}
+        fig = report.Figure([
+            report.Lines("ms per second of the session", "second", "ms", per_second,
+                         hline=(float(DEADLINE_MS), "deadline")),
+            report.Bars("median ms per stage", "ms", list(rows),
+                        {st: [s[f"p50_{st}_ms"] for s in rows.values()] for st in ("listen", "think", "speak")})])
+        md = report.markdown(title, report.command_line("duplexcadence-bench session", argv or sys.argv[1:]),
+                             [("per second", tab), ("means", means)], [same])
+        try:
+            report.write_all(out / "bench.json", doc, md, fig)
+        except OSError as e:
+            print(f"duplexcadence-bench session: error: {e}", file=sys.stderr)
+            return 1
+        print(f"wrote {out / 'bench.json'}, bench.md, bench.png and each mode's records", file=sys.stderr)
     ok = all(identical.values()) and flip is not False
     return 0 if ok else 1
 

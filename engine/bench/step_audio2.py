@@ -244,7 +244,7 @@ def markdown_table(rows: List[Dict]) -> str:
              f"{ref['median_ms'] / r['median_ms']:.2f}x", num(r["kernels_per_chunk"], ".0f"),
              num(r["kernel_ms_per_chunk"], ".1f"), num(r["resident_MiB"], ".0f"), num(r["work_peak_MiB"], ".0f"),
              num(r["state_MiB"], ".1f"), str(r.get("bit_identical", "reference"))] for r in rows]
-    return table(body, heads, max_widths=[22] + [None] * 10)
+    return table(body, heads, max_widths=[22] + [None] * 10, header_width=9)
 
 
 def build_parser() -> argparse.ArgumentParser:

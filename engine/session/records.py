@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Dict, List, Sequence
 
+from engine.stats import percentile  # noqa: F401  (re-exported: one percentile for the product)
+
 DEADLINE_MS = 1000.0
 
 
@@ -70,16 +72,6 @@ def lateness(queue_wait_ms: float, total_ms: float, deadline_ms: float = DEADLIN
     """(late_ms, missed) for a second that waited ``queue_wait_ms`` and took ``total_ms``."""
     late = queue_wait_ms + total_ms - deadline_ms
     return (late, True) if late > 0 else (0.0, False)
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default) of a non-empty sequence; 0 when empty."""
-    v = sorted(float(x) for x in values)
-    if not v:
-        return 0.0
-    pos = (len(v) - 1) * q / 100.0
-    lo, hi = int(math.floor(pos)), int(math.ceil(pos))
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
 def summarize(records: Sequence[SecondRecord]) -> Dict[str, object]:
