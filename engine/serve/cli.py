@@ -118,6 +118,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         from ray import serve
     except ImportError:
         return _fail("Ray Serve is not installed: pip install 'duplexcadence[serve]'")
+    import logging
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)   # our own lines say what runs where
     from .deployment import build_app
     try:
         ray.init(address=a.address, include_dashboard=False, log_to_driver=False, logging_level="WARNING",

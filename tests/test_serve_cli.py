@@ -1,0 +1,63 @@
+"""`duplexcadence serve` as a user runs it: a local Ray starts, a client gets a session, Ctrl-C drains and the
+command exits 0; without a token it refuses in one line and starts nothing."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray.serve")
+
+from engine.serve.client import RemoteRunner  # noqa: E402
+from engine.session import LiveResult, SessionConfig  # noqa: E402
+
+pytestmark = pytest.mark.timeout(400)
+
+
+def test_serve_command_serves_and_drains_on_ctrl_c(tmp_path):
+    token = "cli-test-token-0123456789"
+    (tmp_path / "token").write_text(token + "\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1")
+    env.pop("DUPLEXCADENCE_TOKEN", None)
+    cmd = [sys.executable, "-m", "app.main", "serve", "--port", str(port), "--token-file", str(tmp_path / "token"),
+           "--model", "mimi", "--size", "tiny", "--device", "cpu", "--cpu-threads", "1", "--cpus-per-replica", "0.5"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith(f"serving mimi + synthetic on ws://127.0.0.1:{port}/session"), \
+            first + proc.stderr.read() if proc.poll() is not None else first
+        assert "1 replica (CPU)" in first and "token from" in first
+        r = RemoteRunner(SessionConfig(tail="mimi"), f"ws://127.0.0.1:{port}", token)
+        r.start()
+        assert r.ready.wait(120) and r.session is not None
+        r.submit((np.random.default_rng().standard_normal(24000) * 0.05).astype(np.float32))
+        assert isinstance(r.results.get(timeout=60), LiveResult)
+        r.stop(timeout=30.0)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        assert "draining" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_serve_without_token_starts_nothing(tmp_path):
+    env = dict(os.environ)
+    env.pop("DUPLEXCADENCE_TOKEN", None)
+    p = subprocess.run([sys.executable, "-m", "app.main", "serve"], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.strip().splitlines() == [
+        "duplexcadence serve: error: no token: $DUPLEXCADENCE_TOKEN is empty or unset — a token is required "
+        "(give --token-file FILE or set DUPLEXCADENCE_TOKEN)"]
