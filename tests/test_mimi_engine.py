@@ -152,10 +152,12 @@ def test_bench_dry_run_on_cpu_reports_bit_identity(tmp_path):
                        "--json", str(out)]) == 0
     import json
     res = json.loads(out.read_text())
-    for mode in ("ours stock", "ours demand", "ours graphs", "moshi eager", "moshi graphs"):
+    for mode in ("ours stock-like", "ours demand", "ours graphs", "moshi eager", "moshi graphs"):
         assert res["modes"][mode]["vs_moshi_eager_rope"]["equal"], mode
         assert res["modes"][mode]["seconds_timed"] == 1
     assert res["config"]["frames"] == 25 and res["command"].startswith("duplexcadence-bench mimi")
+    md, png = out.with_suffix(".md").read_text(), out.with_suffix(".png").read_bytes()
+    assert "| ours graphs" in md and png.startswith(b"\x89PNG")
 
 
 def test_layer_major_second_matches_frame_by_frame():

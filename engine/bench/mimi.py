@@ -15,16 +15,19 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import statistics
 import sys
 import time
 import types
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Dict, List
 
 import torch
 
+from engine.bench import report
 from engine.core import Executor
+from engine.stats import percentile, progress
+from engine.stats import table as stats_table
 
 from engine.models.mimi import weights as W
 from engine.models.mimi.config import MimiConfig, preset
@@ -148,7 +151,7 @@ def _stats(times: List[float], cfg: MimiConfig, skip: int) -> Dict[str, float]:
         if k >= skip:
             per.append(1e3 * t / ((hi - lo) / cfg.frame_rate))
     per.sort()
-    return {"median_ms": statistics.median(per), "p90_ms": per[min(len(per) - 1, int(0.9 * len(per)))],
+    return {"median_ms": percentile(per, 50), "p90_ms": percentile(per, 90),
             "seconds_timed": len(per)}
 
 
@@ -190,7 +193,7 @@ def _equal(a: torch.Tensor, b: torch.Tensor) -> Dict[str, object]:
 
 
 def run(cfg: MimiConfig, seconds: int, k: int, seed: int, warmup: int, profile_seconds: int,
-        device: str = "cuda", dump=lambda res: None) -> Dict:
+        device: str = "cuda", dump=lambda res: None, quiet: bool = False) -> Dict:
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -214,22 +217,27 @@ def run(cfg: MimiConfig, seconds: int, k: int, seed: int, warmup: int, profile_s
     res["config"]["ours_weights_mib"] = (mem() - base1) / 2 ** 20
     audio = {}
     runs = [("moshi graphs, RoPE eager", lambda: peer_stream(mimi, codes, cfg, graphs=True, compiled=False, sync=True))]
-    runs += [(f"ours {m}", (lambda m=m: ours_stream(ours, codes, m, sync=True)[:2])) for m in MODES]
+    runs += [(f"ours {'stock-like' if m == 'stock' else m}", (lambda m=m: ours_stream(ours, codes, m, sync=True)[:2]))
+             for m in MODES]
     runs += [(f"ours {v}", (lambda v=v: _variant(ours, VARIANTS[v], lambda: ours_stream(ours, codes, "graphs",
                                                                                        sync=True)[:2])))
              for v in VARIANTS if cuda]
     runs += [("moshi eager", lambda: peer_stream(mimi, codes, cfg, graphs=False, compiled=True, sync=True)),
              ("moshi graphs", lambda: peer_stream(mimi, codes, cfg, graphs=True, compiled=True, sync=True))]
-    for name, fn in runs:
-        try:
-            (wav, times), used = _memory(fn, cuda)
-        except Exception as e:                     # e.g. torch.compile unavailable on this machine
-            res["modes"][name] = {"error": f"{type(e).__name__}: {e}"[:400]}
-            continue
-        audio[name] = wav
-        res["modes"][name] = {**_stats(times, cfg, warmup), **used}
-        _compare(res, audio)
-        dump(res)
+    with progress(len(runs), desc="decoders", unit="run", quiet=quiet) as bar:
+        for name, fn in runs:
+            bar.set_postfix_str(name)
+            try:
+                (wav, times), used = _memory(fn, cuda)
+            except Exception as e:                     # e.g. torch.compile unavailable on this machine
+                res["modes"][name] = {"error": f"{type(e).__name__}: {e}"[:400]}
+                bar.update()
+                continue
+            audio[name] = wav
+            res["modes"][name] = {**_stats(times, cfg, warmup), **used}
+            _compare(res, audio)
+            dump(res)
+            bar.update()
     _profile(res, mimi, ours, cfg, codes, profile_seconds if cuda else 0)
     return res
 
@@ -291,13 +299,15 @@ def _graph_replayer(model: MimiDecoder, codes: torch.Tensor):
 
 
 def table(res: Dict) -> str:
-    rows = ["| mode | ms / audio s (median) | p90 | kernels / frame | kernel ms / audio s "
-            "| peak alloc above weights (MiB) "
-            "| equal to moshi (RoPE eager) | equal to moshi (compiled RoPE) |", "|---|---|---|---|---|---|---|---|"]
+    """The results as an aligned markdown table (fits 120 columns)."""
+    heads = ["mode", "ms / audio s (median)", "p90", "kernels / frame", "kernel ms / audio s",
+             "peak alloc above weights MiB", "equal to moshi (RoPE eager)", "equal to moshi (compiled RoPE)"]
+    body = []
     for name, m in res["modes"].items():
         if "error" in m:
-            rows.append(f"| {name} | error: {m['error'][:80]} | | | | | | |")
+            body.append([name, f"error: {m['error'][:80]}"] + [""] * 6)
             continue
+
         def eq(key):
             v = m.get(key)
             return "ref" if v is None and key == "vs_moshi_eager_rope" else ("" if v is None else
@@ -305,9 +315,9 @@ def table(res: Dict) -> str:
         kpf = f"{m['kernels_per_frame']:.0f}" if "kernels_per_frame" in m else ""
         kms = f"{m['kernel_ms_per_audio_s']:.1f}" if "kernel_ms_per_audio_s" in m else ""
         peak = f"{m['peak_alloc_above_weights_mib']:.1f}" if "peak_alloc_above_weights_mib" in m else ""
-        rows.append(f"| {name} | {m['median_ms']:.1f} | {m['p90_ms']:.1f} | {kpf} | {kms} | {peak} |"
-                    f" {eq('vs_moshi_eager_rope')} | {eq('vs_moshi_compiled_rope')} |")
-    return "\n".join(rows)
+        body.append([name, f"{m['median_ms']:.1f}", f"{m['p90_ms']:.1f}", kpf, kms, peak,
+                     eq("vs_moshi_eager_rope"), eq("vs_moshi_compiled_rope")])
+    return stats_table(body, heads, max_widths=[24, None, None, None, None, None, 12, 12], header_width=10)
 
 
 def main(argv=None) -> int:
@@ -321,7 +331,10 @@ def main(argv=None) -> int:
     p.add_argument("--profile-seconds", type=int, default=2)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                    help="cpu: a functional dry run (timings only, no kernels or memory)")
-    p.add_argument("--json", help="write the results as JSON to this file")
+    p.add_argument("--json", default="bench-results/mimi.json",
+                   help="results as JSON here (written as it goes); the markdown table (.md) and the plot (.png) "
+                        "go next to it")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
         print("duplexcadence-bench mimi: needs a CUDA GPU (or --device cpu for a dry run)", file=sys.stderr)
@@ -336,11 +349,24 @@ def main(argv=None) -> int:
 
     def dump(res):                                  # partial results survive a timeout
         res["command"] = command
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(res, f, indent=1)
-    res = run(preset(a.size), a.seconds, a.num_codebooks, a.seed, a.warmup, a.profile_seconds, a.device, dump)
-    dump(res)
-    print(table(res))
-    print(json.dumps(res, indent=1))
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    try:
+        dump({})
+    except OSError as e:
+        print(f"duplexcadence-bench mimi: error: cannot write {a.json}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    res = run(preset(a.size), a.seconds, a.num_codebooks, a.seed, a.warmup, a.profile_seconds, a.device, dump,
+              quiet=a.quiet)
+    tab = table(res)
+    print(tab)
+    ok = {n: m for n, m in res["modes"].items() if "error" not in m}
+    fig = report.Figure([report.Bars("ms per audio second", "ms", list(ok),
+                                     {"median": [m["median_ms"] for m in ok.values()],
+                                      "p90": [m["p90_ms"] for m in ok.values()]})])
+    md = report.markdown("Mimi decoder: moshi vs ours", command, [("", tab)],
+                         [f"{k}: {v}" for k, v in res["config"].items()])
+    written = report.write_all(Path(a.json), res, md, fig)
+    print("wrote " + ", ".join(str(x) for x in written))
     return 0
