@@ -77,10 +77,14 @@ class EngineTail(DecoderTail):
     advance is the frames a step consumes (12 or 13 at 12.5 Hz), takes ``{"codes": [K, n]}`` and
     returns ``{"audio": [..., samples]}``, and provides ``spec(steps=, last_frames=)`` and
     ``example_inputs(plan, device)``. Subclasses give :meth:`zero_codes` (the codes of silence) and
-    may check tokens further in :meth:`check_tokens`.
+    may check tokens further in :meth:`check_tokens`. A decoder that reads ahead (Step-Audio2's
+    encoder: 3 tokens) sets ``lookahead``: a step then runs once its frames and the lookahead are
+    there, and consumes only its own frames. A stream that starts from a prompt gives
+    :meth:`prefill`; one that draws random numbers seeds them in :meth:`seed_stream`.
     """
 
     frames_clock = "frames"
+    lookahead = 0
 
     def __init__(self, model: StreamingModel, info: TailInfo, device, toggles: Optional[Toggles] = None):
         self.model, self.info, self.device = model, info, torch.device(device)
@@ -101,6 +105,17 @@ class EngineTail(DecoderTail):
 
     def example_inputs(self, sp: StepPlan) -> Dict[str, torch.Tensor]:
         return self.model.example_inputs(sp, self.device)
+
+    def step_inputs(self, chunk: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """A step's inputs from its frames (and lookahead), int64 [K, n] on the CPU."""
+        return {"codes": chunk.to(self.device)}
+
+    def seed_stream(self, seed: int) -> None:
+        """Seed what the stream draws (after graph capture, before the prefill); nothing by default."""
+
+    def prefill(self, seed: int) -> Dict[str, torch.Tensor]:
+        """The prompt the model's ``init_state`` fills the state from; none by default."""
+        return {}
 
     def zero_codes(self) -> torch.Tensor:
         """The codes (one per codebook, int64 [K]) of a frame of silence."""
@@ -126,7 +141,8 @@ class EngineTail(DecoderTail):
         """New stream: fresh state, graphs captured ahead of time where they can run."""
         ex = Executor(self.model, self.plan, self.device, **self._toggles)
         ex.prepare_graphs(self.example_inputs)
-        ex.init_state()
+        self.seed_stream(seed)
+        ex.init_state(self.prefill(seed))
         self.executor = ex
         self._buf = self._buf[:, :0]
         self._ended = False
@@ -149,10 +165,10 @@ class EngineTail(DecoderTail):
         self._require_stream()
         self._buf = torch.cat([self._buf, self.check_tokens(tokens)], dim=1)
         chunks = []
-        while self._buf.shape[1] >= self.frames_needed():
+        while self._buf.shape[1] >= self.frames_needed() + self.lookahead:
             n = self.frames_needed()
-            second, self._buf = self._buf[:, :n], self._buf[:, n:]
-            chunks.append(self._audio(self.executor.step({"codes": second.to(self.device)})))
+            chunk, self._buf = self._buf[:, :n + self.lookahead], self._buf[:, n:]
+            chunks.append(self._audio(self.executor.step(self.step_inputs(chunk))))
         return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
 
     @torch.no_grad()
@@ -171,8 +187,8 @@ class EngineTail(DecoderTail):
         ex.arena.load(old.arena.export(), dict(old.arena.positions), k)
         ex.k = k
         self.executor = ex
-        codes, self._buf = self._buf.to(self.device), self._buf[:, :0]
-        return self._audio(ex.step({"codes": codes}))
+        chunk, self._buf = self._buf, self._buf[:, :0]
+        return self._audio(ex.step(self.step_inputs(chunk)))
 
     @staticmethod
     def _audio(out: Dict[str, torch.Tensor]) -> np.ndarray:
