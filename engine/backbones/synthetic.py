@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from engine.core import Executor, make_plan
-from engine.core.toggles import requested
+from engine.core.toggles import Toggles
 
 from .policy import SPEAK, TurnPolicy
 from .base import Backbone, BackboneInfo, Thought, TokenFormat
@@ -84,7 +84,7 @@ class SyntheticBackbone(Backbone):
         self.seed = int(seed)
         self.args = decoder_args(size, fmt.vocab, fmt.codebooks)
         self.policy = TurnPolicy(reply_seconds)
-        self._toggles = {"demand_sized": bool(demand_sized), "graph_replay": bool(graph_replay)}
+        self._toggles = Toggles(bool(demand_sized), bool(graph_replay))
         self.debug = debug
         self.model: Optional[SpeechDecoder] = None
         self.executor: Optional[Executor] = None
@@ -140,12 +140,12 @@ class SyntheticBackbone(Backbone):
 
     # -- toggles and reporting -----------------------------------------------------------------------
     def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
-        self._toggles.update(requested(demand_sized, graph_replay))
+        self._toggles = self._toggles.merged(demand_sized, graph_replay)
         if self.executor is not None:
             self.executor.set_toggles(demand_sized, graph_replay)
 
-    def toggles(self) -> Dict[str, bool]:
-        return self.executor.toggles() if self.executor is not None else dict(self._toggles)
+    def toggles(self) -> Toggles:
+        return self.executor.toggles() if self.executor is not None else self._toggles.effective(self.device)
 
     def state_bytes(self) -> int:
         return self.executor.state_bytes() if self.executor is not None else 0

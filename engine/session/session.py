@@ -22,7 +22,7 @@ import torch
 
 from engine.audio import SESSION_RATE
 from engine.backbones import Backbone, TokenFormat, make_backbone
-from engine.core.toggles import requested
+from engine.core.toggles import Toggles, requested
 from engine.tail import DecoderTail
 
 from .config import SessionConfig
@@ -193,11 +193,10 @@ class DuplexSession:
         with self._lock:
             self._pending.update(requested(demand_sized, graph_replay))
 
-    def toggles(self) -> Dict[str, bool]:
+    def toggles(self) -> Toggles:
         """Toggles in effect (graph replay reads False without CUDA)."""
         t = self.tail.toggles() if self.tail is not None else {}
-        return {"demand_sized": bool(t.get("demand_sized", self.cfg.demand_sized)),
-                "graph_replay": bool(t.get("graph_replay", False))}
+        return Toggles(bool(t.get("demand_sized", self.cfg.demand_sized)), bool(t.get("graph_replay", False)))
 
     def _apply_toggles(self) -> None:
         with self._lock:

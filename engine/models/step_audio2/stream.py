@@ -22,11 +22,11 @@ import numpy as np
 import torch
 
 from engine.core import Executor, Plan, make_plan
+from engine.core.toggles import MODES, Toggles  # noqa: F401  (MODES: the mode names, re-exported)
 
 from .config import CHUNK_TOKENS, LOOKAHEAD
 from .model import StepAudio2Token2Wav
 
-MODES = ("stock", "demand", "graphs")
 NOISE_FRAMES = 50 * 600
 
 
@@ -50,9 +50,7 @@ def flow_noise(seed: int) -> torch.Tensor:
 
 
 def mode_flags(mode: str) -> Dict[str, bool]:
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r} (expected one of {', '.join(MODES)})")
-    return {"demand_sized": mode != "stock", "graph_replay": mode == "graphs"}
+    return dict(Toggles.from_mode(mode))
 
 
 @dataclass
