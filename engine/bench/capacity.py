@@ -52,7 +52,12 @@ def session_inputs(n: int, seed: int) -> List[List[np.ndarray]]:
 
 
 # -- one mode -------------------------------------------------------------------------------------------
-def set_count(load: PacedLoad, cfg: SessionConfig, inputs, n: int) -> None:
+def set_count(load: PacedLoad, cfg: SessionConfig, inputs, n: int, fresh: bool = False) -> None:
+    """``n`` sessions under load; ``fresh``: all of them new (after an overload, the old ones carry a
+    backlog of late frames into the next measurement)."""
+    if fresh:
+        while load.sessions:
+            load.remove_last()
     while len(load.sessions) > n:
         load.remove_last()
     while len(load.sessions) < n:
@@ -64,16 +69,20 @@ def _window_line(label: str, n: int, w: Window, seconds: float) -> str:
             f"max {w.max_ms:.0f} ms, {w.misses} missed of {w.seconds}")
 
 
-def ramp(load: PacedLoad, cfg, inputs, label: str, max_n: int, window: float, time_limit: float):
-    """(knee, points): the largest count with a clean window, stepping then bisecting."""
+def ramp(load: PacedLoad, cfg, inputs, label: str, max_n: int, window: float, time_limit: float,
+         start: int = 1):
+    """(knee, points): the largest count with a clean window, stepping then bisecting (from ``start``,
+    a count another ramp found clean)."""
     points: Dict[int, Window] = {}
-    clean, missed, n = 0, None, 1
+    clean, missed, n = 0, None, max(1, min(start, max_n))
     t_end = time.perf_counter() + time_limit
     budget = DEADLINE_MS * 0.9
+    overloaded = False
     while True:
-        set_count(load, cfg, inputs, n)
+        set_count(load, cfg, inputs, n, fresh=overloaded)
         load.settle(5.0)
         w = load.measure(window)
+        overloaded = w.misses > 0
         points[n] = w
         say(_window_line(label, n, w, window))
         if w.misses == 0:
@@ -95,8 +104,10 @@ def ramp(load: PacedLoad, cfg, inputs, label: str, max_n: int, window: float, ti
 def confirm(load: PacedLoad, cfg, inputs, label: str, knee: int, seconds: float, tries: int):
     """Run ``knee`` sessions for ``seconds``; one fewer on a miss (up to ``tries`` runs)."""
     result: Optional[Window] = None
+    fresh = any(d.runner.backlog() for d in load.sessions) or len(load.sessions) > knee
     while knee > 0 and tries > 0:
-        set_count(load, cfg, inputs, knee)
+        set_count(load, cfg, inputs, knee, fresh=fresh)
+        fresh = True
         load.settle(10.0)
         say(f"{label}: confirming {knee} session(s) over {seconds:g} s ...")
         result = load.measure(seconds)
@@ -140,7 +151,8 @@ def left(a) -> float:
     return a.deadline - time.perf_counter()
 
 
-def run_mode(mode: str, base: SessionConfig, a, launch: str, inputs, ramp_only: bool = False) -> Dict[str, object]:
+def run_mode(mode: str, base: SessionConfig, a, launch: str, inputs, ramp_only: bool = False,
+             start: int = 1) -> Dict[str, object]:
     demand, graphs = MODES[mode]
     cfg = base.replace(demand_sized=demand, graph_replay=graphs)
     label = f"{LABELS[mode]} [{launch}]"
@@ -160,7 +172,7 @@ def run_mode(mode: str, base: SessionConfig, a, launch: str, inputs, ramp_only: 
     t0 = time.perf_counter()
     try:
         ramp_s = min(a.ramp_limit, max(10.0, left(a) - (0 if ramp_only else a.seconds + 40)))
-        knee, points = ramp(load, cfg, inputs, label, a.max_sessions, a.window, ramp_s)
+        knee, points = ramp(load, cfg, inputs, label, a.max_sessions, a.window, ramp_s, start)
         seconds = min(a.seconds, max(5.0, left(a) - 25))          # a time limit may shorten it: reported
         best, conf = (confirm(load, cfg, inputs, label, knee, seconds, a.confirm_tries)
                       if knee and not ramp_only else (knee if ramp_only else 0, None))
@@ -319,12 +331,15 @@ def main(argv=None) -> int:
         doc["launch_comparison"] = {lm: {"ramp_knee": r.get("ramp_knee"), "ramp": r.get("ramp"),
                                          "error": r.get("error")} for lm, r in tried.items()}
         say(f"launch: ramp knees {knee}; '{launch}' kept for every mode")
+        a.optimized_start = max(1, knee[launch])
     doc["launch"] = launch
     for m in modes:
         if left(a) < 30:
             doc["modes"][LABELS[m]] = {"launch": launch, "skipped": "the --time-limit was reached before this mode"}
         else:
-            doc["modes"][LABELS[m]] = _guarded(lambda m=m: run_mode(m, base, a, launch, inputs), launch)
+            start = getattr(a, "optimized_start", 1) if m == "optimized" else 1
+            doc["modes"][LABELS[m]] = _guarded(lambda m=m, st=start: run_mode(m, base, a, launch, inputs, start=st),
+                                               launch)
         if a.json:                                      # written as it goes: a cut-short run keeps what it had
             _write(doc, a)
     stock, opt = doc["modes"].get("stock-like"), doc["modes"].get("optimized")
