@@ -157,9 +157,9 @@ def test_serve_plan_one_replica_per_gpu():
     from engine.serve.cli import build_parser, plan
     a = build_parser().parse_args(["--size", "tiny"])
     spec = plan(a, 2.0)
-    assert (spec.replicas, spec.gpus_per_replica, spec.config["device"], spec.max_sessions) == (2, 1.0, "cuda", 4)
+    assert (spec.replicas, spec.gpus_per_replica, spec.config["device"], spec.max_sessions) == (2, 1.0, "cuda", 32)
     spec = plan(a, 0.0)
-    assert (spec.replicas, spec.gpus_per_replica, spec.max_sessions) == (1, 0.0, 1)
+    assert (spec.replicas, spec.gpus_per_replica, spec.max_sessions) == (1, 0.0, 2)
     with pytest.raises(ValueError, match="3 replicas need 3 GPUs"):
         plan(build_parser().parse_args(["--replicas", "3"]), 2.0)
     with pytest.raises(ValueError, match="no GPU"):

@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--autoscale", action="store_true", help="scale replicas with the number of live sessions")
     p.add_argument("--max-replicas", type=int, help="autoscaling ceiling (default: the GPUs of the cluster)")
     p.add_argument("--sessions-per-replica", type=int, default=None,
-                   help="live sessions one replica hosts at most (default: 4 on a GPU, 1 on a CPU)")
+                   help="live sessions one replica hosts at most; below it the engine host admits by measured "
+                        "headroom (default: 32 on a GPU, 2 on a CPU)")
     p.add_argument("--drain-timeout", type=float, default=3600.0,
                    help="seconds a replica being scaled down or stopped waits for its live sessions (default 3600)")
     p.add_argument("--cpus-per-replica", type=float, default=1.0)
@@ -92,7 +93,7 @@ def plan(a: argparse.Namespace, gpus: float):
     if use_gpu and a.replicas and a.replicas > gpus:
         raise ValueError(f"{a.replicas} replicas need {a.replicas} GPUs (one each); the cluster has {gpus:g}")
     default = int(gpus) if use_gpu else 1
-    sessions = a.sessions_per_replica or (4 if use_gpu else 1)
+    sessions = a.sessions_per_replica or (32 if use_gpu else 2)
     spec = ServeSpec(config=model_config(a), token="", max_sessions=sessions,
                      replicas=a.replicas or (1 if a.autoscale else default), autoscale=a.autoscale,
                      max_replicas=a.max_replicas or default, gpus_per_replica=1.0 if use_gpu else 0.0,

@@ -46,7 +46,7 @@ class ServeSpec:
 
     config: Dict[str, Any]                 # SessionConfig fields of the served model
     token: str
-    max_sessions: int = 4                  # per replica
+    max_sessions: int = 32                 # per replica (below it the engine host admits by headroom)
     replicas: Optional[int] = None         # None: one per GPU (1 without GPUs)
     autoscale: bool = False
     max_replicas: Optional[int] = None     # autoscaling ceiling (default: the GPUs of the cluster)

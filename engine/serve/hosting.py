@@ -36,7 +36,7 @@ class SessionHost:
     (see :meth:`config_for`).
     """
 
-    def __init__(self, base: SessionConfig, max_sessions: int = 4, launch: str = "threads"):
+    def __init__(self, base: SessionConfig, max_sessions: int = 32, launch: str = "threads"):
         if int(max_sessions) < 1:
             raise ValueError(f"max_sessions must be at least 1, got {max_sessions}")
         self.base = base.resolved()
