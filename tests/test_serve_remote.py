@@ -62,10 +62,17 @@ def frames(speech_wav):
     return [(f + rng.standard_normal(f.size).astype(np.float32) * 1e-3).astype(np.float32) for f in x]
 
 
-def embedded(frames, seed):
+FLIPS = {2: False, 4: True}          # demand-sized state off at second 2, on again at second 4
+
+
+def embedded(frames, seed, flips=None):
     s = DuplexSession(SessionConfig(seed=seed, **MODEL))
     s.start()
-    outs = [s.process(f)[0] for f in frames]
+    outs = []
+    for k, f in enumerate(frames):
+        if flips and k in flips:
+            s.set_toggles(demand_sized=flips[k])
+        outs.append(s.process(f)[0])
     s.close()
     return outs, s.records
 
@@ -88,18 +95,25 @@ def same_record(a: SecondRecord, b: SecondRecord) -> None:
 
 
 def test_remote_session_equals_embedded(server, frames, one_torch_thread):
+    """Bit for bit, with the toggles flipped mid-session from the client (each flip sent before its second)."""
     seed = int(np.random.default_rng().integers(0, 1000))
-    outs, records = embedded(frames, seed)
+    outs, records = embedded(frames, seed, FLIPS)
     assert any(r.decision == "speak" for r in records) and any(o.any() for o in outs)
+    assert [r.demand_sized for r in records] == [True, True, False, False, True, True]
     runner = RemoteRunner(SessionConfig(tail="step-audio2", seed=seed), server, TOKEN)
     runner.start()
     assert runner.ready.wait(120)
     assert runner.session is not None, runner.results.get_nowait().message
     assert runner.session.info["size"] == "tiny" and runner.session.info["synthetic"]
-    for f in frames:
+    got = []
+    for k, f in enumerate(frames[:-1]):
+        if k in FLIPS:
+            runner.set_toggles(demand_sized=FLIPS[k])
         runner.submit(f)
-    got = collect(runner, len(frames))
-    runner.stop(timeout=30.0, drain=True)
+        got += collect(runner, 1)
+    runner.submit(frames[-1])
+    runner.stop(timeout=30.0, drain=True)                 # the last second still comes back
+    got += collect(runner, 1, timeout=10.0)
     assert [type(g) for g in got] == [LiveResult] * len(frames)
     for g, out, rec in zip(got, outs, records):
         assert g.audio.dtype == np.float32 and np.array_equal(g.audio, out)     # bit for bit
