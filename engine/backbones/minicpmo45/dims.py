@@ -165,10 +165,11 @@ def dims_from_config(cfg: Mapping, tokens: Optional[SpecialTokens] = None, where
                       rope_theta=float(cfg.get("rope_theta", 1_000_000.0)), eps=float(cfg.get("rms_norm_eps", 1e-6)),
                       max_positions=int(cfg.get("max_position_embeddings", 40960)))
         a = _need(cfg, "audio_config", where)
-        audio = AudioDims(n_mels=int(a.get("num_mel_bins", 80)), d_model=int(_need(a, "d_model", where + " audio_config")),
-                          layers=int(_need(a, "encoder_layers", where + " audio_config")),
-                          heads=int(_need(a, "encoder_attention_heads", where + " audio_config")),
-                          ffn=int(_need(a, "encoder_ffn_dim", where + " audio_config")),
+        aw = where + " audio_config"
+        audio = AudioDims(n_mels=int(a.get("num_mel_bins", 80)), d_model=int(_need(a, "d_model", aw)),
+                          layers=int(_need(a, "encoder_layers", aw)),
+                          heads=int(_need(a, "encoder_attention_heads", aw)),
+                          ffn=int(_need(a, "encoder_ffn_dim", aw)),
                           max_positions=int(a.get("max_source_positions", 1500)),
                           pool=int(cfg.get("audio_pool_step", 5)))
         t = _need(cfg, "tts_config", where)

@@ -29,8 +29,9 @@ def kv_regions(prefix: str, layers: int, kv_heads: int, head_dim: int, per_step:
     """Key and value regions ``[layers, Hkv, T, hd]`` advancing at most ``per_step`` per step."""
     clock = Clock(f"{prefix}-tokens", (int(per_step),))
     shape = (layers, kv_heads, None, head_dim)
-    return [Region(f"{prefix}_k", shape, clock, Horizon(int(horizon)), dtype=dtype, stock_note=note, doc="keys after RoPE"),
-            Region(f"{prefix}_v", shape, clock, Horizon(int(horizon)), dtype=dtype, stock_note=note, doc="values")]
+    keep = Horizon(int(horizon))
+    return [Region(f"{prefix}_k", shape, clock, keep, dtype=dtype, stock_note=note, doc="keys after RoPE"),
+            Region(f"{prefix}_v", shape, clock, keep, dtype=dtype, stock_note=note, doc="values")]
 
 
 def demand_units(regions: List[Region], steps: int, prefix: int = 0) -> int:

@@ -67,7 +67,8 @@ def _tokenizer(folder: Path):
     try:
         from tokenizers import Tokenizer
     except ImportError:
-        raise ValueError("reading tokenizer.json needs the 'tokenizers' package: pip install -e '.[minicpmo]'") from None
+        raise ValueError("reading tokenizer.json needs the 'tokenizers' package: "
+                         "pip install -e '.[minicpmo]'") from None
     try:
         tok = Tokenizer.from_file(str(tok_file))
     except Exception as e:                                     # the library's own parse errors
