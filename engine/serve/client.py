@@ -192,10 +192,16 @@ class RemoteRunner:
                 if not self._ended:
                     self._lose(_close_text(e))
                 return
-            if isinstance(msg, bytes):
-                self._on_result(P.unpack_result(msg))
-                continue
-            ctl = P.decode(msg)
+            try:
+                if isinstance(msg, bytes):
+                    self._on_result(P.unpack_result(msg))
+                    continue
+                ctl = P.decode(msg)
+            except P.ProtocolError as e:
+                self._ended = True
+                self.results.put(LiveError(f"the engine server at {self.where} sent what this client cannot "
+                                           f"read ({e}); client and server must be the same version"))
+                return
             if ctl["type"] == "end":
                 self._ended = True
             elif ctl["type"] == "error":

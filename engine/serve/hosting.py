@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 from engine.host import EngineHost, HostedRunner
 from engine.session import SessionConfig
