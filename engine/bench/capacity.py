@@ -110,12 +110,24 @@ def confirm(load: PacedLoad, cfg, inputs, label: str, knee: int, seconds: float,
         fresh = True
         load.settle(10.0)
         say(f"{label}: confirming {knee} session(s) over {seconds:g} s ...")
-        result = load.measure(seconds)
+        result = load.measure(seconds, progress=_ticker(load, label, seconds))
         say(_window_line(label, knee, result, seconds))
         if result.misses == 0:
             return knee, result
         knee, tries = knee - 1, tries - 1
     return 0, result
+
+
+def _ticker(load: PacedLoad, label: str, seconds: float):
+    """Progress every 10 s of a long run: seconds done, late so far, worst latency so far."""
+    start, shown = time.perf_counter(), [0]
+
+    def tick(elapsed: float) -> None:
+        if elapsed - shown[0] >= 10.0 and elapsed < seconds:
+            shown[0] = elapsed
+            w = load.window(start, time.perf_counter() - 1.0)
+            say(f"{label}:   {elapsed:4.0f} / {seconds:g} s, {w.misses} late so far, worst {w.max_ms:.0f} ms")
+    return tick
 
 
 def solo_check(host: EngineHost, cfg: SessionConfig, load: PacedLoad, sessions: int, seconds: int):
@@ -263,8 +275,10 @@ def table(doc: Dict[str, object]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="duplexcadence-bench capacity", description=__doc__.split("\n\n")[0])
-    p.add_argument("--tail", default="step-audio2", choices=["step-audio2", "mimi"])
-    p.add_argument("--backbone", default="synthetic", choices=["synthetic", "moshi"])
+    from engine.models import registry
+    from engine.session.config import BACKBONES
+    p.add_argument("--tail", default="step-audio2", choices=registry.tail_names())
+    p.add_argument("--backbone", default="synthetic", choices=BACKBONES)
     p.add_argument("--backbone-checkpoint", default=None)
     p.add_argument("--checkpoint", default=None)
     p.add_argument("--size", default="auto", choices=["auto", "released", "tiny"])
