@@ -141,6 +141,16 @@ def test_admission_refuses_without_headroom(one_torch_thread):
         h.close()
 
 
+def test_runner_stopped_before_start_frees_its_slot():
+    host = EngineHost(device="cpu", max_sessions=1)
+    r = host.open(_cfg("mimi"))
+    t = time.perf_counter()
+    r.stop()
+    assert time.perf_counter() - t < 1.0 and host.active() == 0 and r.done.is_set() and not r.running
+    host.open(_cfg("mimi")).stop()
+    host.close()
+
+
 def test_admission_arithmetic():
     m = LoadMeter(window_s=10.0, reserve_ms=100.0, min_seconds=1)
     m.sessions_changed()

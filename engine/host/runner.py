@@ -106,7 +106,11 @@ class HostedRunner:
             self._drain = bool(drain)
             self._cv.notify()
         self.host.dispatcher_poke()
-        if self._thread is not None and self._thread is not threading.current_thread():
+        if self._thread is None:                     # never started: nothing runs, free the slot now
+            self.ready.set()
+            self._finish()
+            return
+        if self._thread is not threading.current_thread():
             self._thread.join(timeout)
         self.done.wait(timeout)
 
