@@ -140,9 +140,11 @@ class EnginePanel(QGroupBox):
         nxt, self._next = self._next, None
         if nxt is None:
             return self._embedded_factory(cfg)
-        # the server owns size, device and weights: ask only for what a client may choose
+        # the server owns size, device and weights: ask only for what a client may choose; without CUDA
+        # here the graph-replay switch is greyed out, so the server's default decides it
+        leave = () if getattr(self.window(), "cuda", False) else ("graph_replay",)
         runner = RemoteRunner(cfg.replace(size="auto", device="auto", checkpoint=None, backbone_checkpoint=None),
-                              *nxt)
+                              *nxt, leave=leave)
         self.last_remote = runner
         self.status.setText(f"connecting to {runner.where}…")
         return runner

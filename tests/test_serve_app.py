@@ -126,6 +126,7 @@ def test_remote_engine_from_the_panels(qtbot, tmp_path, speech_wav, server, one_
     qtbot.waitUntil(lambda: w.model_panel.validate()[0] is not None, timeout=30000)
     assert w.start_session()
     assert isinstance(c.runner, RemoteRunner)
+    assert c.runner.leave == ("graph_replay",)                 # no CUDA here: the server decides graph replay
     qtbot.waitUntil(lambda: len(c.records) >= 4, timeout=90000)
     assert "session on 127.0.0.1" in w.engine_panel.status.text()
     server.die()                                            # the server goes away mid-session

@@ -57,6 +57,9 @@ def test_protocol_errors_say_what_is_wrong():
         P.unpack_result(b"\x05\0\0\0hello")
     cfg = P.read_hello(P.hello({"tail": "mimi", "seed": 3, "checkpoint": "/x"}))
     assert cfg == {"tail": "mimi", "seed": 3}
+    from engine.serve.client import client_config
+    asked = client_config(SessionConfig(graph_replay=False), leave=("graph_replay",))
+    assert "graph_replay" not in asked and asked["demand_sized"] is True and asked["tail"] == "step-audio2"
 
 
 @pytest.mark.parametrize("url, want", [

@@ -16,7 +16,7 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from engine.core.toggles import requested
 from engine.session import LiveError, LiveResult, SessionConfig
@@ -50,16 +50,21 @@ class RemoteSession:
         """Nothing to release here: the server owns the models."""
 
 
-def client_config(cfg: SessionConfig) -> Dict[str, Any]:
-    """The fields of ``cfg`` a client asks the server for (the server owns weights and paths)."""
-    return {k: getattr(cfg, k) for k in P.CLIENT_FIELDS}
+def client_config(cfg: SessionConfig, leave: Sequence[str] = ()) -> Dict[str, Any]:
+    """The fields of ``cfg`` a client asks the server for (the server owns weights and paths); those
+    named in ``leave`` are left to the server's defaults."""
+    return {k: getattr(cfg, k) for k in P.CLIENT_FIELDS if k not in leave}
 
 
 class RemoteRunner:
     """A live session on a remote server, used like :class:`engine.session.LiveRunner`."""
 
-    def __init__(self, cfg: SessionConfig, url: str, token: str, connect_timeout: float = 15.0):
+    def __init__(self, cfg: SessionConfig, url: str, token: str, connect_timeout: float = 15.0,
+                 leave: Sequence[str] = ()):
+        """``leave``: config fields the server decides (e.g. ``graph_replay`` from a client without CUDA,
+        whose own switch for it is greyed out)."""
         self.cfg = cfg
+        self.leave = tuple(leave)
         self.url, self.where = P.session_url(url)
         self.token = token
         self.connect_timeout = float(connect_timeout)
@@ -148,7 +153,7 @@ class RemoteRunner:
             raise _Refused(f"the engine server at {self.where} refused the connection (HTTP {status}"
                            f"{': no session endpoint there' if status == 404 else ''})") from None
         try:
-            self._ws.send(P.hello(client_config(self.cfg)))
+            self._ws.send(P.hello(client_config(self.cfg, self.leave)))
         except ConnectionClosed:
             pass                                 # refused at once: the reason is still there to read
         try:
