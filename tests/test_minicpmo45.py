@@ -247,3 +247,24 @@ def test_llm_layer_segments_give_the_eager_bits(one_torch_thread):
                 assert torch.equal(llm(x, ours), h)
     assert ours.length == ref.length == 28 and seg.replays == 5
     assert torch.equal(ours.k_buf[:, :, :28], ref.k_buf[:, :, :28])
+
+
+def test_a_second_session_shares_the_weights(one_torch_thread):
+    """Two backbones on one set of modules (the multi-session host): each keeps its own state, same bits."""
+    from engine.backbones.base import TokenFormat, make_backbone
+    from engine.vad import VadResult
+    fmt = TokenFormat(1, 6561, 25.0)
+    a = make_backbone("minicpm-o-4.5", fmt, size="tiny", device="cpu", seed=3)
+    a.start()
+    b = make_backbone("minicpm-o-4.5", fmt, size="tiny", device="cpu", seed=3, shared=a.shared_weights())
+    b.start()
+    assert b.llm is a.llm and b.tts is a.tts and b.encoder is a.encoder and b.kv_llm is not a.kv_llm
+    out = {}
+    for name, bb in (("a", a), ("b", b)):
+        torch.manual_seed(3)
+        texts = []
+        for f, sp in zip(_frames([1, 0]), [1, 0]):
+            bb.listen(torch.from_numpy(f), VadResult(bool(sp), 1.0, 0.0, -70.0))
+            texts.append(bb.think(25).text)
+        out[name] = texts
+    assert out["a"] == out["b"] and out["a"][1]

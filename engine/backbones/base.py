@@ -103,5 +103,5 @@ def make_backbone(name: str, fmt: TokenFormat, *, size: str, device, seed: int =
         from .minicpmo45 import MiniCPMO45Backbone
         return MiniCPMO45Backbone(fmt, size=size, device=device, seed=seed, checkpoint=checkpoint,
                                   demand_sized=demand_sized, graph_replay=graph_replay,
-                                  reply_seconds=reply_seconds, debug=debug)
+                                  reply_seconds=reply_seconds, debug=debug, shared=shared)
     raise ValueError(f"unknown backbone {name!r}; choose one of: synthetic, moshi, minicpm-o-4.5")

@@ -51,7 +51,8 @@ class MiniCPMO45Backbone(Backbone):
 
     def __init__(self, fmt: TokenFormat, *, size: str, device, seed: int = 0, checkpoint: Optional[str] = None,
                  demand_sized: bool = True, graph_replay: bool = True, reply_seconds: int = 4,
-                 debug: bool = False, turn_policy: Optional[str] = None, horizon_seconds: int = 60):
+                 debug: bool = False, turn_policy: Optional[str] = None, horizon_seconds: int = 60,
+                 shared: Optional[Dict[str, object]] = None):
         if fmt.codebooks != 1 or fmt.vocab != 6561:
             raise ValueError("the minicpm-o-4.5 backbone speaks Step-Audio2 tokens: use it with the 'step-audio2' tail")
         self.fmt, self.size, self.seed = fmt, size, int(seed)
@@ -62,6 +63,7 @@ class MiniCPMO45Backbone(Backbone):
         self.horizon_seconds = int(horizon_seconds)
         self._toggles = {"demand_sized": bool(demand_sized), "graph_replay": bool(graph_replay)}
         self.debug = debug
+        self._shared = shared
         self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.tts_graphs: Optional[DecodeGraphs] = None
         self._first_reply = True
@@ -81,11 +83,14 @@ class MiniCPMO45Backbone(Backbone):
     def start(self) -> None:
         d, dev, dt = self.dims, self.device, self.dtype
         with torch.no_grad():
-            self.llm = W.build(Qwen3, d.llm, device=dev, dtype=dt).eval()
-            self.tts = W.build(TTS, d.tts, d.llm, device=dev, dtype=dt).eval()
-            self.encoder = W.build(AudioEncoder, d.audio, d.llm.hidden, device=dev, dtype=dt).eval()
-            self.encoder.float_buffers(dev)
-            self._fill_weights()
+            if self._shared is not None:        # another session's modules: read only, every state is ours
+                self.llm, self.tts, self.encoder = (self._shared[k] for k in ("llm", "tts", "encoder"))
+            else:
+                self.llm = W.build(Qwen3, d.llm, device=dev, dtype=dt).eval()
+                self.tts = W.build(TTS, d.tts, d.llm, device=dev, dtype=dt).eval()
+                self.encoder = W.build(AudioEncoder, d.audio, d.llm.hidden, device=dev, dtype=dt).eval()
+                self.encoder.float_buffers(dev)
+                self._fill_weights()
             spec = self.encoder.session_spec()
             self.executor = Executor(self.encoder, make_plan(self.encoder.regions(spec), spec), dev,
                                      debug=self.debug, **self._toggles)
@@ -225,6 +230,12 @@ class MiniCPMO45Backbone(Backbone):
         if not hasattr(self, "protocol"):
             return 0
         return int(self.executor.state_bytes() + self.kv_llm.nbytes() + self.kv_tts.nbytes())
+
+    def shared_weights(self) -> Optional[Dict[str, object]]:
+        """The LLM, TTS and encoder modules (read-only while stepping) for another session's backbone."""
+        if not hasattr(self, "llm"):
+            return None
+        return {"llm": self.llm, "tts": self.tts, "encoder": self.encoder}
 
     def close(self) -> None:
         for name in ("protocol", "executor", "llm", "tts", "encoder", "kv_llm", "kv_tts", "tts_graphs", "llm_graphs"):
