@@ -156,15 +156,20 @@ def test_admission_arithmetic():
     m.sessions_changed()
     t = time.perf_counter()
     for k in range(4):                      # two sessions, 300 ms each per second, overlapping by 100 ms
-        m.record(t + k, t + k + 0.3, 300.0)
-        m.record(t + k + 0.2, t + k + 0.5, 320.0)
+        m.record(t + k, t + k + 0.3, 300.0, 0)
+        m.record(t + k + 0.2, t + k + 0.5, 320.0, 1)
     h = m.headroom(2, now=t + 4)
     assert h.busy_ms == pytest.approx(500.0, rel=1e-6)     # 500 ms busy per second of audio
     assert h.worst_ms == pytest.approx(320.0) and h.cost_ms == pytest.approx(250.0)
     assert h.admits_one_more() and m.refusal(2, 8) is None and h.free_ms == pytest.approx(400.0)
-    m.record(t + 4, t + 4.85, 850.0)                        # one slow second: 850 + ~317 > 900
+    m.record(t + 4, t + 4.85, 850.0, 0)                     # one slow second: 850 + ~294 > 900
     assert "no headroom" in m.refusal(2, 8)
     assert union_ms([(0, 1), (0.5, 2), (3, 4)]) == pytest.approx(3000.0)
+    idle = LoadMeter(min_seconds=2)                         # a session that sends nothing: no seconds at all
+    idle.sessions_changed()
+    assert "still measuring" in idle.refusal(1, 2)
+    idle._since -= 10.0                                     # ... a few wall seconds later the host decides
+    assert idle.refusal(1, 2) is None
     assert memory_refusal(10 << 30, 1 << 30) is None
     assert "not enough GPU memory" in memory_refusal(1 << 30, 1 << 30)
 

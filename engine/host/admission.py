@@ -72,13 +72,13 @@ class LoadMeter:
         self.min_seconds = int(min_seconds)
         self.deadline_ms = float(deadline_ms)
         self._lock = threading.Lock()
-        self._spans: Deque[Tuple[float, float, float]] = deque()    # (start, end, arrival-to-done ms)
+        self._spans: Deque[Tuple[float, float, float, int]] = deque()   # (start, end, arrival-to-done ms, session)
         self._since = time.perf_counter()                          # the last change in the session count
 
-    def record(self, start: float, end: float, latency_ms: float) -> None:
-        """One finished second: its work ran from ``start`` to ``end`` (perf_counter seconds)."""
+    def record(self, start: float, end: float, latency_ms: float, session: int = -1) -> None:
+        """One finished second of ``session``: its work ran from ``start`` to ``end`` (perf_counter s)."""
         with self._lock:
-            self._spans.append((start, end, float(latency_ms)))
+            self._spans.append((start, end, float(latency_ms), int(session)))
             self._trim(end)
 
     def sessions_changed(self) -> None:
@@ -98,20 +98,27 @@ class LoadMeter:
         budget = self.deadline_ms - self.reserve_ms
         if not spans:
             return Headroom(sessions, 0, 0.0, 0.0, 0.0, budget)
-        # per second of audio: with every session paced at one frame a second this is per wall second;
-        # seconds run back to back (a backlog, a benchmark) are charged their real work, not the wall
-        audio_seconds = max(1.0, len(spans) / max(1, sessions))
-        busy = union_ms([(a, b) for a, b, _ in spans]) / audio_seconds
-        worst = max(lat for _, _, lat in spans)
-        cost = busy / max(1, sessions)
+        # per second of audio: paced sessions give one second a wall second (idle ones none), seconds run
+        # back to back (a backlog, a benchmark) are charged their real work, not the wall
+        active = len({sid for *_, sid in spans})
+        audio_seconds = max(1.0, len(spans) / max(1, active), spans[-1][1] - spans[0][0])
+        busy = union_ms([(a, b) for a, b, _, _ in spans]) / audio_seconds
+        worst = max(lat for _, _, lat, _ in spans)
+        cost = busy / max(1, active)                 # what one more *talking* session adds
         return Headroom(sessions, len(spans), busy, worst, cost, budget)
+
+    def measuring_for(self) -> float:
+        """Wall seconds since the session count last changed."""
+        with self._lock:
+            return time.perf_counter() - self._since
 
     def refusal(self, sessions: int, need_seconds: int) -> Optional[str]:
         """None when one more session fits; else the reason, one line."""
         if sessions == 0:
             return None
         h = self.headroom(sessions)
-        if h.seconds < need_seconds:
+        # sessions that send nothing produce no seconds: after a few wall seconds decide on what was seen
+        if h.seconds < need_seconds and self.measuring_for() < self.min_seconds + 1.5:
             return (f"still measuring the last change ({h.seconds} of {need_seconds} seconds seen with "
                     f"{sessions} session(s)); try again in a few seconds")
         if h.admits_one_more():

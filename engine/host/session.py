@@ -148,7 +148,7 @@ class HostedSession:
             t1 = time.perf_counter()
         self.exclusive_seconds += int(exclusive)
         self.spans.append((t0, t1))
-        self.host.meter.record(t0, t1, rec.queue_wait_ms + rec.total_ms)
+        self.host.meter.record(t0, t1, rec.queue_wait_ms + rec.total_ms, self.id)
         return out, rec
 
     # -- the DuplexSession surface ------------------------------------------------------------------
