@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a replica being scaled down or stopped waits for its live sessions (default 3600)")
     p.add_argument("--cpus-per-replica", type=float, default=1.0)
     p.add_argument("--model", default="step-audio2", choices=["step-audio2", "mimi"], help="decoder tail (SPEAK)")
-    p.add_argument("--backbone", default="synthetic", choices=["synthetic", "moshi"], help="LISTEN + THINK")
+    p.add_argument("--backbone", default="synthetic", choices=["synthetic", "moshi", "minicpm-o-4.5"],
+                   help="LISTEN + THINK")
     p.add_argument("--checkpoint", help="decoder tail weights on the serving machines (folder or .safetensors)")
     p.add_argument("--backbone-checkpoint", help="Moshi weights folder on the serving machines")
     p.add_argument("--size", default="auto", choices=["auto", "released", "tiny"])
