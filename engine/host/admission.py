@@ -7,14 +7,16 @@ and how late it finished relative to its frame's arrival. Over the trailing wind
   intervals over the window, divided by the seconds each session ran; with one launching thread
   this is the sum of the sessions' work per second);
 * ``worst``: the longest arrival-to-done time of any second (queue wait + work);
-* the cost of one more session: ``busy / n`` per second (the measured mean of the active sessions).
+* the cost of one more session: ``busy / n`` per second, ``n`` the sessions that ran seconds in the
+  window (the measured mean of a talking session; idle ones cost nothing yet).
 
 Admitting adds that cost to both: the new session's second can come due just before anyone's.
 Admission is allowed when, after it, ``busy`` and ``worst`` both stay under the deadline less a
 reserve (``reserve_ms``, default 100 ms of the 1,000 ms), and the GPU has memory for one more
 session at the size the last admission measured. Right after an admission the window holds too
 few seconds with every session running: the host says it is still measuring and refuses until
-``min_seconds`` have been seen.
+``min_seconds`` seconds per session have been seen, or ``min_seconds + 1.5`` wall seconds have
+passed (sessions that send no frames produce no seconds; then it decides on what it saw).
 """
 from __future__ import annotations
 
