@@ -64,6 +64,8 @@ class HostedRunner:
         self._drain = False
         self._running = False
         self._thread: Optional[threading.Thread] = None
+        self._finish_lock = threading.Lock()
+        self._finishing = False
 
     @property
     def session(self) -> Optional[HostedSession]:
@@ -175,8 +177,10 @@ class HostedRunner:
 
     def _finish(self) -> None:
         """Leave the host (idempotent): close the session, free its slot."""
-        if self.done.is_set():
-            return
+        with self._finish_lock:
+            if self._finishing:
+                return
+            self._finishing = True
         self._running = False
         try:
             self.hosted.close()
