@@ -293,7 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=float, default=0.0,
                    help="wall seconds for the whole bench (0: none); later modes shorten or are skipped")
     p.add_argument("--confirm-tries", type=int, default=2)
-    p.add_argument("--solo-sessions", type=int, default=3, help="sessions re-run alone for bit-identity (0: all)")
+    p.add_argument("--solo-sessions", type=int, default=0,
+                   help="sessions of the final run re-run alone for bit-identity (0: every one)")
     p.add_argument("--solo-seconds", type=int, default=8)
     p.add_argument("--batch-slots", type=int, default=8, help="sessions per batched group (phase-aligned)")
     p.add_argument("--seed", type=int, default=0)
