@@ -222,3 +222,51 @@ def test_batched_listen_step_check_cpu(one_torch_thread, monkeypatch):
     ok, why = host.batched_check(_cfg("mimi"))
     assert not ok and "CUDA" in why
     host.close()
+
+
+class _FakeBackbone:
+    """LISTEN's inputs and solo steps, counted (the round logic of batched groups, without a device)."""
+
+    def __init__(self, sid: int):
+        self.sid, self.solo_steps = sid, 0
+        self.executor = self
+
+    def listen_inputs(self, audio, vad):
+        return torch.full((10, 1, 1, 4), float(self.sid))
+
+    def step(self, inputs):
+        self.solo_steps += 1
+
+
+def test_batched_rounds_meet_or_fall_back_to_solo():
+    """Members meet at LISTEN: a full round runs ten batched steps (slot order) once; a round that does not
+    fill in time is cancelled and every member present steps alone."""
+    from types import SimpleNamespace
+
+    from engine.host.groups import Group, ListenBatcher
+    replays = []
+    host = SimpleNamespace(device=torch.device("cpu"), launch="threads")
+    batcher = ListenBatcher(host, slots=3, wait_s=0.3)
+    group = Group(model=None)
+    group.stepper = SimpleNamespace(replay=lambda x: replays.append(x.clone()))
+    members = []
+    for sid in range(3):
+        m = SimpleNamespace(id=sid, in_shared_second=True, group=group,
+                            session=SimpleNamespace(backbone=_FakeBackbone(sid)))
+        members.append(m)
+    group.members = members
+
+    def second(who):
+        ts = [threading.Thread(target=batcher.listen, args=(m, None, None)) for m in who]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(10)
+
+    second(members)
+    assert len(replays) == 10 and all(x.shape == (3, 1, 4) for x in replays)
+    assert [float(v) for v in replays[0][:, 0, 0]] == [0.0, 1.0, 2.0]          # slot order
+    assert group.batched_rounds == 1 and all(m.session.backbone.solo_steps == 0 for m in members)
+    second(members[:2])                                     # one member is late: no batched step this second
+    assert len(replays) == 10 and group.solo_rounds == 2
+    assert [m.session.backbone.solo_steps for m in members] == [10, 10, 0]

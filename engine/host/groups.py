@@ -32,7 +32,7 @@ class Round:
     """One second's LISTEN of a group: who has joined, and how it ended."""
 
     first: float
-    items: Dict[int, Tuple[torch.Tensor, "torch.cuda.Event"]] = field(default_factory=dict)
+    items: Dict[int, Tuple[torch.Tensor, Optional["torch.cuda.Event"]]] = field(default_factory=dict)
     started: bool = False
     done: bool = False
     cancelled: bool = False
@@ -126,8 +126,10 @@ class ListenBatcher:
         group = getattr(hosted, "group", None)
         if group is None or group.stepper is None or not hosted.in_shared_second:
             return self._solo(bb, emb)
-        ready = torch.cuda.Event()
-        ready.record()
+        cuda = self.host.device.type == "cuda"
+        ready = torch.cuda.Event() if cuda else None
+        if ready is not None:
+            ready.record()
         leader, rnd = self._join_round(group, hosted, emb, ready)
         if leader:
             self._run_round(group, rnd)
@@ -136,7 +138,8 @@ class ListenBatcher:
             return self._solo(bb, emb)
         if rnd.error:
             raise RuntimeError(f"batched LISTEN failed: {rnd.error}")
-        torch.cuda.current_stream(self.host.device).wait_event(rnd.event)
+        if rnd.event is not None:
+            torch.cuda.current_stream(self.host.device).wait_event(rnd.event)
 
     def _join_round(self, group: Group, hosted, emb, ready) -> Tuple[bool, Round]:
         with group.cv:
@@ -161,14 +164,17 @@ class ListenBatcher:
 
     def _run_round(self, group: Group, rnd: Round) -> None:
         try:
-            stream = torch.cuda.current_stream(self.host.device)
+            cuda = self.host.device.type == "cuda"
+            stream = torch.cuda.current_stream(self.host.device) if cuda else None
             for _, ev in rnd.items.values():
-                stream.wait_event(ev)
+                if ev is not None:
+                    stream.wait_event(ev)
             embs = [rnd.items[m.id][0] for m in group.members]            # slot order
             for t in range(embs[0].shape[0]):
                 group.stepper.replay(torch.cat([e[t] for e in embs], dim=0))   # [S, 1, dim]
-            rnd.event = torch.cuda.Event()
-            rnd.event.record(stream)
+            if cuda:
+                rnd.event = torch.cuda.Event()
+                rnd.event.record(stream)
             group.batched_rounds += 1
         except Exception as e:  # noqa: BLE001 - every member gets the message
             rnd.error = f"{type(e).__name__}: {e}"
