@@ -2,6 +2,7 @@
 test-only oracle loaded by file path)."""
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -110,3 +111,18 @@ def test_seconds_alternate_12_and_13_frames_two_signatures():
     assert all(r.retention.kind == "fixed" for r in plan.regions)
     finite = make_plan(tail.model.regions(), tail.model.spec(steps=3, last_frames=5))
     assert [tail.frames_in(s) for s in finite.timeline] == [12, 13, 5]
+
+
+@pytest.mark.parametrize("batched", [True, {"pwconv"}, {"fft", "mean"}], ids=["all", "pwconv", "fft+mean"])
+def test_batched_calls_experiment_stays_close(batched):
+    # one library call per second is an experiment (its bits are checked on the GPU by the benchmark, not
+    # assumed): here it must decode the same audio to float rounding
+    state = W.random_state(TINY, seed=3)
+    codes = _codes(TINY, 25, seed=4)
+    ref = _stock(TINY, state, codes)
+    model = _model(TINY, state)
+    model.batched = batched
+    tail = make_tail(cfg=TINY, device="cpu", shared={"model": model})
+    tail.start()
+    ours = torch.from_numpy(np.concatenate([tail.push(codes), tail.flush()]))
+    assert ours.shape == ref.shape and torch.allclose(ours, ref, atol=1e-5, rtol=0)

@@ -8,7 +8,7 @@ element by element runs once per second over all frames, where its bits cannot d
 elements there are (CUDA). On the CPU a transcendental function (exp, erf, cos, rsqrt) may take a
 vectorized or a scalar path depending on an element's place in the tensor, so there
 ``pointwise_per_frame`` applies those per frame too. ``batched`` (an experiment, measured by the
-benchmark) makes the library calls once per second as well.
+benchmark) names the kinds of library call (:data:`BATCHABLE`) made once per second as well.
 
 * :class:`CausalConvNeXt` — depthwise causal conv (k) -> channel LayerNorm -> 1x1 (4C) -> GELU -> 1x1
   -> residual; region ``history``: the last ``k - 1`` input columns, Fixed.
@@ -29,6 +29,9 @@ from engine.core import Clock, Fixed, Region
 
 LN_EPS = 1e-6
 MAG_CAP = 100.0             # the largest magnitude the head can produce
+#: library calls that can be made once per second instead of per frame (bit-exact only where the library keeps
+#: its per-frame kernel for the whole second's shape: the benchmark checks each kind)
+BATCHABLE = frozenset({"convtr", "dwconv", "pwconv", "mean", "head", "fft"})
 ALIGN_BYTES = 512           # per-frame library inputs start 512-byte aligned, as fresh CUDA allocations do
 
 
@@ -89,18 +92,18 @@ class CausalConvNeXt(nn.Module):
                        stock_note="CausalConv1dCache: torch.cat + slice each call",
                        doc="the depthwise conv's last k-1 input columns")]
 
-    def second(self, x: torch.Tensor, state: Mapping, frames: bool, batched: bool = False) -> torch.Tensor:
+    def second(self, x: torch.Tensor, state: Mapping, frames: bool, batched: frozenset = frozenset()) -> torch.Tensor:
         """x [n, C, t] -> [n, C, t] over the block's state (``state["history"]``)."""
         padded = with_history(x, state["history"].get())                                # [n, C, k-1+t]
-        dw = per_frame(lambda b: F.conv1d(b, self.dw_w, self.dw_b, groups=self.dim), padded, batched)
-        mean = per_frame(lambda b: b.mean(1, keepdim=True), dw, batched)                 # [n, 1, t]
+        dw = per_frame(lambda b: F.conv1d(b, self.dw_w, self.dw_b, groups=self.dim), padded, "dwconv" in batched)
+        mean = per_frame(lambda b: b.mean(1, keepdim=True), dw, "mean" in batched)       # [n, 1, t]
         centered = dw - mean
-        var = per_frame(lambda b: b.mean(1, keepdim=True), centered.square(), batched)  # [n, 1, t]
+        var = per_frame(lambda b: b.mean(1, keepdim=True), centered.square(), "mean" in batched)   # [n, 1, t]
         rstd = pointwise(lambda v: torch.rsqrt(v + LN_EPS), var, frames)
         y = centered * rstd * self.norm_w[:, None] + self.norm_b[:, None]                # [n, C, t]
-        h = per_frame(lambda b: F.conv1d(b, self.pw1_w, self.pw1_b), y, batched)         # [n, 4C, t]
+        h = per_frame(lambda b: F.conv1d(b, self.pw1_w, self.pw1_b), y, "pwconv" in batched)   # [n, 4C, t]
         h = pointwise(F.gelu, h, frames)
-        return x + per_frame(lambda b: F.conv1d(b, self.pw2_w, self.pw2_b), h, batched)
+        return x + per_frame(lambda b: F.conv1d(b, self.pw2_w, self.pw2_b), h, "pwconv" in batched)
 
 
 class StreamingISTFT(nn.Module):
@@ -134,10 +137,10 @@ class StreamingISTFT(nn.Module):
             self._tables[key] = (win[:, None], env[self.trim:env.numel() - self.trim].clone())
         return self._tables[key]
 
-    def second(self, x: torch.Tensor, state: Mapping, frames: bool, batched: bool = False) -> torch.Tensor:
+    def second(self, x: torch.Tensor, state: Mapping, frames: bool, batched: frozenset = frozenset()) -> torch.Tensor:
         n, _, cols = x.shape
         win, env = self.tables(x.device, cols)
-        y = per_frame(lambda b: F.conv1d(b, self.proj), x, batched)                     # [n, 2B, T]
+        y = per_frame(lambda b: F.conv1d(b, self.proj), x, "head" in batched)           # [n, 2B, T]
         logmag, phase = y[:, :self.bins], y[:, self.bins:]
         mag = pointwise(lambda m: torch.exp(F.softplus(math.log(MAG_CAP) - m).neg()) * MAG_CAP, logmag, frames)
         cos = pointwise(torch.cos, phase, frames)
@@ -148,7 +151,7 @@ class StreamingISTFT(nn.Module):
         padded = with_history(parts, state["spec"].get())                               # [n, 2B, h + T]
         spec = torch.complex(padded[:, :self.bins], padded[:, self.bins:])               # [n, B, h + T]
         cols_in = self.history + cols
-        frames_t = per_frame(lambda s: torch.fft.irfft(s, n=self.n_fft, dim=-2), spec, batched)   # [n, N, h+T]
+        frames_t = per_frame(lambda s: torch.fft.irfft(s, n=self.n_fft, dim=-2), spec, "fft" in batched)  # [n, N, h+T]
         frames_t = frames_t.clamp(-win, win) * win
         out = (cols_in - 1) * self.hop + self.n_fft
         wav = F.fold(frames_t, output_size=(1, out), kernel_size=(1, self.n_fft), stride=(1, self.hop))

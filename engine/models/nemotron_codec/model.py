@@ -16,14 +16,14 @@ per frame: neither carries state.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, Iterable, List, Optional, Union
 
 import torch
 from torch import nn
 
 from engine.core import Clock, Region, SessionSpec, StateView, StepPlan, StreamingModel, prefixed
 
-from .blocks import CausalConvNeXt, StreamingISTFT, per_frame
+from .blocks import BATCHABLE, CausalConvNeXt, StreamingISTFT, per_frame
 from .config import CodecConfig
 
 
@@ -31,14 +31,16 @@ class NemotronCodecDecoder(StreamingModel):
     """Codes [K, n] -> audio [1, n * wav_to_token_ratio] at ``cfg.sample_rate``.
 
     ``pointwise_per_frame``: apply transcendental elementwise functions frame by frame (None: on
-    the CPU only, where their bits depend on an element's place in the tensor); ``batched``: one
-    library call per second instead of per frame (an experiment: exact only where cuDNN / cuFFT /
-    the reduction keep the same kernel for both shapes; the benchmark checks it).
+    the CPU only, where their bits depend on an element's place in the tensor); ``batched``: the
+    kinds of library call (``True``: all of :data:`~.blocks.BATCHABLE`) made once per second instead
+    of per frame (an experiment: exact only where cuDNN / cuFFT / the reduction keep the same kernel
+    for both shapes; the benchmark checks each kind).
     """
 
     name = "nemotron-codec"
 
-    def __init__(self, cfg: CodecConfig, pointwise_per_frame: Optional[bool] = None, batched: bool = False):
+    def __init__(self, cfg: CodecConfig, pointwise_per_frame: Optional[bool] = None,
+                 batched: Union[bool, Iterable[str]] = False):
         super().__init__()
         self.cfg = cfg
         self.pointwise_per_frame, self.batched = pointwise_per_frame, batched
@@ -103,11 +105,14 @@ class NemotronCodecDecoder(StreamingModel):
         """codes [K, n] -> audio [1, n * wav_to_token_ratio] over the state handles."""
         cfg = self.cfg
         frames = self.pointwise_per_frame if self.pointwise_per_frame is not None else not codes.is_cuda
+        batch = BATCHABLE if self.batched is True else frozenset(self.batched or ())
+        if not batch <= BATCHABLE:
+            raise ValueError(f"batched: unknown kinds {sorted(batch - BATCHABLE)}; choose from {sorted(BATCHABLE)}")
         x = self.latents(codes)                                                      # [n, L, 1]
         for s, (w, blocks) in enumerate(zip(self.upsample, self.stages)):
             x = per_frame(lambda b: torch.conv_transpose1d(b, w, stride=w.shape[-1], groups=cfg.groups),
-                          x, self.batched)                                          # [n, C_s, cols_s]
+                          x, "convtr" in batch)                                     # [n, C_s, cols_s]
             for b, block in enumerate(blocks):
-                x = block.second(x, state.under(f"stage{s}.block{b}"), frames, self.batched)
-        wav = self.head.second(x, state.under("istft"), frames, self.batched)       # [n, frame samples]
+                x = block.second(x, state.under(f"stage{s}.block{b}"), frames, batch)
+        wav = self.head.second(x, state.under("istft"), frames, batch)              # [n, frame samples]
         return wav.reshape(1, -1)
