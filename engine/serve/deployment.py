@@ -37,7 +37,7 @@ log = logging.getLogger("engine.serve")
 REFUSAL_SLACK = 2              # connections beyond the session limit that are taken only to refuse them
 HELLO_TIMEOUT_S = 30.0
 BUILD_TIMEOUT_S = 900.0        # building released weights on a busy GPU can take minutes
-POLL_S = 0.004                 # how often a session's results are looked for
+IDLE_CHECK_S = 0.25            # a session's sender looks at its runner this often even without results
 
 
 @dataclass
@@ -95,9 +95,24 @@ async def _receive(ws: WebSocket, runner, stopping: asyncio.Event, drain: list, 
             return
 
 
+class ResultsQueue(queue.Queue):
+    """A runner's results queue that wakes the session's sender on the event loop at every put: no
+    polling, so dozens of sessions on a replica cost its loop nothing between their seconds."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        super().__init__()
+        self.loop = loop
+        self.ready = asyncio.Event()
+
+    def put(self, item, block: bool = True, timeout: Optional[float] = None) -> None:
+        super().put(item, block, timeout)
+        self.loop.call_soon_threadsafe(self.ready.set)
+
+
 async def _send_results(ws: WebSocket, runner, stopping: asyncio.Event) -> None:
     """Each finished second to the client as soon as it is there; ``end`` after a stop."""
     sent = 0
+    wake: Optional[asyncio.Event] = getattr(runner.results, "ready", None)
     while True:
         item = _get(runner.results)
         if item is None:
@@ -110,7 +125,7 @@ async def _send_results(ws: WebSocket, runner, stopping: asyncio.Event) -> None:
                         await _send_close(ws, P.encode("error", message="the session stopped"), 1011)
                     return
             else:
-                await asyncio.sleep(POLL_S)
+                await _wait(wake, IDLE_CHECK_S)
                 continue
         if isinstance(item, LiveResult):
             await ws.send_bytes(P.pack_result(item))
@@ -118,6 +133,18 @@ async def _send_results(ws: WebSocket, runner, stopping: asyncio.Event) -> None:
         elif isinstance(item, LiveError):
             await _send_close(ws, P.encode("error", message=item.message), 1011)
             return
+
+
+async def _wait(wake: Optional[asyncio.Event], timeout: float) -> None:
+    """Until the next result is put (or ``timeout``: the runner may have stopped without one)."""
+    if wake is None:
+        await asyncio.sleep(0.004)
+        return
+    try:
+        await asyncio.wait_for(wake.wait(), timeout)
+    except asyncio.TimeoutError:
+        pass
+    wake.clear()
 
 
 def _get(q: "queue.Queue"):
@@ -200,7 +227,7 @@ class SessionReplica:
         except WebSocketDisconnect:
             return
         try:
-            runner = await asyncio.to_thread(self.host.admit, cfg)
+            runner = await asyncio.to_thread(self.host.admit, cfg, ResultsQueue(asyncio.get_running_loop()))
         except HostFull as e:
             await _refuse(ws, P.CLOSE_FULL, f"the cluster is full: {e} (on the replica with the most headroom) — "
                                             "try again later or add a GPU replica")

@@ -13,9 +13,10 @@ waits here (up to :data:`MEASURE_WAIT_S`) instead of being turned away from a re
 """
 from __future__ import annotations
 
+import queue
 import threading
 import time
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from engine.host import EngineHost, HostedRunner
 from engine.session import SessionConfig
@@ -76,15 +77,19 @@ class SessionHost:
         n = self.engine.active()
         return 0 < n < self.max_sessions and self.engine.meter.headroom(n).seconds < self.engine.min_seconds * n
 
-    def admit(self, cfg: SessionConfig, wait_s: float = MEASURE_WAIT_S) -> HostedRunner:
+    def admit(self, cfg: SessionConfig, results: Optional["queue.Queue"] = None,
+              wait_s: float = MEASURE_WAIT_S) -> HostedRunner:
         """A started runner for ``cfg``, or :class:`engine.host.HostFull` saying why not.
 
         While the host is still measuring its last change, wait (at most ``wait_s``) for it.
+        ``results``: the queue the runner puts its results on (one that wakes a reader, say).
         """
         deadline = time.monotonic() + wait_s
         while self.engine.refusal(cfg) is not None and self.measuring() and time.monotonic() < deadline:
             time.sleep(POLL_S)
         runner = self.engine.open(cfg)
+        if results is not None:
+            runner.results = results
         with self._lock:
             self.opened += 1
         runner.start()
