@@ -1,0 +1,106 @@
+"""Our MiniCPM-o 4.5 modules against the transformers classes the stock runtime builds them from (test-only
+oracle; the product never imports transformers): Qwen3ForCausalLM with a DynamicCache fed the way the stock
+duplex loop feeds it (embeddings in chunks, explicit positions), the TTS's LlamaModel, and a Whisper encoder
+layer. Same weights through the checkpoint's key names; float32 on the CPU, seeded random inputs."""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from engine.backbones.minicpmo45.audio import EncoderLayer
+from engine.backbones.minicpmo45.dims import preset
+from engine.backbones.minicpmo45.kv import kv_regions, make_store
+from engine.backbones.minicpmo45.layers import seeded_init
+from engine.backbones.minicpmo45.llm import Qwen3
+from engine.backbones.minicpmo45.tts import TTS
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.oracle
+D = preset("tiny")
+
+
+def _run(model, embeds, positions, cache):
+    """One forward of a transformers model over ``embeds`` [1, T, H] with our cache argument's name."""
+    params = inspect.signature(model.forward).parameters
+    kw = {"cache": cache} if "cache" in params else {"past_key_values": cache}
+    return model(inputs_embeds=embeds, position_ids=positions, use_cache=True, output_hidden_states=True, **kw)
+
+
+def _store(prefix, d_layers, kv_heads, head_dim):
+    r = kv_regions(prefix, d_layers, kv_heads, head_dim, 33, 4096, torch.float32, "")
+    return make_store(True, r[0], d_layers, 512, "cpu")
+
+
+def test_qwen3_matches_transformers_fed_like_the_duplex_loop(one_torch_thread):
+    from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
+    d = D.llm
+    cfg = Qwen3Config(vocab_size=d.vocab, hidden_size=d.hidden, intermediate_size=d.ffn, num_hidden_layers=d.layers,
+                      num_attention_heads=d.heads, num_key_value_heads=d.kv_heads, head_dim=d.head_dim,
+                      rope_theta=d.rope_theta, rms_norm_eps=d.eps, max_position_embeddings=d.max_positions,
+                      tie_word_embeddings=False, attention_bias=False)
+    cfg._attn_implementation = "sdpa"
+    ref = Qwen3ForCausalLM(cfg).eval()
+    ours = Qwen3(d).eval()
+    seeded_init(ours, 8, std=0.1)
+    missing = ref.load_state_dict(ours.state_dict(), strict=False)
+    assert not missing.unexpected_keys and all("rotary" in k for k in missing.missing_keys)
+    cache, kv = DynamicCache(), _store("llm", d.layers, d.kv_heads, d.head_dim)
+    g = torch.Generator().manual_seed(0)
+    pos = 0
+    with torch.no_grad():
+        for t in (1, 10, 1, 1, 1, 2, 1, 10, 1):                   # <unit>, audio, decode steps, close, ...
+            x = torch.randn(t, d.hidden, generator=g)
+            out = _run(ref, x.unsqueeze(0), torch.arange(pos, pos + t).unsqueeze(0), cache)
+            h = ours(x, kv)
+            torch.testing.assert_close(h, out.hidden_states[-1][0], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(ours.logits(h[-1]), out.logits[0, -1:].float(), rtol=1e-5, atol=1e-5)
+            pos += t
+
+
+def test_tts_body_matches_transformers_llama(one_torch_thread):
+    from transformers import DynamicCache, LlamaConfig, LlamaModel
+    d = D.tts
+    cfg = LlamaConfig(hidden_size=d.hidden, intermediate_size=d.ffn, num_hidden_layers=d.layers,
+                      num_attention_heads=d.heads, num_key_value_heads=d.kv_heads, rms_norm_eps=d.eps,
+                      rope_theta=d.rope_theta, max_position_embeddings=d.max_positions, vocab_size=16)
+    cfg._attn_implementation = "sdpa"
+    ref = LlamaModel(cfg).eval()
+    ours = TTS(d, D.llm).eval()
+    seeded_init(ours, 9, std=0.1)
+    body = {k[len("model."):]: v for k, v in ours.state_dict().items() if k.startswith("model.")}
+    res = ref.load_state_dict(body, strict=False)
+    assert not res.unexpected_keys and all("embed_tokens" in k or "rotary" in k for k in res.missing_keys)
+    cache, kv = DynamicCache(), _store("tts", d.layers, d.kv_heads, d.head_dim)
+    g = torch.Generator().manual_seed(1)
+    pos = 0
+    with torch.no_grad():
+        for t in (8, 1, 1, 1, 5, 1):                                 # a condition, codes, the next condition...
+            x = torch.randn(t, d.hidden, generator=g)
+            out = _run(ref, x.unsqueeze(0), torch.arange(pos, pos + t).unsqueeze(0), cache)
+            want = ours.head_code[0](out.last_hidden_state[:, -1]).float()
+            torch.testing.assert_close(ours(x, kv), want, rtol=1e-5, atol=1e-5)
+            pos += t
+
+
+def test_whisper_encoder_layer_matches_transformers(one_torch_thread):
+    from transformers import WhisperConfig
+    from transformers.models.whisper.modeling_whisper import WhisperEncoderLayer
+    a = D.audio
+    cfg = WhisperConfig(d_model=a.d_model, encoder_layers=1, encoder_attention_heads=a.heads, encoder_ffn_dim=a.ffn,
+                        num_mel_bins=a.n_mels, activation_function="gelu")
+    cfg._attn_implementation = "sdpa"
+    ref = WhisperEncoderLayer(cfg).eval()
+    ours = EncoderLayer(a).eval()
+    seeded_init(ours, 10, std=0.1)
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(1, 50, a.d_model, generator=torch.Generator().manual_seed(2))
+    k = torch.empty(a.heads, 50, a.head_dim)
+    v = torch.empty_like(k)
+    with torch.no_grad():
+        got = ours(x, k, v, k, v)                                       # no history: attends over its own 50
+        extra = {"layer_head_mask": None} if "layer_head_mask" in inspect.signature(ref.forward).parameters else {}
+        want = ref(x, attention_mask=None, **extra)
+    want = want[0] if isinstance(want, tuple) else want
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
