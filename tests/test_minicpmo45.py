@@ -207,6 +207,8 @@ def test_samplers():
     assert torch.isinf(top_k_top_p(x, 3, 1.0)[0, 3:]).all() and torch.isfinite(top_k_top_p(x, 3, 1.0)[0, :3]).all()
     kept = torch.isfinite(top_k_top_p(x, 6, 0.8)[0]).tolist()       # softmax mass 0.64 then 0.87: two kept
     assert kept == [True, True, False, False, False, False]
+    ties = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0]])               # three tied candidates, each 1/3 of the mass
+    assert torch.isfinite(top_k_top_p(ties, 2, 0.5)[0]).tolist() == [False, True, True, False, False]
     s = Sampling()
     logits = torch.tensor([[2.0, -2.0, 1.0, 0.5]])
     codes = torch.tensor([0, 1, 1, 0, 0, 0], dtype=torch.long)

@@ -25,18 +25,25 @@ from .dims import Sampling, SpecialTokens
 
 
 def top_k_top_p(logits: torch.Tensor, k: int, p: float) -> torch.Tensor:
-    """Keep the ``k`` largest logits, then the smallest set whose probability reaches ``p`` (others -inf).
-    logits: [1, V] float32."""
+    """Keep the ``k`` largest logits (ties with the k-th too), then the smallest set whose probability
+    reaches ``p`` (others -inf). logits: [1, V] float32.
+
+    Reproducible on CUDA: ties keep their index order (stable sort), and the running probability mass is
+    a product with a triangular matrix over the candidates only. ``torch.cumsum`` over a long CUDA row is
+    a multi-block scan whose summation order can change from run to run, which moves the top-p boundary
+    by an ulp and, at a near-tie, changes the token (seen on the H200 with the stock's formulation)."""
     out = logits.clone()
     if 0 < k < out.shape[-1]:
         kth = torch.topk(out, k, dim=-1).values[..., -1:]                   # [1, 1]
         out = out.masked_fill(out < kth, float("-inf"))
     if p < 1.0:
-        vals, order = torch.sort(out, dim=-1, descending=True)              # [1, V]
-        mass = torch.cumsum(F.softmax(vals, dim=-1), dim=-1)
-        drop = mass > p
-        drop[..., 1:] = drop[..., :-1].clone()                               # keep the token that crosses p
-        drop[..., 0] = False
+        vals, order = torch.sort(out, dim=-1, descending=True, stable=True)   # [1, V]
+        probs = F.softmax(vals, dim=-1)
+        n = int(torch.isfinite(vals).sum().item())                           # candidates lead the order
+        tri = torch.ones(n, n, dtype=probs.dtype, device=probs.device).triu_()   # [n, n]: column j sums 0..j
+        mass = probs[..., :n] @ tri                                          # [1, n] running mass
+        drop = torch.zeros_like(vals, dtype=torch.bool)
+        drop[..., 1:n] = mass[..., :-1] > p                                  # keep the token that crosses p
         out = out.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     return out
 
