@@ -23,7 +23,7 @@ from engine.core.toggles import Toggles, graphs_can_run
 class TailInfo:
     name: str               # registry name: "step-audio2", "mimi"
     title: str              # for people: "Step-Audio2 token2wav (MiniCPM-o 4.5)"
-    sample_rate: int        # output audio rate (24000)
+    sample_rate: int        # the decoder's own audio rate (the session resamples it to SESSION_RATE)
     token_rate: float       # speech tokens (frames) per second of audio: 25 or 12.5
     codebooks: int          # tokens per frame (1 for Step-Audio2, 8/32 for Mimi)
     vocab: int              # token ids are in [0, vocab)
@@ -52,7 +52,7 @@ class DecoderTail:
     def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
         raise NotImplementedError
 
-    def toggles(self) -> Dict[str, bool]:
+    def toggles(self) -> Toggles:
         """The toggles in effect (graph replay reads False where there is no CUDA)."""
         raise NotImplementedError
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.audio import SESSION_RATE
+
 
 @dataclass
 class VadResult:
@@ -28,7 +30,7 @@ class EnergyVAD:
     a window is active above ``max(abs_db, floor + margin_db)``.
     """
 
-    def __init__(self, rate: int = 24000, window_ms: float = 20.0, abs_db: float = -45.0,
+    def __init__(self, rate: int = SESSION_RATE, window_ms: float = 20.0, abs_db: float = -45.0,
                  margin_db: float = 12.0, min_active: float = 0.1):
         self.win = max(1, int(rate * window_ms / 1000.0))
         self.abs_db, self.margin_db, self.min_active = abs_db, margin_db, min_active

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Dict, Optional
 import torch
 from torch import nn
 
+from engine.audio import SESSION_RATE
 from engine.core import Executor, make_plan
 from engine.core.toggles import Toggles
 
@@ -52,7 +53,7 @@ def mel_filterbank(n_bins: int, n_mels: int, rate: int, fmin: float = 0.0, fmax:
 class AudioEmbedder(nn.Module):
     """One second of 24 kHz audio -> 10 embeddings: log-mel of 100 ms Hann windows, projected."""
 
-    def __init__(self, dim: int, rate: int = 24000, seed: int = 0):
+    def __init__(self, dim: int, rate: int = SESSION_RATE, seed: int = 0):
         super().__init__()
         self.win = rate // AUDIO_TOKENS_PER_SECOND
         self.register_buffer("window", torch.hann_window(self.win, periodic=True), persistent=False)
