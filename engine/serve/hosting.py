@@ -74,8 +74,12 @@ class SessionHost:
     def measuring(self) -> bool:
         """Whether the host is still measuring its last change (too few seconds seen to decide) and
         has a free slot (a host at its session limit is full, measured or not)."""
-        n = self.engine.active()
-        return 0 < n < self.max_sessions and self.engine.meter.headroom(n).seconds < self.engine.min_seconds * n
+        n, meter = self.engine.active(), self.engine.meter
+        if not 0 < n < self.max_sessions:
+            return False
+        # the engine host's rule: too few seconds seen, and not yet long enough to decide on what was seen
+        return (meter.headroom(n).seconds < self.engine.min_seconds * n
+                and meter.measuring_for() < meter.min_seconds + 1.5)
 
     def admit(self, cfg: SessionConfig, results: Optional["queue.Queue"] = None,
               wait_s: float = MEASURE_WAIT_S) -> HostedRunner:
