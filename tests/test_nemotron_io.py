@@ -153,3 +153,12 @@ def test_live_session_runs_the_codec_tail():
     s.close()
     assert all(o.shape == (24000,) and np.isfinite(o).all() for o in outs)
     assert s.records[-1].tail == NAME
+
+
+def test_app_tail_picker_lists_every_registered_tail(qtbot):
+    from app.panels import ModelPanel
+    panel = ModelPanel(cuda=False)
+    qtbot.addWidget(panel)
+    items = [(panel.tail.itemText(i), panel.tail.itemData(i)) for i in range(panel.tail.count())]
+    assert items == [(e.title, e.name) for e in registry.tails()]
+    assert (registry.get_tail(NAME).title, NAME) in items
