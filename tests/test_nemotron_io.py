@@ -159,6 +159,7 @@ def test_app_tail_picker_lists_every_registered_tail(qtbot):
     from app.panels import ModelPanel
     panel = ModelPanel(cuda=False)
     qtbot.addWidget(panel)
+    qtbot.waitUntil(lambda: not panel.checking, timeout=60000)   # its check thread ends before the panel goes
     items = [(panel.tail.itemText(i), panel.tail.itemData(i)) for i in range(panel.tail.count())]
     assert items == [(e.title, e.name) for e in registry.tails()]
     assert (registry.get_tail(NAME).title, NAME) in items
