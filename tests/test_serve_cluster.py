@@ -109,6 +109,43 @@ def test_sessions_placed_by_headroom_on_two_nodes(cluster_url):
     f.stop(timeout=30.0)
 
 
+def replicas_running() -> int:
+    from ray import serve
+    d = serve.status().applications["duplexcadence"].deployments["DuplexSessions"]
+    return int(d.replica_states.get("RUNNING", 0))
+
+
+def wait_for(predicate, timeout: float) -> bool:
+    end = time.time() + timeout
+    while time.time() < end:
+        if predicate():
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def test_autoscaling_follows_open_sessions(cluster_url):
+    """One replica to start; two open sessions (above the target of 0.75 x 2 per replica) bring a second,
+    where the next session goes; when every session has ended it scales back to one."""
+    from ray import serve
+
+    from engine.serve.deployment import ServeSpec, build_app
+    spec = ServeSpec(config=dict(MODEL), token=TOKEN, max_sessions=2, replicas=1, autoscale=True, max_replicas=2,
+                     gpus_per_replica=1.0, cpus_per_replica=0.5, drain_timeout_s=60.0, stats_period_s=0.5,
+                     autoscaling={"upscale_delay_s": 1.0, "downscale_delay_s": 2.0})
+    serve.run(build_app(spec), name="duplexcadence", route_prefix="/")
+    assert wait_for(lambda: replicas_running() == 1, 60)
+    a, b = open_session(cluster_url), open_session(cluster_url)
+    assert a.session is not None and b.session is not None and a.session.replica == b.session.replica
+    assert wait_for(lambda: replicas_running() == 2, 90), serve.status()
+    c = open_session(cluster_url)
+    assert c.session is not None and c.session.replica != a.session.replica and c.session.node != a.session.node
+    for r in (a, b, c):
+        r.stop(timeout=30.0)
+        assert r.lost is None
+    assert wait_for(lambda: replicas_running() == 1, 90), serve.status()
+
+
 def test_removing_the_deployment_drains_live_sessions(cluster_url):
     """Last in this module: the application is deleted (as a scale-down stops a replica) while a session
     runs; the session keeps getting every second until its client stops, new sessions find nothing."""

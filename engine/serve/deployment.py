@@ -17,7 +17,7 @@ Serve's defaults that matter here, and what we set instead:
 import asyncio
 import logging
 import queue
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Optional
 
 import ray
@@ -54,6 +54,7 @@ class ServeSpec:
     cpus_per_replica: float = 1.0
     drain_timeout_s: float = 3600.0
     stats_period_s: float = 1.0
+    autoscaling: Dict[str, Any] = field(default_factory=dict)   # Serve autoscaling_config overrides (delays)
 
     def session_config(self) -> SessionConfig:
         return SessionConfig(**self.config)
@@ -282,6 +283,7 @@ def deployment_options(spec: ServeSpec) -> Dict[str, Any]:
             # ongoing requests are open sessions: scale up before replicas are full
             "target_ongoing_requests": max(1.0, 0.75 * spec.max_sessions),
             "upscale_delay_s": 5.0, "downscale_delay_s": 120.0,
+            **spec.autoscaling,
         }
     else:
         opts["num_replicas"] = spec.replicas or 1
