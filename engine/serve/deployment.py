@@ -107,7 +107,10 @@ class ResultsQueue(queue.Queue):
 
     def put(self, item, block: bool = True, timeout: Optional[float] = None) -> None:
         super().put(item, block, timeout)
-        self.loop.call_soon_threadsafe(self.ready.set)
+        try:
+            self.loop.call_soon_threadsafe(self.ready.set)
+        except RuntimeError:                   # the loop is closed: the replica is going away
+            pass
 
 
 async def _send_results(ws: WebSocket, runner, stopping: asyncio.Event) -> None:
