@@ -7,7 +7,7 @@ markdown viewer); progress by ``tqdm`` on stderr. Engine code: no Qt here.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -34,16 +34,21 @@ def format_bytes(n: float) -> str:
 
 
 def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], floatfmt: str = ".1f",
-          max_widths: Optional[Sequence[Optional[int]]] = None, header_width: Optional[int] = None) -> str:
+          max_widths: Optional[Sequence[Optional[int]]] = None,
+          header_width: Union[None, int, Sequence[Optional[int]]] = None,
+          wrap: bool = True) -> str:
     """An aligned GitHub-markdown table. ``max_widths``: per column, wrap cells wider than this (None: no limit);
-    ``header_width``: wrap every header wider than this. Both keep a table inside a terminal's width."""
+    ``header_width``: wrap headers wider than this (one width, or one per column). Both keep a table inside a terminal's width; a
+    ``.md`` file wants ``wrap=False`` (one line per row, which markdown viewers lay out themselves)."""
+    import tabulate as tabulate_module
     from tabulate import tabulate
+    tabulate_module.MIN_PADDING = 0       # the GitHub format pads each cell by one space already
     rows = [list(r) for r in rows]
     kw: dict = {}
-    if max_widths is not None and rows:
+    if wrap and max_widths is not None and rows:
         kw["maxcolwidths"] = list(max_widths)
-    if header_width is not None:
-        kw["maxheadercolwidths"] = header_width
+    if wrap and header_width is not None:
+        kw["maxheadercolwidths"] = header_width if isinstance(header_width, int) else list(header_width)
     return tabulate(rows, headers=list(headers), tablefmt="github", floatfmt=floatfmt, **kw)
 
 

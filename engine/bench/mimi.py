@@ -298,8 +298,8 @@ def _graph_replayer(model: MimiDecoder, codes: torch.Tensor):
     return replay
 
 
-def table(res: Dict) -> str:
-    """The results as an aligned markdown table (fits 120 columns)."""
+def table(res: Dict, wrap: bool = True) -> str:
+    """The results as an aligned markdown table (``wrap``: fits 120 columns)."""
     heads = ["mode", "ms / audio s (median)", "p90", "kernels / frame", "kernel ms / audio s",
              "peak alloc above weights MiB", "equal to moshi (RoPE eager)", "equal to moshi (compiled RoPE)"]
     body = []
@@ -317,7 +317,8 @@ def table(res: Dict) -> str:
         peak = f"{m['peak_alloc_above_weights_mib']:.1f}" if "peak_alloc_above_weights_mib" in m else ""
         body.append([name, f"{m['median_ms']:.1f}", f"{m['p90_ms']:.1f}", kpf, kms, peak,
                      eq("vs_moshi_eager_rope"), eq("vs_moshi_compiled_rope")])
-    return stats_table(body, heads, max_widths=[24, None, None, None, None, None, 12, 12], header_width=10)
+    return stats_table(body, heads, max_widths=[24, None, None, None, None, None, 12, 12], header_width=10,
+                       wrap=wrap)
 
 
 def main(argv=None) -> int:
@@ -365,8 +366,8 @@ def main(argv=None) -> int:
     fig = report.Figure([report.Bars("ms per audio second", "ms", list(ok),
                                      {"median": [m["median_ms"] for m in ok.values()],
                                       "p90": [m["p90_ms"] for m in ok.values()]})])
-    md = report.markdown("Mimi decoder: moshi vs ours", command, [("", tab)],
+    md = report.markdown("Mimi decoder: moshi vs ours", command, [("", table(res, wrap=False))],
                          [f"{k}: {v}" for k, v in res["config"].items()])
     written = report.write_all(Path(a.json), res, md, fig)
-    print("wrote " + ", ".join(str(x) for x in written))
+    print("wrote " + ", ".join(str(x) for x in written), file=sys.stderr)
     return 0

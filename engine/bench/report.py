@@ -75,8 +75,9 @@ def siblings(json_path: Path) -> Tuple[Path, Path]:
 def markdown(title: str, command: str, tables: Sequence[Tuple[str, str]], notes: Sequence[str] = ()) -> str:
     """A shareable report: heading, command, machine, then each (caption, table)."""
     m = machine()
+    gpu = "no GPU" if m["gpu"] == "none" else m["gpu"]
     out = [f"# {title}", "", f"Command: `{command}`", "",
-           f"Machine: {m['gpu']} (GPU), {m['cpu']} x{m['cores']}, Python {m['python']}, torch {m['torch']}", ""]
+           f"Machine: {gpu}; CPU {m['cpu']} x{m['cores']}; Python {m['python']}; torch {m['torch']}", ""]
     for caption, tab in tables:
         if caption:
             out += [f"**{caption}**", ""]

@@ -97,14 +97,14 @@ def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False, d
     return {"summary": summary, "records": records, "audio": np.concatenate(outs)}
 
 
-def _table(rows: Dict[str, Dict[str, object]]) -> str:
+def _table(rows: Dict[str, Dict[str, object]], wrap: bool = True) -> str:
     """Per mode: p50 / p99 / max of the second's total, misses, stage medians, state and reserved memory."""
     heads = ["mode", "p50 ms", "p99 ms", "max ms", "misses", "p50 listen", "p50 think", "p50 speak",
              "state MiB", "reserved MiB"]
     body = [[name, f"{s['p50_total_ms']:.1f}", f"{s['p99_total_ms']:.1f}", f"{s['max_total_ms']:.1f}", s["misses"],
              f"{s['p50_listen_ms']:.1f}", f"{s['p50_think_ms']:.1f}", f"{s['p50_speak_ms']:.1f}",
              f"{s['state_bytes'] / MIB:.1f}", f"{s['max_reserved_bytes'] / MIB:.1f}"] for name, s in rows.items()]
-    return table(body, heads, max_widths=[20] + [None] * 9, header_width=8)
+    return table(body, heads, max_widths=[20] + [None] * 9, header_width=8, wrap=wrap)
 
 
 def stage_means(records) -> Dict[str, float]:
@@ -122,14 +122,14 @@ def stage_means(records) -> Dict[str, float]:
     return out
 
 
-def _means_table(rows: Dict[str, Dict[str, object]]) -> str:
+def _means_table(rows: Dict[str, Dict[str, object]], wrap: bool = True) -> str:
     """Per mode: mean second, mean speaking / listening second, and the stages of a mean speaking second."""
     heads = ["mode", "mean ms", "mean speaking", "mean listening", "speaking: listen", "speaking: think",
              "speaking: speak"]
     body = [[name, f"{s['mean_total_ms']:.1f}", f"{s['mean_speaking_second_ms']:.1f}",
              f"{s['mean_listening_second_ms']:.1f}", f"{s['mean_listen_ms_speaking']:.1f}",
              f"{s['mean_think_ms_speaking']:.1f}", f"{s['mean_speak_ms_speaking']:.1f}"] for name, s in rows.items()]
-    return table(body, heads, max_widths=[20] + [None] * 6, header_width=9)
+    return table(body, heads, max_widths=[20] + [None] * 6, header_width=9, wrap=wrap)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -207,7 +207,8 @@ def main(argv=None) -> int:
             report.Bars("median ms per stage", "ms", list(rows),
                         {st: [s[f"p50_{st}_ms"] for s in rows.values()] for st in ("listen", "think", "speak")})])
         md = report.markdown(title, report.command_line("duplexcadence-bench session", argv or sys.argv[1:]),
-                             [("per second", tab), ("means", means)], [same])
+                             [("per second", _table(rows, wrap=False)), ("means", _means_table(rows, wrap=False))],
+                             [same])
         try:
             report.write_all(out / "bench.json", doc, md, fig)
         except OSError as e:

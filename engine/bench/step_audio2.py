@@ -232,19 +232,20 @@ def headline(rows: List[Dict], ours: str = "ours graphs") -> Dict[str, float]:
     return out
 
 
-def markdown_table(rows: List[Dict]) -> str:
-    """The results as an aligned markdown table that fits 120 columns."""
+def markdown_table(rows: List[Dict], wrap: bool = True) -> str:
+    """The results as an aligned markdown table (``wrap``: fits 120 columns)."""
     ref = rows[0]
 
     def num(x: float, fmt: str) -> str:
         return "—" if x != x else format(x, fmt)            # NaN (not measured here) -> a dash
-    heads = ["variant", "median ms", "p90 ms", "first ms", "speed-up", "kernels", "kernel ms", "resident MiB",
-             "work MiB", "state MiB", "bit-exact"]
+    heads = ["variant", "median ms", "p90 ms", "first ms", "vs stock", "kernel count", "kernel ms", "kept MiB",
+             "work MiB", "state MiB", "bits equal"]
     body = [[r["variant"], num(r["median_ms"], ".1f"), num(r["p90_ms"], ".1f"), num(r["first_ms"], ".0f"),
              f"{ref['median_ms'] / r['median_ms']:.2f}x", num(r["kernels_per_chunk"], ".0f"),
              num(r["kernel_ms_per_chunk"], ".1f"), num(r["resident_MiB"], ".0f"), num(r["work_peak_MiB"], ".0f"),
              num(r["state_MiB"], ".1f"), str(r.get("bit_identical", "reference"))] for r in rows]
-    return table(body, heads, max_widths=[22] + [None] * 10, header_width=9)
+    return table(body, heads, max_widths=[20] + [None] * 10, header_width=[None] + [6] * 10,
+                 wrap=wrap)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -271,6 +272,8 @@ def main(argv) -> int:
     argv = list(argv)
     a = build_parser().parse_args(argv)
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    if a.device == "cpu":
+        a.profile_chunks = 0                            # kernel counts are a CUDA measurement
     bad = [m for m in modes if m not in OUR_MODES]
     if bad or a.chunks < STEADY_FROM + a.profile_chunks + 1 or a.profile_chunks < 0:
         why = f"unknown mode(s) {bad}" if bad else \
@@ -281,8 +284,6 @@ def main(argv) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print(f"{PROG}: needs a CUDA device", file=sys.stderr)
         return 2
-    if device.type != "cuda":
-        a.profile_chunks = 0                            # kernel counts are a CUDA measurement
     if a.math == "tf32-off":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
@@ -340,12 +341,14 @@ def main(argv) -> int:
         "Interleaved: every variant runs chunk i in turn (order rotating) before any runs chunk i+1; medians "
         f"over chunks {STEADY_FROM}..{n - 2 - a.profile_chunks} (start-up chunks, profiled chunks and the short "
         "last chunk left out).",
-        "bit-identical: torch.equal of every chunk against the stock package with deterministic cuDNN (with its "
-        "default cuDNN settings the stock does not repeat its own bits).",
-        "resident MiB: memory allocated by building the variant (weights + state); chunk work peak MiB: the "
-        "most a chunk allocated on top of what was allocated before it."]
+        "The bit reference is the stock package with deterministic cuDNN: with its default cuDNN settings the "
+        "stock does not repeat its own bits on CUDA.",
+        "vs stock: the stock package as users run it over this row (median ms per chunk); kernel count, kernel ms: "
+        "CUDA kernels and their summed GPU time per chunk (profiled chunks); kept MiB: memory allocated by building "
+        "the variant (weights + state); work MiB: the most a chunk allocated on top of what was allocated "
+        "before it; bits equal: torch.equal to the stock with deterministic cuDNN."]
     md = report.markdown("Step-Audio2 token2wav: stock package vs ours", report.command_line(PROG, argv),
-                         [("", tab)], notes)
+                         [("", markdown_table(rows, wrap=False))], notes)
     fig = report.Figure([
         report.Bars("ms per 1 s chunk (steady)", "ms", [r["variant"] for r in rows],
                     {"median": [r["median_ms"] for r in rows], "p90": [r["p90_ms"] for r in rows]},
@@ -357,5 +360,5 @@ def main(argv) -> int:
     except OSError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
-    print("wrote " + ", ".join(str(p) for p in written))
+    print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
     return 0

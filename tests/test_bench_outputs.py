@@ -1,0 +1,87 @@
+"""Benchmarks people can share: one percentile / byte formatter / table helper (engine/stats.py), and every
+``duplexcadence-bench`` command writing an aligned markdown table and a PNG next to its JSON (CPU, tiny sizes)."""
+import json
+
+import numpy as np
+import pytest
+
+from engine.stats import format_bytes, percentile, table
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_percentile_is_numpys_linear_percentile():
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 7, 60):
+        v = rng.standard_normal(n).tolist()
+        for q in (0, 10, 50, 90, 99, 100):
+            assert percentile(v, q) == pytest.approx(float(np.percentile(v, q)), abs=0, rel=1e-15)
+    assert percentile([], 50) == 0.0
+
+
+def test_format_bytes_in_binary_units():
+    assert [format_bytes(x) for x in (0, 512, 3.5 * 1024, 41 * 2 ** 20, 2.14 * 2 ** 30)] == \
+        ["0 B", "512 B", "3.5 KiB", "41.0 MiB", "2.14 GiB"]
+
+
+def test_table_wraps_for_a_terminal_and_not_for_markdown():
+    rows = [["a rather long variant name that wraps", 1.0, "x"], ["b", 22.5, "y"]]
+    heads = ["variant", "a long header that wraps", "z"]
+    term = table(rows, heads, max_widths=[16, None, None], header_width=10).splitlines()
+    assert max(len(line) for line in term) < 50 and len({len(line) for line in term}) == 1   # aligned
+    md = table(rows, heads, max_widths=[16, None, None], header_width=10, wrap=False).splitlines()
+    assert len(md) == 4 and set(md[1]) <= set("|-:")          # header, delimiter, one line per row
+
+
+def _widest(text: str) -> int:
+    return max(len(line) for line in text.splitlines())
+
+
+def test_bench_plan_fits_120_columns_and_writes_json_md_png(tmp_path, capsys):
+    from engine.bench.cli import main
+    assert main(["plan", "--quiet", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "shape signatures" in out and _widest(out) <= 120
+    doc = json.loads((tmp_path / "plan.json").read_text())
+    assert {"mimi", "step-audio2"} <= {m["model"] for m in doc["models"]}
+    assert "Planner" in (tmp_path / "plan.md").read_text()
+    assert (tmp_path / "plan.png").read_bytes().startswith(PNG)
+
+
+def test_bench_session_on_cpu_says_graph_replay_is_unavailable(tmp_path, capsys, one_torch_thread):
+    from engine.bench.cli import main
+    rc = main(["session", "--seconds", "2", "--size", "tiny", "--device", "cpu", "--flip-seconds", "0",
+               "--quiet", "--out", str(tmp_path)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "stock-like" in out and "eager (graph replay" in out
+    assert "| graphs" not in out and "| stock " not in out
+    assert _widest(out) <= 120
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    assert doc["modes"]["graphs"]["label"] == "eager (graph replay unavailable)"
+    assert doc["modes"]["stock"]["label"] == "stock-like"
+    md = (tmp_path / "bench.md").read_text()
+    assert "| eager (graph replay unavailable) |" in md             # one line per row in the .md
+    assert (tmp_path / "bench.png").read_bytes().startswith(PNG)
+
+
+@pytest.mark.oracle
+def test_bench_step_audio2_dry_run_interleaves_and_writes_json_md_png(tmp_path, capsys, one_torch_thread):
+    S = pytest.importorskip("stock_step_audio2")
+    if not S.available():
+        pytest.skip("stepaudio2 (minicpmo) is not installed")
+    from engine.bench.cli import main
+    out = tmp_path / "sa2.json"
+    rc = main(["step-audio2", "--device", "cpu", "--size", "tiny", "--chunks", "4", "--prompt-seconds", "2",
+               "--modes", "graphs", "--quiet", "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "as users run it" in text and "deterministic cuDNN" in text and _widest(text) <= 120
+    doc = json.loads(out.read_text())
+    rows = {r["variant"]: r for r in doc["rows"]}
+    assert list(rows) == ["stock package", "stock package, deterministic cuDNN", "ours graphs"]
+    assert rows["ours graphs"]["bit_identical"] and rows["stock package"]["bit_identical"]
+    assert doc["meta"]["interleaved"] and "vs_stock_as_users_run_it" in doc["headline"]
+    assert len(rows["ours graphs"]["ms_per_chunk"]) == 4            # 4 full chunks timed, the short last one not
+    assert "| ours graphs" in out.with_suffix(".md").read_text()
+    assert out.with_suffix(".png").read_bytes().startswith(PNG)
