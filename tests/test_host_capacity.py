@@ -24,6 +24,8 @@ def test_capacity_dry_run_cpu(tmp_path, one_torch_thread, capsys):
     assert doc["modes"]["batched"]["batched_enabled"] is False and "CUDA" in doc["modes"]["batched"]["batched_why"]
     printed = capsys.readouterr().out
     assert "max sessions" in printed and "bit-identical" in printed
+    md = (tmp_path / "cap.md").read_text()
+    assert "| optimized" in md and "| stock-like" in md and "Command:" in md
     pytest.importorskip("matplotlib")
     assert (tmp_path / "cap.png").stat().st_size > 1000 and f"plot: {tmp_path / 'cap.png'}" in printed
 

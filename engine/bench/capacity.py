@@ -256,21 +256,35 @@ def plot(doc: Dict[str, object], path: Path) -> str:
     return f"plot: {path}"
 
 
-def table(doc: Dict[str, object]) -> str:
-    lines = [f"{'mode':<12} {'launch':<8} {'max sessions':>12} {'p50 ms':>8} {'p99 ms':>8} {'MiB/session':>12} "
-             f"{'shared MiB':>10} {'bit-identical':>13}"]
+def table(doc: Dict[str, object], wrap: bool = True) -> str:
+    """Per mode: how many sessions kept every second on time, their latency, memory and bit-identity."""
+    from engine.stats import table as aligned
+    body = []
     for name, m in doc["modes"].items():
         if "max_sessions" not in m:
             why = m.get("error") or m.get("skipped") or f"not enabled: {m.get('batched_why', '')}"
-            lines.append(f"{name:<12} {m.get('launch', ''):<8} {'-':>12}  {why}")
+            body.append([name, m.get("launch", ""), "-", "", "", "", "", why])
             continue
         mem = m["memory"]
         per = max(mem["per_session_allocated_bytes"], mem["per_session_state_bytes"]) / 2**20
         p50 = f"{m['p50_ms']:.0f}" if m["p50_ms"] is not None else "-"
         p99 = f"{m['p99_ms']:.0f}" if m["p99_ms"] is not None else "-"
-        lines.append(f"{name:<12} {m['launch']:<8} {m['max_sessions']:>12} {p50:>8} {p99:>8} {per:>12.0f} "
-                     f"{mem['shared_weights_bytes'] / 2**20:>10.0f} {str(m['bit_identical_to_solo']):>13}")
-    return "\n".join(lines)
+        body.append([name, m["launch"], m["max_sessions"], p50, p99, f"{per:.0f}",
+                     f"{mem['shared_weights_bytes'] / 2**20:.0f}", str(m["bit_identical_to_solo"])])
+    heads = ["mode", "launch", "max sessions", "p50 ms", "p99 ms", "MiB/session", "shared MiB", "bit-identical"]
+    return aligned(body, heads, max_widths=[14, 8, None, None, None, None, None, 40], wrap=wrap)
+
+
+def _markdown(doc: Dict[str, object], path: Path) -> None:
+    """The table (one line per row) and the command, next to the JSON."""
+    from engine.atomic import atomic_write
+    from engine.bench import report
+    notes = [f"{doc['tail']} + {doc['backbone']}, {doc['size']}, {doc['gpu']}, {doc['seconds']:g} s at the knee"]
+    if "optimized_vs_stock_like" in doc:
+        notes.append(f"optimized keeps {doc['optimized_vs_stock_like']:.1f}x the sessions of stock-like on time")
+    md = report.markdown("Sessions one device keeps on time", str(doc["command"]), [("", table(doc, wrap=False))],
+                         notes)
+    atomic_write(path, lambda f: f.write(md), text=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -366,6 +380,7 @@ def main(argv=None) -> int:
         print(f"optimized keeps {doc['optimized_vs_stock_like']:.1f}x the sessions of stock-like on time")
     if a.json:
         _write(doc, a)
+        _markdown(doc, Path(a.json).with_suffix(".md"))
         print(plot(doc, Path(a.plot) if a.plot else Path(a.json).with_suffix(".png")))
     elif a.plot:
         print(plot(doc, Path(a.plot)))
