@@ -1,20 +1,23 @@
 """The window's side panels: model choice, audio devices, engine toggles, summary row, event log."""
 from __future__ import annotations
 
+import threading
 from typing import List, Optional, Tuple
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QComboBox, QFileDialog, QFormLayout, QGroupBox,
-                               QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton, QRadioButton,
-                               QVBoxLayout, QWidget, QApplication)
+from PySide6.QtWidgets import (QApplication, QButtonGroup, QCheckBox, QComboBox, QFileDialog, QFormLayout,
+                               QGridLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton,
+                               QRadioButton, QVBoxLayout, QWidget)
 
+from app import theme
 from app.audio_io import DeviceInfo
 from app.plots import LevelMeter
-from app.viewmodel import GREEN, RED, EventLog, Summary
+from app.viewmodel import GREEN, RED, YELLOW, EventLog, Summary
 from engine.models import registry
 from engine.session import SessionConfig
 
-BACKBONES = [("Synthetic (seeded policy, random weights)", "synthetic"), ("Moshi", "moshi")]
+BACKBONES = [("Synthetic (seeded policy, random weights)", "synthetic"), ("Moshi", "moshi"),
+             ("MiniCPM-o 4.5", "minicpm-o-4.5")]
 SIZES = [("auto", "auto"), ("released", "released"), ("tiny", "tiny")]
 
 
@@ -23,6 +26,8 @@ def _combo(items, tooltip: str = "") -> QComboBox:
     for text, data in items:
         c.addItem(text, data)
     c.setToolTip(tooltip)
+    c.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)   # long names elide: the panel
+    c.setMinimumContentsLength(14)                                            # may be narrow
     return c
 
 
@@ -64,10 +69,17 @@ class PathChooser(QWidget):
             self.set_path(folder)
 
 
+CPU_RELEASED = ("⚠ released size on a CPU cannot keep up in real time: seconds queue up and the answer lags "
+                "further behind — choose tiny, or run on a GPU")
+
+
 class ModelPanel(QGroupBox):
-    """Decoder tail, backbone, size and checkpoints, validated with ``SessionConfig.resolved``."""
+    """Decoder tail, backbone, size and checkpoints, checked by the engine (``SessionConfig.resolved``,
+    which reads the checkpoint's contents) on a worker thread: the panel shows "checking…", then
+    the engine's one-line error or a tick, never a verdict of its own."""
 
     changed = Signal()
+    _checked = Signal(int, object, str)     # generation, resolved config or None, error (worker -> GUI)
 
     def __init__(self, cuda: bool, parent=None):
         super().__init__("Model", parent)
@@ -77,11 +89,13 @@ class ModelPanel(QGroupBox):
         self.backbone = _combo(BACKBONES, "the model that listens and decides what to say")
         self.size = _combo(SIZES, "auto picks released sizes on a GPU and tiny sizes on a CPU")
         self.checkpoint = PathChooser("none: seeded random weights")
-        self.backbone_checkpoint = PathChooser("Moshi weights folder (optional)")
-        self.size_note = QLabel(f"auto = {'released on this GPU' if cuda else 'tiny (no CUDA here)'}")
-        self.size_note.setStyleSheet("color: #666;")
+        self.backbone_checkpoint = PathChooser("Moshi or MiniCPM-o 4.5 weights folder (optional)")
+        self.size_note = theme.dim(QLabel(f"auto = {'released on this GPU' if cuda else 'tiny (no CUDA here)'}"))
         self.status = QLabel()
         self.status.setWordWrap(True)
+        self.generation = 0
+        self.checking = False
+        self._checked.connect(self._on_checked)
         form = QFormLayout(self)
         form.addRow("Decoder tail", self.tail)
         form.addRow("Backbone", self.backbone)
@@ -117,16 +131,44 @@ class ModelPanel(QGroupBox):
             return None, str(e)
 
     def _on_change(self, *_) -> None:
-        self.backbone_checkpoint.setEnabled(self.backbone.currentData() == "moshi")
-        cfg, err = self.validate()
+        self.backbone_checkpoint.setEnabled(self.backbone.currentData() in ("moshi", "minicpm-o-4.5"))
+        self.generation += 1
+        self.checking = True
+        self.status.setText("checking…")
+        self.status.setStyleSheet("")
+        gen, cfg = self.generation, self.config()
+        threading.Thread(target=self._check, args=(gen, cfg), name="model-check", daemon=True).start()
+
+    def _check(self, gen: int, cfg: SessionConfig) -> None:
+        """Worker thread: the engine's verdict on the folder (it may read the files)."""
+        try:
+            result = (cfg.resolved(), "")
+        except ValueError as e:
+            result = (None, str(e))
+        except Exception as e:  # noqa: BLE001 - an unexpected failure is still one line, not a traceback
+            result = (None, f"{type(e).__name__}: {e}")
+        try:
+            self._checked.emit(gen, *result)
+        except RuntimeError:
+            pass                                 # the window closed meanwhile
+
+    def _on_checked(self, gen: int, cfg: Optional[SessionConfig], err: str) -> None:
+        if gen != self.generation:
+            return                               # the panel changed since: a newer check is running
+        self.checking = False
         if cfg is None:
             self.status.setText(f"✗ {err}")
             self.status.setStyleSheet(f"color: {RED};")
         else:
-            weights = "checkpoint weights" if cfg.checkpoint else "seeded random weights (no real voice)"
-            self.status.setText(f"✓ {cfg.size} on {cfg.device}, {weights}")
-            self.status.setStyleSheet(f"color: {GREEN};")
+            self._show_ok(cfg)
         self.changed.emit()
+
+    def _show_ok(self, cfg: SessionConfig) -> None:
+        weights = "checkpoint weights" if cfg.checkpoint else "seeded random weights (no real voice)"
+        text = f"✓ {cfg.size} on {cfg.device}, {weights}"
+        slow = cfg.size == "released" and cfg.device == "cpu"
+        self.status.setText(f"{text}\n{CPU_RELEASED}" if slow else text)
+        self.status.setStyleSheet(f"color: {YELLOW if slow else GREEN};")
 
 
 class DevicePanel(QGroupBox):
@@ -140,8 +182,8 @@ class DevicePanel(QGroupBox):
         super().__init__("Audio", parent)
         self.input = QComboBox()
         self.output = QComboBox()
-        self.input.setMinimumContentsLength(24)
-        self.output.setMinimumContentsLength(24)
+        self.input.setMinimumContentsLength(14)
+        self.output.setMinimumContentsLength(14)
         self.input.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
         self.output.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
         self.open_mic = QRadioButton("Open mic")
@@ -151,6 +193,7 @@ class DevicePanel(QGroupBox):
         group.addButton(self.ptt)
         self.open_mic.setChecked(True)
         self.meter = LevelMeter()
+        self.out_meter = LevelMeter(tooltip="level of the model's speech playing now (dBFS)")
         self.mic_state = QLabel("mic: open")
         self.xruns = QLabel("xruns: 0")
         self.xruns.setToolTip("audio callback overflows and underflows, and blocks that found the input "
@@ -171,7 +214,8 @@ class DevicePanel(QGroupBox):
         form.addRow("Input", self.input)
         form.addRow("Output", self.output)
         form.addRow("Mic", modes)
-        form.addRow("Level", self.meter)
+        form.addRow("Mic level", self.meter)
+        form.addRow("Out level", self.out_meter)
         form.addRow(stats)
         form.addRow(self.device_error)
         self.input.activated.connect(self._on_input)
@@ -225,8 +269,22 @@ class DevicePanel(QGroupBox):
                 self.input.setCurrentIndex(0)
         self.input_changed.emit()
 
+    def show_output(self, device_name: Optional[str]) -> None:
+        """Make the Output picker show ``device_name``, or "No playback" for None."""
+        if device_name is not None:
+            self.select_device(self.output, device_name)
+            return
+        i = self.output.findData(("none", None))
+        if i >= 0:
+            self.output.setCurrentIndex(i)
+
     def show_meters(self, m: dict) -> None:
         self.meter.set_level(m.get("level_db", -120.0))
+        out = m.get("output_db")
+        if out is None:
+            self.out_meter.set_idle("no playback")
+        else:
+            self.out_meter.set_level(out)
         self.mic_state.setText("mic: open" if m.get("mic_open", True) else "mic: muted (hold Space)")
         self.xruns.setText(f"xruns: {m.get('xruns', 0)}")
 
@@ -248,9 +306,9 @@ class TogglePanel(QGroupBox):
         else:
             self.graphs.setEnabled(False)
             self.graphs.setToolTip("needs CUDA: there is no GPU here, so every second runs eagerly")
-        note = QLabel("Applied at the next second boundary; no audio is dropped and output bits never change.")
+        note = theme.dim(QLabel("Applied at the next second boundary; no audio is dropped and output bits never "
+                                "change."))
         note.setWordWrap(True)
-        note.setStyleSheet("color: #666;")
         lay = QVBoxLayout(self)
         lay.addWidget(self.demand)
         lay.addWidget(self.graphs)
@@ -266,19 +324,28 @@ class TogglePanel(QGroupBox):
 
 
 class SummaryRow(QWidget):
-    """p50 / p99 of the last 60 s, misses, current lateness, backlog, state bytes; coloured."""
+    """p50 / p99 of the last 60 s, misses, current lateness, backlog, mic-to-speaker delay, state
+    bytes; coloured (grey and "—" before any data)."""
 
-    KEYS = ("p50", "p99", "misses", "lateness", "backlog", "memory")
+    KEYS = ("p50", "p99", "misses", "lateness", "backlog", "delay", "memory")
+    TIPS = {"p50": "median work per second over the last 60 s", "p99": "99th percentile over the last 60 s",
+            "misses": "seconds that missed their deadline (whole session, and in the last 60 s)",
+            "lateness": "how late the latest second finished", "backlog": "input seconds waiting for the engine",
+            "delay": "mic→speaker: from the end of an input second to the moment its answer starts playing "
+                     "(speech at the start of a second waits up to 1 s more for the second to fill)",
+            "memory": "the engine's state arenas now"}
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        lay = QHBoxLayout(self)
+        lay = QGridLayout(self)                 # two rows: the row fits a narrow window
         lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(4)
         self.labels = {}
-        for k in self.KEYS:
+        for i, k in enumerate(self.KEYS):
             lab = QLabel()
             lab.setAlignment(Qt.AlignCenter)
-            lay.addWidget(lab, 1)
+            lab.setToolTip(self.TIPS[k])
+            lay.addWidget(lab, i // 4, i % 4)
             self.labels[k] = lab
         self.show_summary(Summary())
 

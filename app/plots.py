@@ -1,7 +1,9 @@
 """Live plots (pyqtgraph, updated from the GUI thread) and the input level meter.
 
 :class:`TimingPlot`: per-second LISTEN / THINK / SPEAK as stacked bars, the 1 s deadline as a dashed
-line, missed seconds outlined and marked in red. :class:`MemoryPlot`: the engine's state arena and
+line, missed seconds outlined and marked in red, a labelled vertical line where a toggle took
+effect, and SPEAK in a paler green in listening seconds (the tail runs on silence tokens; a second
+whose record says the tail was skipped has no SPEAK bar). :class:`MemoryPlot`: the engine's state arena and
 the torch allocator's reserved bytes over time. Both redraw from a :class:`SessionSeries`.
 """
 from __future__ import annotations
@@ -9,16 +11,22 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt
-from PySide6.QtGui import QColor, QPainter
+from PySide6.QtGui import QColor, QPainter, QPalette
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
+from app import theme
 from app.viewmodel import GREEN, RED, YELLOW, SessionSeries
 
 # No antialiasing and no grid: with them a repaint of the two plots costs ~100 ms of the GUI
 # thread on a small CPU (measured offscreen, 2 cores), and every second brings one repaint.
-pg.setConfigOptions(background="w", foreground="#222222", antialias=False)
+# Colours come from the palette (app/theme.py), set on each plot.
+pg.setConfigOptions(antialias=False)
 
 STAGE_COLOURS = {"listen": "#4c78a8", "think": "#b279a2", "speak": "#59a14f"}
+#: SPEAK in a listening second: the decoder tail runs on silence tokens
+LISTENING_SPEAK = "#a9d39e"
+LISTENING_SPEAK_NAME = "SPEAK on silence (listening)"
+TOGGLE_COLOUR = "#e17c05"
 #: how many seconds the plots show (scrolling window)
 VISIBLE_S = 120
 
@@ -32,20 +40,34 @@ def _style(plot: pg.PlotItem, title: str, ylabel: str) -> None:
     plot.getViewBox().setMouseEnabled(x=False, y=False)
 
 
-class TimingPlot(pg.PlotWidget):
-    """Stacked per-second stage times against the deadline; misses in red."""
+def toggle_label(change: dict) -> str:
+    """The marker text for a toggle change: what is on from that second."""
+    on = [n for n, k in (("demand", "demand_sized"), ("graphs", "graph_replay")) if change[k]]
+    return "+".join(on) if on else "stock-like"
 
-    def __init__(self, parent=None):
+
+class TimingPlot(pg.PlotWidget):
+    """Stacked per-second stage times against the deadline; misses in red; toggle changes marked."""
+
+    def __init__(self, parent=None, visible_s: int = VISIBLE_S):
         super().__init__(parent)
-        self.setMinimumHeight(220)
+        self.visible_s = visible_s
+        self.setMinimumHeight(160)
+        self.setToolTip("Per second: LISTEN (encode the microphone), THINK (the backbone), SPEAK (the decoder "
+                        "tail).\nPale green: a listening second — the tail still runs, on silence tokens, "
+                        "unless the model skips it.\nOrange lines: where an engine toggle took effect.")
         item = self.getPlotItem()
-        _style(item, "Per-second work: LISTEN / THINK / SPEAK vs the 1 s deadline", "ms")
-        self.legend = item.addLegend(offset=(8, 4), colCount=4, labelTextSize="8pt")
+        _style(item, "Per-second work vs the 1 s deadline", "ms")
+        self.legend = item.addLegend(offset=(8, 4), colCount=5, labelTextSize="8pt")
         self.bars = {}
         for name, colour in STAGE_COLOURS.items():
             bar = pg.BarGraphItem(x=[], height=[], width=0.8, brush=colour, pen=pg.mkPen(None), name=name.upper())
             item.addItem(bar)
             self.bars[name] = bar
+        self.listening_speak = pg.BarGraphItem(x=[], height=[], width=0.8, brush=LISTENING_SPEAK,
+                                               pen=pg.mkPen(None), name=LISTENING_SPEAK_NAME)
+        item.addItem(self.listening_speak)
+        self.toggle_lines: list = []
         self.miss_bars = pg.BarGraphItem(x=[], height=[], width=0.9, brush=pg.mkBrush(None),
                                          pen=pg.mkPen(RED, width=2.5))
         item.addItem(self.miss_bars)
@@ -53,25 +75,31 @@ class TimingPlot(pg.PlotWidget):
         item.addItem(self.miss_marks)
         self.deadline = pg.InfiniteLine(pos=1000.0, angle=0, pen=pg.mkPen(RED, width=1.5, style=Qt.DashLine),
                                         label="deadline {value:.0f} ms",
-                                        labelOpts={"position": 0.01, "color": RED, "anchors": [(0, 1), (0, 1)]})
+                                        labelOpts={"position": 0.99, "color": RED, "anchors": [(1, 0), (1, 0)]})
         item.addItem(self.deadline)
         item.setYRange(0, 1300)
         item.setXRange(-0.5, 10.5)
+        theme.apply_plot(self)
 
     def update_from(self, series: SessionSeries) -> None:
-        series = series.window(VISIBLE_S)
+        full = series
+        series = series.window(self.visible_s)
+        self._mark_toggles(full, series)
         if not len(series):
-            for bar in self.bars.values():
+            for bar in (*self.bars.values(), self.listening_speak, self.miss_bars):
                 bar.setOpts(x=[], height=[], y0=[])
-            self.miss_bars.setOpts(x=[], height=[], y0=[])
             self.miss_marks.setData([], [])
             return
         x = series.index()
         stages = series.stages()
         base = np.zeros_like(x)
-        for name in ("listen", "think", "speak"):
+        for name in ("listen", "think"):
             self.bars[name].setOpts(x=x, height=stages[name], y0=base.copy())
             base = base + stages[name]
+        listening = series.listening()
+        self.bars["speak"].setOpts(x=x[~listening], height=stages["speak"][~listening], y0=base[~listening])
+        self.listening_speak.setOpts(x=x[listening], height=stages["speak"][listening], y0=base[listening])
+        base = base + stages["speak"]
         missed = series.missed()
         self.miss_bars.setOpts(x=x[missed], height=base[missed], y0=np.zeros(int(missed.sum())))
         self.miss_marks.setData(x[missed], base[missed] + 0.04 * series.deadline_ms)
@@ -81,13 +109,29 @@ class TimingPlot(pg.PlotWidget):
         first, last = float(x[0]), float(x[-1])
         self.getPlotItem().setXRange(first - 0.5, max(first + 10.5, last + 0.5), padding=0)
 
+    def _mark_toggles(self, full: SessionSeries, visible: SessionSeries) -> None:
+        """One labelled vertical line per toggle change in the visible seconds (lines are reused)."""
+        first = visible.rows[0]["index"] if len(visible) else 0
+        changes = [c for c in full.mode_changes() if c["index"] >= first]
+        item = self.getPlotItem()
+        while len(self.toggle_lines) < len(changes):
+            line = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen(TOGGLE_COLOUR, width=2, style=Qt.DotLine),
+                                   label="toggle", labelOpts={"position": 0.93, "color": TOGGLE_COLOUR, "anchors": [(0, 0.5), (0, 0.5)]})
+            item.addItem(line)
+            self.toggle_lines.append(line)
+        for i, line in enumerate(self.toggle_lines):
+            if i < len(changes):
+                line.setValue(changes[i]["index"] - 0.5)       # between the last old and the first new second
+                line.label.setFormat(f"→ {toggle_label(changes[i])}")
+            line.setVisible(i < len(changes))
+
 
 class MemoryPlot(pg.PlotWidget):
     """State arena bytes and allocator reserved bytes (MiB) per second."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.setMinimumHeight(170)
+        self.setMinimumHeight(110)
         item = self.getPlotItem()
         _style(item, "State memory", "MiB")
         item.addLegend(offset=(8, 4), colCount=2, labelTextSize="8pt")
@@ -96,9 +140,11 @@ class MemoryPlot(pg.PlotWidget):
         self.reserved = item.plot([], [], pen=pg.mkPen("#f28e2b", width=2, style=Qt.DashLine), symbol="s",
                                   symbolSize=4, symbolBrush="#f28e2b", name="torch allocator reserved (CUDA only)")
         item.setXRange(-0.5, 10.5)
+        self.visible_s = VISIBLE_S
+        theme.apply_plot(self)
 
     def update_from(self, series: SessionSeries) -> None:
-        series = series.window(VISIBLE_S)
+        series = series.window(self.visible_s)
         if not len(series):
             self.state.setData([], [])
             self.reserved.setData([], [])
@@ -117,18 +163,27 @@ class MemoryPlot(pg.PlotWidget):
 
 
 class LevelMeter(QWidget):
-    """Horizontal input level meter, -60..0 dBFS, green / yellow (-18) / red (-6)."""
+    """Horizontal level meter, -60..0 dBFS, green / yellow (-18) / red (-6); ``idle_text`` when off."""
 
     FLOOR_DB = -60.0
 
-    def __init__(self, parent=None):
+    def __init__(self, parent=None, tooltip: str = "microphone input level (dBFS), measured before the "
+                                                   "push-to-talk gate"):
         super().__init__(parent)
         self.level_db = self.FLOOR_DB
-        self.setMinimumSize(160, 18)
+        self.idle_text = ""
+        self.setMinimumSize(120, 18)
         self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
-        self.setToolTip("microphone input level (dBFS), measured before the push-to-talk gate")
+        self.setToolTip(tooltip)
+
+    def set_idle(self, text: str) -> None:
+        """Show ``text`` instead of a level (e.g. "no playback")."""
+        self.idle_text = text
+        self.level_db = self.FLOOR_DB
+        self.update()
 
     def set_level(self, db: float) -> None:
+        self.idle_text = ""
         self.level_db = max(self.FLOOR_DB, min(0.0, float(db)))
         self.update()
 
@@ -138,11 +193,12 @@ class LevelMeter(QWidget):
     def paintEvent(self, event) -> None:
         p = QPainter(self)
         r = QRectF(self.rect()).adjusted(0.5, 0.5, -0.5, -0.5)
-        p.fillRect(r, QColor("#e8e8e8"))
+        pal = self.palette()
+        p.fillRect(r, pal.color(QPalette.AlternateBase if theme.is_dark(pal) else QPalette.Midlight))
         colour = RED if self.level_db >= -6 else YELLOW if self.level_db >= -18 else GREEN
         p.fillRect(QRectF(r.x(), r.y(), r.width() * self.fraction(), r.height()), QColor(colour))
-        p.setPen(QColor("#444444"))
+        p.setPen(pal.color(QPalette.Text))
         p.drawRect(r)
-        text = "silent" if self.level_db <= self.FLOOR_DB else f"{self.level_db:.0f} dBFS"
+        text = self.idle_text or ("silent" if self.level_db <= self.FLOOR_DB else f"{self.level_db:.0f} dBFS")
         p.drawText(r, Qt.AlignCenter, text)
         p.end()

@@ -1,0 +1,169 @@
+"""Replay and compare: exported sessions shown with the live window's plots, one or two side by side.
+
+:class:`SessionView` shows one :class:`~app.replay.LoadedSession`: its summary chips, the timing
+plot over the whole session (drag and wheel to browse), per-stage statistics with the histogram,
+state memory and the recorded microphone and speech. :class:`CompareWindow` holds one view, or
+two side by side with their timing and histogram axes linked and a line comparing their totals
+(e.g. a stock-like run against an optimized one).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import QFileDialog, QLabel, QMainWindow, QSplitter, QVBoxLayout, QWidget
+
+from app import theme
+from app.banners import BannerStack
+from app.dashboard import MIC_COLOUR, SPEECH_COLOUR, StatsPanel
+from app.panels import SummaryRow
+from app.plots import MemoryPlot, TimingPlot
+from app.replay import LoadedSession, ReplayError, envelope, load_session
+from app.viewmodel import SessionSeries
+
+OPEN_KEYS = QKeySequence("Ctrl+O")
+BESIDE_KEYS = QKeySequence("Ctrl+Shift+O")
+
+
+class RecordingPlot(pg.PlotWidget):
+    """The session's recorded microphone (top) and speech (bottom) as min/max envelopes."""
+
+    def __init__(self, session: LoadedSession, parent=None):
+        super().__init__(parent)
+        self.setMinimumHeight(90)
+        item = self.getPlotItem()
+        item.setTitle("Recorded microphone (top) and the model's speech (bottom)", size="10pt")
+        item.hideAxis("left")
+        item.setLabel("bottom", "session second")
+        item.setMenuEnabled(False)
+        item.getViewBox().setMouseEnabled(y=False)
+        self.curves = []
+        for audio, colour, offset in ((session.input_audio, MIC_COLOUR, 0.0),
+                                      (session.output_audio, SPEECH_COLOUR, -1.0)):
+            t, lo, hi = envelope(audio)
+            x, y = np.repeat(t, 2), np.column_stack([lo + offset, hi + offset]).reshape(-1)
+            self.curves.append(item.plot(x, y, pen=pg.mkPen(colour, width=1), connect="pairs"))
+        item.setYRange(-2.1, 1.1, padding=0)
+        theme.apply_plot(self)
+
+
+class SessionView(QWidget):
+    """One replayed session with the same plots as the live window."""
+
+    def __init__(self, session: LoadedSession, parent=None):
+        super().__init__(parent)
+        self.session = session
+        self.series = SessionSeries()
+        for row in session.rows:
+            self.series.add(row)
+        n = len(self.series)
+        self.title = QLabel(f"<b>{session.title}</b>")
+        self.title.setWordWrap(True)
+        self.title.setToolTip(str(session.folder))
+        self.summary_row = SummaryRow()
+        self.summary_row.show_summary(self.series.summary(window_s=n))
+        self.timing_plot = TimingPlot(visible_s=max(1, n))
+        self.timing_plot.getPlotItem().getViewBox().setMouseEnabled(x=True, y=False)
+        self.timing_plot.update_from(self.series)
+        self.stats = StatsPanel()
+        self.stats.show_stats(self.series, note=f"over all {n} s of the session")
+        self.memory_plot = MemoryPlot()
+        self.memory_plot.visible_s = max(1, n)
+        self.memory_plot.update_from(self.series)
+        self.recording = RecordingPlot(session)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(4, 4, 4, 4)
+        lay.addWidget(self.title)
+        lay.addWidget(self.summary_row)
+        lay.addWidget(self.timing_plot, 3)
+        lay.addWidget(self.stats, 2)
+        lay.addWidget(self.memory_plot, 1)
+        lay.addWidget(self.recording, 1)
+
+
+def compare_line(a: SessionSeries, b: SessionSeries) -> str:
+    """Totals of two sessions side by side: p50/p99, misses, and B's p50 as a ratio of A's."""
+    sa, sb = a.stage_stats(), b.stage_stats()
+    ratio = sb.p50["total"] / sa.p50["total"] if sa.p50["total"] > 0 else float("nan")
+    miss = lambda s: int(s.missed().sum())          # noqa: E731
+    return (f"total p50 {sa.p50['total']:.0f} → {sb.p50['total']:.0f} ms ({ratio:.2f}×), "
+            f"p99 {sa.p99['total']:.0f} → {sb.p99['total']:.0f} ms, misses {miss(a)} → {miss(b)} "
+            f"(left → right)")
+
+
+class CompareWindow(QMainWindow):
+    """Exported sessions, one or two side by side (File → Open session…, Open beside…)."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setWindowTitle("DuplexCadence — session replay")
+        self.views: List[SessionView] = []
+        self.split = QSplitter()
+        self.comparison = QLabel("")
+        self.comparison.setWordWrap(True)
+        central = QWidget()
+        col = QVBoxLayout(central)
+        col.addWidget(self.comparison)
+        col.addWidget(self.split, 1)
+        self.setCentralWidget(central)
+        self.banners = BannerStack(central)
+        self.error_banner = self.banners.add("#f4b6b2")
+        menu = self.menuBar().addMenu("&File")
+        self.open_action = QAction("Open session…", self, shortcut=OPEN_KEYS, triggered=self.open_dialog)
+        self.beside_action = QAction("Open beside…", self, shortcut=BESIDE_KEYS,
+                                     triggered=lambda: self.open_dialog(beside=True))
+        for a in (self.open_action, self.beside_action):
+            a.setToolTip(f"{a.text()} ({a.shortcut().toString(QKeySequence.NativeText)})")
+            menu.addAction(a)
+        menu.addAction(QAction("Close", self, shortcut=QKeySequence.Close, triggered=self.close))
+        self.comparison.hide()
+        self.resize(1200, 860)
+
+    def open_dialog(self, beside: bool = False) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Open an exported session folder")
+        if folder:
+            self.open_folder(folder, beside=beside)
+
+    def open_folder(self, folder, beside: bool = False) -> Optional[SessionView]:
+        """Show the session in ``folder`` (beside the one shown, or instead of all); an unreadable
+        folder shows one error line and changes nothing."""
+        try:
+            session = load_session(folder)
+        except ReplayError as e:
+            self.error_banner.setText(str(e))
+            self.error_banner.show()
+            return None
+        self.error_banner.hide()
+        if not beside:
+            for v in self.views:
+                v.setParent(None)
+                v.deleteLater()
+            self.views = []
+        elif len(self.views) >= 2:                 # two at most: the newer replaces the right one
+            old = self.views.pop()
+            old.setParent(None)
+            old.deleteLater()
+        view = SessionView(session)
+        self.views.append(view)
+        self.split.addWidget(view)
+        self._link()
+        self.setWindowTitle("DuplexCadence — " + " | ".join(Path(v.session.folder).name for v in self.views))
+        return view
+
+    def _link(self) -> None:
+        """Two sessions share their axes so their bars compare by eye; a line compares their totals."""
+        if len(self.views) < 2:
+            self.comparison.hide()
+            return
+        a, b = self.views
+        top = max(a.timing_plot.getPlotItem().viewRange()[1][1], b.timing_plot.getPlotItem().viewRange()[1][1])
+        for v in (a, b):
+            v.timing_plot.getPlotItem().setYRange(0, top, padding=0)
+        b.timing_plot.getPlotItem().setYLink(a.timing_plot.getPlotItem())
+        b.timing_plot.getPlotItem().setXLink(a.timing_plot.getPlotItem())
+        b.stats.histogram.getPlotItem().setXLink(a.stats.histogram.getPlotItem())
+        self.comparison.setText(compare_line(a.series, b.series))
+        self.comparison.show()

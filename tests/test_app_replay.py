@@ -1,0 +1,125 @@
+"""Replay and compare exported sessions (File → Open session…), and dark mode (pytest-qt, offscreen)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PySide6.QtGui import QPalette
+from PySide6.QtWidgets import QApplication
+
+from app import theme
+from app.controller import SessionController
+from app.replay import ReplayError, envelope, load_session
+from app.review import CompareWindow, compare_line
+from app.settings import open_qsettings
+from app.window import MainWindow
+from engine.session import SecondRecord, export_records
+from engine.wavio import write_wav
+from test_app_fakes import SlowRunner
+
+
+def _records(n: int, work_ms: float, demand: bool, seed: int):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        t = work_ms * float(rng.uniform(0.8, 1.2))
+        out.append(SecondRecord(index=i, wall_start=1000.0 + i, listen_ms=0.1 * t, think_ms=0.3 * t, speak_ms=0.6 * t,
+                                total_ms=t, deadline_ms=1000.0, late_ms=max(0.0, t - 1000.0), missed=t > 1000.0,
+                                queue_wait_ms=0.0, decision="speak" if i % 3 else "listen", tokens=25,
+                                state_bytes=(1 << 20) * (1 if demand else 4), alloc_bytes=0, reserved_bytes=0,
+                                peak_bytes=0, demand_sized=demand, graph_replay=False, tail="mimi",
+                                backbone="synthetic", input_rms=0.1, output_rms=0.1))
+    return out
+
+
+def _export(folder, n, work_ms, demand, seed=0):
+    export_records(_records(n, work_ms, demand, seed), folder,
+                   metadata={"tail_title": "Mimi decoder", "backbone_title": "Synthetic", "device": "cpu"})
+    rng = np.random.default_rng(seed)
+    write_wav(folder / "session_input.wav", (0.1 * rng.standard_normal(n * 24000)).astype(np.float32), 24000)
+    write_wav(folder / "session_output.wav", (0.2 * rng.standard_normal(n * 24000)).astype(np.float32), 24000)
+    return folder
+
+
+@pytest.fixture
+def window(qtbot, tmp_path):
+    w = MainWindow(controller=SessionController(SlowRunner), settings=open_qsettings(str(tmp_path / "s.ini")),
+                   devices=lambda: ([], []), cuda=False)
+    qtbot.addWidget(w)
+    w.show()
+    return w
+
+
+def test_open_one_session_then_a_second_beside_it(qtbot, tmp_path, window):
+    stock = _export(tmp_path / "stock", 12, 900.0, demand=False, seed=1)
+    fast = _export(tmp_path / "optimized", 10, 300.0, demand=True, seed=2)
+    assert window.open_action.shortcut().toString() == "Ctrl+O"
+    replay = window.open_session(stock)
+    qtbot.addWidget(replay)
+    (view,) = replay.views
+    assert len(view.series) == 12 and len(view.timing_plot.bars["listen"].opts["x"]) == 12   # whole session
+    assert "Mimi decoder" in view.title.text() and "stock-like" in view.title.text()
+    assert view.summary_row.labels["p50"].text() == f"p50 {np.percentile(view.series.column('total_ms'), 50):.0f} ms"
+    assert int(np.sum(view.stats.bars.opts["height"])) == 12
+    assert np.abs(view.recording.curves[0].getData()[1]).max() > 0.1          # the microphone is drawn
+    assert not replay.comparison.isVisible()
+    assert window.open_session(fast, beside=True) is replay
+    left, right = replay.views
+    assert len(right.series) == 10
+    assert replay.comparison.isVisible() and "×" in replay.comparison.text()
+    assert replay.comparison.text() == compare_line(left.series, right.series)
+    assert left.timing_plot.getPlotItem().viewRange()[1] == right.timing_plot.getPlotItem().viewRange()[1]
+    # an unreadable folder: one error line, both sessions stay
+    (tmp_path / "empty").mkdir()
+    assert window.open_session(tmp_path / "empty", beside=True) is None
+    assert window.message_banner.text() == (f"{tmp_path / 'empty'} is not a session export: it has no "
+                                            "session.jsonl or session.csv")
+    assert len(replay.views) == 2
+    assert window.open_session(stock) is replay and len(replay.views) == 1   # not beside: replaces
+
+
+def test_reader_falls_back_to_csv_and_names_bad_files(tmp_path):
+    folder = _export(tmp_path / "s", 5, 400.0, demand=True)
+    from_jsonl = load_session(folder).rows
+    (folder / "session.jsonl").unlink()
+    from_csv = load_session(folder).rows
+    assert from_csv == from_jsonl                                               # same types both ways
+    assert isinstance(from_csv[0]["missed"], bool) and isinstance(from_csv[0]["state_bytes"], int)
+    (folder / "session.jsonl").write_text('{"index": 0}\nnot json\n')
+    with pytest.raises(ReplayError, match=r"session.jsonl: line 2 is not JSON"):
+        load_session(folder)
+    (folder / "session.jsonl").write_text('{"index": 0}\n')
+    with pytest.raises(ReplayError, match=r"record 1 lacks listen_ms"):
+        load_session(folder)
+    with pytest.raises(ReplayError, match="is not a folder"):
+        load_session(tmp_path / "nowhere")
+    t, lo, hi = envelope((np.r_[np.ones(100), -np.ones(100)].astype(np.float32), 100), columns=4)
+    assert t.tolist() == [0.0, 0.5, 1.0, 1.5] and hi.tolist() == [1, 1, -1, -1] and lo.tolist() == [1, 1, -1, -1]
+
+
+def test_compare_window_alone(qtbot, tmp_path):
+    w = CompareWindow()
+    qtbot.addWidget(w)
+    assert w.open_folder(tmp_path) is None and w.error_banner.text().endswith("no session.jsonl or session.csv")
+    assert w.open_folder(_export(tmp_path / "a", 3, 500.0, demand=True)) is not None
+    assert not w.error_banner.isVisibleTo(w) and len(w.views) == 1
+
+
+def test_dark_palette_reaches_the_plots(qtbot, tmp_path, monkeypatch):
+    app = QApplication.instance()
+    old_palette, old_style = app.palette(), app.style().name()
+    monkeypatch.setenv(theme.THEME_ENV, "dark")
+    try:
+        w = MainWindow(controller=SessionController(SlowRunner), settings=open_qsettings(str(tmp_path / "s.ini")),
+                       devices=lambda: ([], []), cuda=False)
+        qtbot.addWidget(w)
+        assert theme.is_dark(w.palette())
+        for plot in (w.timing_plot, w.memory_plot, w.scope, w.stats.histogram):
+            assert plot.backgroundBrush().color().lightness() < 80
+            assert plot.getPlotItem().getAxis("left").textPen().color().lightness() > 180
+        monkeypatch.setenv(theme.THEME_ENV, "light")                 # the palette changes: the plots follow
+        theme.apply_env_theme(app)
+        qtbot.waitUntil(lambda: w.timing_plot.backgroundBrush().color().lightness() > 200, timeout=3000)
+        assert w.palette().color(QPalette.Window).lightness() > 128
+    finally:
+        app.setStyle(old_style)
+        app.setPalette(old_palette)
