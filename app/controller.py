@@ -5,13 +5,23 @@ thread) assembles one-second frames and submits them to the :class:`engine.sessi
 whose own worker runs the engine. This object lives on the GUI thread and drains the runner's
 results queue from a ``QTimer`` without ever blocking: results are re-emitted as typed signals and
 their audio is queued for playback. Stopping the runner (which finishes the second in progress)
-happens on a helper thread, so the GUI thread never waits on the engine.
+happens on a helper thread, so the GUI thread never waits on the engine — except in
+:meth:`SessionController.shutdown`, which the window and the signal handlers call before the
+process may go (so no engine or pump thread is ever destroyed while it runs).
+
+Every processed second goes at once into the session's journal (records and both WAVs, see
+:mod:`engine.session.journal`) under ``sessions_root()``; a session that ends in any way finishes
+its journal, and an export copies it. A thread that dies (the frame pump, the engine worker, an
+audio thread) stops the session with one error message.
 """
 from __future__ import annotations
 
+import collections
 import gc
 import queue
+import shutil
 import threading
+import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
@@ -19,10 +29,15 @@ import numpy as np
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.audio_io import ENGINE_RATE, InputSource, Playback, SilentInput
+from app.lifecycle import THREAD_FAILURES, new_journal, sessions_root
 from app.monitor import AudioMonitor
 from app.pump import FramePump
-from engine.wavio import WavSpool, write_wav
-from engine.session import LiveError, LiveResult, LiveRunner, SessionConfig, export_records
+from engine.atomic import atomic_write
+from engine.session import ExportError, LiveError, LiveResult, LiveRunner, SessionConfig
+from engine.session.export import to_csv, to_trace
+from engine.session.journal import (CSV, INPUT_WAV, OUTPUT_WAV, RECORDS, TRACE, SessionJournal, export_folder,
+                                    export_journal)
+from engine.wavio import WavError, read_wav, write_wav
 
 IDLE, STARTING, RUNNING, DRAINING, STOPPING = "idle", "starting", "running", "draining", "stopping"
 
@@ -40,8 +55,9 @@ class SessionController(QObject):
     stopped = Signal()
 
     def __init__(self, runner_factory: Optional[Callable[[SessionConfig], object]] = None,
-                 poll_ms: int = 40, parent=None):
+                 poll_ms: int = 40, parent=None, journal_root=None):
         super().__init__(parent)
+        self.journal_root = Path(journal_root) if journal_root is not None else None
         self._factory = runner_factory or LiveRunner
         self._timer = QTimer(self)
         self._timer.setInterval(poll_ms)
@@ -52,8 +68,10 @@ class SessionController(QObject):
         self.source: Optional[InputSource] = None
         self.sink = None
         self.records: List[object] = []
-        self._input: Optional[WavSpool] = None      # what the engine heard (24 kHz)
-        self._output: Optional[WavSpool] = None     # what the model said (24 kHz)
+        self.journal: Optional[SessionJournal] = None    # records + heard/said WAVs, on disk each second
+        self._heard: collections.deque = collections.deque()   # submitted frames not yet answered
+        self._submitted = 0
+        self.failure: Optional[str] = None          # why the session stopped on its own (an error)
         self._stopper: Optional[threading.Thread] = None
         self._drain_left = 0
         self.session_info: Dict[str, object] = {}
@@ -76,19 +94,25 @@ class SessionController(QObject):
         self.records = []
         self._notice_shown = False
         self.session_info = {}
-        if not source.deferred:
-            source.start()
+        self.failure = None
+        self._heard.clear()
+        self._submitted = 0
+        THREAD_FAILURES.clear()
+        journal = new_journal(self.journal_root or sessions_root(), {"config": dict(vars(cfg))})  # ExportError
         try:
-            if sink is not None:
-                sink.start()
+            if not source.deferred:
+                source.start()
+            try:
+                if sink is not None:
+                    sink.start()
+            except Exception:
+                source.stop()
+                raise
         except Exception:
-            source.stop()
+            journal.discard()
             raise
         self.source, self.sink = source, sink
-        for spool in (self._input, self._output):
-            if spool is not None:
-                spool.close()
-        self._input, self._output = WavSpool(ENGINE_RATE), WavSpool(ENGINE_RATE)
+        self.journal = journal
         gc.freeze()          # see _on_ready: keep full collections off the live path
         try:
             self.runner = self._factory(cfg)
@@ -96,6 +120,7 @@ class SessionController(QObject):
         except Exception:
             self.runner = None
             self._halt_audio()
+            self.journal.discard()
             raise
         self.pump = FramePump(source, self._submit, Playback(sink) if sink is not None else None,
                               max_frames=max_seconds)
@@ -110,14 +135,15 @@ class SessionController(QObject):
         self._timer.start()
 
     def _submit(self, frame: np.ndarray) -> None:
-        """Frame-pump thread: keep the second for export, hand it to the engine (never blocks)."""
-        self._input.append(frame)
+        """Frame-pump thread: keep the second until its answer comes, hand it to the engine (never blocks)."""
+        self._heard.append(np.array(frame, dtype=np.float32, copy=True))
+        self._submitted += 1
         self.runner.submit(frame)
 
     @property
     def submitted(self) -> int:
         """Seconds of input handed to the engine in this session."""
-        return self._input.samples // ENGINE_RATE if self._input is not None else 0
+        return self._submitted
 
     def _on_ready(self) -> None:
         """The session is built: open the engine's ears (GUI thread, from the timer)."""
@@ -138,9 +164,32 @@ class SessionController(QObject):
             return
         self._halt_audio()
         runner = self.runner
-        self._stopper = threading.Thread(target=runner.stop, name="runner-stop", daemon=True)
+        # the worker finishes its second however long it takes (a shutdown waits for it)
+        self._stopper = threading.Thread(target=lambda: runner.stop(timeout=600.0), name="runner-stop",
+                                         daemon=True)
         self._stopper.start()
         self._set_state(STOPPING)
+
+    def fail(self, message: str) -> None:
+        """Stop the session because something broke; ``message`` is the one line that says what."""
+        if self.failure is None:
+            self.failure = message
+            self.message.emit("error", message)
+            self.event.emit("error", message)
+        self.stop()
+
+    def shutdown(self, timeout_s: float = 600.0) -> bool:
+        """Stop the session and WAIT (blocking) until the engine and pump threads are gone and the
+        journal is finished. For closing the window and for exit; returns False on a timeout."""
+        if self.state == IDLE:
+            return True
+        self.stop()
+        deadline = time.monotonic() + timeout_s
+        while self.state != IDLE and time.monotonic() < deadline:
+            if self._stopper is not None:
+                self._stopper.join(0.05)
+            self._tick()
+        return self.state == IDLE
 
     def finish(self, timeout_s: float = 60.0) -> None:
         """Stop feeding input, let every submitted second finish (at most ``timeout_s``), then stop."""
@@ -206,6 +255,8 @@ class SessionController(QObject):
         self._drain_results()
         if self.state == STARTING and getattr(self.runner, "session", None) is not None:
             self._on_ready()
+        if self.state in (STARTING, RUNNING, DRAINING):
+            self._check_threads()
         if self.state in (STARTING, RUNNING):
             self._check_devices()
             self._emit_meters()
@@ -218,11 +269,31 @@ class SessionController(QObject):
         if self.state == STOPPING and not self._stopper.is_alive():
             self._drain_results()
             self._timer.stop()
+            if self.pump is not None:
+                self.pump.halt(timeout=5.0)
             self.pump = self.runner = None     # let the model, the threads and the resamplers go
             gc.unfreeze()    # the session's objects may be collected again
+            self._finish_journal()
             self._set_state(IDLE)
             self.event.emit("session", f"stopped after {len(self.records)} s")
             self.stopped.emit()
+
+    def _finish_journal(self) -> None:
+        try:
+            self.journal.finish(metadata=dict(self.session_info))
+        except ExportError as e:
+            self.failure = self.failure or str(e)
+            self.message.emit("error", str(e))
+
+    def _check_threads(self) -> None:
+        """A dead frame pump, engine worker or audio thread stops the session with one message."""
+        pump = self.pump
+        if pump is not None and getattr(pump, "error", None):
+            self.fail(pump.error)
+        elif THREAD_FAILURES:
+            self.fail(THREAD_FAILURES.popleft())
+        elif self.state == RUNNING and not self.runner.running and self.runner.results.empty():
+            self.fail("the engine stopped unexpectedly (its worker thread is gone)")
 
     def _drain_results(self) -> None:
         if self.runner is None:
@@ -235,9 +306,7 @@ class SessionController(QObject):
             if isinstance(item, LiveResult):
                 self._on_result(item)
             elif isinstance(item, LiveError):
-                self.message.emit("error", item.message)
-                self.event.emit("error", item.message)
-                self.stop()
+                self.fail(item.message)
 
     def _on_result(self, res: LiveResult) -> None:
         rec = res.record
@@ -247,7 +316,11 @@ class SessionController(QObject):
             self.message.emit("warning", notice)
         audio = np.asarray(res.audio, dtype=np.float32)
         self.records.append(rec)
-        self._output.append(audio)
+        heard = self._heard.popleft() if self._heard else np.zeros(ENGINE_RATE, dtype=np.float32)
+        try:
+            self.journal.append(rec, heard, audio)
+        except ExportError as e:
+            self.fail(f"{e}; the session stopped")
         pump = self.pump
         pump.model_speaking = rec.decision == "speak"
         ahead = None
@@ -288,29 +361,53 @@ class SessionController(QObject):
 
     # -- results -----------------------------------------------------------------------------
     def input_audio(self) -> np.ndarray:
-        """The session's microphone input as submitted to the engine (24 kHz, 16-bit precision)."""
-        return self._input.read() if self._input is not None else np.zeros(0, dtype=np.float32)
+        """What the engine heard, second by second (24 kHz, 16-bit precision): the processed seconds."""
+        return self._journal_wav(INPUT_WAV)
 
     def output_audio(self) -> np.ndarray:
         """The speech the model produced, second by second (24 kHz, 16-bit precision)."""
-        return self._output.read() if self._output is not None else np.zeros(0, dtype=np.float32)
+        return self._journal_wav(OUTPUT_WAV)
+
+    def _journal_wav(self, name: str) -> np.ndarray:
+        if self.journal is None or not (self.journal.directory / name).is_file():
+            return np.zeros(0, dtype=np.float32)
+        return read_wav(self.journal.directory / name)[0]
 
     def save_output(self, path) -> Path:
-        """The model's speech as a WAV file (raises WavError naming the path on failure)."""
-        if self._output is None:
+        """The model's speech as a WAV file, atomically (raises WavError naming the path on failure)."""
+        if self.journal is None:
             return write_wav(path, np.zeros(0, dtype=np.float32), ENGINE_RATE)
-        return self._output.save(path)
+        src = self.journal.directory / OUTPUT_WAV
 
-    def export(self, directory, stem: str = "session") -> Dict[str, Path]:
-        """Timing logs (CSV, JSON Lines, Chrome trace) and input/output WAVs into ``directory``.
+        def write(f) -> None:
+            with open(src, "rb") as g:
+                shutil.copyfileobj(g, f, 1 << 20)
+        return atomic_write(path, write, WavError)
 
-        Raises ExportError / WavError with one message naming the path that could not be written.
-        """
-        directory = Path(directory)
-        paths = dict(export_records(list(self.records), directory, stem=stem, metadata=self.session_info or None))
-        empty = np.zeros(0, dtype=np.float32)
-        for key, spool in (("input_wav", self._input), ("output_wav", self._output)):
-            path = directory / f"{stem}_{key[:-4]}.wav"
-            paths[key] = spool.save(path) if spool is not None else write_wav(path, empty, ENGINE_RATE)
+    def export(self, directory) -> Dict[str, Path]:
+        """Timing logs (CSV, JSON Lines, Chrome trace) and input/output WAVs into ``directory``: all
+        of them or, on a failure, none (the folder is filled beside it, then renamed into place).
+        Works during a session too (everything up to the last second). Raises ExportError with one
+        message naming the path."""
+        j = self.journal
+        if j is None:
+            raise ExportError(f"cannot export to {directory}: no session yet")
+        if j.finished:
+            paths = export_journal(j.directory, directory)
+        else:
+            records, meta = list(j.records), dict(self.session_info)
+
+            def fill(tmp: Path) -> None:
+                for name in (RECORDS, INPUT_WAV, OUTPUT_WAV):
+                    shutil.copyfile(j.directory / name, tmp / name)
+                (tmp / CSV).write_text(to_csv(records), encoding="utf-8")
+                (tmp / TRACE).write_text(to_trace(records, meta), encoding="utf-8")
+            paths = export_folder(directory, fill)
         self.event.emit("export", f"wrote {len(paths)} files to {directory}")
         return paths
+
+    def discard(self) -> None:
+        """Delete the last session's journal (after it stopped)."""
+        if self.journal is not None and self.state == IDLE:
+            self.journal.discard()
+            self.journal = None

@@ -22,8 +22,6 @@ from engine.models import registry
 
 SCRIPT_FLAGS = ("input_file", "input_device", "seconds", "export", "screenshot", "output_file")
 SCREENSHOT_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
-#: what --export writes (none of them may be the input)
-EXPORT_FILES = ("session.csv", "session.jsonl", "session.trace.json", "session_input.wav", "session_output.wav")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--screenshot", metavar="PNG", help="save a screenshot of the window at the end")
     m = p.add_argument_group("model")
     m.add_argument("--model", dest="tail", choices=registry.tail_names(), help="decoder tail")
-    m.add_argument("--backbone", choices=["synthetic", "moshi"])
+    m.add_argument("--backbone", choices=["synthetic", "moshi", "minicpm-o-4.5"])
     m.add_argument("--size", choices=["auto", "released", "tiny"])
     m.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     m.add_argument("--checkpoint", help="decoder tail checkpoint (" + registry.checkpoint_hints() + ")")
@@ -73,7 +71,9 @@ class ScriptedRun:
         self.window, self.args = window, args
         self.exit_code = 0
         self.seconds = 0
+        self.signum = 0                  # SIGINT / SIGTERM received: stop, write everything, exit 128 + N
         self._shot = False
+        self._finished = False
 
     def start(self, cfg, source, sink) -> bool:
         from PySide6.QtCore import QTimer
@@ -115,36 +115,62 @@ class ScriptedRun:
         if level == "error":
             self.exit_code = 1
 
-    def finish(self) -> None:
+    def interrupt(self, signum: int) -> None:
+        """SIGINT/SIGTERM: stop at the second in progress; :meth:`finish` writes everything so far."""
         from PySide6.QtWidgets import QApplication
+        if not self.signum:
+            self.signum = signum
+        if self.window.controller.state == "idle":
+            if not self._finished:
+                QApplication.instance().exit(128 + signum)    # no session running (any more)
+            return
+        self.window.controller.stop()
+
+    def finish(self) -> None:
+        """The session stopped (done, failed or interrupted): write the files, say so, quit."""
+        from PySide6.QtWidgets import QApplication
+        from engine.session import ExportError
         from engine.wavio import WavError
-        a, w = self.args, self.window
+        if self._finished:
+            return
+        self._finished = True
+        a, c = self.args, self.window.controller
+        wrote = []
         if a.screenshot and not self._shot:
             self._screenshot()
         if a.output_file:
             try:
                 Path(a.output_file).parent.mkdir(parents=True, exist_ok=True)
-                w.controller.save_output(a.output_file)
+                wrote.append(str(c.save_output(a.output_file)))
             except OSError as e:
                 self._on_message("error", f"cannot write {a.output_file}: {e.strerror or e}")
             except WavError as e:
                 self._on_message("error", str(e))
-        if a.export and w.export_to(a.export) is None:
-            self.exit_code = 1
-        n = len(w.controller.records)
-        print(f"duplexcadence: {n} seconds processed, {sum(1 for r in w.controller.records if r.missed)} missed")
+        if a.export:
+            try:
+                c.export(a.export)
+                wrote.append(f"{a.export}/")
+            except ExportError as e:
+                self._on_message("error", f"export failed: {e}")
+        n = len(c.records)
+        print(f"duplexcadence: {n} seconds processed, {sum(1 for r in c.records if r.missed)} missed")
+        if self.signum:
+            where = ", ".join(wrote) or (f"the session journal {c.journal.directory}" if c.journal else "nothing")
+            print(f"duplexcadence: interrupted after {n} s; wrote {where}", file=sys.stderr)
+            self.exit_code = 128 + self.signum
         QApplication.instance().exit(self.exit_code)
 
 
 def check_outputs(a: argparse.Namespace) -> None:
     """Refuse output paths that are special files, links or the input, before the window opens."""
+    from engine.session.journal import SESSION_FILES
     inputs = [a.input_file]
     if a.output_file:
         output_file(a.output_file, "--output-file", inputs, suffixes=(".wav",))
     if a.screenshot:
         output_file(a.screenshot, "--screenshot", inputs, suffixes=SCREENSHOT_SUFFIXES)
     if a.export:
-        output_folder(a.export, "--export", inputs + [a.output_file, a.screenshot], names=EXPORT_FILES)
+        output_folder(a.export, "--export", inputs, names=SESSION_FILES)
 
 
 def _audio(a: argparse.Namespace):
@@ -174,15 +200,46 @@ def main(argv=None) -> int:
     app.setApplicationName("DuplexCadence")
     app.setDesktopFileName("duplexcadence")        # matches packaging/duplexcadence.desktop (Wayland)
     app.setOrganizationName("DuplexCadence")
+    from app.lifecycle import SignalBridge, install_thread_guard
+    from app.settings import open_qsettings
+    from app.window import MainWindow
+    install_thread_guard()               # a thread that dies stops the session with one message
+    bridge = SignalBridge()              # SIGINT / SIGTERM reach the GUI thread
+    try:
+        if not _scripted(a):
+            return _interactive(app, bridge, MainWindow(settings=open_qsettings(a.settings)))
+        return _script(a, app, bridge)
+    finally:
+        bridge.uninstall()
+
+
+def _interactive(app, bridge, window) -> int:
+    """The app as users run it: offers to recover a session a dead process left behind; a signal
+    stops the session, keeps everything so far (its journal) and quits with 128 + the signal."""
+    from PySide6.QtCore import QTimer
+
+    def on_signal(signum: int) -> None:
+        window.close_policy = "keep"
+        c = window.controller
+        n = len(c.records) if c.state != "idle" else 0
+        window.close()
+        if c.journal is not None and n:
+            print(f"duplexcadence: interrupted after {n} s; the session is kept in {c.journal.directory}",
+                  file=sys.stderr)
+        app.exit(128 + signum)
+    bridge.received.connect(on_signal)
+    window.show()
+    QTimer.singleShot(0, window.offer_recovery)
+    code = int(app.exec())
+    window.controller.shutdown()         # never leave an engine or pump thread running at exit
+    return code
+
+
+def _script(a: argparse.Namespace, app, bridge) -> int:
     from app.audio_io import AudioUnavailable
     from app.settings import open_qsettings
-    from engine.wavio import WavError
     from app.window import MainWindow
-
-    if not _scripted(a):
-        window = MainWindow(settings=open_qsettings(a.settings))
-        window.show()
-        return int(app.exec())
+    from engine.wavio import WavError
     from engine.session import SessionConfig
     try:
         cfg = _config(a, SessionConfig())        # flags and defaults only: a demo is reproducible
@@ -192,12 +249,15 @@ def main(argv=None) -> int:
         return 2
     window = MainWindow(settings=open_qsettings(a.settings))
     window.persist_settings = False
+    window.close_policy = "keep"         # closing the window ends the run like the end of the input
     window.show()
     run = ScriptedRun(window, a)
+    bridge.received.connect(run.interrupt)
     if not run.start(cfg, source, sink):
         print(f"duplexcadence: error: {window.message_banner.text()}", file=sys.stderr)
         return 1
     code = int(app.exec())
+    window.controller.shutdown()         # never leave an engine or pump thread running at exit
     window.close()
     return code or run.exit_code
 

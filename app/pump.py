@@ -51,6 +51,7 @@ class FramePump(threading.Thread):
         self.model_speaking = False      # the latest second's decision was "speak" (shown, not used to flush)
         self.level_db = SILENCE_DB       # latest block, before the gate
         self.submitted = 0
+        self.error: Optional[str] = None  # set when the worker died (what broke, one line)
         self.events: Deque[tuple] = collections.deque(maxlen=1000)
         self.barge_ins = 0
         self._was_voiced = False
@@ -80,12 +81,17 @@ class FramePump(threading.Thread):
 
     # -- worker --------------------------------------------------------------------------
     def run(self) -> None:
-        while not self._halt.is_set():
-            self._maybe_switch()
-            src = self._source
-            if not src.ring.wait(0.05):
-                continue
-            self.process(src.ring.read())
+        """The worker loop. Any failure ends it with ``error`` set (one line naming the input);
+        the controller's timer sees it and stops the session."""
+        try:
+            while not self._halt.is_set():
+                self._maybe_switch()
+                src = self._source
+                if not src.ring.wait(0.05):
+                    continue
+                self.process(src.ring.read())
+        except Exception as e:  # noqa: BLE001 - any failure is reported, never a silent dead thread
+            self.error = f"the input stopped: {self._source.label}: {e}"
 
     def _maybe_switch(self) -> None:
         with self._lock:

@@ -1,13 +1,14 @@
 """The main window: Start/Stop, model and audio panels, toggles, live plots, summary, events, export."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
 from PySide6.QtCore import QEvent, QSettings, Qt
 from PySide6.QtGui import QIcon, QKeyEvent
 from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QLabel, QLineEdit, QMainWindow,
-                               QPlainTextEdit, QPushButton, QSplitter, QTabWidget, QVBoxLayout, QWidget)
+                               QMessageBox, QPlainTextEdit, QPushButton, QSplitter, QTabWidget, QVBoxLayout, QWidget)
 
 from app import controller as ctl
 from app.audio_io import AudioUnavailable, DeviceInput, DeviceOutput, FileInput, list_devices
@@ -18,6 +19,7 @@ from app.viewmodel import YELLOW, EventLog, SessionSeries
 from engine.wavio import WavError
 from engine.paths import asset
 from engine.session import ExportError, SessionConfig
+from engine.session.journal import export_journal
 
 SYNTHETIC_BANNER = ("Synthetic weights: timing and memory are real; the voice is not speech — "
                     "load a checkpoint folder for a real voice.")
@@ -50,6 +52,7 @@ class MainWindow(QMainWindow):
         self.qsettings = settings if settings is not None else open_qsettings()
         self.settings = load_settings(self.qsettings)
         self.persist_settings = True     # scripted runs turn this off: demos never change settings
+        self.close_policy: Optional[str] = None   # closing mid-session: None asks; "keep"/"export"/"discard"
         self.cuda = self._detect_cuda() if cuda is None else cuda
         self.controller = controller or ctl.SessionController()
         self.series = SessionSeries()
@@ -238,7 +241,7 @@ class MainWindow(QMainWindow):
         self.synthetic_banner.setVisible(cfg.checkpoint is None)
         try:
             self.controller.start(cfg, source, sink, max_seconds=max_seconds)
-        except AudioUnavailable as e:
+        except (AudioUnavailable, ExportError) as e:
             self.show_message("error", str(e))
             return False
         self.refresh()
@@ -341,8 +344,7 @@ class MainWindow(QMainWindow):
     def export_to(self, folder) -> Optional[Dict[str, Path]]:
         """Write all exports into ``folder``; a failure shows one message and returns None."""
         try:
-            Path(folder).mkdir(parents=True, exist_ok=True)
-            paths = self.controller.export(folder)
+            paths = self.controller.export(folder)       # whole or nothing (engine/session/journal.py)
         except (ExportError, WavError, OSError) as e:
             self.show_message("error", f"export failed: {e}")
             return None
@@ -360,8 +362,86 @@ class MainWindow(QMainWindow):
         return super().eventFilter(obj, event)
 
     def closeEvent(self, event) -> None:
+        """Closing during a session asks Export / Discard / Cancel (``close_policy`` answers instead:
+        scripted runs keep the session and export it themselves), then WAITS until the engine and
+        pump threads are gone: a thread destroyed while it runs aborts the process."""
+        c = self.controller
+        if c.state != ctl.IDLE:
+            choice = self.close_policy or self.ask_close()
+            if choice == "cancel":
+                event.ignore()
+                return
+            self.show_message("info", "finishing the second in progress…")
+            QApplication.processEvents()
+            c.shutdown()
+            if choice == "export":
+                folder = self.choose_folder("Export the session into…")
+                if folder:
+                    self.export_to(folder)
+            elif choice == "discard":
+                c.discard()
         if self.persist_settings:
             self.save_settings()
-        self.controller.stop()
         QApplication.instance().removeEventFilter(self)
         super().closeEvent(event)
+
+    def ask_close(self) -> str:
+        """Ask what to do with the running session: "export", "discard" or "cancel"."""
+        box = QMessageBox(QMessageBox.Question, "A session is running",
+                          "A session is running. Export it before closing?", parent=self)
+        box.setInformativeText("The session stops at the end of the second in progress.")
+        export = box.addButton("Export…", QMessageBox.AcceptRole)
+        discard = box.addButton("Discard", QMessageBox.DestructiveRole)
+        box.addButton(QMessageBox.Cancel)
+        box.setDefaultButton(export)
+        box.exec()
+        return {export: "export", discard: "discard"}.get(box.clickedButton(), "cancel")
+
+    def choose_folder(self, title: str) -> str:
+        """A folder from the user ("" when cancelled)."""
+        return QFileDialog.getExistingDirectory(self, title, self.settings.export_dir)
+
+    # -- recovery of a session whose process died -------------------------------------------------
+    def offer_recovery(self, root=None) -> int:
+        """For each unfinished session journal left by a process that died, ask: recover it (finish it
+        from the journal, then export it) or discard it, or later. Returns how many were recovered."""
+        from app.lifecycle import sessions_root
+        from engine.session.journal import recover, unfinished_journals
+        recovered = 0
+        for j in unfinished_journals(root if root is not None else sessions_root()):
+            choice = self.ask_recover(j)
+            if choice == "discard":
+                shutil.rmtree(j.directory, ignore_errors=True)
+                self.events.add("session", f"discarded {j.describe()}")
+                continue
+            if choice != "recover":
+                continue
+            try:
+                recover(j.directory)
+            except ExportError as e:
+                self.show_message("error", str(e))
+                continue
+            recovered += 1
+            folder = self.choose_folder("Export the recovered session into…")
+            if folder:
+                try:
+                    export_journal(j.directory, folder)
+                except ExportError as e:
+                    self.show_message("error", f"export failed: {e}")
+                    continue
+                self.show_message("info", f"recovered {j.seconds} s and exported them to {folder}")
+            else:
+                self.show_message("info", f"recovered {j.seconds} s; they stay in {j.directory}")
+        return recovered
+
+    def ask_recover(self, journal) -> str:
+        """Ask about one unfinished session: "recover", "discard" or "later"."""
+        box = QMessageBox(QMessageBox.Question, "An unfinished session was found",
+                          f"DuplexCadence stopped during {journal.describe()}. Recover it?", parent=self)
+        box.setInformativeText("Recover finishes its logs and recordings from the journal and exports them.")
+        rec = box.addButton("Recover…", QMessageBox.AcceptRole)
+        discard = box.addButton("Discard", QMessageBox.DestructiveRole)
+        box.addButton("Later", QMessageBox.RejectRole)
+        box.setDefaultButton(rec)
+        box.exec()
+        return {rec: "recover", discard: "discard"}.get(box.clickedButton(), "later")

@@ -21,6 +21,13 @@ SENTENCES = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _session_journals(tmp_path_factory, monkeypatch):
+    """The app journals every session; tests keep those journals in a temporary folder (subprocesses
+    inherit the variable), never in the user's data folder."""
+    monkeypatch.setenv("DUPLEXCADENCE_SESSIONS", str(tmp_path_factory.mktemp("journals")))
+
+
 @pytest.fixture
 def one_torch_thread():
     """Tiny ops on a shared 2-core machine: OpenMP spin-waits dominate, so run torch on one thread

@@ -31,6 +31,7 @@ TINY = SessionConfig(tail="mimi", backbone="synthetic", size="tiny", device="cpu
 def make_window(qtbot, tmp_path, factory, devices=lambda: ([], [])) -> MainWindow:
     w = MainWindow(controller=SessionController(factory), settings=open_qsettings(str(tmp_path / "s.ini")),
                    devices=devices, cuda=False)
+    w.close_policy = "keep"              # closing mid-session (teardown) keeps it instead of asking
     qtbot.addWidget(w)
     w.show()
     return w

@@ -1,63 +1,84 @@
 """`duplexcadence run`: a headless duplex session over a WAV file, with every second on the record.
 
   duplexcadence run --input IN.wav --output OUT.wav --log DIR [--model TAIL]
-                    [--backbone synthetic|moshi] [--checkpoint PATH] [--backbone-checkpoint DIR]
+                    [--backbone synthetic|moshi|minicpm-o-4.5] [--checkpoint PATH] [--backbone-checkpoint DIR]
                     [--size auto|released|tiny] [--device auto|cpu|cuda] [--mode stock|demand|graphs]
                     [--realtime] [--seconds N]
 
 IN.wav may have any sample rate and channel count (mixed down, resampled to 24 kHz). OUT.wav is
 24 kHz mono with one second out per second in (second k's answer is second k of OUT.wav: it
 plays while second k+1 comes in). DIR receives session.csv, session.jsonl, session.trace.json
-(open it in Perfetto) and summary.json. Default pace: as fast as possible; ``--realtime`` feeds
-one second per second through the live runner, so a slow second makes the next frames queue.
+(open it in Perfetto), summary.json and the session's input and output WAVs. Default pace: as fast
+as possible; ``--realtime`` feeds one second per second through the live runner, so a slow second
+makes the next frames queue.
+
+Nothing waits for the end: each second's record and audio go into a fresh ``DIR.partial-xxxx``
+folder beside DIR as it is processed (see engine/session/journal.py), which becomes DIR when the
+session ends. SIGINT (Ctrl-C) or SIGTERM stops at the second boundary, writes everything so far
+and exits 130 / 143; a killed process leaves the partial folder with every second up to the last.
 """
 from __future__ import annotations
 
 import argparse
-import json
+import math
+import queue
+import shutil
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import List, Tuple
 
 import numpy as np
 
-from engine.audio import AudioError, frames_of, load_mono, write_wav
+from engine.audio import AudioError, frames_of, load_mono
 from engine.models import registry
-from engine.session import (DuplexSession, ExportError, LiveError, LiveRunner, SessionConfig, export_records,
-                            format_summary, summarize)
-from engine.session.export import _atomic_write
+from engine.cli.validate import OneLineParser, output_file, output_folder, seconds, seed
+from engine.atomic import atomic_write
+from engine.session import (DuplexSession, ExportError, LiveError, LiveRunner, SessionConfig, format_summary,
+                            summarize)
+from engine.session.journal import OUTPUT_WAV, SESSION_FILES, SessionJournal, fresh_folder, publish
+from engine.stats import progress as progress_bar
 
 MODES = {"stock": (False, False), "demand": (True, False), "graphs": (True, True)}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="duplexcadence run", description=__doc__.split("\n\n")[0],
+    p = OneLineParser(prog="duplexcadence run", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", required=True, help="input WAV (any rate, any channels)")
     p.add_argument("--output", required=True, help="output WAV (24 kHz mono)")
     p.add_argument("--log", required=True, help="folder for session.csv / .jsonl / .trace.json / summary.json")
     p.add_argument("--model", default="step-audio2", choices=registry.tail_names(), help="decoder tail (SPEAK)")
-    p.add_argument("--backbone", default="synthetic", choices=["synthetic", "moshi"], help="LISTEN + THINK")
+    p.add_argument("--backbone", default="synthetic", choices=["synthetic", "moshi", "minicpm-o-4.5"],
+                   help="LISTEN + THINK")
     p.add_argument("--checkpoint", help="decoder tail weights (" + registry.checkpoint_hints() + "); with "
                                         "--backbone moshi a folder here is taken as the Moshi weights folder")
-    p.add_argument("--backbone-checkpoint", help="Moshi weights folder (model.safetensors, Mimi, tokenizer)")
+    p.add_argument("--backbone-checkpoint", help="Moshi weights folder (model.safetensors, Mimi, tokenizer), or "
+                   "the MiniCPM-o 4.5 folder (config.json, shards, tokenizer.json; its assets/token2wav is the tail's)")
     p.add_argument("--size", default="auto", choices=["auto", "released", "tiny"],
                    help="auto: released on a GPU, tiny on a CPU")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--mode", default="graphs", choices=list(MODES),
                    help="engine toggles: stock (stock-sized state, eager), demand, graphs (demand + graph replay)")
     p.add_argument("--realtime", action="store_true", help="pace the input at one second per second")
-    p.add_argument("--seconds", type=int, default=None, help="use only the first N seconds of the input")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seconds", type=seconds, default=None,
+                   help="use only the first N seconds of the input (only those are read; at most 24 h)")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the random weights and sampling (0 to 2**63-1)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--engine", metavar="ws://HOST:PORT",
+                   help="run the session on a `duplexcadence serve` server instead of embedded")
+    p.add_argument("--token-file", help="with --engine: file holding the server's token (default: "
+                                        "$DUPLEXCADENCE_TOKEN)")
     return p
 
 
 def make_config(a: argparse.Namespace) -> SessionConfig:
     demand, graphs = MODES[a.mode]
     ckpt, bb_ckpt = a.checkpoint, a.backbone_checkpoint
-    if a.backbone == "moshi" and bb_ckpt is None and ckpt and Path(ckpt).is_dir():
+    if a.backbone in ("moshi", "minicpm-o-4.5") and bb_ckpt is None and ckpt and Path(ckpt).is_dir() \
+            and (a.backbone == "moshi" or (Path(ckpt) / "config.json").is_file()):
         ckpt, bb_ckpt = None, ckpt
     cfg = SessionConfig(tail=a.model, backbone=a.backbone, size=a.size, device=a.device, checkpoint=ckpt,
                         backbone_checkpoint=bb_ckpt, demand_sized=demand, graph_replay=graphs, seed=a.seed)
@@ -65,116 +86,241 @@ def make_config(a: argparse.Namespace) -> SessionConfig:
 
 
 class Progress:
-    """A one-line progress bar on stderr (a line every 10 s when stderr is not a terminal)."""
+    """Seconds done as a progress bar on stderr (tqdm, refreshed every 10 s when stderr is not a terminal), with
+    the last second's time and decision, and how late it was when it missed."""
 
     def __init__(self, total: int, quiet: bool = False):
         self.total, self.quiet = total, quiet
-        self.tty = sys.stderr.isatty()
+        self.bar = None                     # drawn from the first second on (after the session's own messages)
+        self.done = 0
 
     def update(self, done: int, rec) -> None:
-        if self.quiet or not (self.tty or done % 10 == 0 or done == self.total):
-            return
-        width = 30
-        fill = int(width * done / max(1, self.total))
-        bar = "#" * fill + "." * (width - fill)
-        line = (f"[{bar}] {done}/{self.total} s  last {rec.total_ms:6.1f} ms  {rec.decision:<6}"
-                f"{'  MISSED by %.0f ms' % rec.late_ms if rec.missed else ''}")
-        print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr, flush=True)
+        if self.bar is None:
+            self.bar = progress_bar(self.total, desc="session", unit="s", quiet=self.quiet,
+                                    mininterval=0.5 if sys.stderr.isatty() else 10.0)
+        late = f"  MISSED by {rec.late_ms:.0f} ms" if rec.missed else ""
+        self.bar.set_postfix_str(f"last {rec.total_ms:6.1f} ms {rec.decision}{late}", refresh=False)
+        self.bar.update(done - self.done)
+        self.done = done
 
     def close(self) -> None:
-        if self.tty and not self.quiet:
-            print(file=sys.stderr)
+        if self.bar is not None:
+            self.bar.close()
 
 
 def announce(info: dict) -> None:
     """Say what runs (and, loudly, when the weights are synthetic)."""
     print(f"session: {info['tail_title']} <- {info['backbone_title']} on {info['device']} ({info['size']})",
           file=sys.stderr)
-    if info.get("synthetic"):
+    if info.get("note"):
         print(f"NOTE: {info['note']}", file=sys.stderr)
 
 
-def run_fast(cfg: SessionConfig, frames: List[np.ndarray], progress: Progress) -> Tuple[list, list]:
-    """Every second back to back, as fast as the engine goes."""
+class Interrupted(Exception):
+    """SIGINT or SIGTERM arrived while the session was being built (nothing to keep yet)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class StopSignals:
+    """SIGINT and SIGTERM stop the session at the next second boundary (while it is built: at once).
+
+    Used as a context manager; the previous handlers come back on exit. ``signum`` is the first
+    signal received (0: none).
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signum = 0
+        self.building = True
+        self._old = {}
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for s in self.SIGNALS:
+                self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+    def _handle(self, signum, frame) -> None:
+        if not self.signum:
+            self.signum = signum
+        if self.building:
+            raise Interrupted(signum)
+
+
+def run_fast(cfg: SessionConfig, frames: List[np.ndarray], progress: Progress, journal: SessionJournal,
+             stop: StopSignals) -> None:
+    """Every second back to back, as fast as the engine goes; each one into the journal at once."""
     s = DuplexSession(cfg)
-    s.start()
-    announce(s.info)
-    outs = []
     try:
-        for i, f in enumerate(frames):
+        s.start()
+        stop.building = False
+        announce(s.info)
+        for f in frames:
+            if stop.signum:
+                break
             out, rec = s.process(f)
-            outs.append(out)
-            progress.update(i + 1, rec)
+            journal.append(rec, f, out)
+            progress.update(journal.seconds, rec)
     finally:
+        stop.building = False
         s.close()
-    return outs, s.records
 
 
-def run_realtime(cfg: SessionConfig, frames: List[np.ndarray], progress: Progress) -> Tuple[list, list]:
-    """One frame per second into the live runner; late seconds make frames queue (none dropped)."""
+def run_realtime(cfg: SessionConfig, frames: List[np.ndarray], progress: Progress, journal: SessionJournal,
+                 stop: StopSignals) -> None:
+    """One frame per second into the live runner; late seconds make frames queue (none dropped).
+    A stop signal ends it at the second in progress (which is kept)."""
     runner = LiveRunner(cfg)
     runner.start()
-    runner.ready.wait()
+    try:
+        while not runner.ready.wait(0.1):
+            pass
+    except Interrupted:
+        runner.stop(timeout=600.0)               # the worker finishes building, then stops: join it
+        raise
+    stop.building = False
     if runner.session is not None:
         announce(runner.session.info)
-    outs, records = [], []
     t0 = time.perf_counter()
     submitted = 0
-    while len(records) < len(frames):
-        now = time.perf_counter() - t0
-        while submitted < len(frames) and now >= submitted:   # frame k arrives at t0 + k seconds
-            runner.submit(frames[submitted])
-            submitted += 1
-        try:
-            item = runner.results.get(timeout=0.02)
-        except Exception:  # queue.Empty
-            if not runner.running and runner.results.empty():
-                raise RuntimeError("the live runner stopped before the end of the input")
-            continue
-        if isinstance(item, LiveError):
-            runner.stop()
-            raise RuntimeError(item.message)
-        outs.append(item.audio)
-        records.append(item.record)
-        progress.update(len(records), item.record)
-    runner.stop(timeout=30.0)
-    if runner.session is not None:
-        runner.session.close()
-    return outs, records
+    try:
+        while journal.seconds < len(frames) and not stop.signum:
+            now = time.perf_counter() - t0
+            while submitted < len(frames) and now >= submitted:   # frame k arrives at t0 + k seconds
+                runner.submit(frames[submitted])
+                submitted += 1
+            try:
+                item = runner.results.get(timeout=0.02)
+            except queue.Empty:
+                if not runner.running and runner.results.empty():
+                    raise RuntimeError("the live runner stopped before the end of the input")
+                continue
+            _take(item, frames, journal, progress)
+        runner.stop(timeout=60.0)                    # finishes the second in progress
+        while not runner.results.empty():
+            _take(runner.results.get_nowait(), frames, journal, progress)
+    finally:
+        runner.stop(timeout=60.0)
+        if runner.session is not None:
+            runner.session.close()
+
+
+def _take(item, frames: List[np.ndarray], journal: SessionJournal, progress: Progress) -> None:
+    if isinstance(item, LiveError):
+        raise RuntimeError(item.message)
+    rec = item.record
+    journal.append(rec, frames[rec.index], item.audio)
+    progress.update(journal.seconds, rec)
+
+
+def _copy_wav(src: Path, dest) -> Path:
+    """The journal's output WAV as ``dest``, written atomically."""
+    def write(f) -> None:
+        with open(src, "rb") as g:
+            shutil.copyfileobj(g, f, 1 << 20)
+    return atomic_write(dest, write, ExportError)
+
+
+def _journal_for(log: Path, cfg: SessionConfig) -> SessionJournal:
+    """A journal in a fresh ``LOG.partial-xxxx`` folder beside ``log`` (renamed onto it at the end)."""
+    log = log.expanduser()
+    if log.exists() and not log.is_dir():
+        raise ExportError(f"cannot write {log / 'session.csv'}: {log} is not a folder")
+    try:
+        folder = fresh_folder(log.parent, f"{log.name}.partial-")
+    except OSError as e:
+        raise ExportError(f"cannot write into {log.parent}: {e.strerror or e}") from None
+    return SessionJournal.create(folder, metadata={"config": {k: v for k, v in vars(cfg).items()}})
+
+
+def _finish(a: argparse.Namespace, cfg: SessionConfig, journal: SessionJournal, signum: int) -> Tuple[Path, Path]:
+    """Write the rest of the journal, the output WAV, and move the logs onto ``--log``."""
+    summary = summarize(journal.records)
+    summary.update({"config": {k: v for k, v in vars(cfg).items()}, "input": str(a.input),
+                    "pace": "realtime" if a.realtime else "fast",
+                    "interrupted": signal.Signals(signum).name if signum else None})
+    journal.finish(summary=summary, metadata={"config": summary["config"]})
+    try:
+        log = publish(journal.directory, Path(a.log).expanduser())
+    except OSError as e:
+        raise ExportError(f"cannot write {a.log}: {e.strerror or e}; the session's files are in "
+                          f"{journal.directory}") from None
+    return _copy_wav(log / OUTPUT_WAV, a.output), log
 
 
 def main(argv=None) -> int:
     p = build_parser()
     a = p.parse_args(argv)
     try:
-        cfg = make_config(a)
-        audio = load_mono(a.input)
+        runner = None
+        if a.engine:                                   # the session runs on a server (engine/serve)
+            from engine.serve.headless import make_runner, remote_config
+            cfg = remote_config(a)
+            runner = make_runner(a, cfg)
+        else:
+            cfg = make_config(a)
+        output_file(a.output, "--output", inputs=[a.input], suffixes=(".wav",))
+        output_folder(a.log, "--log", inputs=[a.input], names=SESSION_FILES)
+        audio = load_mono(a.input, max_seconds=a.seconds)
     except (ValueError, AudioError) as e:
         print(f"duplexcadence run: error: {e}", file=sys.stderr)
         return 2
     frames = frames_of(audio)
     if a.seconds is not None:
-        frames = frames[: max(1, a.seconds)]
+        frames = frames[: math.ceil(a.seconds)]
     progress = Progress(len(frames), a.quiet)
     try:
-        outs, records = (run_realtime if a.realtime else run_fast)(cfg, frames, progress)
-    except (ValueError, RuntimeError, ImportError, FileNotFoundError) as e:
+        journal = _journal_for(Path(a.log), cfg)
+    except ExportError as e:
+        print(f"duplexcadence run: error: {e}", file=sys.stderr)
+        return 1
+    error = None
+    with StopSignals() as stop:
+        try:
+            if runner is not None:
+                from engine.serve.headless import run_remote
+                run_remote(runner, frames, progress, journal, stop, a.realtime)
+            else:
+                (run_realtime if a.realtime else run_fast)(cfg, frames, progress, journal, stop)
+        except Interrupted:
+            pass
+        except (ValueError, RuntimeError, ImportError, FileNotFoundError, ExportError) as e:
+            error = e
         progress.close()
-        print(f"duplexcadence run: error: {e}", file=sys.stderr)
+        signum = stop.signum
+        stop.building = False
+        if journal.seconds == 0:
+            journal.discard()                  # nothing happened: leave the old logs and output alone
+            if error is not None:
+                print(f"duplexcadence run: error: {error}", file=sys.stderr)
+                return 1
+            if signum:
+                print("duplexcadence run: interrupted after 0 s; nothing written", file=sys.stderr)
+                return 128 + signum
+        try:
+            out, log = _finish(a, cfg, journal, signum)
+        except (ExportError, AudioError) as e:
+            print(f"duplexcadence run: error: {e}", file=sys.stderr)
+            return 1
+    n = journal.seconds
+    written = f"wrote {out} ({n} s, 24 kHz mono) and {log}/ (session.csv, session.jsonl, session.trace.json, " \
+              f"session_input.wav, session_output.wav, summary.json)"
+    if error is not None:
+        print(f"duplexcadence run: error: {error}; {written}", file=sys.stderr)
         return 1
-    progress.close()
-    summary = summarize(records)
-    summary.update({"config": {k: v for k, v in vars(cfg).items()}, "input": str(a.input),
-                    "pace": "realtime" if a.realtime else "fast"})
-    try:
-        write_wav(a.output, np.concatenate(outs), 24000)
-        paths = export_records(records, a.log, metadata={"config": summary["config"]})
-        _atomic_write(Path(a.log) / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
-    except (ExportError, AudioError) as e:
-        print(f"duplexcadence run: error: {e}", file=sys.stderr)
-        return 1
-    print(format_summary(summary))
-    print(f"wrote {a.output} ({len(outs)} s, 24 kHz mono) and {', '.join(str(v) for v in paths.values())}")
+    if signum:
+        print(f"duplexcadence run: interrupted after {n} s; {written}", file=sys.stderr)
+        return 128 + signum
+    print(format_summary(summarize(journal.records)))
+    print(written)
     return 0
 
 
