@@ -141,7 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default=None)
     p.add_argument("--size", default="auto", choices=["auto", "released", "tiny"])
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--modes", default="stock,graphs", help="comma-separated: stock, demand, graphs")
+    p.add_argument("--modes", default="stock,graphs",
+                   help="comma-separated: stock (our code with the stock's state policy, shown as stock-like), "
+                        "demand, graphs")
     p.add_argument("--flip-seconds", type=int, default=10, help="seconds of a run flipping toggles every second")
     p.add_argument("--input", default=None, help="input WAV (default: speech-like input made here)")
     p.add_argument("--seed", type=int, default=0)
