@@ -102,11 +102,12 @@ class F0Predictor(nn.Module):
 
 
 class SineSource(nn.Module):
-    """NSF source (SourceModuleHnNSF2 + SineGen2): harmonics of f0 with random initial phases, merged.
+    """NSF source (SourceModuleHnNSF2 + SineGen2): the harmonics of f0 as sines (noise where unvoiced), merged.
 
     Draws, in the stock's order, from the device's default generator: ``rand(1, harmonics+1)`` for the
-    initial phases, ``randn`` like the harmonics for the additive noise, and ``randn`` like ``uv`` for the
-    stock's noise branch, which it discards (drawn all the same: the generator's offset must match).
+    start phases (which never reach the output, see :meth:`_sines`), ``randn`` like the harmonics for the
+    additive noise, and ``randn`` like ``uv`` for the stock's noise branch, which it discards (drawn all the
+    same: the generator's offset must match).
     """
 
     def __init__(self, sampling_rate: int, upsample_scale: int, harmonics: int, sine_amp: float,
