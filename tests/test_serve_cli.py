@@ -60,3 +60,22 @@ def test_serve_without_token_starts_nothing(tmp_path):
     assert p.stderr.strip().splitlines() == [
         "duplexcadence serve: error: no token: $DUPLEXCADENCE_TOKEN is empty or unset — a token is required "
         "(give --token-file FILE or set DUPLEXCADENCE_TOKEN)"]
+
+
+def test_serve_capacity_dry_run_writes_json_md_png(tmp_path, capsys, one_torch_thread):
+    """The capacity bench on the CPU (tiny Mimi, one replica, two sessions at most): what it writes."""
+    import json
+
+    from engine.bench.cli import main
+    out = tmp_path / "serve.json"
+    assert main(["serve-capacity", "--replicas", "1", "--tail", "mimi", "--size", "tiny", "--device", "cpu",
+                 "--max-sessions", "2", "--window", "3", "--seconds", "3", "--cpus-per-replica", "0.5",
+                 "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    one = doc["replicas"]["1"]
+    assert one["confirmed"] and one["sessions"] == 2 and one["ramp_ended"] == "reached --max-sessions"
+    assert sum(one["sessions_per_replica"].values()) == 2 and one["errors"] == []
+    assert doc["ratio_to_one_replica"] == {"1": 1.0}
+    assert "| replicas |" in out.with_suffix(".md").read_text()
+    assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+    assert "sessions at" in capsys.readouterr().out

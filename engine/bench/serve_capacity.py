@@ -20,7 +20,6 @@ over 1 s) or when it has not come back to the client 1.2 s after the window clos
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import sys
@@ -29,11 +28,13 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from engine.bench.capacity import session_inputs
+from engine.bench.report import Bars, Figure, markdown, write_all
 from engine.cli.run import MODES
 from engine.cli.validate import OneLineParser
 from engine.host.drive import PacedLoad, Window
 from engine.serve.client import RemoteRunner
 from engine.session import SessionConfig
+from engine.stats import table
 
 TOKEN = "serve-capacity-bench-" + os.urandom(8).hex()
 
@@ -104,18 +105,20 @@ def measure(url: str, cfg: SessionConfig, a: argparse.Namespace, label: str) -> 
     inputs = session_inputs(a.max_sessions + 1, a.seed)
     load = PacedLoad(RemoteHost(url, TOKEN))
     ramp: List[Dict[str, object]] = []
-    clean, refusal, n = 0, None, 1
+    clean, refusal, n, ended = 0, None, 1, "reached --max-sessions"
     try:
         while n <= a.max_sessions:
             refusal = _grow(load, cfg, inputs, n)
             if refusal is not None:
                 say(f"{label}: the cluster refused session {len(load.sessions) + 1}: {refusal}")
+                ended = "the cluster refused a session"
                 break
             load.settle(10.0)
             w = load.measure(a.window)
             ramp.append(dict(w.to_dict(), window_s=a.window))
             say(_line(label, w, a.window))
             if w.misses:
+                ended = f"a second missed at {n} sessions"
                 break
             clean = n
             free = 0.9 * 1000.0 / max(w.p99_ms, 1.0)             # step by what the p99 leaves free
@@ -138,7 +141,7 @@ def measure(url: str, cfg: SessionConfig, a: argparse.Namespace, label: str) -> 
     finally:
         load.close()
     return {"sessions": clean if conf is not None and conf.misses == 0 else 0, "ramp_clean": clean,
-            "refusal": refusal, "ramp": ramp, "confirmation": None if conf is None else conf.to_dict(),
+            "refusal": refusal, "ramp_ended": ended, "ramp": ramp, "confirmation": None if conf is None else conf.to_dict(),
             "confirmed": conf is not None and conf.misses == 0, "sessions_per_replica": per_replica,
             "errors": errors}
 
@@ -193,11 +196,36 @@ def main(argv=None) -> int:
         ray.shutdown()
     one = doc["replicas"].get("1", {}).get("sessions", 0)
     doc["ratio_to_one_replica"] = {k: (v["sessions"] / one if one else None) for k, v in doc["replicas"].items()}
-    text = json.dumps(doc, indent=2, default=str) + "\n"
+    print(report_table(doc, wrap=True))
     if a.json:
-        Path(a.json).write_text(text)
-    print(text)
+        md = markdown("Sessions a Ray Serve deployment keeps at 0 misses", doc["command"],
+                      [("", report_table(doc, wrap=False))],
+                      ["each session is a WebSocket client fed one frame a second in real time; latency is the "
+                       "server's frame arrival to done (confirmation window)"])
+        for path in write_all(Path(a.json), doc, md, figure(doc)):
+            say(f"wrote {path}")
     return 0
+
+
+def report_table(doc: Dict[str, object], wrap: bool) -> str:
+    """One row per replica count: sessions held at 0 misses, the ratio to one replica, latency, split."""
+    rows = []
+    for r, v in doc["replicas"].items():
+        conf = v.get("confirmation") or {}
+        ratio = doc["ratio_to_one_replica"].get(r)
+        rows.append([r, v["sessions"], "-" if ratio is None else f"{ratio:.2f}x", conf.get("p50_ms", 0.0),
+                     conf.get("p99_ms", 0.0), " / ".join(str(n) for n in v["sessions_per_replica"].values()),
+                     v["ramp_ended"]])
+    return table(rows, ["replicas", "sessions at 0 misses", "vs 1 replica", "p50 ms", "p99 ms", "per replica",
+                        "ramp ended"], max_widths=[None, None, None, None, None, 16, 24], header_width=12, wrap=wrap)
+
+
+def figure(doc: Dict[str, object]) -> Figure:
+    labels = [f"{r} replica{'s' if r != '1' else ''}" for r in doc["replicas"]]
+    held = [float(v["sessions"]) for v in doc["replicas"].values()]
+    p99 = [float((v.get("confirmation") or {}).get("p99_ms", 0.0)) for v in doc["replicas"].values()]
+    return Figure([Bars("Sessions at 0 misses", "sessions", labels, {"sessions": held}),
+                   Bars("Latency p99 (confirmation)", "ms", labels, {"p99": p99}, hline=(1000.0, "deadline"))])
 
 
 if __name__ == "__main__":
