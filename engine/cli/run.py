@@ -3,7 +3,9 @@
   duplexcadence run --input IN.wav --output OUT.wav --log DIR [--model TAIL]
                     [--backbone synthetic|moshi|minicpm-o-4.5] [--checkpoint PATH] [--backbone-checkpoint DIR]
                     [--size auto|released|tiny] [--device auto|cpu|cuda] [--mode stock|demand|graphs]
-                    [--realtime] [--seconds N]
+                    [--realtime] [--seconds N] [--engine ws://HOST:PORT [--token-file F]]
+
+With --engine the session runs on a `duplexcadence serve` server (engine/serve); the files are the same.
 
 IN.wav may have any sample rate and channel count (mixed down, resampled to 24 kHz). OUT.wav is
 24 kHz mono with one second out per second in (second k's answer is second k of OUT.wav: it
