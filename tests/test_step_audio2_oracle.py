@@ -4,6 +4,8 @@ Same seeded random weights, prompt, tokens and seed on both sides. The oracle si
 stock hard-codes (512 hidden, 8 x 64 heads) and shrinks depth; prompt and token counts are odd on purpose
 (a 37-token prompt, 109 tokens: three start-up chunks, two steady chunks, a 9-token last chunk).
 """
+import importlib
+
 import numpy as np
 import pytest
 import torch
@@ -77,3 +79,59 @@ def test_released_dims_two_chunks_bit_identical():
         ours = synthesize(model, case.prompt, case.tokens, "demand", case.seed)
     assert [len(x) for x in ours] == [24000, (8 + 2 * 16) * 480]
     assert_chunks_equal(ours, ref)
+
+
+# -- the three blocks written from the mathematics, each against the stock's own module --------------------
+
+def _stock(module: str, name: str):
+    S._load()
+    return getattr(importlib.import_module("stepaudio2." + module), name)
+
+
+@pytest.mark.parametrize("d_model, max_len", [(512, 5000), (80, 37), (64, 1)])
+def test_rel_position_table_equals_the_stock_encoding(d_model, max_len):
+    from engine.models.step_audio2.encoder import rel_position_table
+    stock = _stock("cosyvoice2.transformer.embedding", "EspnetRelPositionalEncoding")(d_model, 0.0, max_len)
+    assert torch.equal(rel_position_table(d_model, max_len), stock.pe)
+
+
+def test_rel_pos_attention_equals_the_stock_on_every_cache_and_chunk_length(one_torch_thread):
+    from engine.models.step_audio2.encoder import RelPosSelfAttention, rel_position_table
+    h, c = 8, 512
+    stock = _stock("cosyvoice2.transformer.attention", "RelPositionMultiHeadedAttention")(h, c, 0.0, True).eval()
+    g = torch.Generator().manual_seed(0)
+    sd = {k: torch.randn(v.shape, generator=g) * (0.05 if v.dim() > 1 else 0.1) for k, v in stock.state_dict().items()}
+    stock.load_state_dict(sd)
+    ours = RelPosSelfAttention(h, c)
+    ours.load_state_dict(sd)
+    pe = rel_position_table(c)
+    mid = pe.shape[1] // 2
+    for cached, t in [(0, 1), (0, 25), (3, 1), (28, 2), (100, 56)]:   # (0, 1): the stock skips its rel_shift
+        x = torch.randn(1, t, c, generator=g)
+        cache = torch.randn(1, h, cached, 2 * c // h, generator=g) if cached else None
+        pos = pe[:, mid - (cached + t) + 1: mid + cached + t]
+        slot = torch.empty(1, h, t, 2 * c // h)
+        with torch.no_grad():
+            ref, new_cache = stock(x, x, x, pos_emb=pos, cache=torch.zeros(0, 0, 0, 0) if cache is None else cache)
+            out = ours(x, pos, cache, slot)
+        assert torch.equal(out, ref), (cached, t)
+        assert torch.equal(slot, new_cache[:, :, cached:]), (cached, t)
+
+
+@pytest.mark.parametrize("scale", [480, 15, 4])
+def test_sine_phase_equals_the_stock_sine_generator(scale):
+    from engine.models.step_audio2.hift_parts import SineSource
+    stock = _stock("flashcosyvoice.modules.hifigan_components.layers", "SineGen2")(24000, scale, harmonic_num=8)
+    ours = SineSource(24000, scale, 8, 0.1, 0.003, 10.0)
+    g = torch.Generator().manual_seed(scale)
+    for frames in (1, 7, 58):
+        f0 = (80 + 320 * torch.rand(1, frames, 1, generator=g)).repeat_interleave(scale, 1)   # voiced, 80-400 Hz
+        f0 = f0 * (1 + 0.1 * torch.rand(1, frames * scale, 1, generator=g))                 # and moving within frames
+        f = f0 * ours.harmonics
+        torch.manual_seed(1)
+        ref = stock._f02sine(f.clone())
+        after_stock = torch.rand(4)
+        torch.manual_seed(1)
+        out = ours._sines(f.clone())
+        assert torch.equal(out, ref), (scale, frames)
+        assert torch.equal(torch.rand(4), after_stock)                       # the generator left where the stock leaves it
