@@ -20,6 +20,7 @@ from typing import List, Optional
 
 from engine.cli.run import MODES, make_config
 from engine.cli.validate import OneLineParser
+from engine.models import registry
 
 from .auth import ENV, TokenError, read_token
 
@@ -43,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drain-timeout", type=float, default=3600.0,
                    help="seconds a replica being scaled down or stopped waits for its live sessions (default 3600)")
     p.add_argument("--cpus-per-replica", type=float, default=1.0)
-    p.add_argument("--model", default="step-audio2", choices=["step-audio2", "mimi"], help="decoder tail (SPEAK)")
+    p.add_argument("--model", default="step-audio2", choices=registry.tail_names(), help="decoder tail (SPEAK)")
     p.add_argument("--backbone", default="synthetic", choices=["synthetic", "moshi", "minicpm-o-4.5"],
                    help="LISTEN + THINK")
     p.add_argument("--checkpoint", help="decoder tail weights on the serving machines (folder or .safetensors)")
