@@ -138,7 +138,11 @@ def write_all(json_path: Path, doc: Dict, md: str, fig: Optional[Figure]) -> Lis
     """Write ``x.json``, ``x.md`` and (when ``fig``) ``x.png``; returns the paths written. A missing
     matplotlib is reported on stderr in one line, not raised."""
     json_path = Path(json_path)
-    json_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(f"cannot write {json_path}: {json_path.parent} is not a folder we can create "
+                      f"({e.strerror or e})") from None
     md_path, png_path = siblings(json_path)
     _write(json_path, (json.dumps(doc, indent=1, default=str) + "\n").encode())
     _write(md_path, md.encode())
