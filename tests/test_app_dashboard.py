@@ -3,6 +3,8 @@ markers, stage statistics, keep-up banner and Stop progress, overlay banners, sm
 the scripted Output picker, SPEAK bars of listening seconds, the model panel's engine check."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from PySide6.QtCore import Qt
@@ -51,10 +53,19 @@ def _behind(cfg):
     return r
 
 
+def _stop_quietly(w: MainWindow) -> None:
+    if w.controller.state != ctl.IDLE:
+        w.controller.stop()
+        deadline = time.monotonic() + 15
+        while w.controller.state != ctl.IDLE and time.monotonic() < deadline:
+            QApplication.processEvents()
+            time.sleep(0.01)
+
+
 def make_window(qtbot, tmp_path, factory, outputs=()) -> MainWindow:
     w = MainWindow(controller=SessionController(factory), settings=open_qsettings(str(tmp_path / "s.ini")),
                    devices=lambda: ([], list(outputs)), cuda=False)
-    qtbot.addWidget(w)
+    qtbot.addWidget(w, before_close_func=_stop_quietly)     # a failed test leaves no session running
     w.show()
     return w
 
