@@ -5,13 +5,18 @@ import shutil
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
-from PySide6.QtCore import QEvent, QSettings, Qt
-from PySide6.QtGui import QIcon, QKeyEvent
-from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QLabel, QLineEdit, QMainWindow,
-                               QMessageBox, QPlainTextEdit, QPushButton, QSplitter, QTabWidget, QVBoxLayout, QWidget)
+from PySide6.QtCore import QEvent, QSettings, Qt, QTimer
+from PySide6.QtGui import QAction, QIcon, QKeyEvent, QKeySequence
+from PySide6.QtWidgets import (QApplication, QFileDialog, QFrame, QHBoxLayout, QLabel, QLineEdit, QMainWindow,
+                               QMessageBox, QPlainTextEdit, QPushButton, QScrollArea, QSplitter, QTabWidget,
+                               QVBoxLayout, QWidget)
 
 from app import controller as ctl
+from app import theme
 from app.audio_io import AudioUnavailable, DeviceInput, DeviceOutput, FileInput, list_devices
+from app.banners import BannerStack
+from app.dashboard import ScopePlot, StatsPanel
+from app.engine_panel import EnginePanel
 from app.panels import DevicePanel, EventLogPanel, ModelPanel, SummaryRow, TogglePanel
 from app.plots import MemoryPlot, TimingPlot
 from app.settings import AppSettings, load_settings, open_qsettings, save_settings
@@ -24,18 +29,16 @@ from engine.session.journal import export_journal
 SYNTHETIC_BANNER = ("Synthetic weights: timing and memory are real; the voice is not speech — "
                     "load a checkpoint folder for a real voice.")
 ICON = "duplexcadence.png"
+#: keyboard shortcuts (shown in the menus and the buttons' tooltips)
+KEYS = {"start": "Ctrl+R", "stop": "Ctrl+.", "export": "Ctrl+E", "open": "Ctrl+O"}
+#: a Space release followed this soon by a press is key autorepeat, not the user letting go
+PTT_RELEASE_MS = 120
+#: the per-stage statistics look back this many seconds (their cost stays flat)
+STATS_WINDOW_S = 600
 STATE_STYLE = {
     "listen": ("LISTENING", "#4c78a8"), "speak": ("SPEAKING", "#59a14f"), ctl.STARTING: ("STARTING…", "#8a8f98"),
     ctl.IDLE: ("IDLE", "#8a8f98"), ctl.DRAINING: ("FINISHING…", "#8a8f98"), ctl.STOPPING: ("STOPPING…", "#8a8f98"),
 }
-
-
-def _banner(colour: str) -> QLabel:
-    lab = QLabel()
-    lab.setWordWrap(True)
-    lab.setStyleSheet(f"background: {colour}; color: black; padding: 6px 10px; border-radius: 4px;")
-    lab.hide()
-    return lab
 
 
 class MainWindow(QMainWindow):
@@ -43,6 +46,7 @@ class MainWindow(QMainWindow):
 
     def __init__(self, controller: Optional[ctl.SessionController] = None, settings: Optional[QSettings] = None,
                  devices: Callable = list_devices, cuda: Optional[bool] = None):
+        theme.apply_env_theme()                     # $DUPLEXCADENCE_THEME=dark|light, else the system's
         super().__init__()
         self.setWindowTitle("DuplexCadence — live duplex conversation")
         try:
@@ -62,6 +66,9 @@ class MainWindow(QMainWindow):
         self._load_devices(devices)
         self._apply_settings(self.settings)
         self._last_toggles = None
+        self._ptt_release = QTimer(self, singleShot=True, interval=PTT_RELEASE_MS)
+        self._ptt_release.timeout.connect(lambda: self.controller.press_talk(False))
+        self._replay = None
         self.resize(1440, 920)
 
     # -- construction --------------------------------------------------------------------------
@@ -73,19 +80,17 @@ class MainWindow(QMainWindow):
             return False
 
     def _build(self) -> None:
-        self.synthetic_banner = _banner(YELLOW)
-        self.synthetic_banner.setText(SYNTHETIC_BANNER)
-        self.message_banner = _banner("#f4b6b2")
         self.start_button = QPushButton("Start")
         self.stop_button = QPushButton("Stop")
         self.export_button = QPushButton("Export…")
-        self.start_button.setToolTip("build the model and start listening")
-        self.export_button.setToolTip("timing logs (CSV, JSON Lines, Perfetto trace) and input/output WAV")
+        self.start_button.setToolTip(f"build the model and start listening ({KEYS['start']})")
+        self.stop_button.setToolTip(f"stop the session after the second in progress ({KEYS['stop']})")
+        self.export_button.setToolTip("timing logs (CSV, JSON Lines, Perfetto trace) and input/output WAV "
+                                      f"({KEYS['export']})")
         self.stop_button.setEnabled(False)
         self.export_button.setEnabled(False)
         self.state_label = QLabel()
-        self.session_label = QLabel("no session")
-        self.session_label.setStyleSheet("color: #444;")
+        self.session_label = theme.dim(QLabel("no session"))
         self.session_label.setWordWrap(True)
         self.backlog_label = QLabel("")
         top = QHBoxLayout()
@@ -98,9 +103,12 @@ class MainWindow(QMainWindow):
         self.model_panel = ModelPanel(self.cuda)
         self.device_panel = DevicePanel()
         self.toggle_panel = TogglePanel(self.cuda)
+        self.engine_panel = EnginePanel(self.qsettings, self.controller)   # embedded | remote server (engine/serve)
 
         self.timing_plot = TimingPlot()
         self.memory_plot = MemoryPlot()
+        self.scope = ScopePlot(self.controller.monitor)
+        self.stats = StatsPanel()
         self.summary_row = SummaryRow()
         self.events = EventLogPanel(self.log)
         self.transcript = QPlainTextEdit()
@@ -109,34 +117,70 @@ class MainWindow(QMainWindow):
                                            "produces none).")
         tabs = QTabWidget()
         tabs.addTab(self.events, "Events")
+        tabs.addTab(self.stats, "Stage statistics")
         tabs.addTab(self.transcript, "Model text")
+        self.tabs = tabs
         left = QWidget()
         lcol = QVBoxLayout(left)
         lcol.setContentsMargins(0, 0, 0, 0)
-        for w in (self.model_panel, self.device_panel, self.toggle_panel):
+        for w in (self.model_panel, self.device_panel, self.toggle_panel, self.engine_panel):
             lcol.addWidget(w)
         lcol.addWidget(tabs, 1)
-        left.setMinimumWidth(420)
         right = QWidget()
         rcol = QVBoxLayout(right)
         rcol.setContentsMargins(0, 0, 0, 0)
         rcol.addWidget(self.timing_plot, 3)
         rcol.addWidget(self.summary_row)
+        rcol.addWidget(self.scope, 2)
         rcol.addWidget(self.memory_plot, 2)
+        self.banners = BannerStack(right)        # banners float over the plots: the layout never moves
+        self.synthetic_banner = self.banners.add(YELLOW)
+        self.synthetic_banner.setText(SYNTHETIC_BANNER)
+        self.keepup_banner = self.banners.add("#f9c784")
+        self.message_banner = self.banners.add("#f4b6b2")
 
+        scroll = QScrollArea()                   # the side panels scroll rather than hold the window large
+        scroll.setWidget(left)
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.NoFrame)
+        scroll.setMinimumWidth(300)
         split = QSplitter(Qt.Horizontal)
-        split.addWidget(left)
+        split.addWidget(scroll)
         split.addWidget(right)
         split.setStretchFactor(1, 1)
         split.setSizes([440, 1000])
         central = QWidget()
         col = QVBoxLayout(central)
-        col.addWidget(self.synthetic_banner)
-        col.addWidget(self.message_banner)
         col.addLayout(top)
         col.addWidget(split, 1)
         self.setCentralWidget(central)
+        self._build_menus()
         self._show_state(ctl.IDLE)
+
+    def _build_menus(self) -> None:
+        """File and Session menus; their shortcuts work anywhere in the window."""
+        def action(text: str, key: str, slot, tip: str) -> QAction:
+            a = QAction(text, self, shortcut=QKeySequence(KEYS[key]), triggered=slot)
+            a.setToolTip(f"{tip} ({KEYS[key]})")
+            a.setShortcutContext(Qt.WindowShortcut)
+            self.addAction(a)
+            return a
+
+        self.open_action = action("Open session…", "open", self.open_session_dialog,
+                                  "show an exported session folder with these plots; open a second beside it")
+        self.export_action = action("Export…", "export", self.export_dialog, self.export_button.toolTip())
+        self.start_action = action("Start", "start", self.start_session, "build the model and start listening")
+        self.stop_action = action("Stop", "stop", self.controller.stop, "stop after the second in progress")
+        self.export_action.setEnabled(False)
+        self.stop_action.setEnabled(False)
+        file_menu = self.menuBar().addMenu("&File")
+        file_menu.addAction(self.open_action)
+        file_menu.addAction(self.export_action)
+        file_menu.addSeparator()
+        file_menu.addAction(QAction("Quit", self, shortcut=QKeySequence.Quit, triggered=self.close))
+        session_menu = self.menuBar().addMenu("&Session")
+        session_menu.addAction(self.start_action)
+        session_menu.addAction(self.stop_action)
 
     def _connect(self) -> None:
         c = self.controller
@@ -146,6 +190,7 @@ class MainWindow(QMainWindow):
         c.message.connect(self.show_message)
         c.event.connect(self.events.add)
         c.meters.connect(self.on_meters)
+        c.notice.connect(self.on_notice)
         self.start_button.clicked.connect(self.start_session)
         self.stop_button.clicked.connect(self.controller.stop)
         self.export_button.clicked.connect(self.export_dialog)
@@ -154,6 +199,7 @@ class MainWindow(QMainWindow):
         self.device_panel.input_changed.connect(self.on_input_changed)
         self.device_panel.output_changed.connect(self.on_output_changed)
         self.model_panel.changed.connect(self.on_model_changed)
+        self.engine_panel.reconnect.connect(self.start_session)
         QApplication.instance().installEventFilter(self)
 
     def _load_devices(self, devices: Callable) -> None:
@@ -200,6 +246,10 @@ class MainWindow(QMainWindow):
             self.show_message("error", err)
             return None
         demand, graphs = self.toggle_panel.values()
+        problem = self.engine_panel.prepare()          # embedded, or a remote URL + token that can be used
+        if problem:
+            self.show_message("error", problem)
+            return None
         return cfg.replace(demand_sized=demand, graph_replay=graphs)
 
     def _make_source(self, kind: str, value):
@@ -233,11 +283,12 @@ class MainWindow(QMainWindow):
         ``max_seconds`` it finishes by itself after that many seconds of input. ``show_config``
         makes the panels show ``cfg`` (the panels' own Start leaves them as the user set them)."""
         if show_config:
-            self._show_config(cfg, source)
+            self._show_config(cfg, source, sink)
         self.series.clear()
         self.transcript.clear()
         self._last_toggles = None
         self.message_banner.hide()
+        self.keepup_banner.hide()
         self.synthetic_banner.setVisible(cfg.checkpoint is None)
         try:
             self.controller.start(cfg, source, sink, max_seconds=max_seconds)
@@ -247,8 +298,9 @@ class MainWindow(QMainWindow):
         self.refresh()
         return True
 
-    def _show_config(self, cfg: SessionConfig, source) -> None:
-        """Make the panels show what a (scripted) session runs with."""
+    def _show_config(self, cfg: SessionConfig, source, sink=None) -> None:
+        """Make the panels show what a (scripted) session runs with (the Output picker names its
+        device, or "No playback" when nothing plays)."""
         self.model_panel.set_values(cfg.tail, cfg.backbone, cfg.size, cfg.checkpoint or "",
                                     cfg.backbone_checkpoint or "")
         self.toggle_panel.demand.setChecked(cfg.demand_sized)
@@ -257,6 +309,7 @@ class MainWindow(QMainWindow):
             self.device_panel.add_input_file(source.path)
         elif isinstance(source, DeviceInput):
             self.device_panel.select_device(self.device_panel.input, source.device.name)
+        self.device_panel.show_output(sink.device.name if isinstance(sink, DeviceOutput) else None)
 
     def on_toggles(self, demand: bool, graphs: bool) -> None:
         self.controller.set_toggles(demand_sized=demand, graph_replay=graphs)
@@ -284,6 +337,9 @@ class MainWindow(QMainWindow):
     # -- slots: results ------------------------------------------------------------------------
     def on_record(self, rec) -> None:
         row = self.series.add(rec)
+        delay = self.controller.monitor.delay_for(row["index"])
+        if delay is not None:
+            row["mic_to_speaker_ms"] = round(delay, 3)
         toggles = (row["demand_sized"], row["graph_replay"])
         if self._last_toggles is not None and toggles != self._last_toggles:
             self.events.add("toggle", f"in effect from second {row['index']}: demand_sized={toggles[0]} "
@@ -293,14 +349,26 @@ class MainWindow(QMainWindow):
             self.events.add("late", f"second {row['index']} missed the deadline by {row['late_ms']:.0f} ms")
         if row.get("text"):
             self.transcript.insertPlainText(str(row["text"]))
-        self._show_state(row["decision"])
+        self._show_state(row["decision"] if self.controller.state == ctl.RUNNING else self.controller.state)
         self.refresh()
 
     def refresh(self) -> None:
         self.timing_plot.update_from(self.series)
         self.memory_plot.update_from(self.series)
         self.summary_row.show_summary(self.series.summary())
+        n = min(len(self.series), STATS_WINDOW_S)
+        self.stats.show_stats(self.series.window(STATS_WINDOW_S), note=f"over the last {n} s" if n else "")
         self.export_button.setEnabled(len(self.series) > 0)
+        self.export_action.setEnabled(len(self.series) > 0)
+
+    def on_notice(self, text: str) -> None:
+        """The engine's "cannot keep up" line, refreshed every second; hidden once it keeps up."""
+        if text and self.controller.state in (ctl.STARTING, ctl.RUNNING, ctl.DRAINING):
+            self.keepup_banner.setText(f"⚠ {text}. Playback lags behind; use a smaller size, a GPU, or "
+                                       "turn optimizations on.")
+            self.keepup_banner.show()
+        else:
+            self.keepup_banner.hide()
 
     def on_info(self, info: dict) -> None:
         self.synthetic_banner.setVisible(bool(info.get("synthetic")))
@@ -312,24 +380,39 @@ class MainWindow(QMainWindow):
     def on_state(self, state: str) -> None:
         busy = state != ctl.IDLE
         self.start_button.setEnabled(not busy)
-        self.stop_button.setEnabled(state in (ctl.STARTING, ctl.RUNNING, ctl.DRAINING))
+        self.start_action.setEnabled(not busy)
+        stoppable = state in (ctl.STARTING, ctl.RUNNING, ctl.DRAINING)
+        self.stop_button.setEnabled(stoppable)
+        self.stop_action.setEnabled(stoppable)
+        if state in (ctl.STOPPING, ctl.IDLE):
+            self.keepup_banner.hide()             # stale once the session stops
+            self.backlog_label.setText("")
+            self.device_panel.out_meter.set_idle("")
         self._show_state("listen" if state == ctl.RUNNING else state)
 
     def on_meters(self, m: dict) -> None:
         self.device_panel.show_meters(m)
         self.backlog_label.setText(f"queued: {m.get('backlog', 0)} s in · {m.get('playback_s', 0.0):.1f} s out · "
                                    f"barge-ins {m.get('barge_ins', 0)}")
+        self.scope.refresh()
+
+    def _progress(self, key: str) -> str:
+        """What stopping or finishing is waiting for: the second in progress."""
+        done, fed = len(self.series), self.controller.submitted
+        if key == ctl.STOPPING:
+            return f"STOPPING: finishing second {done}…" if fed > done else "STOPPING…"
+        if key == ctl.DRAINING:
+            return f"FINISHING: second {min(done + 1, fed)} of {fed}…" if fed else "FINISHING…"
+        return STATE_STYLE.get(key, (key.upper(), ""))[0]
 
     def _show_state(self, key: str) -> None:
         text, colour = STATE_STYLE.get(key, (key.upper(), "#8a8f98"))
-        self.state_label.setText(text)
+        self.state_label.setText(self._progress(key) if key in (ctl.STOPPING, ctl.DRAINING) else text)
         self.state_label.setStyleSheet(f"background: {colour}; color: white; font-weight: bold; font-size: 13pt;"
                                        "padding: 4px 14px; border-radius: 4px;")
 
     def show_message(self, level: str, text: str) -> None:
-        colour = {"error": "#f4b6b2", "warning": "#fbe3a6"}.get(level, "#cfe3f6")
-        self.message_banner.setStyleSheet(f"background: {colour}; color: black; padding: 6px 10px; "
-                                          "border-radius: 4px;")
+        self.message_banner.set_colour({"error": "#f4b6b2", "warning": "#fbe3a6"}.get(level, "#cfe3f6"))
         self.message_banner.setText(text)
         self.message_banner.show()
         self.events.add(level, text)
@@ -351,15 +434,50 @@ class MainWindow(QMainWindow):
         self.show_message("info", f"exported {len(paths)} files to {folder}")
         return paths
 
-    # -- keys and closing -----------------------------------------------------------------------
+    # -- replay ---------------------------------------------------------------------------------
+    def open_session_dialog(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Open an exported session folder", self.settings.export_dir)
+        if folder:
+            self.open_session(folder)
+
+    def open_session(self, folder, beside: bool = False):
+        """Show an exported session in the replay window (beside the one it shows, with ``beside``);
+        returns the replay window, or None after one error line."""
+        from app.review import CompareWindow
+        if self._replay is None:
+            self._replay = CompareWindow()
+        if self._replay.open_folder(folder, beside=beside) is None:
+            self.show_message("error", self._replay.error_banner.text())
+            return None
+        self._replay.show()
+        self._replay.raise_()
+        return self._replay
+
+    # -- keys, palette and closing -------------------------------------------------------------
     def eventFilter(self, obj, event) -> bool:
         if event.type() in (QEvent.KeyPress, QEvent.KeyRelease) and isinstance(event, QKeyEvent) \
                 and event.key() == Qt.Key_Space and self.device_panel.ptt.isChecked() \
                 and not isinstance(QApplication.focusWidget(), QLineEdit):
             if not event.isAutoRepeat():
-                self.controller.press_talk(event.type() == QEvent.KeyPress)
+                self._talk_key(event.type() == QEvent.KeyPress)
             return True
         return super().eventFilter(obj, event)
+
+    def _talk_key(self, pressed: bool) -> None:
+        """Space down/up. A release is acted on only after PTT_RELEASE_MS without a new press: some
+        X servers deliver autorepeat as release+press pairs that Qt cannot always tell apart."""
+        if pressed:
+            if self._ptt_release.isActive():
+                self._ptt_release.stop()             # a repeat: the key never went up
+                return
+            self.controller.press_talk(True)
+        else:
+            self._ptt_release.start()
+
+    def changeEvent(self, event) -> None:
+        if event.type() in (QEvent.PaletteChange, QEvent.ApplicationPaletteChange):
+            theme.apply_all(self, self.palette())     # the system switched light/dark: plots follow
+        super().changeEvent(event)
 
     def closeEvent(self, event) -> None:
         """Closing during a session asks Export / Discard / Cancel (``close_policy`` answers instead:

@@ -65,6 +65,7 @@ def _stop_quietly(w: MainWindow) -> None:
 def make_window(qtbot, tmp_path, factory, outputs=()) -> MainWindow:
     w = MainWindow(controller=SessionController(factory), settings=open_qsettings(str(tmp_path / "s.ini")),
                    devices=lambda: ([], list(outputs)), cuda=False)
+    w.close_policy = "keep"                                  # closing never asks (a modal would wait forever)
     qtbot.addWidget(w, before_close_func=_stop_quietly)     # a failed test leaves no session running
     w.show()
     return w

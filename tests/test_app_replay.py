@@ -44,6 +44,7 @@ def _export(folder, n, work_ms, demand, seed=0):
 def window(qtbot, tmp_path):
     w = MainWindow(controller=SessionController(SlowRunner), settings=open_qsettings(str(tmp_path / "s.ini")),
                    devices=lambda: ([], []), cuda=False)
+    w.close_policy = "keep"
     qtbot.addWidget(w)
     w.show()
     return w

@@ -62,7 +62,8 @@ def test_live_session_from_wav(qtbot, tmp_path, speech_wav):
     w.toggle_panel.demand.click()                        # demand-sized state off, mid-session
     (tmp_path / "empty").mkdir()
     w.model_panel.checkpoint.set_path(str(tmp_path / "empty"))
-    assert "lacks" in w.model_panel.status.text() and str(tmp_path / "empty") in w.model_panel.status.text()
+    qtbot.waitUntil(lambda: "lacks" in w.model_panel.status.text(), timeout=10000)   # checked on a worker
+    assert str(tmp_path / "empty") in w.model_panel.status.text()
     qtbot.waitUntil(lambda: len(c.records) >= n_at_toggle + 3, timeout=60000)
     c.finish()
     qtbot.waitUntil(lambda: c.state == ctl.IDLE, timeout=60000)
@@ -72,8 +73,10 @@ def test_live_session_from_wav(qtbot, tmp_path, speech_wav):
     assert [r.index for r in recs] == list(range(n))
     # one point per second in every plot
     assert len(w.series) == n
-    for bar in w.timing_plot.bars.values():
-        assert len(bar.opts["x"]) == n
+    for name in ("listen", "think"):
+        assert len(w.timing_plot.bars[name].opts["x"]) == n
+    speak_x = [*w.timing_plot.bars["speak"].opts["x"], *w.timing_plot.listening_speak.opts["x"]]
+    assert sorted(speak_x) == list(range(n))              # SPEAK of speaking and of listening seconds
     assert len(w.memory_plot.state.getData()[0]) == n
     assert len(w.memory_plot.reserved.getData()[0]) == n
     assert all(r.state_bytes > 0 for r in recs)
@@ -154,7 +157,7 @@ def test_push_to_talk_with_space(qtbot, tmp_path, speech_wav):
     qtbot.keyPress(w.start_button, Qt.Key_Space)
     assert pump.talking
     qtbot.keyRelease(w.start_button, Qt.Key_Space)
-    assert not pump.talking
+    qtbot.waitUntil(lambda: not pump.talking, timeout=2000)   # a release counts once no repeat follows
     w.device_panel.open_mic.setChecked(True)
     assert not pump.push_to_talk
     stop(qtbot, w)
