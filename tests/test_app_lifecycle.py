@@ -315,3 +315,56 @@ def test_the_none_guard_sees_a_paint_call_that_drops_none(qtbot, tmp_path, monke
     """The guard above fails on the fault it guards against."""
     lost, paints = _none_lost(qtbot, tmp_path, monkeypatch, leak=True)
     assert paints >= 600 and lost >= paints - 50 > 50
+
+
+# -- scripted runs: a failed export, a long session ---------------------------------------------------
+
+def test_failed_export_is_one_line_nonzero_and_leaves_nothing(qapp, tmp_path, monkeypatch, capsys):
+    """The disk fills while the export is written: exit 1, one error line, no export folder, no
+    temporary folder; the session's journal keeps everything."""
+    import errno
+    import shutil
+    from app.gui_main import main as gui_main
+    real_copy = shutil.copyfile
+
+    def disk_full(src, dst, **kw):
+        if Path(dst).name == "session_output.wav":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
+        return real_copy(src, dst, **kw)
+    monkeypatch.setattr(shutil, "copyfile", disk_full)
+    monkeypatch.setenv("DUPLEXCADENCE_SESSIONS", str(tmp_path / "journals"))
+    inp = noise_wav(tmp_path / "in.wav", 2.0)
+    code = gui_main(["--input-file", str(inp), "--seconds", "2", "--model", "mimi", "--size", "tiny", "--device",
+                     "cpu", "--export", str(tmp_path / "out" / "export"), "--settings", str(tmp_path / "s.ini")])
+    err = capsys.readouterr().err
+    assert code == 1
+    errors = [line for line in err.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and errors[0].startswith(
+        f"duplexcadence: error: export failed: cannot export to {tmp_path / 'out' / 'export'}: "
+        "No space left on device"), err
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+    kept = list((tmp_path / "journals").glob("*/session.jsonl"))
+    assert len(kept) == 1 and len(read_records(kept[0])) == 2
+
+
+def test_scripted_session_longer_than_200_seconds(tmp_path):
+    """205 s through the app at real-time pace (tiny Mimi tail, CPU): exit 0, every second in the
+    journal and the export (the app once aborted at ~140 s)."""
+    inp = noise_wav(tmp_path / "in.wav", 205.0)
+    out = tmp_path / "out"
+    p = run_app(["--input-file", str(inp), "--seconds", "205", "--model", "mimi", "--size", "tiny", "--device", "cpu",
+                 "--output-file", str(out / "reply.wav"), "--export", str(out / "export")], tmp_path)
+    try:
+        stdout, err = p.communicate(timeout=540)
+    finally:
+        p.kill()
+    assert p.returncode == 0, err[-3000:]
+    assert "205 seconds processed" in stdout
+    assert [r.index for r in read_records(out / "export" / "session.jsonl")] == list(range(205))
+    assert len((out / "export" / "session.csv").read_text().splitlines()) == 206
+    for wav in (out / "reply.wav", out / "export" / "session_input.wav", out / "export" / "session_output.wav"):
+        x, rate = read_wav(wav)
+        assert rate == RATE and len(x) == 205 * RATE, wav
+    journals = list((tmp_path / "journals").glob("*/session.jsonl"))
+    assert len(journals) == 1 and len(read_records(journals[0])) == 205
+    assert not list((tmp_path / "journals").glob(f"*/{MARKER}"))
