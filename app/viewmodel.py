@@ -41,6 +41,7 @@ class Summary:
     state_bytes: int = 0
     reserved_bytes: int = 0
     delay_ms: Optional[float] = None    # mic-to-speaker delay of the latest second (None: not measured)
+    delay_plays: bool = True            # its answer went to a speaker (else: the delay until it was ready)
     colours: Dict[str, str] = field(default_factory=dict)
 
     def text(self) -> Dict[str, str]:
@@ -53,7 +54,7 @@ class Summary:
             "misses": "misses —" if none else f"misses {self.misses} ({self.misses_window} in 60 s)",
             "lateness": f"late now {'—' if none else f'{self.lateness_ms:.0f} ms'}",
             "backlog": f"backlog {'—' if none else f'{self.backlog} s'}",
-            "delay": f"mic→speaker {delay or '—'}",
+            "delay": f"mic→{'speaker' if self.delay_plays else 'answer'} {delay or '—'}",
             "memory": f"state {'—' if none else format_bytes(self.state_bytes)}",
         }
 
@@ -146,7 +147,8 @@ class SessionSeries:
                     misses_window=sum(1 for r in recent if r["missed"]),
                     lateness_ms=float(last["late_ms"]), backlog=int(last.get("backlog", 0)),
                     state_bytes=int(last["state_bytes"]), reserved_bytes=int(last["reserved_bytes"]),
-                    delay_ms=None if delay is None or delay != delay else float(delay))
+                    delay_ms=None if delay is None or delay != delay else float(delay),
+                    delay_plays=bool(self.rows[-1].get("answer_plays", True)))
         d = self.deadline_ms
         s.colours = {
             "p50": traffic_light(s.p50_ms, 0.7 * d, d),

@@ -5,11 +5,11 @@ import shutil
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
-from PySide6.QtCore import QEvent, QSettings, Qt, QTimer
-from PySide6.QtGui import QAction, QIcon, QKeyEvent, QKeySequence
-from PySide6.QtWidgets import (QApplication, QFileDialog, QFrame, QHBoxLayout, QLabel, QLineEdit, QMainWindow,
-                               QMessageBox, QPlainTextEdit, QPushButton, QScrollArea, QSplitter, QTabWidget,
-                               QVBoxLayout, QWidget)
+from PySide6.QtCore import QSettings, Qt, QTimer
+from PySide6.QtGui import QIcon
+from PySide6.QtWidgets import (QApplication, QFileDialog, QFrame, QHBoxLayout, QLabel, QMainWindow, QMessageBox,
+                               QPlainTextEdit, QPushButton, QScrollArea, QSplitter, QTabWidget, QVBoxLayout,
+                               QWidget)
 
 from app import controller as ctl
 from app import theme
@@ -21,6 +21,7 @@ from app.panels import DevicePanel, EventLogPanel, ModelPanel, SummaryRow, Toggl
 from app.plots import MemoryPlot, TimingPlot
 from app.settings import AppSettings, load_settings, open_qsettings, save_settings
 from app.viewmodel import YELLOW, EventLog, SessionSeries
+from app.window_actions import KEYS, PTT_RELEASE_MS, WindowActions
 from engine.wavio import WavError
 from engine.paths import asset
 from engine.session import ExportError, SessionConfig
@@ -29,10 +30,6 @@ from engine.session.journal import export_journal
 SYNTHETIC_BANNER = ("Synthetic weights: timing and memory are real; the voice is not speech — "
                     "load a checkpoint folder for a real voice.")
 ICON = "duplexcadence.png"
-#: keyboard shortcuts (shown in the menus and the buttons' tooltips)
-KEYS = {"start": "Ctrl+R", "stop": "Ctrl+.", "export": "Ctrl+E", "open": "Ctrl+O"}
-#: a Space release followed this soon by a press is key autorepeat, not the user letting go
-PTT_RELEASE_MS = 120
 #: the per-stage statistics look back this many seconds (their cost stays flat)
 STATS_WINDOW_S = 600
 STATE_STYLE = {
@@ -41,7 +38,7 @@ STATE_STYLE = {
 }
 
 
-class MainWindow(QMainWindow):
+class MainWindow(WindowActions, QMainWindow):
     """The DuplexCadence desktop window (one live session at a time)."""
 
     def __init__(self, controller: Optional[ctl.SessionController] = None, settings: Optional[QSettings] = None,
@@ -156,31 +153,6 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(central)
         self._build_menus()
         self._show_state(ctl.IDLE)
-
-    def _build_menus(self) -> None:
-        """File and Session menus; their shortcuts work anywhere in the window."""
-        def action(text: str, key: str, slot, tip: str) -> QAction:
-            a = QAction(text, self, shortcut=QKeySequence(KEYS[key]), triggered=slot)
-            a.setToolTip(f"{tip} ({KEYS[key]})")
-            a.setShortcutContext(Qt.WindowShortcut)
-            self.addAction(a)
-            return a
-
-        self.open_action = action("Open session…", "open", self.open_session_dialog,
-                                  "show an exported session folder with these plots; open a second beside it")
-        self.export_action = action("Export…", "export", self.export_dialog, self.export_button.toolTip())
-        self.start_action = action("Start", "start", self.start_session, "build the model and start listening")
-        self.stop_action = action("Stop", "stop", self.controller.stop, "stop after the second in progress")
-        self.export_action.setEnabled(False)
-        self.stop_action.setEnabled(False)
-        file_menu = self.menuBar().addMenu("&File")
-        file_menu.addAction(self.open_action)
-        file_menu.addAction(self.export_action)
-        file_menu.addSeparator()
-        file_menu.addAction(QAction("Quit", self, shortcut=QKeySequence.Quit, triggered=self.close))
-        session_menu = self.menuBar().addMenu("&Session")
-        session_menu.addAction(self.start_action)
-        session_menu.addAction(self.stop_action)
 
     def _connect(self) -> None:
         c = self.controller
@@ -340,6 +312,7 @@ class MainWindow(QMainWindow):
         delay = self.controller.monitor.delay_for(row["index"])
         if delay is not None:
             row["mic_to_speaker_ms"] = round(delay, 3)
+            row["answer_plays"] = self.controller.monitor.playing
         toggles = (row["demand_sized"], row["graph_replay"])
         if self._last_toggles is not None and toggles != self._last_toggles:
             self.events.add("toggle", f"in effect from second {row['index']}: demand_sized={toggles[0]} "
@@ -434,51 +407,7 @@ class MainWindow(QMainWindow):
         self.show_message("info", f"exported {len(paths)} files to {folder}")
         return paths
 
-    # -- replay ---------------------------------------------------------------------------------
-    def open_session_dialog(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self, "Open an exported session folder", self.settings.export_dir)
-        if folder:
-            self.open_session(folder)
-
-    def open_session(self, folder, beside: bool = False):
-        """Show an exported session in the replay window (beside the one it shows, with ``beside``);
-        returns the replay window, or None after one error line."""
-        from app.review import CompareWindow
-        if self._replay is None:
-            self._replay = CompareWindow()
-        if self._replay.open_folder(folder, beside=beside) is None:
-            self.show_message("error", self._replay.error_banner.text())
-            return None
-        self._replay.show()
-        self._replay.raise_()
-        return self._replay
-
-    # -- keys, palette and closing -------------------------------------------------------------
-    def eventFilter(self, obj, event) -> bool:
-        if event.type() in (QEvent.KeyPress, QEvent.KeyRelease) and isinstance(event, QKeyEvent) \
-                and event.key() == Qt.Key_Space and self.device_panel.ptt.isChecked() \
-                and not isinstance(QApplication.focusWidget(), QLineEdit):
-            if not event.isAutoRepeat():
-                self._talk_key(event.type() == QEvent.KeyPress)
-            return True
-        return super().eventFilter(obj, event)
-
-    def _talk_key(self, pressed: bool) -> None:
-        """Space down/up. A release is acted on only after PTT_RELEASE_MS without a new press: some
-        X servers deliver autorepeat as release+press pairs that Qt cannot always tell apart."""
-        if pressed:
-            if self._ptt_release.isActive():
-                self._ptt_release.stop()             # a repeat: the key never went up
-                return
-            self.controller.press_talk(True)
-        else:
-            self._ptt_release.start()
-
-    def changeEvent(self, event) -> None:
-        if event.type() in (QEvent.PaletteChange, QEvent.ApplicationPaletteChange):
-            theme.apply_all(self, self.palette())     # the system switched light/dark: plots follow
-        super().changeEvent(event)
-
+    # -- closing ------------------------------------------------------------------------------
     def closeEvent(self, event) -> None:
         """Closing during a session asks Export / Discard / Cancel (``close_policy`` answers instead:
         scripted runs keep the session and export it themselves), then WAITS until the engine and

@@ -102,6 +102,8 @@ def test_no_output_device_in_a_scripted_run(qtbot, tmp_path, speech_wav):
     assert w.start_with(TINY, FileInput(speech_wav, speed=4.0), None)
     assert w.device_panel.output.currentData() == ("none", None)
     qtbot.waitUntil(lambda: w.device_panel.out_meter.idle_text == "no playback", timeout=10000)
+    qtbot.waitUntil(lambda: len(w.series) >= 1, timeout=10000)
+    assert w.summary_row.labels["delay"].text().startswith("mic→answer ")     # nothing plays: until ready
     stop(qtbot, w)
 
 

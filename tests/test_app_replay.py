@@ -54,6 +54,7 @@ def test_open_one_session_then_a_second_beside_it(qtbot, tmp_path, window):
     stock = _export(tmp_path / "stock", 12, 900.0, demand=False, seed=1)
     fast = _export(tmp_path / "optimized", 10, 300.0, demand=True, seed=2)
     assert window.open_action.shortcut().toString() == "Ctrl+O"
+    assert window.beside_action.shortcut().toString() == "Ctrl+Shift+O"
     replay = window.open_session(stock)
     qtbot.addWidget(replay)
     (view,) = replay.views
