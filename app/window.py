@@ -66,6 +66,7 @@ class MainWindow(WindowActions, QMainWindow):
         self._ptt_release = QTimer(self, singleShot=True, interval=PTT_RELEASE_MS)
         self._ptt_release.timeout.connect(lambda: self.controller.press_talk(False))
         self._replay = None
+        self._started_model = None
         self.resize(1440, 920)
 
     # -- construction --------------------------------------------------------------------------
@@ -256,6 +257,7 @@ class MainWindow(WindowActions, QMainWindow):
         makes the panels show ``cfg`` (the panels' own Start leaves them as the user set them)."""
         if show_config:
             self._show_config(cfg, source, sink)
+        self._started_model = self.model_panel.config()      # what the panel showed when this session began
         self.series.clear()
         self.transcript.clear()
         self._last_toggles = None
@@ -287,7 +289,8 @@ class MainWindow(WindowActions, QMainWindow):
         self.controller.set_toggles(demand_sized=demand, graph_replay=graphs)
 
     def on_model_changed(self) -> None:
-        if self.controller.state != ctl.IDLE:
+        """The panel's (asynchronous) check is done: say when a change made during a session applies."""
+        if self.controller.state != ctl.IDLE and self.model_panel.config() != self._started_model:
             status = self.model_panel.status
             status.setText(status.text() + " — applies at the next Start; the running session continues")
 
@@ -420,7 +423,7 @@ class MainWindow(WindowActions, QMainWindow):
                 return
             self.show_message("info", "finishing the second in progress…")
             QApplication.processEvents()
-            c.shutdown()
+            c.stop()
             if choice == "export":
                 folder = self.choose_folder("Export the session into…")
                 if folder:

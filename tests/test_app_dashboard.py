@@ -104,6 +104,9 @@ def test_no_output_device_in_a_scripted_run(qtbot, tmp_path, speech_wav):
     qtbot.waitUntil(lambda: w.device_panel.out_meter.idle_text == "no playback", timeout=10000)
     qtbot.waitUntil(lambda: len(w.series) >= 1, timeout=10000)
     assert w.summary_row.labels["delay"].text().startswith("mic→answer ")     # nothing plays: until ready
+    assert not w.model_panel.checking and "applies at the next Start" not in w.model_panel.status.text()
+    w.model_panel.set_values("step-audio2", "synthetic", "tiny", "", "")        # a change during the session
+    qtbot.waitUntil(lambda: "applies at the next Start" in w.model_panel.status.text(), timeout=10000)
     stop(qtbot, w)
 
 
