@@ -43,6 +43,10 @@ class EnginePanel(QGroupBox):
         self.last_remote: Optional[RemoteRunner] = None
         self._build()
         self._load()
+        # saved on the user's edits only (loading writes nothing; scripted runs never change settings)
+        self.remote.toggled.connect(self._save)
+        self.url.editingFinished.connect(self._save)
+        self.token_file.editingFinished.connect(self._save)
         controller.stopped.connect(self._on_stopped)
         controller.info.connect(self._on_info)
 
@@ -90,9 +94,6 @@ class EnginePanel(QGroupBox):
         form.addRow(self.status)
         form.addRow(self.reconnect_button)
         self.remote.toggled.connect(self._on_mode)
-        self.embedded.toggled.connect(self._save)
-        self.url.editingFinished.connect(self._save)
-        self.token_file.editingFinished.connect(self._save)
 
     def _load(self) -> None:
         s = self.settings
@@ -103,6 +104,8 @@ class EnginePanel(QGroupBox):
         self._on_mode(remote)
 
     def _save(self) -> None:
+        if not getattr(self.window(), "persist_settings", True):
+            return
         s = self.settings
         s.setValue(KEYS["mode"], REMOTE if self.remote.isChecked() else EMBEDDED)
         s.setValue(KEYS["url"], self.url.text().strip())
@@ -111,7 +114,6 @@ class EnginePanel(QGroupBox):
     def _on_mode(self, remote: bool) -> None:
         for w in (self.url, self.token_file, self.token, self.note):
             w.setEnabled(bool(remote))
-        self._save()
 
     def _browse(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Choose the server's token file", self.token_file.text())

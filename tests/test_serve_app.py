@@ -111,6 +111,22 @@ def use_remote(w, url, token_file):
     w.model_panel.tail.setCurrentIndex(i)
 
 
+def test_engine_setting_is_saved_on_edits_only(qtbot, tmp_path):
+    ini = tmp_path / "s.ini"
+    w = make_window(qtbot, tmp_path)
+    assert "engine" not in ini.read_text() if ini.exists() else True      # building the window wrote nothing
+    w.engine_panel.remote.setChecked(True)
+    w.engine_panel.url.setText("ws://gpu-box:8765")
+    w.engine_panel.url.editingFinished.emit()
+    w.qsettings.sync()
+    w2 = make_window(qtbot, tmp_path)
+    assert w2.engine_panel.remote.isChecked() and w2.engine_panel.url.text() == "ws://gpu-box:8765"
+    w2.persist_settings = False                                          # a scripted run changes nothing
+    w2.engine_panel.embedded.setChecked(True)
+    w2.qsettings.sync()
+    assert open_qsettings(str(ini)).value("engine/mode") == "remote"
+
+
 def test_remote_engine_from_the_panels(qtbot, tmp_path, speech_wav, server, one_torch_thread):
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
