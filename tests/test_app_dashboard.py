@@ -154,6 +154,8 @@ def test_toggle_markers_speak_on_silence_and_skipped_tails(qtbot):
 def test_stage_statistics_and_histogram(qtbot, tmp_path):
     w = make_window(qtbot, tmp_path, SlowRunner)
     assert w.stats.cells[("total", "p50")].text() == "—"
+    chips = {k: lab.text() for k, lab in w.summary_row.labels.items()}
+    assert all(t.endswith("—") for t in chips.values()), chips                 # not "p50 0 ms", "state 0 B"
     rng = np.random.default_rng(5)
     for i in range(40):
         t = [float(v) for v in rng.uniform(20, 300, 3)]
