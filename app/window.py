@@ -423,7 +423,7 @@ class MainWindow(WindowActions, QMainWindow):
                 return
             self.show_message("info", "finishing the second in progress…")
             QApplication.processEvents()
-            c.stop()
+            c.shutdown()
             if choice == "export":
                 folder = self.choose_folder("Export the session into…")
                 if folder:
