@@ -200,6 +200,25 @@ class BrokenFile(FileInput):
         return super()._block(n)
 
 
+class FileWithBrokenCallback(FileInput):
+    """A file source that, like a PortAudio stream, calls a C callback which raises after 1.5 s (cffi
+    reports it as unraisable and carries on)."""
+
+    def __init__(self, path, speed: float = 1.0):
+        super().__init__(path, speed)
+        import cffi
+        self._ffi = cffi.FFI()
+
+        def callback(frames):
+            raise RuntimeError("the callback broke")
+        self._callback = self._ffi.callback("int(int)", callback, error=1)
+
+    def _block(self, n):
+        if self._pos > 1.5 * self.rate:
+            self._callback(n)
+        return super()._block(n)
+
+
 def _broken_session(cfg):
     class Broken(DuplexSession):
         def process(self, frame, **kw):
@@ -209,19 +228,21 @@ def _broken_session(cfg):
     return LiveRunner(cfg, session_factory=Broken)
 
 
-@pytest.mark.parametrize("case", ["pump", "audio thread", "engine"])
+@pytest.mark.parametrize("case", ["pump", "audio thread", "audio callback", "engine"])
 def test_a_thread_that_dies_stops_the_session_with_one_message(qtbot, tmp_path, speech_wav, monkeypatch, case):
     monkeypatch.setattr(threading, "excepthook", threading.excepthook)       # restored after the test
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
     lifecycle.install_thread_guard()
-    factory = {"pump": RefusingRunner, "audio thread": lambda cfg: SlowRunner(cfg, work_s=0.01),
-               "engine": _broken_session}[case]
-    source = BrokenFile(speech_wav, speed=2.0) if case == "audio thread" else FileInput(speech_wav, speed=2.0)
+    factory = {"pump": RefusingRunner, "engine": _broken_session}.get(case, lambda cfg: SlowRunner(cfg, work_s=0.01))
+    source = {"audio thread": BrokenFile, "audio callback": FileWithBrokenCallback}.get(case, FileInput)(
+        speech_wav, speed=2.0)
     w = make_window(qtbot, tmp_path, factory)
     c = w.controller
     assert w.start_with(TINY.resolved(), source)
     qtbot.waitUntil(lambda: c.state == ctl.IDLE, timeout=30000)
     expected = {"pump": f"the input stopped: file {speech_wav}: a session frame holds NaN or infinite samples",
                 "audio thread": "BrokenFile stopped: OSError: [Errno 5] Input/output error",
+                "audio callback": "an audio callback failed: RuntimeError: the callback broke",
                 "engine": "the session stopped: RuntimeError: CUDA error: an illegal memory access was encountered"}
     assert c.failure == expected[case]
     assert w.message_banner.text() == expected[case]
