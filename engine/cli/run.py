@@ -154,6 +154,7 @@ class StopSignals:
         if not self.signum:
             self.signum = signum
         if self.building:
+            self.building = False            # once: a second signal must not break the clean-up
             raise Interrupted(signum)
 
 
@@ -181,8 +182,8 @@ def run_realtime(cfg: SessionConfig, frames: List[np.ndarray], progress: Progres
     """One frame per second into the live runner; late seconds make frames queue (none dropped).
     A stop signal ends it at the second in progress (which is kept)."""
     runner = LiveRunner(cfg)
-    runner.start()
     try:
+        runner.start()
         while not runner.ready.wait(0.1):
             pass
     except Interrupted:
@@ -259,8 +260,16 @@ def _finish(a: argparse.Namespace, cfg: SessionConfig, journal: SessionJournal, 
 
 
 def main(argv=None) -> int:
-    p = build_parser()
-    a = p.parse_args(argv)
+    a = build_parser().parse_args(argv)
+    with StopSignals() as stop:
+        try:
+            return _main(a, stop)
+        except Interrupted as e:              # before the first second: nothing to keep
+            print("duplexcadence run: interrupted after 0 s; nothing written", file=sys.stderr)
+            return 128 + e.signum
+
+
+def _main(a: argparse.Namespace, stop: StopSignals) -> int:
     try:
         runner = None
         if a.engine:                                   # the session runs on a server (engine/serve)
@@ -279,39 +288,43 @@ def main(argv=None) -> int:
     if a.seconds is not None:
         frames = frames[: math.ceil(a.seconds)]
     progress = Progress(len(frames), a.quiet)
+    stop.building = False                     # the journal folder is made whole (a signal waits)
     try:
         journal = _journal_for(Path(a.log), cfg)
     except ExportError as e:
         print(f"duplexcadence run: error: {e}", file=sys.stderr)
         return 1
+    if stop.signum:
+        journal.discard()
+        raise Interrupted(stop.signum)
+    stop.building = True
     error = None
-    with StopSignals() as stop:
-        try:
-            if runner is not None:
-                from engine.serve.headless import run_remote
-                run_remote(runner, frames, progress, journal, stop, a.realtime)
-            else:
-                (run_realtime if a.realtime else run_fast)(cfg, frames, progress, journal, stop)
-        except Interrupted:
-            pass
-        except (ValueError, RuntimeError, ImportError, FileNotFoundError, ExportError) as e:
-            error = e
-        progress.close()
-        signum = stop.signum
-        stop.building = False
-        if journal.seconds == 0:
-            journal.discard()                  # nothing happened: leave the old logs and output alone
-            if error is not None:
-                print(f"duplexcadence run: error: {error}", file=sys.stderr)
-                return 1
-            if signum:
-                print("duplexcadence run: interrupted after 0 s; nothing written", file=sys.stderr)
-                return 128 + signum
-        try:
-            out, log = _finish(a, cfg, journal, signum)
-        except (ExportError, AudioError) as e:
-            print(f"duplexcadence run: error: {e}", file=sys.stderr)
+    try:
+        if runner is not None:
+            from engine.serve.headless import run_remote
+            run_remote(runner, frames, progress, journal, stop, a.realtime)
+        else:
+            (run_realtime if a.realtime else run_fast)(cfg, frames, progress, journal, stop)
+    except Interrupted:
+        pass
+    except (ValueError, RuntimeError, ImportError, FileNotFoundError, ExportError) as e:
+        error = e
+    progress.close()
+    signum = stop.signum
+    stop.building = False
+    if journal.seconds == 0:
+        journal.discard()                  # nothing happened: leave the old logs and output alone
+        if error is not None:
+            print(f"duplexcadence run: error: {error}", file=sys.stderr)
             return 1
+        if signum:
+            print("duplexcadence run: interrupted after 0 s; nothing written", file=sys.stderr)
+            return 128 + signum
+    try:
+        out, log = _finish(a, cfg, journal, signum)
+    except (ExportError, AudioError) as e:
+        print(f"duplexcadence run: error: {e}", file=sys.stderr)
+        return 1
     n = journal.seconds
     written = f"wrote {out} ({n} s, 24 kHz mono) and {log}/ (session.csv, session.jsonl, session.trace.json, " \
               f"session_input.wav, session_output.wav, summary.json)"

@@ -97,7 +97,7 @@ class LiveRunner:
             self._stop = True
             self._drain = bool(drain)
             self._cv.notify()
-        if self._thread is not None:
+        if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout)
 
     # -- worker ----------------------------------------------------------------------------------------
