@@ -114,6 +114,11 @@ def test_rank_by_headroom():
     # two sessions placed on it since its last report: 700 - 2 x 100 = 500 < 600
     assert router.rank_by_headroom([("roomy", roomy, 3), ("other", other, 0)])[0] == "other"
     assert router.expected_headroom(light, 3) == (500.0, 3)
+    # a replica that has not reported yet is no better than the best that did, and pays for what it got
+    reported = {"sessions": 0, "max_sessions": 2, "headroom_ms": 900.0, "ms_per_session": 450.0}
+    assert router.rank_by_headroom([("silent", {}, 1), ("reported", reported, 0)])[0] == "reported"
+    assert router.rank_by_headroom([("silent", {}, 0), ("reported", dict(reported, sessions=1), 1)])[0] == "silent"
+    assert router.rank_by_headroom([("a", {}, 1), ("b", {}, 0)])[0] == "b"          # nobody reported yet
 
 
 def test_what_a_client_may_ask_of_a_served_model():

@@ -16,15 +16,21 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 
-def expected_headroom(stats: Mapping[str, Any], placed_here: int) -> Tuple[float, int]:
+#: assumed before any replica has reported (ms): a whole deadline free, a cautious cost per session
+FRESH_HEADROOM_MS, FRESH_COST_MS = 1000.0, 250.0
+
+
+def expected_headroom(stats: Mapping[str, Any], placed_here: int, fresh: Tuple[float, float] = (
+        FRESH_HEADROOM_MS, FRESH_COST_MS)) -> Tuple[float, int]:
     """``(headroom_ms, sessions)`` of a replica once the sessions placed since its report count.
 
-    ``placed_here``: sessions this router has open on the replica now. A replica that never
-    reported yet (a fresh one) is taken as empty: full headroom.
+    ``placed_here``: sessions this router has open on the replica now. A replica that has not
+    reported yet is taken as the ``fresh`` ``(headroom_ms, ms_per_session)``: no better than the
+    best replica that did report, and charged for the sessions already placed on it.
     """
     reported = int(stats.get("sessions", 0) or 0)
-    headroom = float(stats.get("headroom_ms", 1000.0) or 0.0)
-    per_session = float(stats.get("ms_per_session", 0.0) or 0.0)
+    headroom = float(stats["headroom_ms"]) if "headroom_ms" in stats else fresh[0]
+    per_session = float(stats.get("ms_per_session") or fresh[1])
     unreported = max(0, int(placed_here) - reported)
     return headroom - per_session * unreported, max(reported, int(placed_here))
 
@@ -35,10 +41,13 @@ def rank_by_headroom(entries: Sequence[Tuple[Any, Mapping[str, Any], int]]) -> L
     A replica at its session limit goes behind every other one (it would only refuse); ties go to
     the replica with fewer sessions, then keep the given order.
     """
+    reports = [st for _, st, _ in entries if st and "headroom_ms" in st]
+    fresh = (max((float(st["headroom_ms"]) for st in reports), default=FRESH_HEADROOM_MS),
+             max((float(st.get("ms_per_session") or 0.0) for st in reports), default=0.0) or FRESH_COST_MS)
     scored = []
     for order, (replica, stats, placed) in enumerate(entries):
         stats = stats or {}
-        headroom, sessions = expected_headroom(stats, placed)
+        headroom, sessions = expected_headroom(stats, placed, fresh)
         limit = int(stats.get("max_sessions", 0) or 0)
         full = bool(limit) and sessions >= limit
         scored.append((full, -headroom, sessions, order, replica))
