@@ -265,6 +265,31 @@ def test_scripted_run_with_nan_input_fails_with_one_line(tmp_path):
     assert len(errors) == 1 and str(bad) in errors[0] and "NaN" in errors[0], err
 
 
+def test_scripted_run_whose_pump_dies_exits_nonzero_with_one_line(qapp, tmp_path, monkeypatch, capsys):
+    """The frame pump dies at the second frame (the engine refuses it): the scripted run stops, keeps
+    the first second, prints one error line and exits 1 (it once exited 0 after a traceback)."""
+    from app.gui_main import main as gui_main
+    submit, seen = LiveRunner.submit, []
+
+    def refuse_second(self, frame):
+        seen.append(1)
+        if len(seen) == 2:
+            raise ValueError("a session frame holds NaN or infinite samples")
+        submit(self, frame)
+    monkeypatch.setattr(LiveRunner, "submit", refuse_second)
+    monkeypatch.setenv("DUPLEXCADENCE_SESSIONS", str(tmp_path / "journals"))
+    inp = noise_wav(tmp_path / "in.wav", 4.0)
+    code = gui_main(["--input-file", str(inp), "--model", "mimi", "--size", "tiny", "--device", "cpu",
+                     "--export", str(tmp_path / "export"), "--settings", str(tmp_path / "s.ini")])
+    captured = capsys.readouterr()
+    assert code == 1
+    errors = [line for line in captured.err.splitlines() if ": error: " in line]
+    assert errors == [f"duplexcadence: error: the input stopped: file {inp}: a session frame holds NaN or "
+                      "infinite samples"], captured.err
+    assert "Traceback" not in captured.err and "1 seconds processed" in captured.out
+    assert len(read_records(tmp_path / "export" / "session.jsonl")) == 1
+
+
 # -- painting must not eat references to None ---------------------------------------------------------
 
 def _feed(w: MainWindow, seconds: int) -> None:
