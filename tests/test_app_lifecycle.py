@@ -130,6 +130,10 @@ def test_closing_mid_session_asks_and_waits_for_the_threads(qtbot, tmp_path, spe
     assert asked == [True]
     if choice == "cancel":
         assert w.isVisible() and c.state == ctl.RUNNING and worker.is_alive()
+        mid = w.export_to(tmp_path / "mid")                  # an export during the session: whole so far
+        k = len(read_records(mid["jsonl"]))
+        assert k >= 2 and len(mid["csv"].read_text().splitlines()) == k + 1
+        assert all(len(read_wav(mid[key])[0]) == k * RATE for key in ("input_wav", "output_wav"))
         w.close_policy = "keep"
         w.close()
     assert not worker.is_alive() and not pump.is_alive() and c.state == ctl.IDLE     # waited for both

@@ -107,6 +107,10 @@ def test_exports_are_whole_and_never_mix_two_sessions(tmp_path, monkeypatch):
     dest = tmp_path / "out" / "export"
     paths = export_journal(a, dest)
     assert len(read_wav(paths["input_wav"])[0]) == 3 * RATE
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert stat.S_IMODE(dest.stat().st_mode) == 0o777 & ~umask                   # not mkdtemp's 0700
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o666 & ~umask for p in paths.values())
     # a second export over the first replaces all of it (no file of the first survives)
     b_files = sorted(p.name for p in b.iterdir())
     (b / "summary.json").unlink()
