@@ -11,6 +11,8 @@
 * :class:`SignalBridge` — SIGINT and SIGTERM become a Qt signal on the GUI thread (through
   ``signal.set_wakeup_fd`` and a socket notifier, so they are seen even while Qt's event loop
   sleeps in C++).
+* :class:`SessionDialogs` — the window's questions: Export / Discard / Cancel when a running session
+  is closed, and Recover / Discard / Later for a session whose process died.
 """
 from __future__ import annotations
 
@@ -26,9 +28,10 @@ from pathlib import Path
 from typing import Deque, Dict, Optional
 
 from PySide6.QtCore import QObject, QSocketNotifier, QStandardPaths, Signal
+from PySide6.QtWidgets import QFileDialog, QMessageBox
 
 from engine.session import ExportError
-from engine.session.journal import MARKER, SessionJournal, fresh_folder
+from engine.session.journal import MARKER, SessionJournal, export_journal, fresh_folder, recover, unfinished_journals
 
 KEEP_FINISHED = 5
 #: one line per thread that died since the session started (read by the controller's timer)
@@ -137,3 +140,70 @@ class SignalBridge(QObject):
         signal.set_wakeup_fd(self._old_fd)
         self._rsock.close()
         self._wsock.close()
+
+
+# -- the window's questions: closing a running session, recovering a dead one ---------------------
+
+class SessionDialogs:
+    """Mixed into the main window: what closing a running session does, and the recovery of sessions
+    whose process died. ``ask_*`` and ``choose_folder`` are the only places that show a dialog (tests
+    replace them)."""
+
+    def ask_close(self) -> str:
+        """Ask what to do with the running session: "export", "discard" or "cancel"."""
+        box = QMessageBox(QMessageBox.Question, "A session is running",
+                          "A session is running. Export it before closing?", parent=self)
+        box.setInformativeText("The session stops at the end of the second in progress.")
+        export = box.addButton("Export…", QMessageBox.AcceptRole)
+        discard = box.addButton("Discard", QMessageBox.DestructiveRole)
+        box.addButton(QMessageBox.Cancel)
+        box.setDefaultButton(export)
+        box.exec()
+        return {export: "export", discard: "discard"}.get(box.clickedButton(), "cancel")
+
+    def choose_folder(self, title: str) -> str:
+        """A folder from the user ("" when cancelled)."""
+        return QFileDialog.getExistingDirectory(self, title, self.settings.export_dir)
+
+    # -- recovery of a session whose process died -------------------------------------------------
+    def offer_recovery(self, root=None) -> int:
+        """For each unfinished session journal left by a process that died, ask: recover it (finish it
+        from the journal, then export it) or discard it, or later. Returns how many were recovered."""
+        recovered = 0
+        for j in unfinished_journals(root if root is not None else sessions_root()):
+            choice = self.ask_recover(j)
+            if choice == "discard":
+                shutil.rmtree(j.directory, ignore_errors=True)
+                self.events.add("session", f"discarded {j.describe()}")
+                continue
+            if choice != "recover":
+                continue
+            try:
+                recover(j.directory)
+            except ExportError as e:
+                self.show_message("error", str(e))
+                continue
+            recovered += 1
+            folder = self.choose_folder("Export the recovered session into…")
+            if folder:
+                try:
+                    export_journal(j.directory, folder)
+                except ExportError as e:
+                    self.show_message("error", f"export failed: {e}")
+                    continue
+                self.show_message("info", f"recovered {j.seconds} s and exported them to {folder}")
+            else:
+                self.show_message("info", f"recovered {j.seconds} s; they stay in {j.directory}")
+        return recovered
+
+    def ask_recover(self, journal) -> str:
+        """Ask about one unfinished session: "recover", "discard" or "later"."""
+        box = QMessageBox(QMessageBox.Question, "An unfinished session was found",
+                          f"DuplexCadence stopped during {journal.describe()}. Recover it?", parent=self)
+        box.setInformativeText("Recover finishes its logs and recordings from the journal and exports them.")
+        rec = box.addButton("Recover…", QMessageBox.AcceptRole)
+        discard = box.addButton("Discard", QMessageBox.DestructiveRole)
+        box.addButton("Later", QMessageBox.RejectRole)
+        box.setDefaultButton(rec)
+        box.exec()
+        return {rec: "recover", discard: "discard"}.get(box.clickedButton(), "later")

@@ -1,13 +1,12 @@
 """The main window: Start/Stop, model and audio panels, toggles, live plots, summary, events, export."""
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
 from PySide6.QtCore import QSettings, Qt, QTimer
 from PySide6.QtGui import QIcon
-from PySide6.QtWidgets import (QApplication, QFileDialog, QFrame, QHBoxLayout, QLabel, QMainWindow, QMessageBox,
+from PySide6.QtWidgets import (QApplication, QFileDialog, QFrame, QHBoxLayout, QLabel, QMainWindow,
                                QPlainTextEdit, QPushButton, QScrollArea, QSplitter, QTabWidget, QVBoxLayout,
                                QWidget)
 
@@ -21,11 +20,11 @@ from app.panels import DevicePanel, EventLogPanel, ModelPanel, SummaryRow, Toggl
 from app.plots import MemoryPlot, TimingPlot
 from app.settings import AppSettings, load_settings, open_qsettings, save_settings
 from app.viewmodel import YELLOW, EventLog, SessionSeries
+from app.lifecycle import SessionDialogs
 from app.window_actions import KEYS, PTT_RELEASE_MS, WindowActions
 from engine.wavio import WavError
 from engine.paths import asset
 from engine.session import ExportError, SessionConfig
-from engine.session.journal import export_journal
 
 SYNTHETIC_BANNER = ("Synthetic weights: timing and memory are real; the voice is not speech — "
                     "load a checkpoint folder for a real voice.")
@@ -38,7 +37,7 @@ STATE_STYLE = {
 }
 
 
-class MainWindow(WindowActions, QMainWindow):
+class MainWindow(WindowActions, SessionDialogs, QMainWindow):
     """The DuplexCadence desktop window (one live session at a time)."""
 
     def __init__(self, controller: Optional[ctl.SessionController] = None, settings: Optional[QSettings] = None,
@@ -434,64 +433,3 @@ class MainWindow(WindowActions, QMainWindow):
             self.save_settings()
         QApplication.instance().removeEventFilter(self)
         super().closeEvent(event)
-
-    def ask_close(self) -> str:
-        """Ask what to do with the running session: "export", "discard" or "cancel"."""
-        box = QMessageBox(QMessageBox.Question, "A session is running",
-                          "A session is running. Export it before closing?", parent=self)
-        box.setInformativeText("The session stops at the end of the second in progress.")
-        export = box.addButton("Export…", QMessageBox.AcceptRole)
-        discard = box.addButton("Discard", QMessageBox.DestructiveRole)
-        box.addButton(QMessageBox.Cancel)
-        box.setDefaultButton(export)
-        box.exec()
-        return {export: "export", discard: "discard"}.get(box.clickedButton(), "cancel")
-
-    def choose_folder(self, title: str) -> str:
-        """A folder from the user ("" when cancelled)."""
-        return QFileDialog.getExistingDirectory(self, title, self.settings.export_dir)
-
-    # -- recovery of a session whose process died -------------------------------------------------
-    def offer_recovery(self, root=None) -> int:
-        """For each unfinished session journal left by a process that died, ask: recover it (finish it
-        from the journal, then export it) or discard it, or later. Returns how many were recovered."""
-        from app.lifecycle import sessions_root
-        from engine.session.journal import recover, unfinished_journals
-        recovered = 0
-        for j in unfinished_journals(root if root is not None else sessions_root()):
-            choice = self.ask_recover(j)
-            if choice == "discard":
-                shutil.rmtree(j.directory, ignore_errors=True)
-                self.events.add("session", f"discarded {j.describe()}")
-                continue
-            if choice != "recover":
-                continue
-            try:
-                recover(j.directory)
-            except ExportError as e:
-                self.show_message("error", str(e))
-                continue
-            recovered += 1
-            folder = self.choose_folder("Export the recovered session into…")
-            if folder:
-                try:
-                    export_journal(j.directory, folder)
-                except ExportError as e:
-                    self.show_message("error", f"export failed: {e}")
-                    continue
-                self.show_message("info", f"recovered {j.seconds} s and exported them to {folder}")
-            else:
-                self.show_message("info", f"recovered {j.seconds} s; they stay in {j.directory}")
-        return recovered
-
-    def ask_recover(self, journal) -> str:
-        """Ask about one unfinished session: "recover", "discard" or "later"."""
-        box = QMessageBox(QMessageBox.Question, "An unfinished session was found",
-                          f"DuplexCadence stopped during {journal.describe()}. Recover it?", parent=self)
-        box.setInformativeText("Recover finishes its logs and recordings from the journal and exports them.")
-        rec = box.addButton("Recover…", QMessageBox.AcceptRole)
-        discard = box.addButton("Discard", QMessageBox.DestructiveRole)
-        box.addButton("Later", QMessageBox.RejectRole)
-        box.setDefaultButton(rec)
-        box.exec()
-        return {rec: "recover", discard: "discard"}.get(box.clickedButton(), "later")
