@@ -6,19 +6,16 @@ libsndfile (``soundfile``), any channel count (mixed down to mono). The input is
 opened only when it is a regular file (a FIFO never blocks the reader), its size fields are checked
 against the file and its samples must be finite; every failure is one :class:`WavError` naming the file.
 ``write_wav`` writes 16-bit PCM (mono or [frames, channels]) atomically (temporary file, then rename),
-so a crash never leaves half a file behind. :class:`WavSpool` collects a session's audio on disk as it
-happens (an hour of 24 kHz audio is 170 MB as 16-bit PCM: not something to keep in memory) and saves
-it as a WAV on export.
+so a crash never leaves half a file behind. A session's audio goes to disk as it happens through
+:class:`engine.session.journal.GrowingWav` (an hour of 24 kHz audio is 170 MB as 16-bit PCM: not
+something to keep in memory).
 """
 from __future__ import annotations
 
 import math
 import os
-import shutil
 import stat
 import struct
-import tempfile
-import threading
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -261,45 +258,3 @@ def write_wav(path, samples: np.ndarray, rate: int, sync: bool = False) -> Path:
     pcm = _pcm16(x)                                   # row-major [frames, channels] = interleaved
     return atomic_write(path, lambda f: (f.write(_header(rate, len(pcm), channels)), f.write(pcm)), WavError,
                         sync=sync)
-
-
-class WavSpool:
-    """Mono audio appended as 16-bit PCM to an anonymous temporary file; ``save`` makes a WAV.
-
-    One thread appends, any thread may save (a lock keeps them apart). The file disappears when
-    the spool is closed or garbage-collected.
-    """
-
-    def __init__(self, rate: int):
-        self.rate = int(rate)
-        self._file = tempfile.TemporaryFile(prefix="duplexcadence-", suffix=".pcm")
-        self._lock = threading.Lock()
-        self.samples = 0
-
-    def append(self, samples: np.ndarray) -> None:
-        pcm = _pcm16(samples)
-        with self._lock:
-            self._file.seek(0, os.SEEK_END)
-            self._file.write(pcm)
-            self.samples += len(pcm) // 2
-
-    def read(self) -> np.ndarray:
-        """Everything so far as float32 (for tests and short sessions)."""
-        with self._lock:
-            self._file.seek(0)
-            raw = self._file.read()
-        return np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
-
-    def save(self, path) -> Path:
-        """Write what was appended so far as a WAV file, atomically."""
-        path = Path(path)
-
-        def write(f):
-            with self._lock:
-                f.write(_header(self.rate, self.samples * 2))
-                self._file.seek(0)
-                shutil.copyfileobj(self._file, f, 1 << 20)
-        return atomic_write(path, write, WavError)
-
-    def close(self) -> None:
-        self._file.close()

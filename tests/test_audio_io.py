@@ -13,7 +13,7 @@ from app import audio_io
 from app.audio_io import (ENGINE_RATE, AudioUnavailable, DeviceInfo, DeviceInput, DeviceOutput, FileInput,
                           FrameAssembler, Playback, RingBuffer, StreamResampler, find_device)
 from app.pump import SILENCE_DB, FramePump, level_db
-from engine.wavio import WavError, WavSpool, read_wav, write_wav
+from engine.wavio import WavError, read_wav, write_wav
 
 RNG = np.random.default_rng(1234)
 
@@ -148,25 +148,6 @@ def test_write_wav_keeps_channels_interleaved(tmp_path):
     write_wav(tmp_path / "st.wav", x, 16000)
     y, rate = read_wav(tmp_path / "st.wav")                     # mixed down on reading
     assert rate == 16000 and y.shape == (100,) and np.allclose(y, 0.125, atol=1e-4)
-
-
-def test_wav_spool_saves_what_was_appended(tmp_path):
-    spool = WavSpool(24000)
-    parts = [np.clip(noise(int(n)), -0.99, 0.99) for n in RNG.integers(1, 30000, size=7)]
-    for i, p in enumerate(parts):
-        spool.append(p)
-        if i == 3:                                   # a save in the middle sees what was there
-            spool.save(tmp_path / "mid.wav")
-    whole = np.concatenate(parts)
-    y, rate = read_wav(spool.save(tmp_path / "all.wav"))
-    assert rate == 24000 and spool.samples == len(whole) == len(y)
-    assert np.max(np.abs(y - whole)) <= 0.5 / 32768 + 1e-7
-    assert np.array_equal(spool.read(), y)
-    mid, _ = read_wav(tmp_path / "mid.wav")
-    assert np.array_equal(mid, y[:sum(len(p) for p in parts[:4])])
-    with pytest.raises(WavError, match="cannot write"):
-        spool.save(tmp_path / "mid.wav" / "x.wav")       # under a file: no such folder can exist
-    spool.close()
 
 
 # -- sources, sinks, devices ---------------------------------------------------------------------------
