@@ -7,8 +7,10 @@ Scripted:     duplexcadence --input-file IN.wav [--output-file OUT.wav] [--secon
 A scripted run uses the model its flags name (defaults otherwise, never the saved settings, which it
 leaves alone), plays the WAV as the microphone at real-time pace (then silence), stops after N
 seconds of input (default: the file's length), lets every one of those seconds finish, writes the
-output WAV, the exports and a screenshot of the window, and exits 0 (1 when the session failed or
-a file could not be written, 2 for bad arguments).
+output WAV, the exports and a screenshot of the window, and exits 0 (1 when the session failed — a
+dead thread included — or a file could not be written, 2 for bad arguments). SIGINT / SIGTERM stop
+the session at the second in progress, write everything so far and exit 130 / 143; the interactive
+app keeps the session's journal (see app/lifecycle.py) and quits with the same codes.
 """
 from __future__ import annotations
 
