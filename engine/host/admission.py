@@ -10,6 +10,9 @@ and how late it finished relative to its frame's arrival. Over the trailing wind
 * the cost of one more session: ``busy / n`` per second, ``n`` the sessions that ran seconds in the
   window (the measured mean of a talking session; idle ones cost nothing yet).
 
+Seconds that the host itself stalled (an admission's build and graph capture, a departure's teardown hold
+every session at the gate: :meth:`LoadMeter.pause`) are left out: they say nothing about the sessions' load.
+
 Admitting adds that cost to both: the new session's second can come due just before anyone's.
 Admission is allowed when, after it, ``busy`` and ``worst`` both stay under the deadline less a
 reserve (``reserve_ms``, default 100 ms of the 1,000 ms), and the GPU has memory for one more
@@ -20,11 +23,12 @@ passed (sessions that send no frames produce no seconds; then it decides on what
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Deque, List, Optional, Tuple
+from typing import Deque, Iterator, List, Optional, Tuple
 
 from engine.session.records import DEADLINE_MS
 
@@ -76,12 +80,30 @@ class LoadMeter:
         self._lock = threading.Lock()
         self._spans: Deque[Tuple[float, float, float, int]] = deque()   # (start, end, arrival-to-done ms, session)
         self._since = time.perf_counter()                          # the last change in the session count
+        self._pauses: Deque[Tuple[float, float]] = deque()         # (start, end): the host stalled every session
 
     def record(self, start: float, end: float, latency_ms: float, session: int = -1) -> None:
         """One finished second of ``session``: its work ran from ``start`` to ``end`` (perf_counter s)."""
         with self._lock:
             self._spans.append((start, end, float(latency_ms), int(session)))
             self._trim(end)
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """Around work that stalls every session for the host's own sake (an admission's build and graph
+        capture, a departure's teardown): seconds whose arrival-to-done overlaps it say nothing about the
+        load the sessions make, and are left out of the headroom."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._pauses.append((start, time.perf_counter()))
+
+    def _paused(self, span: Tuple[float, float, float, int]) -> bool:
+        _, end, latency_ms, _ = span
+        arrival = end - latency_ms / 1000.0
+        return any(arrival <= b and end >= a for a, b in self._pauses)
 
     def sessions_changed(self) -> None:
         """An admission or a departure: measurements before it no longer describe the host."""
@@ -91,12 +113,14 @@ class LoadMeter:
     def _trim(self, now: float) -> None:
         while self._spans and self._spans[0][1] < now - self.window_s:
             self._spans.popleft()
+        while self._pauses and self._pauses[0][1] < now - 2 * self.window_s:
+            self._pauses.popleft()
 
     def headroom(self, sessions: int, now: Optional[float] = None) -> Headroom:
         now = time.perf_counter() if now is None else now
         with self._lock:
             self._trim(now)
-            spans = [s for s in self._spans if s[0] >= self._since]
+            spans = [s for s in self._spans if s[0] >= self._since and not self._paused(s)]
         budget = self.deadline_ms - self.reserve_ms
         if not spans:
             return Headroom(sessions, 0, 0.0, 0.0, 0.0, budget)

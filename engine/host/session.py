@@ -80,7 +80,8 @@ class HostedSession:
     def start(self) -> None:
         """Build the models (serially, exclusively), sharing cached weights; measure the memory added."""
         cache, c = self.host.weights, self.cfg
-        with self.host.gate.exclusive(), self.rng.installed():
+        # the build stalls every other session: their seconds meanwhile are not the load (meter.pause)
+        with self.host.meter.pause(), self.host.gate.exclusive(), self.rng.installed():
             alloc0, res0 = _device_bytes(self.device)
             keys = (WeightsKey.tail(c), WeightsKey.backbone(c))
             found = [cache.get(k) for k in keys]
@@ -107,7 +108,7 @@ class HostedSession:
 
     def close(self) -> None:
         if self.session is not None:
-            with self.host.gate.exclusive():
+            with self.host.meter.pause(), self.host.gate.exclusive():
                 if self.host.batcher is not None:
                     self.host.batcher.leave(self)
                 self.session.close()
