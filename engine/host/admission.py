@@ -80,7 +80,7 @@ class LoadMeter:
         self._lock = threading.Lock()
         self._spans: Deque[Tuple[float, float, float, int]] = deque()   # (start, end, arrival-to-done ms, session)
         self._since = time.perf_counter()                          # the last change in the session count
-        self._pauses: Deque[Tuple[float, float]] = deque()         # (start, end): the host stalled every session
+        self._pauses: Deque[List[float]] = deque()                 # [start, end]: the host stalled every session
 
     def record(self, start: float, end: float, latency_ms: float, session: int = -1) -> None:
         """One finished second of ``session``: its work ran from ``start`` to ``end`` (perf_counter s)."""
@@ -93,12 +93,14 @@ class LoadMeter:
         """Around work that stalls every session for the host's own sake (an admission's build and graph
         capture, a departure's teardown): seconds whose arrival-to-done overlaps it say nothing about the
         load the sessions make, and are left out of the headroom."""
-        start = time.perf_counter()
+        entry = [time.perf_counter(), float("inf")]             # open while it lasts: counts for a query meanwhile
+        with self._lock:
+            self._pauses.append(entry)
         try:
             yield
         finally:
             with self._lock:
-                self._pauses.append((start, time.perf_counter()))
+                entry[1] = time.perf_counter()
 
     def _paused(self, span: Tuple[float, float, float, int]) -> bool:
         _, end, latency_ms, _ = span
