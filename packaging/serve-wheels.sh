@@ -14,7 +14,7 @@ plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platfo
       --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 pkgs=(ray==2.60.0 fastapi starlette pydantic pydantic-core annotated-types typing-inspection annotated-doc
       uvicorn websockets jsonschema jsonschema-specifications referencing rpds-py opentelemetry-api
-      importlib-metadata zipp grpcio-reflection soxr)
+      importlib-metadata zipp "grpcio-reflection==${GRPCIO:-1.84.0}" soxr)   # = the image's grpcio (GRPCIO=...)
 for p in "${pkgs[@]}"; do
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \
         "${plat[@]}" -d "$DEST" "$p" 2>&1 | grep -v "^WARNING: Location" || true
