@@ -121,6 +121,7 @@ class SessionController(QObject):
             self.runner = None
             self._halt_audio()
             self.journal.discard()
+            self.journal = None
             raise
         self.pump = FramePump(source, self._submit, Playback(sink) if sink is not None else None,
                               max_frames=max_seconds)
