@@ -11,7 +11,15 @@ last run flips the toggles every second and must give it too. Results: a table o
 under ``--out`` ``bench.json``, ``bench.md`` (the tables) and ``bench.png`` (ms per second over the session
 and the per-stage medians) plus each mode's CSV / JSONL / trace. Mode ``stock`` is our code with the stock's
 state policy ("stock-like"); where graph replay cannot run (CPU) the ``graphs`` mode runs eagerly and is
-labelled so.
+labelled so. A mode may be named twice (``stock,graphs,graphs``): the repeat, "graphs #2", shows whether a
+mode repeats its own bits.
+
+Where runs differ, the bench says where: every second keeps digests of each stage (encoder output, LLM
+logits per step, text, TTS logits per step, speech codes, the tail's tokens, the audio; see
+:mod:`engine.bench.digests`), ``session-<run>-digests.jsonl`` holds them, and ``bench.json``'s
+``divergence`` gives, for each run against the first, the first differing second, stage and item and the
+first second each stage differs. The digests are taken after each second's timing and kept off the
+virtual clock (``--no-digests`` skips them).
 
 Without ``--input`` the input is speech-like and made here (so a machine without espeak-ng can
 run it): voiced bursts (a 120 Hz harmonic series, syllable envelope at 4 Hz) of 2-4 s with 3 s
@@ -20,17 +28,20 @@ pauses, enough for the voice-activity policy to listen and to answer.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 
+from engine.atomic import atomic_write
 from engine.audio import frames_of, load_mono
 from engine.bench import report
+from engine.bench.digests import StageTap, describe, divergence
 from engine.models import registry
 from engine.session import DuplexSession, SessionConfig, export_records, summarize
 from engine.session.records import DEADLINE_MS
@@ -65,24 +76,45 @@ def speech_like(seconds: int, seed: int = 0, rate: int = 24000) -> np.ndarray:
     return (x + rng.standard_normal(x.size).astype(np.float32) * 1e-3).astype(np.float32)
 
 
+def _tap_session(s: DuplexSession) -> StageTap:
+    """A tap on the backbone's stages (where it offers ``set_tap``) and on the tokens the tail is handed."""
+    tap = StageTap()
+    set_tap = getattr(s.backbone, "set_tap", None)
+    if set_tap is not None:
+        set_tap(tap)
+    push = s.tail.push
+
+    def push_tapped(tokens):
+        tap("tokens", tokens)
+        return push(tokens)
+    s.tail.push = push_tapped                  # this session's tail only
+    return tap
+
+
 def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False, desc: str = "",
-             quiet: bool = True) -> Dict[str, object]:
-    """One session over ``frames`` at a virtual one-frame-per-second pace (a progress bar unless ``quiet``)."""
+             quiet: bool = True, digests: bool = True) -> Dict[str, object]:
+    """One session over ``frames`` at a virtual one-frame-per-second pace (a progress bar unless ``quiet``);
+    with ``digests`` each second's stage digests (taken off the clock) come back under ``digests``."""
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     t_build = time.perf_counter()
     s = DuplexSession(cfg)
     s.start()
     build_s = time.perf_counter() - t_build
-    outs = []
-    t0 = time.perf_counter()
+    tap = _tap_session(s) if digests else None
+    outs, seconds = [], []
+    t0, paused = time.perf_counter(), 0.0
     with progress(len(frames), desc=desc, unit="frame", quiet=quiet) as bar:
         for k, f in enumerate(frames):
             if flip:
                 s.set_toggles(demand_sized=bool(k % 2), graph_replay=bool(k % 2))
-            arrival = t0 + k                                       # frame k arrives k seconds in
+            arrival = t0 + paused + k                              # frame k arrives k seconds in
             now = time.perf_counter()
             out, rec = s.process(f, arrival=min(arrival, now), backlog=0)
+            if tap is not None:                                    # after the second, off the virtual clock
+                t_d = time.perf_counter()
+                seconds.append(tap.second(k, rec.decision, rec.text, out))
+                paused += time.perf_counter() - t_d
             outs.append(out)
             bar.set_postfix_str(f"{rec.total_ms:.0f} ms {rec.decision}", refresh=False)
             bar.update()
@@ -94,7 +126,7 @@ def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False, d
     summary["info"] = s.info
     s.close()
     del s
-    return {"summary": summary, "records": records, "audio": np.concatenate(outs)}
+    return {"summary": summary, "records": records, "audio": np.concatenate(outs), "digests": seconds}
 
 
 def _table(rows: Dict[str, Dict[str, object]], wrap: bool = True) -> str:
@@ -150,7 +182,49 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="bench-results/session",
                    help="folder for bench.json, bench.md, bench.png and each mode's records")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--no-digests", action="store_true",
+                   help="skip the per-second stage digests (and so the report of where runs differ)")
     return p
+
+
+def run_keys(modes: List[str]) -> List[str]:
+    """A key per run: the mode's name, ``graphs-2`` for its second run and so on."""
+    keys, seen = [], {}
+    for m in modes:
+        seen[m] = seen.get(m, 0) + 1
+        keys.append(m if seen[m] == 1 else f"{m}-{seen[m]}")
+    return keys
+
+
+def _write_digests(path: Path, seconds: List[Dict[str, object]]) -> None:
+    """One JSON line per second: ``second``, ``decision``, ``stages`` {stage: [digest]}, ``l1`` {stage: [sum |x|]}."""
+    text = "".join(json.dumps(d, sort_keys=True) + "\n" for d in seconds)
+    atomic_write(path, lambda f: f.write(text), text=True)
+
+
+def divergences(keys: List[str], modes: List[str], results: Dict[str, Dict[str, object]], labels: Dict[str, str],
+                flip: Optional[Dict[str, object]]) -> Tuple[Dict[str, object], List[str]]:
+    """Each run against the first (a repeat also against its mode's first run; the flip run against the
+    first run's same seconds): the JSON entry and one terminal line each."""
+    ref = keys[0]
+    doc: Dict[str, object] = {}
+    lines: List[str] = []
+    first_of: Dict[str, str] = {}
+    for key, m in zip(keys, modes):
+        first_of.setdefault(m, key)
+        if key != ref:
+            d = divergence(results[ref]["digests"], results[key]["digests"])
+            doc[key] = d
+            lines.append(describe(labels[key], labels[ref], d))
+        if first_of[m] != key and first_of[m] != ref:
+            d = divergence(results[first_of[m]]["digests"], results[key]["digests"])
+            doc[f"{key} vs {first_of[m]}"] = d
+            lines.append(describe(labels[key], labels[first_of[m]], d))
+    if flip is not None:
+        d = divergence(results[ref]["digests"], flip["digests"])
+        doc["toggles flipped"] = d
+        lines.append(describe("toggles flipped", labels[ref], d))
+    return doc, lines
 
 
 def main(argv=None) -> int:
@@ -168,25 +242,32 @@ def main(argv=None) -> int:
         print(f"duplexcadence-bench session: error: {e}", file=sys.stderr)
         return 2
     frames = frames_of(audio)[: a.seconds]
+    keys = run_keys(modes)
+    digests = not a.no_digests
     results, rows, labels = {}, {}, {}
-    for m in modes:
+    for key, m in zip(keys, modes):
         demand, graphs = MODES[m]
-        r = run_mode(base.replace(demand_sized=demand, graph_replay=graphs), frames, desc=LABELS[m], quiet=a.quiet)
-        labels[m] = label(m, r["records"])
-        results[m], rows[labels[m]] = r, r["summary"]
-        print(f"{labels[m]}: {r['summary']['seconds']} s, built in {r['summary']['build_s']:.1f} s", file=sys.stderr)
-        print(_table({labels[m]: r["summary"]}), file=sys.stderr, flush=True)
+        r = run_mode(base.replace(demand_sized=demand, graph_replay=graphs), frames, desc=LABELS[m], quiet=a.quiet,
+                     digests=digests)
+        labels[key] = label(m, r["records"]) + ("" if key == m else f" #{key.rsplit('-', 1)[1]}")
+        results[key], rows[labels[key]] = r, r["summary"]
+        print(f"{labels[key]}: {r['summary']['seconds']} s, built in {r['summary']['build_s']:.1f} s",
+              file=sys.stderr)
+        print(_table({labels[key]: r["summary"]}), file=sys.stderr, flush=True)
         if a.out:                                   # written as it goes: a cut-short run keeps what it had
-            export_records(r["records"], Path(a.out), stem=f"session-{m}")
-    ref = results[modes[0]]["audio"]
-    identical = {m: bool(np.array_equal(ref, r["audio"])) for m, r in results.items()}
-    flip = None
+            export_records(r["records"], Path(a.out), stem=f"session-{key}")
+            if digests:
+                _write_digests(Path(a.out) / f"session-{key}-digests.jsonl", r["digests"])
+    ref = results[keys[0]]["audio"]
+    identical = {key: bool(np.array_equal(ref, r["audio"])) for key, r in results.items()}
+    flip, fr = None, None
     if a.flip_seconds > 0:
         n = min(a.flip_seconds, len(frames))
         fr = run_mode(base.replace(demand_sized=False, graph_replay=False), frames[:n], flip=True,
-                      desc="toggles flipped", quiet=a.quiet)
+                      desc="toggles flipped", quiet=a.quiet, digests=digests)
         flip = bool(np.array_equal(ref[: n * 24000], fr["audio"]))
-    info = results[modes[0]]["summary"]["info"]
+    where, where_lines = divergences(keys, modes, results, labels, fr) if digests else ({}, [])
+    info = results[keys[0]]["summary"]["info"]
     title = f"duplex session: {info['tail_title']} <- {info['backbone_title']}, {info['device']}, {len(frames)} s of input"
     same = (f"outputs bit-identical across modes: {all(identical.values())} "
             f"({', '.join(f'{labels[m]}: {v}' for m, v in identical.items())}); toggles flipped every second: {flip}")
@@ -195,14 +276,16 @@ def main(argv=None) -> int:
     print(tab)
     print(means)
     print(textwrap.fill(same, 120))
+    for line in where_lines:
+        print(textwrap.fill(line, 120, subsequent_indent="  "))
     if a.out:
         out = Path(a.out)
         doc = {"seconds": len(frames),
-               "modes": {m: {"label": labels[m], **results[m]["summary"]} for m in modes},
-               "identical": identical, "flip_identical": flip, "deadline_ms": DEADLINE_MS,
+               "modes": {key: {"label": labels[key], **results[key]["summary"]} for key in keys},
+               "identical": identical, "flip_identical": flip, "divergence": where, "deadline_ms": DEADLINE_MS,
                "torch": torch.__version__,
                "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
-        per_second = {labels[m]: [rec.total_ms for rec in results[m]["records"]] for m in modes}
+        per_second = {labels[key]: [rec.total_ms for rec in results[key]["records"]] for key in keys}
         fig = report.Figure([
             report.Lines("ms per second of the session", "second", "ms", per_second,
                          hline=(float(DEADLINE_MS), "deadline")),
@@ -210,7 +293,7 @@ def main(argv=None) -> int:
                         {st: [s[f"p50_{st}_ms"] for s in rows.values()] for st in ("listen", "think", "speak")})])
         md = report.markdown(title, report.command_line("duplexcadence-bench session", argv or sys.argv[1:]),
                              [("per second", _table(rows, wrap=False)), ("means", _means_table(rows, wrap=False))],
-                             [same])
+                             [same] + where_lines)
         try:
             report.write_all(out / "bench.json", doc, md, fig)
         except OSError as e:

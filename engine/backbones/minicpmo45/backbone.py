@@ -16,7 +16,7 @@ padded cache with a mask would change the bits. Every mode gives the same tokens
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 
 import torch
 
@@ -68,6 +68,7 @@ class MiniCPMO45Backbone(Backbone):
         self.tts_graphs: Optional[DecodeGraphs] = None
         self._first_reply = True
         self._speech = False
+        self._tap: Optional[Callable[[str, torch.Tensor], None]] = None
         l, t = self.dims.llm, self.dims.tts
         weights = f"checkpoint {self.folder.path}" if self.folder else "seeded random weights"
         self.info = BackboneInfo(
@@ -106,6 +107,7 @@ class MiniCPMO45Backbone(Backbone):
                 too_long = lambda ids: len(tok.decode(ids, skip_special_tokens=True)) >= limit   # noqa: E731
             self.protocol = Protocol(d, self.llm, self.tts, self.kv_llm, self.kv_tts, self._tts_step, too_long,
                                      self._one_token)
+            self.protocol.tap = self._tap
 
     def _fill_weights(self) -> None:
         if self.folder is None:
@@ -172,6 +174,8 @@ class MiniCPMO45Backbone(Backbone):
         self._speech = bool(vad.speech)
         with torch.no_grad():
             emb = self.executor.step({"pcm": audio})["emb"]            # [10, llm hidden]
+            if self._tap is not None:
+                self._tap("encoder", emb)
             self.protocol.prefill(emb)
 
     def think(self, frames: int) -> Thought:
@@ -222,6 +226,15 @@ class MiniCPMO45Backbone(Backbone):
             self.tts_graphs = None
         if not self._graphs_on():
             self.llm_graphs = None
+
+    def set_tap(self, tap: Optional[Callable[[str, torch.Tensor], None]]) -> None:
+        """Hand each stage's output to ``tap(stage, tensor)`` as it is made (None stops it): ``encoder``
+        (the second's audio tokens), ``llm_logits`` (after the prefill and every decode step), ``tts_logits``
+        (every TTS step) and ``codes``. The tensors are fresh (nothing later writes into them); the session
+        bench digests them after the second to find where two modes part (engine/bench/digests.py)."""
+        self._tap = tap
+        if hasattr(self, "protocol"):
+            self.protocol.tap = tap
 
     def toggles(self) -> Dict[str, bool]:
         return {"demand_sized": self._toggles["demand_sized"], "graph_replay": self._graphs_on()}

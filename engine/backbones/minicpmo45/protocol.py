@@ -65,6 +65,11 @@ class Protocol:
         self.turn_ended = True
         self.pending_close: Optional[List[int]] = None
         self.logits: Optional[torch.Tensor] = None
+        self.tap: Optional[Callable[[str, torch.Tensor], None]] = None    # the bench's per-stage digests
+
+    def _emit(self, stage: str, t: torch.Tensor) -> None:
+        if self.tap is not None:
+            self.tap(stage, t)
 
     # -- LISTEN ----------------------------------------------------------------------------------------
     def feed(self, embeds: torch.Tensor) -> torch.Tensor:
@@ -93,6 +98,7 @@ class Protocol:
         self.step_ids([self.d.tokens.unit], logits=False)
         h = self.feed(audio_emb.to(self.llm.lm_head.weight.dtype))
         self.logits = self.llm.logits(h[-1])
+        self._emit("llm_logits", self.logits)
 
     # -- THINK ------------------------------------------------------------------------------------------
     def decode(self, turn: TurnDecision) -> tuple:
@@ -101,6 +107,7 @@ class Protocol:
         logits, self.logits = self.logits, None
         if turn.forced == "listen" and not self.turn_ended:      # a reply cut short: close the turn first
             h, logits = self.step_ids([tk.turn_eos], logits=True)
+            self._emit("llm_logits", logits)
             self.end_turn()
         unit = Unit("speak")
         hidden: List[torch.Tensor] = []
@@ -120,6 +127,7 @@ class Protocol:
                 terminator = tk.chunk_eos
                 break
             h, logits = self.step_ids([tok], logits=True)
+            self._emit("llm_logits", logits)
             if tok == tk.turn_eos:
                 unit.end_of_turn = True
                 self.turn_ended = True
@@ -154,12 +162,14 @@ class Protocol:
         for t in range(s.tts_steps):
             if t > 0:
                 logits = self.tts_step(codes[t - 1:t], kv)
+            self._emit("tts_logits", logits)
             c = draw(code_logits(logits, codes, t, s, d.eos, min_codes))
             codes[t:t + 1] = c
             if t >= min_codes and int(c.item()) == d.eos:      # a host check only where EOS may come
                 kept = t
                 break
         unit.codes = codes[:kept]
+        self._emit("codes", unit.codes)
         if unit.end_of_turn:
             self.end_turn()
 
