@@ -1,6 +1,8 @@
 """MiniCPM-o 4.5 on CUDA at the released sizes (bf16, seeded random weights): the encoder's per-second
-graphs and the TTS's per-length decode graphs replay bit for bit what the stock-like eager path computes.
-The whole session (released LLM included) is compared by ``duplexcadence-bench session`` (docs)."""
+graphs, the TTS's per-length decode graphs and the LLM's layer graphs (all 36 layers, a long history)
+replay bit for bit what the stock-like eager path computes; single-token attention repeats its bits past
+256 positions once cuDNN attention is out; the sampler's draws between graph replays that draw are the
+eager ones. The whole session is compared by ``duplexcadence-bench session`` (per-stage digests)."""
 from __future__ import annotations
 
 import pytest
@@ -9,13 +11,20 @@ import torch
 from engine.backbones.minicpmo45.audio import AudioEncoder
 from engine.backbones.minicpmo45.dims import preset
 from engine.backbones.minicpmo45.kv import kv_regions, make_store
-from engine.backbones.minicpmo45.layers import seeded_init
+from engine.backbones.minicpmo45.layers import pin_attention_kernels, seeded_init
 from engine.backbones.minicpmo45.tts import TTS, DecodeGraphs
 from engine.backbones.minicpmo45.weights import build
 from engine.core import Executor, make_plan
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.cuda.is_available()
+
+
+@pytest.fixture(autouse=True)
+def pinned_attention():
+    """As the backbone does at start: no cuDNN attention in this process (it does not repeat its bits)."""
+    if CUDA:
+        pin_attention_kernels("cuda")
 
 
 def encoder_seconds(device: str, size: str, seconds: int, graphs: bool):
@@ -118,3 +127,84 @@ def test_released_width_llm_layer_graphs_equal_eager():
     assert len(seg.graphs) == 5 and seg.replays == 76
     for k, (a, b) in enumerate(pairs):
         assert torch.equal(a, b), f"pair {k}"
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_full_depth_llm_layer_graphs_equal_eager_over_a_long_history():
+    """All 36 released layers, the history grown past 600 positions (the bench's 20th second) by
+    prefill-sized feeds, single tokens between: the layer graphs give the stock-like eager bits."""
+    feeds = (64,) * 6 + ((2, 1, 10) + (1,) * 19) * 3 + (64,) * 4 + (1,) * 20
+    pairs, seg = llm_steps("cuda", "released", 36, graphs=True, feeds=feeds)
+    assert len(seg.graphs) == 37 and seg.kv.length == sum(feeds) > 700
+    for k, (a, b) in enumerate(pairs):
+        assert torch.equal(a, b), f"pair {k}"
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_sampler_draws_between_graph_replays_with_draws_equal_eager():
+    """The sampler draws from the default generator between replays of a graph that itself draws (the
+    token2wav tail's noise): the same tokens as with the graph's work run eagerly, and a seeded rerun
+    repeats them. Near-tied logits (bf16-rounded) exercise the top-k / top-p boundaries."""
+    from engine.backbones.minicpmo45.dims import SpecialTokens
+    from engine.backbones.minicpmo45.sampling import TextSampler, code_logits, draw
+    d = preset("released")
+    dev = torch.device("cuda")
+    noise_in = torch.zeros(1, 80, 300, device=dev)
+
+    def noisy(x):                                   # stands in for the tail's step: it draws twice
+        return x + torch.randn_like(x) * 0.1 + torch.rand(1, 9, device=dev).sum()
+
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        rng = torch.cuda.get_rng_state()
+        noisy(noise_in)
+        torch.cuda.set_rng_state(rng)
+        with torch.cuda.graph(g, stream=s):
+            out = noisy(noise_in)
+    torch.cuda.current_stream().wait_stream(s)
+    gen = torch.Generator(device="cpu").manual_seed(3)
+    rows = [(torch.randn(1, d.llm.vocab, generator=gen) * 2).to(torch.bfloat16).float().to(dev) for _ in range(40)]
+    tts_rows = [torch.randn(1, d.tts.codes, generator=gen).to(dev) for _ in range(40)]
+
+    def run(graphed: bool):
+        torch.manual_seed(0)
+        sampler = TextSampler(d.sampling, SpecialTokens(), forbidden=[SpecialTokens().tts_pad])
+        toks, noise = [], []
+        codes = torch.zeros(d.sampling.tts_steps, dtype=torch.long, device=dev)
+        for i, (row, trow) in enumerate(zip(rows, tts_rows)):
+            toks.append(sampler(row))
+            t = i % d.sampling.tts_steps
+            codes[t:t + 1] = draw(code_logits(trow, codes, t, d.sampling, d.tts.eos, d.sampling.tts_steps))
+            if graphed:
+                g.replay()
+                noise.append(out.clone())
+            else:
+                noise.append(noisy(noise_in))
+        return toks, codes.clone(), noise
+
+    eager, graphed, again = run(False), run(True), run(True)
+    assert eager[0] == graphed[0] == again[0] and torch.equal(eager[1], graphed[1])
+    assert all(torch.equal(a, b) for a, b in zip(eager[2], graphed[2]))
+    assert len(set(eager[0])) > 10                                   # real draws, not one token
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_single_token_attention_repeats_its_bits_past_256_positions():
+    """The H200 run that found the cause: with cuDNN attention (torch 2.11 prefers it on Hopper) single-token
+    attention over ~260-400 positions did not repeat its bits between runs. Pinned, the LLM's decode and
+    prefill shapes repeat exactly, many times over."""
+    import torch.nn.functional as F
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for tq, length in ((1, 200), (1, 257), (1, 300), (1, 511), (1, 777), (1, 1980), (10, 300), (12, 1000)):
+        q = torch.randn(1, 32, tq, 128, generator=g, device="cuda").to(torch.bfloat16)
+        k, v = (torch.randn(1, 8, length, 128, generator=g, device="cuda").to(torch.bfloat16)
+                .repeat_interleave(4, dim=1) for _ in range(2))
+        mask = None
+        if tq > 1:
+            mask = torch.arange(length, device="cuda")[None, :] <= torch.arange(tq, device="cuda")[:, None] + length - tq
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        for i in range(200):
+            assert torch.equal(F.scaled_dot_product_attention(q, k, v, attn_mask=mask), ref), (tq, length, i)

@@ -27,7 +27,7 @@ from ..base import Backbone, BackboneInfo, Thought, TokenFormat
 from .audio import AudioEncoder
 from .dims import Dims, preset
 from .kv import demand_units, kv_regions, make_store, switch_store
-from .layers import seeded_init
+from .layers import pin_attention_kernels, seeded_init
 from .llm import Qwen3
 from .llm_graphs import LayerGraphs, make_layer_graphs
 from .protocol import Protocol
@@ -83,6 +83,7 @@ class MiniCPMO45Backbone(Backbone):
     # -- building --------------------------------------------------------------------------------------
     def start(self) -> None:
         d, dev, dt = self.dims, self.device, self.dtype
+        pin_attention_kernels(dev)              # before any capture: cuDNN attention does not repeat its bits
         with torch.no_grad():
             if self._shared is not None:        # another session's modules: read only, every state is ours
                 self.llm, self.tts, self.encoder = (self._shared[k] for k in ("llm", "tts", "encoder"))

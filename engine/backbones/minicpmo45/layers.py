@@ -49,6 +49,21 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + turned * sin
 
 
+def pin_attention_kernels(device) -> None:
+    """Keep cuDNN's fused attention out of this process's ``scaled_dot_product_attention`` on CUDA.
+
+    PyTorch prefers cuDNN attention on Hopper once cuDNN is newer than 9.15 (torch 2.11 + cuDNN 9.19 on
+    the H200 picks it for every attention call here), and cuDNN's forward does not repeat its own bits:
+    on the H200 a single-token attention over more than ~256 positions came out different between two
+    runs of the same session (docs/device-notes-minicpmo45.md, run 3), so no mode, the stock-like one
+    included, could repeat a session. PyTorch's own deterministic mode refuses cuDNN attention for this
+    reason. Without it the dispatcher takes the flash forward (no mask) or the memory-efficient one
+    (masked prefill), both deterministic. Process-wide and set once, before anything is captured, like
+    ``cudnn.deterministic`` in the Step-Audio2 tail; fp32 models (that tail) never used cuDNN attention."""
+    if torch.device(device).type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def causal_mask(t_new: int, t_all: int, device) -> Optional[torch.Tensor]:
     """Boolean [t_new, t_all] mask: new token i sees history plus new tokens 0..i (None for one token)."""
     if t_new == 1:
