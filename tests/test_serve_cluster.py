@@ -156,9 +156,14 @@ def test_removing_the_deployment_drains_live_sessions(cluster_url):
     a.submit(frame)
     assert isinstance(results(a, 1)[0], LiveResult)
     serve.delete("duplexcadence", _blocking=False)
-    time.sleep(2.0)
-    late = open_session(cluster_url)                         # the replicas take no new session now
-    assert late.session is None and "refused" in late.results.get(timeout=5).message
+
+    def refused() -> bool:                                   # once the deletion reached the proxy (a loaded
+        late = open_session(cluster_url)                     # machine takes a few seconds), no new session
+        if late.session is not None:
+            late.stop(timeout=30.0)
+            return False
+        return "refused" in late.results.get(timeout=5).message
+    assert wait_for(refused, 60)
     for _ in range(4):                                       # ... but the live one runs on, paced
         a.submit(frame)
         got = results(a, 1, timeout=30.0)

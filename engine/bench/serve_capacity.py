@@ -118,7 +118,7 @@ def measure(url: str, cfg: SessionConfig, a: argparse.Namespace, label: str) -> 
             ramp.append(dict(w.to_dict(), window_s=a.window))
             say(_line(label, w, a.window))
             if w.misses:
-                ended = f"a second missed at {n} sessions"
+                ended = f"a second missed at {n} session{'s' if n != 1 else ''}"
                 break
             clean = n
             free = 0.9 * 1000.0 / max(w.p99_ms, 1.0)             # step by what the p99 leaves free
