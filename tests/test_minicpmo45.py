@@ -270,3 +270,25 @@ def test_a_second_session_shares_the_weights(one_torch_thread):
             texts.append(bb.think(25).text)
         out[name] = texts
     assert out["a"] == out["b"] and out["a"][1]
+
+
+def test_start_pins_the_attention_kernels_before_anything_is_built(monkeypatch, one_torch_thread):
+    """cuDNN attention does not repeat its bits on the H200 (device notes, run 3): the backbone turns it off
+    first thing in ``start``, before any graph is captured; on the CPU nothing changes."""
+    import engine.backbones.minicpmo45.backbone as B
+    from engine.backbones.base import TokenFormat
+    from engine.backbones.minicpmo45.layers import pin_attention_kernels
+    seen = []
+    bb = B.MiniCPMO45Backbone(TokenFormat(1, 6561, 25.0), size="tiny", device="cpu")
+    monkeypatch.setattr(B, "pin_attention_kernels", lambda dev: seen.append((str(dev), hasattr(bb, "executor"))))
+    bb.start()
+    bb.close()
+    assert seen == [("cpu", False)]
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        pin_attention_kernels("cpu")
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before
+        pin_attention_kernels("cuda")
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
