@@ -16,18 +16,15 @@ Who launches a session's seconds (``EngineHost(launch=...)``):
 """
 from __future__ import annotations
 
-import collections
 import logging
-import queue
 import threading
-import time
-from typing import TYPE_CHECKING, Deque, List, Optional, Tuple
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 import numpy as np
 
 from engine.session import LiveError, LiveResult
-from engine.session.records import keeps_up
-from engine.session.session import check_frame
+from engine.session.live import FrameInbox
+from engine.session.records import keep_up_notice
 
 from .session import HostedSession
 
@@ -38,32 +35,16 @@ log = logging.getLogger("engine.host")
 Item = Tuple[np.ndarray, float, int]        # (frame, arrival perf_counter, frames still waiting)
 
 
-def keep_up_notice(records) -> str:
-    """"" while the recent seconds fit the cadence, else what is wrong (one line)."""
-    if keeps_up(records):
-        return ""
-    recent = records[-10:]
-    mean = sum(r.total_ms for r in recent) / len(recent)
-    return (f"cannot keep up: {recent[-1].backlog} second(s) waiting, {mean:.0f} ms of work per second over "
-            f"the last {len(recent)} s (deadline {recent[-1].deadline_ms:.0f} ms)")
-
-
-class HostedRunner:
+class HostedRunner(FrameInbox):
     """One hosted session's frames in, results out; its seconds are launched as the host says."""
 
     def __init__(self, host: "EngineHost", hosted: HostedSession):
+        super().__init__()
         self.host = host
         self.hosted = hosted
         self.cfg = hosted.cfg
-        self.results: "queue.Queue" = queue.Queue()
-        self.ready = threading.Event()            # set once the session is built (or failed)
+        self.thread_name = f"hosted-session-{hosted.id}"
         self.done = threading.Event()             # set once the runner has stopped for good
-        self._frames: Deque[Tuple[np.ndarray, float]] = collections.deque()
-        self._cv = threading.Condition()
-        self._stop = False
-        self._drain = False
-        self._running = False
-        self._thread: Optional[threading.Thread] = None
         self._finish_lock = threading.Lock()
         self._finishing = False
 
@@ -72,42 +53,17 @@ class HostedRunner:
         """The hosted session once built (``.info``, ``.records``, ``.summary()``)."""
         return self.hosted if self.hosted.session is not None else None
 
-    # -- caller side (never blocks on the engine) ---------------------------------------------------
-    def start(self) -> None:
-        """Build the session in the background (serially with other admissions); returns at once."""
-        if self._thread is not None:
-            raise RuntimeError("this runner was already started")
-        self._running = True
-        self._thread = threading.Thread(target=self._run, name=f"hosted-session-{self.hosted.id}", daemon=True)
-        self._thread.start()
-
-    def submit(self, frame, arrival: Optional[float] = None) -> None:
-        """Queue one second of mono 24 kHz float32 audio; ``arrival``: when it came in (default now)."""
-        x = np.array(check_frame(frame), dtype=np.float32, copy=True)
-        with self._cv:
-            self._frames.append((x, time.perf_counter() if arrival is None else float(arrival)))
-            self._cv.notify()
+    # -- caller side (never blocks on the engine; start/submit/backlog/running: FrameInbox) --------
+    def _poke(self) -> None:
         self.host.dispatcher_poke()
 
     def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
         """Applied at the next second boundary (that second runs exclusively)."""
         self.hosted.set_toggles(demand_sized=demand_sized, graph_replay=graph_replay)
 
-    def backlog(self) -> int:
-        with self._cv:
-            return len(self._frames)
-
-    @property
-    def running(self) -> bool:
-        return self._running
-
     def stop(self, timeout: float = 5.0, drain: bool = False) -> None:
         """Finish the second in progress (with ``drain``: every queued second), then leave the host."""
-        with self._cv:
-            self._stop = True
-            self._drain = bool(drain)
-            self._cv.notify()
-        self.host.dispatcher_poke()
+        self._request_stop(drain)
         if self._thread is None:                     # never started: nothing runs, free the slot now
             self.ready.set()
             self._finish()

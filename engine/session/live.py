@@ -15,14 +15,14 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Deque, Optional, Tuple
 
 import numpy as np
 
 from engine.core.toggles import requested
 
 from .config import SessionConfig
-from .records import SecondRecord, keeps_up
+from .records import SecondRecord, keep_up_notice
 from .session import DuplexSession, check_frame
 
 log = logging.getLogger("engine.session")
@@ -45,43 +45,40 @@ class LiveError:
     message: str
 
 
-class LiveRunner:
-    """Owns one worker thread and its :class:`DuplexSession` (built in the worker by :meth:`start`)."""
+class FrameInbox:
+    """The caller's side of a runner: one-second frames queued without bound, results out, a worker thread.
 
-    def __init__(self, cfg: SessionConfig, session_factory=DuplexSession):
-        self.cfg = cfg
-        self._factory = session_factory
+    ``submit`` never blocks and never drops; ``stop`` asks the worker to finish the second in progress
+    (with ``drain``: every queued second). :class:`LiveRunner` and the engine host's runners share it.
+    """
+
+    thread_name = "duplex-session"
+
+    def __init__(self) -> None:
         self.results: "queue.Queue" = queue.Queue()
-        self.session: Optional[DuplexSession] = None
-        self._frames = collections.deque()          # (frame, arrival perf_counter), unbounded
+        self.ready = threading.Event()              # set once the session is built (or failed)
+        self._frames: Deque[Tuple[np.ndarray, float]] = collections.deque()   # (frame, arrival), unbounded
         self._cv = threading.Condition()
         self._stop = False
         self._drain = False
-        self._toggles = {}
-        self._thread: Optional[threading.Thread] = None
         self._running = False
-        self.ready = threading.Event()              # set once the session is built (or failed)
+        self._thread: Optional[threading.Thread] = None
 
-    # -- caller side (never blocks on the engine) ---------------------------------------------------
     def start(self) -> None:
         """Start the worker; returns at once. The session is built in the worker."""
         if self._thread is not None:
             raise RuntimeError("this runner was already started")
         self._running = True
-        self._thread = threading.Thread(target=self._run, name="duplex-session", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
         self._thread.start()
 
-    def submit(self, frame) -> None:
-        """Queue one second of mono 24 kHz float32 audio (never blocks, never drops)."""
+    def submit(self, frame, arrival: Optional[float] = None) -> None:
+        """Queue one second of mono 24 kHz float32 audio; ``arrival``: when it came in (default now)."""
         x = np.array(check_frame(frame), dtype=np.float32, copy=True)
         with self._cv:
-            self._frames.append((x, time.perf_counter()))
+            self._frames.append((x, time.perf_counter() if arrival is None else float(arrival)))
             self._cv.notify()
-
-    def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
-        """Applied at the next second boundary."""
-        with self._cv:
-            self._toggles.update(requested(demand_sized, graph_replay))
+        self._poke()
 
     def backlog(self) -> int:
         with self._cv:
@@ -91,12 +88,38 @@ class LiveRunner:
     def running(self) -> bool:
         return self._running
 
-    def stop(self, timeout: float = 5.0, drain: bool = False) -> None:
-        """Finish the second in progress (with ``drain``: every queued second) and stop the thread."""
+    def _request_stop(self, drain: bool) -> None:
         with self._cv:
             self._stop = True
             self._drain = bool(drain)
             self._cv.notify()
+        self._poke()
+
+    def _poke(self) -> None:
+        """Hook: wake whoever launches this runner's seconds (the worker waits on ``_cv`` already)."""
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class LiveRunner(FrameInbox):
+    """Owns one worker thread and its :class:`DuplexSession` (built in the worker by :meth:`start`)."""
+
+    def __init__(self, cfg: SessionConfig, session_factory=DuplexSession):
+        super().__init__()
+        self.cfg = cfg
+        self._factory = session_factory
+        self.session: Optional[DuplexSession] = None
+        self._toggles = {}
+
+    def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
+        """Applied at the next second boundary."""
+        with self._cv:
+            self._toggles.update(requested(demand_sized, graph_replay))
+
+    def stop(self, timeout: float = 5.0, drain: bool = False) -> None:
+        """Finish the second in progress (with ``drain``: every queued second) and stop the thread."""
+        self._request_stop(drain)
         if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout)
 
@@ -144,14 +167,8 @@ class LiveRunner:
                 session.set_toggles(**toggles)
             audio, rec = session.process(frame, arrival=arrival, backlog=waiting)
             rec.backlog = self.backlog()
-            ok = keeps_up(session.records)
-            notice = ""
-            if not ok:
-                recent = session.records[-10:]
-                mean = sum(r.total_ms for r in recent) / len(recent)
-                notice = (f"cannot keep up: {rec.backlog} second(s) waiting, {mean:.0f} ms of work per "
-                          f"second over the last {len(recent)} s (deadline {rec.deadline_ms:.0f} ms)")
-                if not warned:
-                    log.warning(notice)
-                    warned = True
-            self.results.put(LiveResult(rec, audio, ok, notice))
+            notice = keep_up_notice(session.records)
+            if notice and not warned:
+                log.warning(notice)
+                warned = True
+            self.results.put(LiveResult(rec, audio, not notice, notice))

@@ -113,6 +113,16 @@ def keeps_up(records: Sequence[SecondRecord], window: int = 10) -> bool:
     return recent[-1].backlog <= recent[0].backlog or recent[-1].backlog == 0
 
 
+def keep_up_notice(records: Sequence[SecondRecord], window: int = 10) -> str:
+    """"" while the recent seconds fit the cadence (:func:`keeps_up`), else what is wrong, in one line."""
+    if keeps_up(records, window):
+        return ""
+    recent = list(records)[-window:]
+    mean = sum(r.total_ms for r in recent) / len(recent)
+    return (f"cannot keep up: {recent[-1].backlog} second(s) waiting, {mean:.0f} ms of work per second over "
+            f"the last {len(recent)} s (deadline {recent[-1].deadline_ms:.0f} ms)")
+
+
 def format_summary(s: Dict[str, object]) -> str:
     line = (f"{s['seconds']} s, {s['misses']} missed, total p50 {s['p50_total_ms']:.1f} ms / "
             f"p99 {s['p99_total_ms']:.1f} ms (listen {s['p50_listen_ms']:.1f}, think {s['p50_think_ms']:.1f}, "
