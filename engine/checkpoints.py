@@ -6,7 +6,7 @@ line naming the file and the tensor, before a model is built.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
@@ -28,3 +28,31 @@ def check_tensors(state: Mapping[str, torch.Tensor], source: str) -> None:
     """:func:`check_tensor` for every entry of ``state``."""
     for name, t in state.items():
         check_tensor(name, t, source)
+
+
+def pick_expected(state: Mapping[str, torch.Tensor], expected: Mapping[str, Tuple[int, ...]], source: str,
+                  what: str, alias: Optional[Callable[[str], str]] = None) -> Dict[str, torch.Tensor]:
+    """The tensors ``expected`` names (key -> shape), checked and as float32; one ValueError for every problem.
+
+    ``alias`` maps a key to the other spelling a checkpoint may use. The error says ``source is not
+    {what}``, then how many keys are missing and mis-shaped, with the first few of each.
+    """
+    missing: List[str] = []
+    wrong: List[str] = []
+    out: Dict[str, torch.Tensor] = {}
+    for key, shape in expected.items():
+        t = state.get(key)
+        if t is None and alias is not None:
+            t = state.get(alias(key))
+        if t is None:
+            missing.append(key)
+        elif tuple(t.shape) != tuple(shape):
+            wrong.append(f"{key}: {tuple(t.shape)}, expected {tuple(shape)}")
+        else:
+            check_tensor(key, t, source)
+            out[key] = t.detach().to(torch.float32)
+    if missing or wrong:
+        parts = [f"{len(missing)} missing key(s), e.g. " + ", ".join(missing[:4])] if missing else []
+        parts += [f"{len(wrong)} mis-shaped key(s): " + "; ".join(wrong[:4])] if wrong else []
+        raise ValueError(f"{source} is not {what}: {'; '.join(parts)}")
+    return out

@@ -11,11 +11,11 @@ A codebook's vectors are moshi's ``embedding_sum / cluster_usage.clamp(min=1e-5)
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Tuple
+from typing import Dict, Tuple
 
 import torch
 
-from engine.checkpoints import check_tensor
+from engine.checkpoints import pick_expected
 
 from .config import MimiConfig
 
@@ -100,30 +100,9 @@ def _alias(key: str) -> str:
 
 def check_state(state: Dict[str, torch.Tensor], cfg: MimiConfig, source: str = "checkpoint") -> Dict[str, torch.Tensor]:
     """Pick the decoder's keys out of ``state`` (resolving aliases); raise one error listing every problem."""
-    missing: List[str] = []
-    wrong: List[str] = []
-    out: Dict[str, torch.Tensor] = {}
-    for key, shape in decoder_keys(cfg).items():
-        t = state.get(key)
-        if t is None:
-            t = state.get(_alias(key))
-        if t is None:
-            missing.append(key)
-            continue
-        if tuple(t.shape) != tuple(shape):
-            wrong.append(f"{key}: {tuple(t.shape)}, expected {tuple(shape)}")
-            continue
-        check_tensor(key, t, source)
-        out[key] = t.detach().to(torch.float32)
-    if missing or wrong:
-        lines = [f"{source} is not a Mimi decoder of these dims (d={cfg.dimension}, {cfg.num_layers} layers, "
-                 f"{cfg.n_q} codebooks x {cfg.bins}):"]
-        if missing:
-            lines.append(f"  {len(missing)} missing key(s), e.g. " + ", ".join(missing[:4]))
-        if wrong:
-            lines.append(f"  {len(wrong)} mis-shaped key(s): " + "; ".join(wrong[:4]))
-        raise ValueError("\n".join(lines))
-    return out
+    what = (f"a Mimi decoder of these dims (d={cfg.dimension}, {cfg.num_layers} layers, "
+            f"{cfg.n_q} codebooks x {cfg.bins})")
+    return pick_expected(state, decoder_keys(cfg), source, what, alias=_alias)
 
 
 def load_checkpoint(path: str, cfg: MimiConfig) -> Dict[str, torch.Tensor]:

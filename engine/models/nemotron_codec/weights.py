@@ -14,9 +14,11 @@ A VoiceChat checkpoint keeps the same names under ``tts_model.audio_codec.`` in 
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Tuple
+from typing import Dict, Tuple
 
 import torch
+
+from engine.checkpoints import pick_expected
 
 from .config import CodecConfig
 
@@ -43,23 +45,8 @@ def decoder_keys(cfg: CodecConfig) -> Dict[str, Tuple[int, ...]]:
 
 
 def check_state(state: Dict[str, torch.Tensor], cfg: CodecConfig, source: str) -> Dict[str, torch.Tensor]:
-    """The decoder's tensors from ``state`` as float32; one ValueError listing what is missing or mis-shaped."""
-    missing: List[str] = []
-    wrong: List[str] = []
-    out: Dict[str, torch.Tensor] = {}
-    for key, shape in decoder_keys(cfg).items():
-        t = state.get(key)
-        if t is None:
-            missing.append(key)
-        elif tuple(t.shape) != shape:
-            wrong.append(f"{key} {tuple(t.shape)} (expected {shape})")
-        else:
-            out[key] = t.detach().to(torch.float32)
-    if missing or wrong:
-        what = [f"{len(missing)} missing, e.g. {missing[0]}"] if missing else []
-        what += [f"{len(wrong)} mis-shaped, e.g. {wrong[0]}"] if wrong else []
-        raise ValueError(f"{source} is not this codec's decoder ({'; '.join(what)})")
-    return out
+    """The decoder's tensors from ``state`` as float32 (finite floats); one ValueError listing what is wrong."""
+    return pick_expected(state, decoder_keys(cfg), source, "this codec's decoder")
 
 
 def load_into(model, sd: Dict[str, torch.Tensor]) -> None:
