@@ -312,9 +312,9 @@ class SessionController(QObject):
     def _on_result(self, res: LiveResult) -> None:
         rec = res.record
         notice = getattr(res, "notice", "")
-        if notice and not self._notice_shown:
+        if notice and not self._notice_shown:     # the log keeps the first; the window's banner follows `notice`
             self._notice_shown = True
-            self.message.emit("warning", notice)
+            self.event.emit("warning", notice)
         audio = np.asarray(res.audio, dtype=np.float32)
         self.records.append(rec)
         heard = self._heard.popleft() if self._heard else np.zeros(ENGINE_RATE, dtype=np.float32)

@@ -87,6 +87,8 @@ class ScriptedRun:
         c.stopped.connect(self.finish)
         c.record.connect(self._on_record)
         c.message.connect(self._on_message)
+        warned = []                                  # the first "cannot keep up" goes to stderr, once
+        c.notice.connect(lambda t: t and not warned and (warned.append(t), self._on_message("warning", t)))
         if not self.window.start_with(cfg, source, sink, max_seconds=seconds):
             return False
         # the session finishes by itself after N seconds of input; this only guards a source that

@@ -118,6 +118,8 @@ def test_keep_up_banner_is_live_and_clears_on_stop(qtbot, tmp_path, speech_wav):
     texts = set()
     qtbot.waitUntil(lambda: texts.add(w.keepup_banner.text()) or len(texts) >= 3, timeout=20000)
     assert all(t.startswith("⚠ cannot keep up:") for t in texts)                # updated, not shown once
+    assert not w.message_banner.isVisible()                                     # one banner, not two
+    assert w.events.view.toPlainText().count("cannot keep up") == 1            # the log keeps the first
     assert w.timing_plot.mapTo(w, w.timing_plot.rect().topLeft()) == top_before  # the banner overlays
     w.controller.stop()
     assert w.state_label.text().startswith("STOPPING: finishing second ")
