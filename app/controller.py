@@ -318,16 +318,18 @@ class SessionController(QObject):
         audio = np.asarray(res.audio, dtype=np.float32)
         self.records.append(rec)
         heard = self._heard.popleft() if self._heard else np.zeros(ENGINE_RATE, dtype=np.float32)
-        try:
-            self.journal.append(rec, heard, audio)
-        except ExportError as e:
-            self.fail(f"{e}; the session stopped")
         pump = self.pump
         pump.model_speaking = rec.decision == "speak"
         ahead = None
         if pump.playback is not None and self.state == RUNNING:
             ahead = pump.playback.push(audio)
-        self.monitor.on_answer(rec.index, audio, ENGINE_RATE, ahead)
+        delay = self.monitor.on_answer(rec.index, audio, ENGINE_RATE, ahead)
+        if ahead is not None and delay == delay:         # played on a device and measured: into the records
+            rec.mic_to_speaker_ms = round(delay, 3)
+        try:
+            self.journal.append(rec, heard, audio)
+        except ExportError as e:
+            self.fail(f"{e}; the session stopped")
         self.notice.emit(notice)
         self.record.emit(rec)
 

@@ -147,7 +147,7 @@ class SessionSeries:
                     misses_window=sum(1 for r in recent if r["missed"]),
                     lateness_ms=float(last["late_ms"]), backlog=int(last.get("backlog", 0)),
                     state_bytes=int(last["state_bytes"]), reserved_bytes=int(last["reserved_bytes"]),
-                    delay_ms=None if delay is None or delay != delay else float(delay),
+                    delay_ms=float(delay) if delay and delay > 0 else None,     # 0 / None / NaN: not measured
                     delay_plays=bool(self.rows[-1].get("answer_plays", True)))
         d = self.deadline_ms
         s.colours = {

@@ -93,6 +93,12 @@ def test_output_meter_scope_and_delay(qtbot, tmp_path, speech_wav):
     assert np.abs(mic_y).max() > 0.01 and (speech_y + 1.0).max() > 0.05          # both drawn
     stop(qtbot, w)
     assert w.backlog_label.text() == ""
+    # the delay is in the records, so exports and replays have it
+    assert [r.mic_to_speaker_ms for r in w.controller.records[:len(delays)]] == delays
+    from app.replay import load_session
+    w.export_to(tmp_path / "export")
+    rows = load_session(tmp_path / "export").rows
+    assert rows[len(delays) - 1]["mic_to_speaker_ms"] == delays[-1]
 
 
 def test_no_output_device_in_a_scripted_run(qtbot, tmp_path, speech_wav):
@@ -105,6 +111,7 @@ def test_no_output_device_in_a_scripted_run(qtbot, tmp_path, speech_wav):
     qtbot.waitUntil(lambda: len(w.series) >= 1, timeout=10000)
     assert w.summary_row.labels["delay"].text().startswith("mic→answer ")     # nothing plays: until ready
     assert not w.model_panel.checking and "applies at the next Start" not in w.model_panel.status.text()
+    assert w.controller.records[0].mic_to_speaker_ms == 0.0                  # no speaker: not measured
     w.model_panel.set_values("step-audio2", "synthetic", "tiny", "", "")        # a change during the session
     qtbot.waitUntil(lambda: "applies at the next Start" in w.model_panel.status.text(), timeout=10000)
     stop(qtbot, w)

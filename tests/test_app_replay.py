@@ -9,7 +9,7 @@ from PySide6.QtWidgets import QApplication
 from app import theme
 from app.controller import SessionController
 from app.replay import ReplayError, envelope, load_session
-from app.review import CompareWindow, compare_line
+from app.review import CompareWindow, SessionView, compare_line
 from app.settings import open_qsettings
 from app.window import MainWindow
 from engine.session import SecondRecord, export_records
@@ -79,12 +79,16 @@ def test_open_one_session_then_a_second_beside_it(qtbot, tmp_path, window):
     assert window.open_session(stock) is replay and len(replay.views) == 1   # not beside: replaces
 
 
-def test_reader_falls_back_to_csv_and_names_bad_files(tmp_path):
+def test_reader_falls_back_to_csv_and_names_bad_files(qtbot, tmp_path):
     folder = _export(tmp_path / "s", 5, 400.0, demand=True)
     from_jsonl = load_session(folder).rows
     (folder / "session.jsonl").unlink()
     from_csv = load_session(folder).rows
     assert from_csv == from_jsonl                                               # same types both ways
+    assert from_csv[0]["mic_to_speaker_ms"] == 0.0                              # not measured
+    view = SessionView(load_session(folder))
+    qtbot.addWidget(view)
+    assert view.summary_row.labels["delay"].text() == "mic→speaker —"
     assert isinstance(from_csv[0]["missed"], bool) and isinstance(from_csv[0]["state_bytes"], int)
     (folder / "session.jsonl").write_text('{"index": 0}\nnot json\n')
     with pytest.raises(ReplayError, match=r"session.jsonl: line 2 is not JSON"):

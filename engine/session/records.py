@@ -47,6 +47,8 @@ class SecondRecord:
     backlog: int = 0              # frames still waiting when this second finished
     text: str = ""                # text the backbone produced (Moshi with a tokenizer), else ""
     tail_skipped: bool = False    # the backbone listened and the decoder tail did not run (MiniCPM-o 4.5)
+    mic_to_speaker_ms: float = 0.0  # the app playing to a device: end of this input second -> its answer
+    #                                 starts playing (0: not measured; a real delay is never 0)
 
     def to_dict(self) -> Dict[str, object]:
         """A plain, JSON-safe dict (floats rounded to microseconds / 1e-6)."""
