@@ -74,6 +74,19 @@ def causal_mask(t_new: int, t_all: int, device) -> Optional[torch.Tensor]:
     return cols <= rows + past
 
 
+def run_stack(layers: nn.ModuleList, embeds: torch.Tensor, kv, head_dim: int, theta: float) -> torch.Tensor:
+    """Decoder layers over ``embeds`` [T, hidden] at positions kv.length .. kv.length+T-1 (then committed
+    to ``kv``, a KVStore); returns the last layer's output [1, T, hidden] (before the final norm)."""
+    t, start, dev = embeds.shape[0], kv.length, embeds.device
+    cos, sin = rope_tables(torch.arange(start, start + t, device=dev), head_dim, theta, embeds.dtype)
+    mask = causal_mask(t, start + t, dev)
+    x = embeds.unsqueeze(0)                                                       # [1, T, hidden]
+    for i, layer in enumerate(layers):
+        x = layer(x, kv.layer(i), cos, sin, mask)
+    kv.commit(t)
+    return x
+
+
 class Attention(nn.Module):
     """Grouped-query self-attention with RoPE; ``qk_norm`` adds Qwen3's per-head RMSNorm on q and k."""
 

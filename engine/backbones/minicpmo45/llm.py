@@ -14,7 +14,7 @@ from torch import nn
 
 from .dims import LLMDims
 from .kv import KVStore
-from .layers import DecoderLayer, RMSNorm, causal_mask, rope_tables
+from .layers import DecoderLayer, RMSNorm, run_stack
 
 
 class _Body(nn.Module):
@@ -43,16 +43,7 @@ class Qwen3(nn.Module):
 
     def forward(self, embeds: torch.Tensor, kv: KVStore) -> torch.Tensor:
         # embeds: [T, hidden] -> hidden states after the final norm [T, hidden]
-        t = embeds.shape[0]
-        start = kv.length
-        dev = embeds.device
-        cos, sin = rope_tables(torch.arange(start, start + t, device=dev), self.d.head_dim, self.d.rope_theta,
-                               embeds.dtype)
-        mask = causal_mask(t, start + t, dev)
-        x = embeds.unsqueeze(0)                                                   # [1, T, hidden]
-        for i, layer in enumerate(self.model.layers):
-            x = layer(x, kv.layer(i), cos, sin, mask)
-        kv.commit(t)
+        x = run_stack(self.model.layers, embeds, kv, self.d.head_dim, self.d.rope_theta)    # [1, T, hidden]
         return self.model.norm(x)[0]                                              # [T, hidden]
 
     def logits(self, hidden_last: torch.Tensor) -> torch.Tensor:

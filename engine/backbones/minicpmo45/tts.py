@@ -22,7 +22,7 @@ from torch import nn
 
 from .dims import LLMDims, TTSDims
 from .kv import KVStore
-from .layers import DecoderLayer, Projector, RMSNorm, causal_mask, rope_tables
+from .layers import DecoderLayer, Projector, RMSNorm, run_stack
 
 
 class _Body(nn.Module):
@@ -60,16 +60,7 @@ class TTS(nn.Module):
 
     def forward(self, embeds: torch.Tensor, kv: KVStore) -> torch.Tensor:
         # embeds: [T, hidden] at turn positions kv.length .. kv.length + T - 1 -> float32 logits [1, codes]
-        t = embeds.shape[0]
-        start = kv.length
-        dev = embeds.device
-        cos, sin = rope_tables(torch.arange(start, start + t, device=dev), self.d.head_dim, self.d.rope_theta,
-                               embeds.dtype)
-        x = embeds.unsqueeze(0)                                                 # [1, T, hidden]
-        mask = causal_mask(t, start + t, dev)
-        for i, layer in enumerate(self.model.layers):
-            x = layer(x, kv.layer(i), cos, sin, mask)
-        kv.commit(t)
+        x = run_stack(self.model.layers, embeds, kv, self.d.head_dim, self.d.rope_theta)    # [1, T, hidden]
         h = self.model.norm(x)[:, -1]                                           # [1, hidden]
         return self.head_code[0](h).float()                                     # [1, codes]
 
