@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import List, Tuple
+from typing import Callable, List, Tuple
 
 import numpy as np
 
@@ -192,28 +192,36 @@ def run_realtime(cfg: SessionConfig, frames: List[np.ndarray], progress: Progres
     stop.building = False
     if runner.session is not None:
         announce(runner.session.info)
-    t0 = time.perf_counter()
-    submitted = 0
     try:
-        while journal.seconds < len(frames) and not stop.signum:
-            now = time.perf_counter() - t0
-            while submitted < len(frames) and now >= submitted:   # frame k arrives at t0 + k seconds
-                runner.submit(frames[submitted])
-                submitted += 1
-            try:
-                item = runner.results.get(timeout=0.02)
-            except queue.Empty:
-                if not runner.running and runner.results.empty():
-                    raise RuntimeError("the live runner stopped before the end of the input")
-                continue
-            _take(item, frames, journal, progress)
-        runner.stop(timeout=60.0)                    # finishes the second in progress
-        while not runner.results.empty():
-            _take(runner.results.get_nowait(), frames, journal, progress)
+        feed(runner, frames, progress, journal, stop, lambda elapsed, done: int(elapsed) + 1,
+             "the live runner stopped before the end of the input")
     finally:
         runner.stop(timeout=60.0)
         if runner.session is not None:
             runner.session.close()
+
+
+def feed(runner, frames: List[np.ndarray], progress: Progress, journal: SessionJournal, stop: StopSignals,
+         due: Callable[[float, int], int], ended: str) -> None:
+    """Submit ``frames`` to a started runner as ``due(elapsed_s, seconds_done)`` allows (frame k at t0 + k s
+    in real time) and journal each second as it comes back; at a stop signal, the second in progress is kept.
+    ``ended``: the message when the runner stops before the end of the input."""
+    t0 = time.perf_counter()
+    submitted = 0
+    while journal.seconds < len(frames) and not stop.signum:
+        while submitted < min(due(time.perf_counter() - t0, journal.seconds), len(frames)):
+            runner.submit(frames[submitted])
+            submitted += 1
+        try:
+            item = runner.results.get(timeout=0.02)
+        except queue.Empty:
+            if not runner.running and runner.results.empty():
+                raise RuntimeError(ended)
+            continue
+        _take(item, frames, journal, progress)
+    runner.stop(timeout=60.0)                    # finishes the second in progress
+    while not runner.results.empty():
+        _take(runner.results.get_nowait(), frames, journal, progress)
 
 
 def _take(item, frames: List[np.ndarray], journal: SessionJournal, progress: Progress) -> None:

@@ -9,8 +9,6 @@ and the command says what happened (exit 1).
 from __future__ import annotations
 
 import argparse
-import queue
-import time
 from typing import List
 
 import numpy as np
@@ -40,7 +38,7 @@ def make_runner(a: argparse.Namespace, cfg: SessionConfig) -> RemoteRunner:
 
 def run_remote(runner: RemoteRunner, frames: List[np.ndarray], progress, journal, stop, realtime: bool) -> None:
     """Feed ``frames`` to the remote session and journal each second as it comes back."""
-    from engine.cli.run import Interrupted, _take, announce
+    from engine.cli.run import Interrupted, _take, announce, feed
     runner.start()
     try:
         while not runner.ready.wait(0.1):
@@ -53,23 +51,9 @@ def run_remote(runner: RemoteRunner, frames: List[np.ndarray], progress, journal
         _take(runner.results.get(), frames, journal, progress)     # the refusal, as a RuntimeError
         return
     announce(runner.session.info)
-    t0 = time.perf_counter()
-    submitted = 0
+    pace = (lambda elapsed, done: int(elapsed) + 1) if realtime else (lambda elapsed, done: done + 1)
     try:
-        while journal.seconds < len(frames) and not stop.signum:
-            due = int(time.perf_counter() - t0) + 1 if realtime else journal.seconds + 1
-            while submitted < min(due, len(frames)):
-                runner.submit(frames[submitted])
-                submitted += 1
-            try:
-                item = runner.results.get(timeout=0.02)
-            except queue.Empty:
-                if not runner.running and runner.results.empty():
-                    raise RuntimeError(f"the session on {runner.where} ended before the end of the input")
-                continue
-            _take(item, frames, journal, progress)
-        runner.stop(timeout=60.0)                 # the server finishes the second in progress
-        while not runner.results.empty():
-            _take(runner.results.get_nowait(), frames, journal, progress)
+        feed(runner, frames, progress, journal, stop, pace,
+             f"the session on {runner.where} ended before the end of the input")
     finally:
         runner.stop(timeout=10.0)
