@@ -85,3 +85,33 @@ def test_bench_step_audio2_dry_run_interleaves_and_writes_json_md_png(tmp_path, 
     assert len(rows["ours graphs"]["ms_per_chunk"]) == 4            # 4 full chunks timed, the short last one not
     assert "| ours graphs" in out.with_suffix(".md").read_text()
     assert out.with_suffix(".png").read_bytes().startswith(PNG)
+
+
+@pytest.mark.oracle
+def test_bench_nemotron_codec_on_cpu_writes_json_md_png_with_aligned_tables(tmp_path, capsys, one_torch_thread):
+    from engine.models.nemotron_codec import peer
+    if not peer.available():
+        pytest.skip("nemo's ear_tts_vae_codec.py / omegaconf (test oracles) not installed")
+    from engine.bench.cli import main
+    out = tmp_path / "codec" / "nemo.json"
+    rc = main(["nemotron-codec", "--size", "tiny", "--seconds", "2", "--warmup", "1", "--rounds", "1",
+               "--window-seconds", "1", "--device", "cpu", "--quiet", "--json", str(out)])
+    assert rc == 0
+    term = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+    assert len({len(line) for line in term}) == 1 and len(term[0]) <= 120          # aligned, fits a terminal
+    doc = json.loads(out.read_text())
+    assert {"command", "config", "modes"} <= set(doc) and "targets" not in doc        # targets: ours graphs vs nemo
+    assert doc["command"].startswith("duplexcadence-bench nemotron-codec --size tiny")
+    modes = doc["modes"]
+    assert list(modes)[:4] == ["nemo per-frame cached (as users run it)", "nemo per-frame cached (deterministic cuDNN)",
+                               "ours stock", "ours demand"]
+    assert "ours graphs" not in modes                        # no graph replay on CPU, so no row claims it
+    for name in ("ours stock", "ours demand"):
+        m = modes[name]
+        assert m["vs_nemo"]["equal"] and m["seconds_timed"] == 1
+        assert m["median_ms"] == m["p90_ms"] == m["max_ms"] > 0
+    assert modes["nemo window re-decode (1 s window)"]["seconds_reached"] == 2
+    md = [line for line in out.with_suffix(".md").read_text().splitlines() if line.startswith("|")]
+    assert len(md) == 2 + len(modes) and len({len(line) for line in md}) == 1      # one aligned line per row
+    assert set(md[1]) <= set("|-:") and md[2].startswith("| nemo per-frame cached (as users run it) ")
+    assert out.with_suffix(".png").read_bytes().startswith(PNG)

@@ -25,6 +25,7 @@ from typing import Dict, List
 import torch
 
 from engine.bench import report
+from engine.bench.mathmode import tf32_off
 from engine.core import Executor
 from engine.stats import percentile, progress
 from engine.stats import table as stats_table
@@ -196,8 +197,7 @@ def run(cfg: MimiConfig, seconds: int, k: int, seed: int, warmup: int, profile_s
         device: str = "cuda", dump=lambda res: None, quiet: bool = False) -> Dict:
     dev = torch.device(device)
     cuda = dev.type == "cuda"
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    tf32_off()
     torch.backends.cudnn.benchmark = False
     state = W.random_state(cfg, seed)
     g = torch.Generator().manual_seed(seed + 1)

@@ -112,6 +112,11 @@ def _draw(ax, panel) -> None:
         ax.legend(fontsize=8)
 
 
+def _width(panel) -> float:
+    """Inches for one panel: bar charts get about an inch per group so their wrapped labels do not collide."""
+    return max(5.5, 1.0 + 1.0 * len(panel.labels)) if isinstance(panel, Bars) else 5.5
+
+
 def render_png(fig: Figure, path: Path) -> Optional[str]:
     """Draw ``fig`` to ``path``; returns None, or why no PNG was written (matplotlib missing)."""
     try:
@@ -123,9 +128,10 @@ def render_png(fig: Figure, path: Path) -> Optional[str]:
         return "no PNG plot: matplotlib is not installed (pip install 'duplexcadence[bench]')"
     import io
     n = max(1, len(fig.panels))
-    mfig = MplFigure(figsize=(5.5 * n, 4.2), layout="constrained")
+    widths = [_width(p) for p in fig.panels] or [5.5]
+    mfig = MplFigure(figsize=(sum(widths), 4.2), layout="constrained")
     FigureCanvasAgg(mfig)
-    axes = mfig.subplots(1, n, squeeze=False)[0]
+    axes = mfig.subplots(1, n, squeeze=False, width_ratios=widths)[0]
     for ax, panel in zip(axes, fig.panels):
         _draw(ax, panel)
     buf = io.BytesIO()

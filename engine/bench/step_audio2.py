@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from engine.bench import report
+from engine.bench.mathmode import tf32_off
 from engine.models.step_audio2 import weights as W
 from engine.models.step_audio2.config import preset
 from engine.models.step_audio2.prompt import synthetic_prompt
@@ -285,8 +286,7 @@ def main(argv) -> int:
         print(f"{PROG}: needs a CUDA device", file=sys.stderr)
         return 2
     if a.math == "tf32-off":
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        tf32_off()
     S = _oracle()
     cfg = preset(a.size)
     state = W.random_state_dict(cfg, a.seed)

@@ -16,20 +16,25 @@ seeded random weights at the released size, fp32 with TF32 off (as nemo's ``disa
 Rounds interleave the modes; each audio second is timed as a block (sync, its frames, sync).
 Reported: ms per audio second (median, p90), CUDA kernels and their summed GPU time per audio second
 (profiler), peak memory above the weights, state bytes, and bit-identity (torch.equal) with nemo.
+The JSON (``--json``) is written as the run goes; the markdown table (.md) and a PNG plot (.png) go next to it.
 nemo's ``ear_tts_vae_codec.py`` is loaded by path (:mod:`.peer`); the product never imports it.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Tuple
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from engine.bench import report
+from engine.bench.mathmode import tf32_off
 from engine.core import Executor, make_plan
+from engine.stats import percentile, progress
+from engine.stats import table as stats_table
 
 from . import peer
 from . import weights as W
@@ -43,6 +48,7 @@ BATCH_KINDS = {f"ours graphs, batched {k} only (experiment)": (True, True, froze
                for k in ("pwconv", "head", "dwconv", "convtr", "mean", "fft")}
 REF = "nemo per-frame cached (deterministic cuDNN)"
 AS_RUN = "nemo per-frame cached (as users run it)"
+WINDOW = "nemo window re-decode"
 
 
 def seconds_of(cfg: CodecConfig, frames: int) -> List[Tuple[int, int]]:
@@ -132,9 +138,9 @@ def per_audio_second(times: List[float], secs, rate: float, skip: int) -> List[f
 
 
 def summary(ms: List[float]) -> Dict[str, float]:
-    s = sorted(ms)
-    return {"median_ms": statistics.median(s), "p90_ms": s[min(len(s) - 1, int(0.9 * len(s)))],
-            "max_ms": s[-1], "seconds_timed": len(s)}
+    """Median, p90 (the product's one percentile: linear between ranks) and worst of ms per audio second."""
+    return {"median_ms": percentile(ms, 50), "p90_ms": percentile(ms, 90), "max_ms": max(ms, default=0.0),
+            "seconds_timed": len(ms)}
 
 
 def kernels(fn: Callable[[], object], audio_seconds: float) -> Dict[str, object]:
@@ -162,11 +168,10 @@ def equal(a: torch.Tensor, b: torch.Tensor) -> Dict[str, object]:
 
 def run(cfg: CodecConfig, seconds: int, seed: int, rounds: int, warmup: int, window_seconds: int,
         profile_seconds: int, device: str, dump=lambda res: None, window_budget_s: float = 30.0,
-        each_kind: bool = False) -> Dict:
+        each_kind: bool = False, quiet: bool = False) -> Dict:
     dev = torch.device(device)
     cuda = dev.type == "cuda"
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    tf32_off()
     torch.backends.cudnn.benchmark = False
     state = W.random_state(cfg, seed)
     secs = seconds_of(cfg, int(seconds * cfg.frame_rate))
@@ -195,8 +200,28 @@ def run(cfg: CodecConfig, seconds: int, seed: int, rounds: int, warmup: int, win
             continue                                  # no row says "graphs" where graph replay cannot run
         jobs[name] = (lambda d=demand, g=graphs, b=batched: ours(model, codes, secs, dev, d, g, b)[:2])
     audio, times = {}, {name: [] for name in jobs}
+    windows = 1 + int(window_seconds > 0)
+    with progress(rounds * len(jobs) + windows + 1, desc="decodes (modes interleaved)", unit="run",
+                  quiet=quiet) as bar:
+        _rounds(res, jobs, rounds, audio, times, secs, cfg, warmup, cuda, mem, dump, bar)
+        for name, wav in audio.items():              # the first round's audio of each mode
+            if name != REF:
+                res["modes"][name]["vs_nemo"] = equal(wav, audio[REF])
+        _window(res, codec, codes, secs, dev, cfg, window_seconds, audio[REF], warmup, window_budget_s, bar)
+        dump(res)
+        bar.set_postfix_str("state and kernel profile")
+        _state_and_profile(res, model, codec, codes, secs, dev, cfg, profile_seconds if cuda else 0)
+        bar.update()
+    _targets(res)
+    dump(res)
+    return res
+
+
+def _rounds(res, jobs, rounds, audio, times, secs, cfg, warmup, cuda, mem, dump, bar) -> None:
+    """``rounds`` interleaved passes over every per-frame / per-second mode (timings pooled over rounds)."""
     for r in range(rounds):
         for name, fn in jobs.items():
+            bar.set_postfix_str(f"round {r + 1}: {name}")
             if cuda:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
@@ -213,27 +238,21 @@ def run(cfg: CodecConfig, seconds: int, seed: int, rounds: int, warmup: int, win
             if name != REF and REF in audio:
                 m["vs_nemo"] = equal(audio[name], audio[REF])
             dump(res)
-    for name, wav in audio.items():                  # the first round's audio of each mode
-        if name != REF:
-            res["modes"][name]["vs_nemo"] = equal(wav, audio[REF])
-    _window(res, codec, codes, secs, dev, cfg, window_seconds, audio[REF], warmup, window_budget_s)
-    dump(res)
-    _state_and_profile(res, model, codec, codes, secs, dev, cfg, profile_seconds if cuda else 0)
-    _targets(res)
-    dump(res)
-    return res
+            bar.update()
 
 
-def _window(res, codec, codes, secs, dev, cfg, window_seconds, ref, warmup, budget_s) -> None:
+def _window(res, codec, codes, secs, dev, cfg, window_seconds, ref, warmup, budget_s, bar) -> None:
     windows = [("whole history", None)] + ([(f"{window_seconds} s window", int(window_seconds * cfg.frame_rate))]
                                            if window_seconds > 0 else [])
     for label, window in windows:
+        bar.set_postfix_str(f"nemo window re-decode ({label})")
         t0 = time.perf_counter()
         wav, t = nemo_window(codec, codes, secs, dev, window, budget_s)
         ms = per_audio_second(t, secs, cfg.frame_rate, min(warmup, len(t) - 1))
-        res["modes"][f"nemo window re-decode ({label})"] = {
+        res["modes"][f"{WINDOW} ({label})"] = {
             **summary(ms), "last_second_ms": ms[-1], "seconds_reached": len(t), "session_seconds": len(secs),
             "wall_s": time.perf_counter() - t0, "vs_nemo": equal(wav, ref[:wav.numel()])}
+        bar.update()
 
 
 def _state_and_profile(res, model, codec, codes, secs, dev, cfg, n_sec) -> None:
@@ -275,17 +294,52 @@ def _targets(res: Dict) -> None:
             res["targets"]["target_replay_over_kernel_time"] = 1.2
 
 
-def table(res: Dict) -> str:
-    rows = ["| mode | ms / audio s (median) | p90 | kernels / audio s | GPU kernel ms / audio s | peak MiB above start"
-            " | equal to nemo (deterministic cuDNN) |", "|---|---|---|---|---|---|---|"]
+def table(res: Dict, wrap: bool = True) -> str:
+    """The results as an aligned markdown table (``wrap``: fits 120 columns; ``False``: one line per row)."""
+    heads = ["mode", "ms / audio s (median)", "p90", "kernels / audio s", "GPU kernel ms / audio s",
+             "peak MiB above start", "equal to nemo (deterministic cuDNN)"]
+    body = []
     for name, m in res["modes"].items():
         eq = m.get("vs_nemo")
         same = "reference" if name == REF else ("" if eq is None else
                                                  ("yes" if eq["equal"] else f"no (max {eq['max_abs_diff']:.2e})"))
         cells = [f"{m[k]:.1f}" if k in m else "" for k in
                  ("median_ms", "p90_ms", "kernels_per_audio_s", "kernel_ms_per_audio_s", "peak_above_start_mib")]
-        rows.append(f"| {name} | " + " | ".join(cells) + f" | {same} |")
-    return "\n".join(rows)
+        body.append([name] + cells + [same])
+    return stats_table(body, heads, max_widths=[28, None, None, None, None, None, 17],
+                       header_width=[None, 12, None, 10, 12, 10, 16], wrap=wrap)
+
+
+def figure(res: Dict) -> report.Figure:
+    """Median and p90 ms per audio second: the per-frame / per-second modes, then nemo's window re-decodes
+    (on their own axis: the whole history grows as O(T^2)); GPU kernel time per audio second where profiled."""
+    modes = res["modes"]
+    panels: List[object] = []
+    for title, names in (("ms per audio second", [n for n in modes if not n.startswith(WINDOW)]),
+                         ("nemo window re-decode: ms per audio second", [n for n in modes if n.startswith(WINDOW)])):
+        if names:
+            p90 = [modes[n]["p90_ms"] for n in names]
+            labels = [n[len(WINDOW):].strip(" ()") if n.startswith(WINDOW) else n for n in names]
+            panels.append(report.Bars(title, "ms", labels,
+                                      {"median": [modes[n]["median_ms"] for n in names], "p90": p90},
+                                      hline=(1000.0, "real time") if max(p90) > 700 else None))
+    prof = {n: m["kernel_ms_per_audio_s"] for n, m in modes.items() if "kernel_ms_per_audio_s" in m}
+    if prof:
+        panels.append(report.Bars("GPU kernel time per audio second (profiled)", "ms", list(prof),
+                                  {"kernel ms": list(prof.values())}))
+    return report.Figure(panels)
+
+
+def notes(res: Dict) -> List[str]:
+    t: Optional[Dict] = res.get("targets")
+    out = [f"{k}: {v}" for k, v in res["config"].items()]
+    if t:
+        out.insert(0, f"ours graphs vs nemo per-frame cached as users run it: "
+                      f"{t['speedup_vs_nemo_per_frame_cached']:.2f}x (target {t['target_speedup']:.0f}x)")
+    out.append("Rounds interleave the modes; each audio second is timed as a block (sync, its frames, sync); "
+               "the first warm-up seconds of each round are left out. Bits: torch.equal to nemo per-frame cached "
+               "with deterministic cuDNN (nemo's default cuDNN may not repeat its own bits).")
+    return out
 
 
 def main(argv=None) -> int:
@@ -304,7 +358,10 @@ def main(argv=None) -> int:
                    help="also time graph replay with each kind of library call batched alone (which keep the bits)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    p.add_argument("--json", help="write the results as JSON to this file")
+    p.add_argument("--json", default="bench-results/nemotron-codec.json",
+                   help="results as JSON here (written as it goes); the markdown table (.md) and the plot (.png) "
+                        "go next to it")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
     if not peer.available():
         print("duplexcadence-bench nemotron-codec: nemo's ear_tts_vae_codec.py (test oracle) and omegaconf are "
@@ -317,14 +374,29 @@ def main(argv=None) -> int:
         print("duplexcadence-bench nemotron-codec: --seconds must exceed --warmup", file=sys.stderr)
         return 2
 
-    def dump(res):
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(res, f, indent=1)
+    command = report.command_line("duplexcadence-bench nemotron-codec", sys.argv[1:] if argv is None else argv)
+
+    def dump(res):                                  # partial results survive a timeout
+        res["command"] = command
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    try:
+        dump({})
+    except OSError as e:
+        print(f"duplexcadence-bench nemotron-codec: error: cannot write {a.json}: {e.strerror or e}", file=sys.stderr)
+        return 1
     res = run(preset(a.size), a.seconds, a.seed, a.rounds, a.warmup, a.window_seconds, a.profile_seconds,
-              a.device, dump, a.window_budget_s, a.each_batched_kind)
+              a.device, dump, a.window_budget_s, a.each_batched_kind, a.quiet)
     print(table(res))
     print(json.dumps({"config": res["config"], "targets": res.get("targets")}, indent=1))
+    md = report.markdown("Nemotron codec decoder: nemo vs ours", command, [("", table(res, wrap=False))], notes(res))
+    try:
+        written = report.write_all(Path(a.json), res, md, figure(res))
+    except OSError as e:
+        print(f"duplexcadence-bench nemotron-codec: error: {e}", file=sys.stderr)
+        return 1
+    print("wrote " + ", ".join(str(x) for x in written), file=sys.stderr)
     return 0
 
 
