@@ -14,6 +14,7 @@ import threading
 import numpy as np
 import pytest
 
+from engine import checkpoints
 from engine.atomic import atomic_write
 from engine.cli import run as run_cli
 from engine.cli import synth as synth_cli
@@ -239,7 +240,7 @@ def test_synth_never_writes_nan_audio(tmp_path, mimi_ckpt, capsys, monkeypatch):
     assert _synth_mimi(mimi_ckpt, tmp_path / "a.npy", *argv) == 1             # refused when loading
     line = _one_line(capsys.readouterr().err)
     assert "nan.safetensors" in line and key in line and "NaN" in line
-    monkeypatch.setattr(MW, "check_tensor", lambda *a: None)               # past the loader: the output check
+    monkeypatch.setattr(checkpoints, "check_tensor", lambda *a: None)      # past the loader: the output check
     assert _synth_mimi(mimi_ckpt, tmp_path / "a.npy", *argv) == 1
     assert "NaN" in _one_line(capsys.readouterr().err)
     assert not (tmp_path / "a.npy").exists()
