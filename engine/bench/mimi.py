@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import sys
 import time
 import types
@@ -348,15 +347,8 @@ def main(argv=None) -> int:
         p.error("--seconds must exceed --warmup")
     command = "duplexcadence-bench mimi " + " ".join(sys.argv[1:] if argv is None else argv)
 
-    def dump(res):                                  # partial results survive a timeout
-        res["command"] = command
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
-    try:
-        dump({})
-    except OSError as e:
-        print(f"duplexcadence-bench mimi: error: cannot write {a.json}: {e.strerror or e}", file=sys.stderr)
+    dump = report.progressive_json(Path(a.json), "duplexcadence-bench mimi", command)   # partial results survive a timeout
+    if dump is None:
         return 1
     res = run(preset(a.size), a.seconds, a.num_codebooks, a.seed, a.warmup, a.profile_seconds, a.device, dump,
               quiet=a.quiet)

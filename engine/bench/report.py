@@ -15,7 +15,7 @@ import sys
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -64,6 +64,22 @@ def machine() -> Dict[str, str]:
 
 def command_line(prog: str, argv: Sequence[str]) -> str:
     return " ".join([prog] + [shlex.quote(a) for a in argv])
+
+
+def progressive_json(path: Path, prog: str, command: str) -> Optional[Callable[[Dict], None]]:
+    """A ``dump(doc)`` that rewrites ``path`` with ``doc`` (plus the command) as a run goes, so a run cut short
+    keeps what it had; tried once here. None (after one error line) when ``path`` cannot be written."""
+    def dump(doc: Dict) -> None:
+        doc["command"] = command
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=1)
+    try:
+        dump({})
+    except OSError as e:
+        print(f"{prog}: error: cannot write {path}: {e.strerror or e}", file=sys.stderr)
+        return None
+    return dump
 
 
 def siblings(json_path: Path) -> Tuple[Path, Path]:

@@ -376,15 +376,8 @@ def main(argv=None) -> int:
 
     command = report.command_line("duplexcadence-bench nemotron-codec", sys.argv[1:] if argv is None else argv)
 
-    def dump(res):                                  # partial results survive a timeout
-        res["command"] = command
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
-    try:
-        dump({})
-    except OSError as e:
-        print(f"duplexcadence-bench nemotron-codec: error: cannot write {a.json}: {e.strerror or e}", file=sys.stderr)
+    dump = report.progressive_json(Path(a.json), "duplexcadence-bench nemotron-codec", command)   # partial results survive a timeout
+    if dump is None:
         return 1
     res = run(preset(a.size), a.seconds, a.seed, a.rounds, a.warmup, a.window_seconds, a.profile_seconds,
               a.device, dump, a.window_budget_s, a.each_batched_kind, a.quiet)
