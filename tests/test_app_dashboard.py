@@ -3,7 +3,6 @@ markers, stage statistics, keep-up banner and Stop progress, overlay banners, sm
 the scripted Output picker, SPEAK bars of listening seconds, the model panel's engine check."""
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -12,13 +11,10 @@ from PySide6.QtWidgets import QApplication
 
 from app import controller as ctl
 from app.audio_io import ENGINE_RATE, DeviceInfo, FileInput, RingBuffer
-from app.controller import SessionController
 from app.plots import TOGGLE_COLOUR, TimingPlot
-from app.settings import open_qsettings
 from app.viewmodel import SessionSeries
-from app.window import MainWindow
 from engine.session import LiveResult, SessionConfig
-from test_app_fakes import SlowRunner
+from test_app_fakes import SlowRunner, make_window, stop
 
 TINY = SessionConfig(tail="mimi", backbone="synthetic", size="tiny", device="cpu", graph_replay=False)
 SPEAKER = DeviceInfo(3, "Test speaker", "ALSA", 0, 2, ENGINE_RATE)
@@ -53,33 +49,10 @@ def _behind(cfg):
     return r
 
 
-def _stop_quietly(w: MainWindow) -> None:
-    if w.controller.state != ctl.IDLE:
-        w.controller.stop()
-        deadline = time.monotonic() + 15
-        while w.controller.state != ctl.IDLE and time.monotonic() < deadline:
-            QApplication.processEvents()
-            time.sleep(0.01)
-
-
-def make_window(qtbot, tmp_path, factory, outputs=()) -> MainWindow:
-    w = MainWindow(controller=SessionController(factory), settings=open_qsettings(str(tmp_path / "s.ini")),
-                   devices=lambda: ([], list(outputs)), cuda=False)
-    w.close_policy = "keep"                                  # closing never asks (a modal would wait forever)
-    qtbot.addWidget(w, before_close_func=_stop_quietly)     # a failed test leaves no session running
-    w.show()
-    return w
-
-
-def stop(qtbot, w: MainWindow) -> None:
-    w.controller.stop()
-    qtbot.waitUntil(lambda: w.controller.state == ctl.IDLE, timeout=15000)
-
-
 def test_output_meter_scope_and_delay(qtbot, tmp_path, speech_wav):
     """With a speaker: the output meter shows the speech playing, the scope draws both waveforms,
     and every second gets a mic-to-speaker delay that includes the audio queued ahead of it."""
-    w = make_window(qtbot, tmp_path, lambda cfg: SlowRunner(cfg, work_s=0.05), outputs=[SPEAKER])
+    w = make_window(qtbot, tmp_path, lambda cfg: SlowRunner(cfg, work_s=0.05), devices=lambda: ([], [SPEAKER]))
     assert w.summary_row.labels["delay"].text() == "mic→speaker —"
     assert w.start_with(TINY, FileInput(speech_wav, speed=4.0), FakeSink())
     qtbot.waitUntil(lambda: len(w.series) >= 4, timeout=20000)
@@ -103,7 +76,7 @@ def test_output_meter_scope_and_delay(qtbot, tmp_path, speech_wav):
 
 def test_no_output_device_in_a_scripted_run(qtbot, tmp_path, speech_wav):
     """A scripted run without a speaker: the Output picker says so and the meter says no playback."""
-    w = make_window(qtbot, tmp_path, lambda cfg: SlowRunner(cfg, work_s=0.01), outputs=[SPEAKER])
+    w = make_window(qtbot, tmp_path, lambda cfg: SlowRunner(cfg, work_s=0.01), devices=lambda: ([], [SPEAKER]))
     assert w.device_panel.output.currentData()[0] == "device"                   # the default device first
     assert w.start_with(TINY, FileInput(speech_wav, speed=4.0), None)
     assert w.device_panel.output.currentData() == ("none", None)

@@ -116,3 +116,36 @@ class VanishingInput(FileInput):
             self.failure = "input device 'USB mic' stopped (unplugged?)"
             self.stop()
         return self.failure
+
+
+def _stop_quietly(w) -> None:
+    """Before a test's window closes: stop a session still running (a failed test leaves none behind)."""
+    from PySide6.QtWidgets import QApplication
+
+    from app import controller as ctl
+    if w.controller.state != ctl.IDLE:
+        w.controller.stop()
+        deadline = time.monotonic() + 15
+        while w.controller.state != ctl.IDLE and time.monotonic() < deadline:
+            QApplication.processEvents()
+            time.sleep(0.01)
+
+
+def make_window(qtbot, tmp_path, factory, devices=lambda: ([], [])):
+    """A shown MainWindow on ``factory``'s runners, settings in ``tmp_path``; closing never asks."""
+    from app.controller import SessionController
+    from app.settings import open_qsettings
+    from app.window import MainWindow
+    w = MainWindow(controller=SessionController(factory), settings=open_qsettings(str(tmp_path / "s.ini")),
+                   devices=devices, cuda=False)
+    w.close_policy = "keep"              # closing mid-session (teardown) keeps it instead of asking
+    qtbot.addWidget(w, before_close_func=_stop_quietly)
+    w.show()
+    return w
+
+
+def stop(qtbot, w) -> None:
+    """Stop the window's session and wait until it is idle."""
+    from app import controller as ctl
+    w.controller.stop()
+    qtbot.waitUntil(lambda: w.controller.state == ctl.IDLE, timeout=15000)

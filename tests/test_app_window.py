@@ -18,28 +18,13 @@ from PySide6.QtWidgets import QApplication
 
 from app import controller as ctl
 from app.audio_io import AudioUnavailable, FileInput, SilentInput
-from app.controller import SessionController
 from app.settings import load_settings, open_qsettings
 from engine.wavio import read_wav
-from app.window import SYNTHETIC_BANNER, MainWindow
+from app.window import SYNTHETIC_BANNER
 from engine.session import LiveRunner, SessionConfig
-from test_app_fakes import FailingRunner, SlowRunner, VanishingInput
+from test_app_fakes import FailingRunner, SlowRunner, VanishingInput, make_window, stop
 
 TINY = SessionConfig(tail="mimi", backbone="synthetic", size="tiny", device="cpu", graph_replay=False)
-
-
-def make_window(qtbot, tmp_path, factory, devices=lambda: ([], [])) -> MainWindow:
-    w = MainWindow(controller=SessionController(factory), settings=open_qsettings(str(tmp_path / "s.ini")),
-                   devices=devices, cuda=False)
-    w.close_policy = "keep"              # closing mid-session (teardown) keeps it instead of asking
-    qtbot.addWidget(w)
-    w.show()
-    return w
-
-
-def stop(qtbot, w: MainWindow) -> None:
-    w.controller.stop()
-    qtbot.waitUntil(lambda: w.controller.state == ctl.IDLE, timeout=15000)
 
 
 def test_live_session_from_wav(qtbot, tmp_path, speech_wav):

@@ -17,6 +17,7 @@ pytest.importorskip("websockets")
 
 from engine.serve.client import RemoteRunner  # noqa: E402
 from engine.session import LiveResult, SessionConfig  # noqa: E402
+from runner_results import collect  # noqa: E402
 
 TOKEN = "cluster-test-token-0123456789"
 MODEL = dict(tail="mimi", backbone="synthetic", size="tiny", device="cpu", cpu_threads=1)   # the lightest tail
@@ -60,16 +61,6 @@ def open_session(url, seed=0):
     return r
 
 
-def results(runner, n, timeout=120.0):
-    got, t0 = [], time.time()
-    while len(got) < n and time.time() - t0 < timeout:
-        try:
-            got.append(runner.results.get(timeout=0.5))
-        except Exception:  # queue.Empty
-            pass
-    return got
-
-
 def test_sessions_placed_by_headroom_on_two_nodes(cluster_url):
     frame = (np.random.default_rng().standard_normal(24000) * 0.05).astype(np.float32)
     a = open_session(cluster_url)
@@ -81,10 +72,10 @@ def test_sessions_placed_by_headroom_on_two_nodes(cluster_url):
     # behind two: b's replica measures a slow arrival-to-done second, less headroom
     for _ in range(4):
         a.submit(frame)
-        assert isinstance(results(a, 1)[0], LiveResult)
+        assert isinstance(collect(a, 1)[0], LiveResult)
     for _ in range(3):
         b.submit(frame)
-    assert all(isinstance(g, LiveResult) for g in results(b, 3))
+    assert all(isinstance(g, LiveResult) for g in collect(b, 3))
     assert b.session.records[-1].queue_wait_ms > 0
     time.sleep(2.5)                                          # routing stats travel every 0.5 s
     c = open_session(cluster_url)
@@ -154,7 +145,7 @@ def test_removing_the_deployment_drains_live_sessions(cluster_url):
     a = open_session(cluster_url)
     assert a.session is not None
     a.submit(frame)
-    assert isinstance(results(a, 1)[0], LiveResult)
+    assert isinstance(collect(a, 1)[0], LiveResult)
     serve.delete("duplexcadence", _blocking=False)
 
     def refused() -> bool:                                   # once the deletion reached the proxy (a loaded
@@ -166,7 +157,7 @@ def test_removing_the_deployment_drains_live_sessions(cluster_url):
     assert wait_for(refused, 60)
     for _ in range(4):                                       # ... but the live one runs on, paced
         a.submit(frame)
-        got = results(a, 1, timeout=30.0)
+        got = collect(a, 1, timeout=30.0)
         assert got and isinstance(got[0], LiveResult), got
         time.sleep(0.5)
     assert len(a.session.records) == 5 and a.lost is None

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from engine.audio import frames_of, load_mono  # noqa: E402
 from engine.serve import protocol as P  # noqa: E402
 from engine.serve.client import RemoteRunner, ServerLost  # noqa: E402
 from engine.session import DuplexSession, LiveError, LiveResult, SecondRecord, SessionConfig  # noqa: E402
+from runner_results import collect  # noqa: E402
 
 TOKEN = "t" * 8 + "-test-token-0123456789"
 TIMING = {"wall_start", "listen_ms", "think_ms", "speak_ms", "total_ms", "late_ms", "missed", "queue_wait_ms",
@@ -75,18 +75,6 @@ def embedded(frames, seed, flips=None):
         outs.append(s.process(f)[0])
     s.close()
     return outs, s.records
-
-
-def collect(runner, n, timeout=120.0):
-    got, t0 = [], time.time()
-    while len(got) < n and time.time() - t0 < timeout:
-        try:
-            got.append(runner.results.get(timeout=0.5))
-        except Exception:  # queue.Empty
-            continue
-        if isinstance(got[-1], LiveError):
-            break
-    return got
 
 
 def same_record(a: SecondRecord, b: SecondRecord) -> None:
