@@ -10,13 +10,16 @@ codes of silence); every mode produces the same bits.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 import numpy as np
 import torch
 
 from engine.core import Executor, Plan, SessionSpec, StepPlan, StreamingModel, make_plan
 from engine.core.toggles import Toggles, graphs_can_run
+
+if TYPE_CHECKING:
+    from engine.fastpath import Verdict
 
 
 @dataclass
@@ -68,6 +71,11 @@ class DecoderTail:
         """Read-only modules another stream of the same decoder can be built around (the registry's
         ``make_tail(..., shared=)``); None when this tail cannot share them."""
         return None
+
+    def fast_paths(self) -> List["Verdict"]:
+        """The start-up self-check's verdicts on this decoder's optional faster paths
+        (:mod:`engine.fastpath`), for the session info; none by default."""
+        return []
 
 
 class EngineTail(DecoderTail):

@@ -185,6 +185,7 @@ class DuplexSession:
                     ("synthetic backbone: its speech tokens are random, so the checkpoint's voice says no words "
                      "(the moshi backbone holds a conversation)") if bi and bi.synthetic else "",
             "device": str(self.device), "size": self.cfg.size,
+            "fast_paths": [v.line() for v in self.tail.fast_paths()] if self.tail is not None else [],
         }
 
     # -- toggles -------------------------------------------------------------------------------------
