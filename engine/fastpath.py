@@ -53,8 +53,8 @@ class Verdict:
     cached: bool = False                   # the verdict came from an earlier check (this process or the disk)
 
     def line(self) -> str:
-        """``batched convs: on (bit-identical ...)``."""
-        return f"{self.path}: {'on' if self.chosen else 'off'} ({self.reason}{', cached' if self.cached else ''})"
+        """``batched convs: on — bit-identical to the reference (...)``."""
+        return f"{self.path}: {'on' if self.chosen else 'off'} — {self.reason}{' (cached)' if self.cached else ''}"
 
     def as_dict(self) -> Dict[str, object]:
         return asdict(self)
