@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List
+from typing import Dict, List
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from engine import fastpath
+from engine.fastpath import Verdict
 
 from .config import DiTConfig
 
@@ -83,6 +86,15 @@ class CausalConvBlock(nn.Module):
     """conv(k=3) -> LayerNorm -> Mish -> conv(k=3), both convs causal with a 2-frame cache each.
 
     Indices 1, 3, 6 match the stock's ``nn.Sequential`` (its transposes sit at the other indices).
+
+    Two layouts of the same arithmetic. :meth:`forward` is the stock's: channels-first ``[b, C, 2+t]``
+    activations (``torch.cat`` of the cache and the chunk), which cuDNN converts to channels-last around its
+    kernel and back (three layout kernels a conv on the H200). :meth:`forward_frames_major` keeps the frames
+    major, ``[b, 2+t, C]``, so each conv reads a channels-last view and writes a channels-last output: no
+    conversions, no cat (the modulated chunk and the Mish are written straight after the cached frames),
+    and the LayerNorm reads the conv's output without a contiguous copy. Whether cuDNN then runs a kernel
+    with the same bits is up to the GPU and library, so the DiT enables it per length only after a start-up
+    self-check (:meth:`DiT.frames_major_ok`).
     """
 
     def __init__(self, channels: int, kernel: int = 3):
@@ -91,6 +103,14 @@ class CausalConvBlock(nn.Module):
         self.block = nn.Sequential(nn.Identity(), nn.Conv1d(channels, channels, kernel), nn.Identity(),
                                    nn.LayerNorm(channels), nn.Mish(), nn.Identity(),
                                    nn.Conv1d(channels, channels, kernel), nn.Identity())
+        self.weights_cl: List[torch.Tensor] = []          # channels-last copies, made by build_layouts
+
+    @torch.no_grad()
+    def build_layouts(self) -> None:
+        """Channels-last copies of both conv weights (``[C_out, C_in, k]`` viewed over ``[C_out, k, C_in]``
+        memory), so cuDNN gets weight and input in one layout and converts neither."""
+        self.weights_cl = [conv.weight.permute(0, 2, 1).contiguous().permute(0, 2, 1)
+                           for conv in (self.block[1], self.block[6])]
 
     def forward(self, x: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
         """x ``(b, t, C)``; ``cache`` ``(b, 2C, 2)``: read, then overwritten with this chunk's tails."""
@@ -101,6 +121,24 @@ class CausalConvBlock(nn.Module):
         h = torch.cat([cache[:, self.c:], h], dim=2)
         cache[:, self.c:].copy_(h[..., -self.pad:])
         return self.block[6](h).transpose(1, 2)
+
+    def forward_frames_major(self, scaled: torch.Tensor, shift: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+        """The same block from the modulation's halves: ``scaled + shift`` is its input (``scaled``
+        ``[b, t, C]``, ``shift`` ``[b, 1, C]``); ``cache`` ``[b, 2C, 2]`` as in :meth:`forward`. Returns ``[b, t, C]``."""
+        b, t, c = scaled.shape
+        p = self.pad
+        w1, w2 = self.weights_cl
+        h = scaled.new_empty(b, p + t, c)                                      # [b, 2+t, C]
+        h[:, :p].copy_(cache[:, :c].transpose(1, 2))
+        torch.add(scaled, shift, out=h[:, p:])                                # the modulation's add, in place
+        cache[:, :c].copy_(h[:, -p:].transpose(1, 2))
+        y = F.conv1d(h.transpose(1, 2), w1, self.block[1].bias)               # [b, C, t], channels-last
+        y = self.block[3](y.transpose(1, 2))                                  # [b, t, C], no copy
+        h2 = y.new_empty(b, p + t, c)
+        h2[:, :p].copy_(cache[:, c:].transpose(1, 2))
+        torch.ops.aten.mish.out(y, out=h2[:, p:])
+        cache[:, c:].copy_(h2[:, -p:].transpose(1, 2))
+        return F.conv1d(h2.transpose(1, 2), w2, self.block[6].bias).transpose(1, 2)   # [b, t, C]
 
 
 class MLP(nn.Module):
@@ -139,10 +177,15 @@ class DiTBlock(nn.Module):
         sm, cm, gm, sp, cp, gp, sc, cc, gc = self.adaLN_modulation(c).chunk(9, dim=-1)
         return Modulation([sm, sp, sc], [1 + cm, 1 + cp, 1 + cc], [gm, gp, gc])
 
-    def forward(self, x: torch.Tensor, m: Modulation, kv: torch.Tensor, cnn: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, m: Modulation, kv: torch.Tensor, cnn: torch.Tensor,
+                frames_major: bool = False) -> torch.Tensor:
+        """x ``[b, t, C]``; ``frames_major``: the conv block's checked channels-last layout."""
         # modulate(x, shift, scale) = x * (1 + scale) + shift, with (1 + scale) precomputed
         x = x + m.gate[0] * self.attn(self.norm1(x) * m.scale1[0] + m.shift[0], kv)
-        x = x + m.gate[2] * self.conv(self.norm3(x) * m.scale1[2] + m.shift[2], cnn)
+        if frames_major:
+            x = x + m.gate[2] * self.conv.forward_frames_major(self.norm3(x) * m.scale1[2], m.shift[2], cnn)
+        else:
+            x = x + m.gate[2] * self.conv(self.norm3(x) * m.scale1[2] + m.shift[2], cnn)
         return x + m.gate[1] * self.mlp(self.norm2(x) * m.scale1[1] + m.shift[1])
 
 
@@ -174,6 +217,8 @@ class DiT(nn.Module):
         self.final_layer = FinalLayer(cfg.hidden, cfg.out_channels)
         self.mods: List[List[Modulation]] = []
         self.final_mods: list = []
+        #: per chunk length (frames): the self-check's verdict on the frames-major conv layout
+        self.layouts: Dict[int, Verdict] = {}
 
     def _modulation_layers(self) -> List[nn.Module]:
         return [self.t_embedder, self.final_layer.adaLN_modulation] + [b.adaLN_modulation for b in self.blocks]
@@ -195,6 +240,50 @@ class DiT(nn.Module):
             self.final_mods.append(self.final_layer.modulation(c))
         for m in self._modulation_layers():
             m.to("cpu")
+        self.layouts = {}
+        for blk in self.blocks:
+            blk.conv.weights_cl = []
+
+    # -- the conv layout, checked per GPU ------------------------------------------------------------
+    def frames_major_ok(self, t: int) -> bool:
+        """Whether the conv blocks run frames-major (channels-last) for a ``t``-frame chunk.
+
+        Decided once per length by :func:`engine.fastpath.self_check` (cuDNN picks kernels per shape and
+        layout, so per length): block 0's conv block in both layouts on the same fresh random input and cache,
+        ``torch.equal`` on output and cache. The check runs eagerly (the executor's warm-up precedes every
+        capture); a length first met inside a capture keeps the stock layout.
+        """
+        v = self.layouts.get(t)
+        if v is None:
+            dev = self.in_proj.weight.device
+            if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                return False
+            v = fastpath.self_check(f"step-audio2 frames-major DiT convs ({t} frames)", dev,
+                                    (self.cfg, t), lambda on: self._layout_trial(t, on))
+            self.layouts[t] = v
+        if v.chosen and not all(blk.conv.weights_cl for blk in self.blocks):
+            for blk in self.blocks:
+                blk.conv.build_layouts()
+        return v.chosen
+
+    @torch.no_grad()
+    def _layout_trial(self, t: int, on: bool) -> List[torch.Tensor]:
+        """One conv block (block 0's weights), stock layout or frames-major, on seeded random inputs."""
+        conv, dev, c = self.blocks[0].conv, self.in_proj.weight.device, self.cfg.hidden
+        g = torch.Generator().manual_seed(1000 + t)
+        scaled, shift = torch.randn(2, t, c, generator=g).to(dev), torch.randn(2, 1, c, generator=g).to(dev)
+        cache = torch.randn(2, 2 * c, conv.pad, generator=g).to(dev)
+        if on:
+            if not conv.weights_cl:
+                conv.build_layouts()
+            out = conv.forward_frames_major(scaled, shift, cache)
+        else:
+            out = conv(scaled + shift, cache)
+        return [out, cache]
+
+    def verdicts(self) -> List[Verdict]:
+        """The layout checks made so far (for the session info)."""
+        return [self.layouts[t] for t in sorted(self.layouts)]
 
     def forward(self, xin: torch.Tensor, step: int, kv: torch.Tensor, cnn: torch.Tensor) -> torch.Tensor:
         """xin ``(2, 320, t)``; ``kv`` ``(depth, 2, h, t + T0, 2d)``; ``cnn`` ``(depth, 2, 2C, 2)``.
@@ -203,7 +292,8 @@ class DiT(nn.Module):
         """
         x = self.in_proj(xin.transpose(1, 2))                                 # (2, t, C)
         mods = self.mods[step]
+        fm = self.frames_major_ok(x.shape[1])
         for i, blk in enumerate(self.blocks):
-            x = blk(x, mods[i], kv[i], cnn[i])
+            x = blk(x, mods[i], kv[i], cnn[i], fm)
         shift, scale1 = self.final_mods[step]
         return self.final_layer(x, shift, scale1).transpose(1, 2)
