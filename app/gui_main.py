@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--no-demand-sized", action="store_true", help="stock-sized state arenas")
     m.add_argument("--no-graph-replay", action="store_true", help="run every second eagerly")
     m.add_argument("--seed", type=seed, default=0, help="seed of the random weights and sampling (0 to 2**63-1)")
+    m.add_argument("--reference-paths", action="store_true",
+                   help="keep every decoder on its reference path (no self-checked faster path)")
     p.add_argument("--settings", metavar="INI", help="keep settings in this INI file (default: the platform store)")
     return p
 
@@ -199,6 +201,9 @@ def _audio(a: argparse.Namespace):
 
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
+    if a.reference_paths:
+        from engine import fastpath
+        fastpath.force_reference(True)
     from PySide6.QtWidgets import QApplication
     app = QApplication.instance() or QApplication(["duplexcadence"])
     app.setApplicationName("DuplexCadence")

@@ -351,6 +351,14 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
                                    f"{info.get('size', '?')} on {info.get('device', '?')}")
         self.events.add("session", f"running: {info.get('tail_title')} + {info.get('backbone_title')} on "
                                    f"{info.get('device')} ({info.get('size')})", info)
+        paths = info.get("fast_paths") or []
+        on = [line.split(": ", 1)[0] for line in paths if ": on" in line]
+        if paths:
+            self.session_label.setText(self.session_label.text() + f" · faster paths: {', '.join(on) or 'none'}")
+        self.session_label.setToolTip("Faster paths (start-up self-check against the reference path):\n"
+                                      + "\n".join(paths) if paths else "")
+        for line in paths:
+            self.events.add("session", f"fast path: {line}", {"fast_path": line})
 
     def on_state(self, state: str) -> None:
         busy = state != ctl.IDLE

@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use only the first N seconds of the input (only those are read; at most 24 h)")
     p.add_argument("--seed", type=seed, default=0, help="seed of the random weights and sampling (0 to 2**63-1)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--reference-paths", action="store_true",
+                   help="keep every decoder on its reference path: no faster path, even where the start-up "
+                        "self-check would find it bit-identical (also $DUPLEXCADENCE_REFERENCE_PATHS=1; embedded only)")
     p.add_argument("--engine", metavar="ws://HOST:PORT",
                    help="run the session on a `duplexcadence serve` server instead of embedded")
     p.add_argument("--token-file", help="with --engine: file holding the server's token (default: "
@@ -116,6 +119,8 @@ def announce(info: dict) -> None:
           file=sys.stderr)
     if info.get("note"):
         print(f"NOTE: {info['note']}", file=sys.stderr)
+    for line in info.get("fast_paths") or []:
+        print(f"fast path: {line}", file=sys.stderr)
 
 
 class Interrupted(Exception):
@@ -269,6 +274,9 @@ def _finish(a: argparse.Namespace, cfg: SessionConfig, journal: SessionJournal, 
 
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
+    if a.reference_paths:
+        from engine import fastpath
+        fastpath.force_reference(True)
     with StopSignals() as stop:
         try:
             return _main(a, stop)
