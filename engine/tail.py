@@ -93,6 +93,7 @@ class EngineTail(DecoderTail):
 
     frames_clock = "frames"
     lookahead = 0
+    keep_turn_base = False      # set before start() by a session whose backbone speaks in turns (new_turn)
 
     def __init__(self, model: StreamingModel, info: TailInfo, device, toggles: Optional[Toggles] = None):
         self.model, self.info, self.device = model, info, torch.device(device)
@@ -152,8 +153,29 @@ class EngineTail(DecoderTail):
         self.seed_stream(seed)
         ex.init_state(self.prefill(seed))
         self.executor = ex
+        self._live = ex
+        # what new_turn() restores: the state right after the prompt prefill (the stock keeps such a
+        # copy too: MiniCPM-o's flow_cache_base); taken only for a backbone that speaks in turns
+        self._turn_base = (ex.arena.export(), dict(ex.arena.positions)) if self.keep_turn_base else None
         self._buf = self._buf[:, :0]
         self._ended = False
+
+    @torch.no_grad()
+    def new_turn(self, flush: bool = True) -> np.ndarray:
+        """End the current turn of the stream and begin the next one, as MiniCPM-o's duplex loop does at
+        every turn end: with ``flush`` the buffered frames are decoded as the turn's last chunk (the
+        returned audio); without it (the reply was cut) they are dropped. The state then goes back to
+        what :meth:`start` left (the prompt prefill; graphs kept, nothing recaptured), the buffer is
+        emptied and the next step is step 0 again. The random generators go on (they are not reseeded).
+        Needs ``keep_turn_base`` set before :meth:`start`."""
+        self._require_stream()
+        if self._turn_base is None:
+            raise RuntimeError(f"{self.info.name}: new_turn needs keep_turn_base set before start()")
+        audio = self.flush() if flush else np.zeros(0, dtype=np.float32)
+        self.executor, self._ended = self._live, False
+        self.executor.restart(*self._turn_base)
+        self._buf = self._buf[:, :0]
+        return audio
 
     @property
     def seconds_done(self) -> int:
@@ -219,7 +241,12 @@ class EngineTail(DecoderTail):
         return self.executor.toggles()
 
     def state_bytes(self) -> int:
-        return 0 if self.executor is None else self.executor.state_bytes()
+        """The arena's bytes, plus the turn base kept for :meth:`new_turn` (when kept)."""
+        if self.executor is None:
+            return 0
+        base = getattr(self, "_turn_base", None)
+        kept = 0 if base is None else sum(t.numel() * t.element_size() for t in base[0].values())
+        return self.executor.state_bytes() + kept
 
     def silence_tokens(self, n: int) -> torch.Tensor:
         if self._silence is None:

@@ -31,6 +31,7 @@ def _session(demand: bool, flips=(), pattern=PATTERN, seed=3):
                                     demand_sized=demand, graph_replay=False, cpu_threads=1))
     s.start()
     tokens, floats = [], []                     # tail tokens; LLM and TTS logits (exact, not just argmax)
+    s.turn_ends = []                            # each second's Thought.turn_end
     bb = s.backbone
     think, tts_forward = bb.think, bb.tts.forward
 
@@ -38,6 +39,7 @@ def _session(demand: bool, flips=(), pattern=PATTERN, seed=3):
         floats.append(bb.protocol.logits.clone())
         t = think(frames)
         tokens.append(None if t.tokens is None else t.tokens.clone())
+        s.turn_ends.append(t.turn_end)
         return t
 
     def tts_spy(*args):
@@ -53,6 +55,8 @@ def _session(demand: bool, flips=(), pattern=PATTERN, seed=3):
         outs.append(out)
         recs.append(rec)
     s.close()
+    for r, end in zip(recs, s.turn_ends):
+        r.turn_end = end
     return np.concatenate(outs), recs, tokens, floats
 
 
@@ -90,11 +94,12 @@ def test_listening_seconds_skip_the_tail_and_play_silence(runs):
             assert r.tail_skipped and tokens[k] is None and not np.any(second) and r.text == ""
         else:
             assert not r.tail_skipped and r.text and r.tokens > 0
-    # the first reply starts with 3 silence tokens; a reply's last second ends with 3 as lookahead
-    assert torch.equal(tokens[3][0, :3], torch.full((3,), 4218))
-    first_reply_end = tokens[4][0]
-    assert not torch.equal(first_reply_end[-3:], torch.full((3,), 4218))    # cut short by a barge-in
-    assert torch.equal(tokens[6][0, -3:], torch.full((3,), 4218))           # a 1 s reply ends in-turn
+    # every reply starts with 3 silence tokens; the first is cut by a barge-in (second 5), the second
+    # is a 1 s reply that ends in-turn (the tail flushes and starts its next turn afresh)
+    silence = torch.full((3,), 4218)
+    assert torch.equal(tokens[3][0, :3], silence) and torch.equal(tokens[6][0, :3], silence)
+    assert tokens[4].shape[1] == 25 and not torch.equal(tokens[4][0, :3], silence)
+    assert [r.turn_end for r in recs] == ["", "", "", "", "", "cut", "end", "", ""]
 
 
 def test_voice_activity_turns_force_only_the_decision_token(runs):
@@ -129,7 +134,7 @@ def _backbone_seconds(seed: int, pattern=(1, 0, 0)):
 
 def test_seeded_sessions_repeat_and_seeds_differ(one_torch_thread):
     a, b, c = _backbone_seconds(3), _backbone_seconds(3), _backbone_seconds(4)
-    assert a == b and a[1][0] == "speak" and len(a[1][2][0]) == 3 + 25 + 3     # a 1 s reply: prefix + lookahead
+    assert a == b and a[1][0] == "speak" and len(a[1][2][0]) == 3 + 25     # a 1 s reply: silence + codes
     assert a[1][1] != c[1][1]
 
 

@@ -47,6 +47,9 @@ class Thought:
     tokens: Optional[torch.Tensor]         # int64 (codebooks, n) on the device, or None (nothing to say)
     produced: int                          # speech tokens the decoder generated this second
     text: str = ""
+    turn_end: str = ""                     # "end": the reply ended this second (the tail decodes what it
+                                           # holds, then starts the next turn); "cut": the reply was cut
+                                           # (barge-in: what the tail holds is dropped); "": neither
 
 
 class Backbone:
@@ -83,6 +86,12 @@ class Backbone:
         """Read-only modules another session's backbone can be built around (``make_backbone(shared=)``);
         None when this backbone cannot share its weights."""
         return None
+
+
+def speaks_in_turns(name: str) -> bool:
+    """Whether backbone ``name`` ends its replies with ``Thought.turn_end`` (its tail must keep the state
+    a turn starts from: ``EngineTail.keep_turn_base``, set before the tail starts)."""
+    return name == "minicpm-o-4.5"
 
 
 def make_backbone(name: str, fmt: TokenFormat, *, size: str, device, seed: int = 0,

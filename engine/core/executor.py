@@ -114,6 +114,14 @@ class Executor:
         self.model.init_state(self.state, prompt or {})
 
     @torch.no_grad()
+    def restart(self, contents: Dict[str, torch.Tensor], positions: Dict[str, int]) -> None:
+        """Back to step 0 with the state ``contents`` / ``positions`` (an ``arena.export()`` and
+        ``arena.positions`` taken right after :meth:`init_state`): exact copies into the same arena, so
+        the captured graphs stay valid; the plan's step 0 runs next."""
+        self.arena.load(contents, dict(positions), 0)
+        self.k = 0
+
+    @torch.no_grad()
     def prepare_graphs(self, example_inputs: Callable[[StepPlan], Dict[str, torch.Tensor]]) -> int:
         """Capture every signature the plan uses more than once, ahead of time, before prefill.
 

@@ -22,6 +22,7 @@ import torch
 
 from engine.audio import SESSION_RATE
 from engine.backbones import Backbone, TokenFormat, make_backbone
+from engine.backbones.base import speaks_in_turns
 from engine.core.toggles import Toggles, requested
 from engine.tail import DecoderTail
 
@@ -35,10 +36,13 @@ SYNTHETIC_RMS = 0.1          # about -20 dBFS: playback level of a synthetic-wei
 
 
 class AudioFifo:
-    """Samples from the tail, handed out one second at a time (zeros in front while priming)."""
+    """Samples from the tail, handed out one second at a time: zeros in front while priming (before the
+    first audio); after that an underrun plays what is left first, then zeros (the end of a reply whose
+    last chunk ran longer than a second follows its speech at once)."""
 
     def __init__(self):
         self.buf = np.zeros(0, dtype=np.float32)
+        self.primed = False
 
     def push(self, x: np.ndarray) -> None:
         x = np.asarray(x, dtype=np.float32).reshape(-1)
@@ -48,9 +52,14 @@ class AudioFifo:
     def pop(self, n: int = RATE) -> np.ndarray:
         if self.buf.size >= n:
             out, self.buf = self.buf[:n].copy(), self.buf[n:]
+            self.primed = True
             return out
         out = np.zeros(n, dtype=np.float32)
-        out[n - self.buf.size:] = self.buf
+        if self.primed:
+            out[:self.buf.size] = self.buf
+        else:
+            out[n - self.buf.size:] = self.buf
+            self.primed = self.buf.size > 0
         self.buf = np.zeros(0, dtype=np.float32)
         return out
 
@@ -133,6 +142,8 @@ class DuplexSession:
             from engine.models import registry
             self.tail = registry.get(c.tail).make_tail(size=c.size, device=str(self.device), seed=c.seed,
                                                       checkpoint=c.checkpoint)
+        if speaks_in_turns(c.backbone):
+            self.tail.keep_turn_base = True     # the tail starts each turn afresh (DecoderTail.new_turn)
         graphs = self._graphs_ok(c.graph_replay)
         self.tail.set_toggles(demand_sized=c.demand_sized, graph_replay=graphs)
         self.tail.start(seed=c.seed)
@@ -269,9 +280,10 @@ class DuplexSession:
         token2wav) hands over its speaking tokens as they are (a reply's silence prefix and lookahead
         included) and skips the tail while it listens: the second plays silence."""
         if getattr(self.backbone, "listen_skips_tail", False):
-            if thought.tokens is None:
-                return np.zeros(0, dtype=np.float32), True
-            return self.tail.push(thought.tokens), False
+            audio = np.zeros(0, dtype=np.float32) if thought.tokens is None else self.tail.push(thought.tokens)
+            if thought.turn_end:        # the tail's next turn starts from the prompt, as the stock's does
+                audio = np.concatenate([audio, self.tail.new_turn(flush=thought.turn_end == "end")])
+            return audio, thought.tokens is None
         return self.tail.push(self._tail_tokens(thought.tokens, frames)), False
 
     def _tail_tokens(self, tokens: Optional[torch.Tensor], frames: int) -> torch.Tensor:

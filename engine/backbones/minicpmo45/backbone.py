@@ -3,9 +3,11 @@
 LISTEN = audio encoder (an engine model on the executor) + the LLM prefill of ``<unit>`` and 10 audio
 tokens; THINK = the LLM's decode steps + the TTS's 26 steps; SPEAK = token2wav (the session's tail).
 A listening second runs neither the TTS nor token2wav (``listen_skips_tail``): the session plays
-silence. Speaking seconds hand the tail their 25 codes; the session's very first reply starts with 3
-silence tokens (4218) and every reply's last second ends with 3 of them as lookahead, so each later
-reply finds them at the head of the token2wav buffer, as the stock starts each turn's buffer.
+silence. Speaking seconds hand the tail their 25 codes, every reply's first second behind 3 silence
+tokens (4218). Turns end as in the stock duplex loop (``_reset_token2wav_for_new_turn``): a reply's
+last second says ``turn_end="end"`` (the tail decodes what it holds as the turn's last chunk, then goes
+back to its state after the voice prompt), a reply cut by a barge-in says ``turn_end="cut"`` (the same
+reset; the codes it held are dropped), so each reply's token2wav buffer starts with the 3 silences.
 
 Modes (the engine toggles): *stock* (demand_sized off) keeps every history as MiniCPM-o's PyTorch
 runtime does — HF-style caches grown with ``torch.cat``, all eager; *demand* allocates every region
@@ -66,7 +68,7 @@ class MiniCPMO45Backbone(Backbone):
         self._shared = shared
         self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.tts_graphs: Optional[DecodeGraphs] = None
-        self._first_reply = True
+        self._in_reply = False
         self._speech = False
         self._tap: Optional[Callable[[str, torch.Tensor], None]] = None
         l, t = self.dims.llm, self.dims.tts
@@ -183,17 +185,19 @@ class MiniCPMO45Backbone(Backbone):
         with torch.no_grad():
             unit, hidden = self.protocol.decode(self.turns.decide(self._speech))
             if unit.decision == "listen":
-                return Thought("listen", None, 0, text="")
+                self._in_reply = False
+                return Thought("listen", None, 0, text="", turn_end="cut" if unit.cut else "")
             self.protocol.speak(unit, hidden)
         codes = unit.codes.view(1, -1)                                  # [1, n] int64 on the device
         parts: List[torch.Tensor] = []
-        if self._first_reply:
+        if not self._in_reply:                                          # a turn's buffer starts with silence
             parts.append(self._silence(LOOKAHEAD))
-            self._first_reply = False
+            self._in_reply = True
         parts.append(codes)
         if unit.end_of_turn:
-            parts.append(self._silence(LOOKAHEAD))
-        return Thought("speak", torch.cat(parts, dim=1), int(codes.shape[1]), text=self._text(unit.text_ids))
+            self._in_reply = False
+        return Thought("speak", torch.cat(parts, dim=1), int(codes.shape[1]), text=self._text(unit.text_ids),
+                       turn_end="end" if unit.end_of_turn else "")
 
     def _silence(self, n: int) -> torch.Tensor:
         return torch.full((1, n), SILENCE, dtype=torch.long, device=self.device)

@@ -37,6 +37,7 @@ class Unit:
     text_ids: List[int] = field(default_factory=list)    # tokens after the decision token (to the TTS)
     llm_steps: int = 0                     # decode steps run
     end_of_turn: bool = False
+    cut: bool = False                      # a reply still open was closed at the start (barge-in)
     codes: Optional[torch.Tensor] = None   # [n] int64 on the device (speaking units)
 
 
@@ -105,11 +106,12 @@ class Protocol:
         """Run the unit's decode steps; returns (Unit, hidden states [n, hidden] of its text tokens)."""
         tk, s = self.d.tokens, self.d.sampling
         logits, self.logits = self.logits, None
+        unit = Unit("speak")
         if turn.forced == "listen" and not self.turn_ended:      # a reply cut short: close the turn first
             h, logits = self.step_ids([tk.turn_eos], logits=True)
             self._emit("llm_logits", logits)
             self.end_turn()
-        unit = Unit("speak")
+            unit.cut = True
         hidden: List[torch.Tensor] = []
         terminator: Optional[int] = None
         for j in range(s.max_tokens_per_unit):

@@ -1,0 +1,122 @@
+"""MiniCPM-o 4.5 turns and token2wav, as the stock duplex loop runs them (MiniCPM-o-Demo's
+``_reset_token2wav_for_new_turn``): every reply's token2wav buffer starts with 3 silence tokens (4218)
+over the state the voice prompt left; a reply's last second decodes what the tail holds as its last
+chunk; a barge-in drops it. So a reply after a cut decodes exactly like a fresh stream's first reply
+(CPU, tiny sizes, bit for bit), in the stock-like and the demand-sized arena."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine.models import registry
+from engine.session.config import SessionConfig
+from engine.session.session import AudioFifo, DuplexSession
+
+#: user speech per second: a 3 s turn, a 2 s pause (the reply), talk over it (barge-in), a 1 s turn, pause
+PATTERN = [1, 1, 1, 0, 0, 1, 0, 0, 0]
+SEED = 3
+
+
+def _frames(pattern, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(24000) * (0.2 if s else 0.001)).astype(np.float32) for s in pattern]
+
+
+def _recorded_session(demand: bool):
+    """A session whose tail calls are recorded: per second, the RNG state at the first tail call, the
+    tokens pushed, the audio the tail returned (push + new_turn) and the turn end."""
+    s = DuplexSession(SessionConfig(backbone="minicpm-o-4.5", size="tiny", device="cpu", seed=SEED,
+                                    demand_sized=demand, graph_replay=False, cpu_threads=1))
+    s.start()
+    tail = s.tail
+    push, new_turn = tail.push, tail.new_turn
+    calls = {}
+
+    def rec_push(tokens):
+        calls.update(rng=torch.get_rng_state(), tokens=tokens.clone(), k_before=tail.executor.k)
+        out = push(tokens)
+        calls["audio"] = [out]
+        return out
+
+    def rec_new_turn(flush=True):
+        out = new_turn(flush)
+        calls.setdefault("audio", []).append(out)
+        calls.update(ended=("end" if flush else "cut"), k_after=tail.executor.k, buffered=int(tail._buf.shape[1]))
+        return out
+    tail.push, tail.new_turn = rec_push, rec_new_turn
+    seconds = []
+    for f in _frames(PATTERN):
+        calls.clear()
+        _, r = s.process(f)
+        seconds.append((r.decision, dict(calls)))
+    s.close()
+    return seconds
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["stock-like", "demand"])
+def session(request):
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield _recorded_session(request.param)
+    finally:
+        torch.set_num_threads(n)
+
+
+def _fresh_turn(rng: torch.Tensor, tokens: torch.Tensor, flush: bool) -> np.ndarray:
+    """The same tokens through a freshly started tail (same weights and voice), from the same RNG state."""
+    tail = registry.get("step-audio2").make_tail(size="tiny", device="cpu", seed=SEED, mode="stock")
+    tail.start(seed=SEED)
+    torch.set_rng_state(rng)
+    out = [tail.push(tokens)]
+    if flush:
+        out.append(tail.flush())
+    return np.concatenate(out)
+
+
+def test_turns_end_and_are_cut_as_the_stock_loop_does(session):
+    decisions = [d for d, _ in session]
+    assert decisions == ["listen", "listen", "listen", "speak", "speak", "listen", "speak", "listen", "listen"]
+    cut, end = session[5][1], session[6][1]
+    assert cut["ended"] == "cut" and "tokens" not in cut and cut["audio"][-1].size == 0   # nothing decoded
+    assert cut["k_after"] == 0 and cut["buffered"] == 0              # the cut reply's 3 codes are gone
+    assert end["ended"] == "end" and end["k_after"] == 0 and end["buffered"] == 0
+    assert end["k_before"] == 0                                      # the reply began at the tail's step 0
+    silence = torch.full((3,), 4218)
+    for k in (3, 6):                                                 # each reply's buffer opens with silence
+        assert torch.equal(session[k][1]["tokens"][0, :3], silence)
+    assert all("ended" not in c for k, (_, c) in enumerate(session) if k not in (5, 6))
+
+
+def test_a_reply_after_a_barge_in_decodes_like_a_fresh_stream(session):
+    """Second 6's reply (after the cut at second 5) == the same tokens through a new tail, bit for bit:
+    the full chunk (1 s) and the turn's last chunk (the 3 codes the chunk read ahead)."""
+    c = session[6][1]
+    got = np.concatenate(c["audio"])
+    want = _fresh_turn(c["rng"], c["tokens"], flush=True)
+    assert got.size == 24000 + 14 * 480 and np.abs(got).max() > 0
+    assert np.array_equal(got, want)
+
+
+def test_the_first_reply_is_a_fresh_stream_too(session):
+    c = session[3][1]
+    got = np.concatenate(c["audio"])
+    assert got.size == 24000 and np.array_equal(got, _fresh_turn(c["rng"], c["tokens"], flush=False))
+
+
+def test_new_turn_needs_the_turn_base(one_torch_thread):
+    tail = registry.get("step-audio2").make_tail(size="tiny", device="cpu", seed=0, mode="stock")
+    tail.start(seed=0)
+    with pytest.raises(RuntimeError, match="keep_turn_base"):
+        tail.new_turn()
+
+
+def test_audio_fifo_primes_in_front_then_plays_leftovers_first():
+    f = AudioFifo()
+    assert not f.pop(4).any()
+    f.push(np.array([1, 2], dtype=np.float32))
+    assert f.pop(4).tolist() == [0, 0, 1, 2]                         # priming: zeros in front
+    f.push(np.arange(1, 7, dtype=np.float32))
+    assert f.pop(4).tolist() == [1, 2, 3, 4]
+    assert f.pop(4).tolist() == [5, 6, 0, 0]                         # an underrun after audio: zeros behind
