@@ -32,7 +32,7 @@ def test_plan_has_first_second_and_steady_shapes_with_prompt_plus_100():
     seq = [(s.before["est_att"], s.grown["est_att"], s.after["est_att"]) for s in plan.timeline]
     assert seq == [(300, 350, 350), (350, 400, 400), (400, 450, 400)]
     assert plan.settled_at == 2 and len(plan.signatures) == 3
-    assert plan.demand["est_att"] == 450 and plan.demand["enc_att"] == 450
+    assert plan.demand["est_att"] == 450 and plan.demand["enc.att"] == 450
     db, sb = plan.demand_bytes(), plan.stock_bytes()
     assert db["est_att"] == 10 * 16 * 2 * 8 * 450 * 128 * 4
     assert sum(db.values()) < 0.5 * sum(sb.values())

@@ -14,6 +14,9 @@ Regions (every clock advances by whole frames' worth of its units per second):
 * ``dec.stage{s}.partial``  — stage s's transposed-conv overlap, Fixed(ratio);
 * ``dec.stage{s}.res{j}``   — the residual conv's last (k-1)*dilation inputs;
 * ``dec.conv_out``          — the last conv's last k-1 inputs at 24 kHz.
+
+``tr.*`` and ``dec.*`` are declared by the transformer and the SEANet decoder themselves (streaming
+blocks, see :mod:`.modules`) and mounted here under those prefixes.
 """
 from __future__ import annotations
 
@@ -22,29 +25,32 @@ from typing import Dict, List, Optional
 import torch
 from torch import nn
 
-from engine.core import Clock, Fixed, Region, Ring, SessionSpec, StateView, StepPlan, StreamingModel
+from engine.core import Clock, Fixed, Region, SessionSpec, StateView, StepPlan, StreamingModel, prefixed
 
 from . import weights as W
 from .config import MimiConfig
-from .modules import MimiTransformer, SEANetDecoder, SplitRVQ, causal_conv_tr
+from .modules import CONV_TR_NOTE, MimiTransformer, SEANetDecoder, SplitRVQ, causal_conv_tr
 from .second import seanet_second, transformer_second
 
 
 class MimiDecoder(StreamingModel):
     """Mimi's decode path (codes -> 24 kHz) with engine-declared streaming state.
 
-    ``layer_major``: run each layer over the whole second (fewer kernels, same bits; None = on CUDA
-    only, see ``second.py``); ``batch_matmul`` / ``batch_conv``: one matmul / conv call per second
-    instead of per frame (experimental: exact only where cuBLAS / cuDNN keep the same kernel).
+    ``layer_major``: run each layer over the whole second (fewer kernels, same bits, see ``second.py``);
+    ``batch_matmul`` / ``batch_conv``: one matmul / conv call per second instead of per frame (exact
+    only where cuBLAS / cuDNN keep the same kernel). None (the default) leaves each to the start-up
+    self-check (``fastpaths.choose``, which fills :attr:`chosen`); before a check, None means
+    layer-major on CUDA only and no batched calls.
     """
 
     name = "mimi"
 
-    def __init__(self, cfg: MimiConfig, layer_major: Optional[bool] = None, batch_matmul: bool = False,
-                 batch_conv: bool = False):
+    def __init__(self, cfg: MimiConfig, layer_major: Optional[bool] = None, batch_matmul: Optional[bool] = None,
+                 batch_conv: Optional[bool] = None):
         super().__init__()
         self.cfg = cfg
         self.layer_major, self.batch_matmul, self.batch_conv = layer_major, batch_matmul, batch_conv
+        self.chosen: Dict[str, bool] = {}      # the self-check's choice for each flag left None
         self.rvq = SplitRVQ(cfg)
         self.upsample = nn.Parameter(torch.zeros(cfg.dimension, 1, 2 * cfg.upsample_stride), requires_grad=False)
         self.transformer = MimiTransformer(cfg)
@@ -110,29 +116,11 @@ class MimiDecoder(StreamingModel):
 
     def regions(self, spec: Optional[SessionSpec] = None) -> List[Region]:
         cfg, ck = self.cfg, self.clocks()
-        d, h, dh = cfg.dimension, cfg.num_heads, cfg.head_dim
-        conv_note = "StreamingConv1d `previous`, fixed buffer at stream start"
-        tr_note = "StreamingConvTranspose1d `partial`, fixed buffer at stream start"
-        regs = [Region("up.partial", (1, d, None), ck["frames"], Fixed(cfg.upsample_stride), stock_note=tr_note,
-                       doc="x2 upsample overlap (no bias)")]
-        for i in range(cfg.num_layers):
-            regs.append(Region(f"tr.kv{i}", (2, 1, h, None, dh), ck["steps25"], Ring(cfg.context),
-                               stock_note=f"RingKVCache (2,1,{h},{cfg.context},{dh}) at stream start",
-                               doc=f"layer {i} keys/values, attended as a whole ring with a mask"))
-        regs.append(Region("dec.conv_in", (1, d, None), ck["steps25"], Fixed(cfg.kernel_size - 1),
-                           stock_note=conv_note))
-        for s, ((_, cout), r) in enumerate(zip(cfg.stage_channels(), cfg.ratios)):
-            clock = ck[f"rate{s}"]
-            regs.append(Region(f"dec.stage{s}.partial", (1, cout, None), clock, Fixed(r), stock_note=tr_note))
-            for j in range(cfg.n_residual_layers):
-                tp = (cfg.residual_kernel_size - 1) * cfg.dilation_base ** j
-                if tp:
-                    regs.append(Region(f"dec.stage{s}.res{j}", (1, cout, None), clock, Fixed(tp), stock_note=conv_note))
-        last = ck[f"rate{len(cfg.ratios) - 1}"]
-        if cfg.last_kernel_size > 1:
-            regs.append(Region("dec.conv_out", (1, cfg.n_filters, None), last, Fixed(cfg.last_kernel_size - 1),
-                               stock_note=conv_note))
-        return regs
+        regs = [Region("up.partial", (1, cfg.dimension, None), ck["frames"], Fixed(cfg.upsample_stride),
+                       stock_note=CONV_TR_NOTE, doc="x2 upsample overlap (no bias)")]
+        regs += prefixed("tr", self.transformer.regions(ck["steps25"]))
+        stage_clocks = [ck[f"rate{s}"] for s in range(len(cfg.ratios))]
+        return regs + prefixed("dec", self.seanet.regions(ck["steps25"], stage_clocks))
 
     def spec(self, steps: Optional[int] = None, last_frames: Optional[int] = None) -> SessionSpec:
         """A session of ``steps`` seconds (None: open-ended live); ``last_frames``: a short last second."""
@@ -149,6 +137,11 @@ class MimiDecoder(StreamingModel):
     def step(self, state: StateView, inputs: Dict[str, torch.Tensor], plan: StepPlan) -> Dict[str, torch.Tensor]:
         return {"audio": self.decode_frames(state, inputs["codes"])}
 
+    def uses(self, flag: str, default: bool = False) -> bool:
+        """Whether ``flag`` is on: as set explicitly, else as the self-check chose, else ``default``."""
+        given = getattr(self, flag)
+        return bool(given) if given is not None else self.chosen.get(flag, default)
+
     def decode_frames(self, state: StateView, codes: torch.Tensor) -> torch.Tensor:
         """codes [K, n] -> audio [1, 1, n * frame_size] over the state handles.
 
@@ -156,19 +149,20 @@ class MimiDecoder(StreamingModel):
         whole second (``second.py``: the same bits with fewer, per-second elementwise kernels).
         """
         n = codes.shape[1]
-        names = set(state)
+        dec = state.under("dec")
+        names = set(dec)
 
         def region(name: str) -> Optional[torch.Tensor]:
-            return state[name].get() if name in names else None
+            return dec[name].get() if name in names else None
         caches = [state[f"tr.kv{i}"].get() for i in range(self.cfg.num_layers)]   # [2, 1, H, cap, Dh]
         tables = self.transformer.second_tables(state["tr.kv0"].position(), n)
         lat = self.rvq.latents(codes)                                              # [1, n, dim] per part
-        if self.layer_major if self.layer_major is not None else codes.is_cuda:
+        if self.uses("layer_major", codes.is_cuda):
             ups = [causal_conv_tr(self.rvq.frame(lat, f), state["up.partial"].get(), self.upsample, None,
                                   self.cfg.upsample_stride, groups=self.cfg.dimension) for f in range(n)]
             x = torch.cat(ups, dim=-1).transpose(1, 2)                             # [1, n*T, D]
-            x = transformer_second(self.transformer, x, caches, tables, self.batch_matmul)
-            return seanet_second(self.seanet, x.transpose(1, 2), region, n, self.batch_conv)
+            x = transformer_second(self.transformer, x, caches, tables, self.uses("batch_matmul"))
+            return seanet_second(self.seanet, x.transpose(1, 2), region, n, self.uses("batch_conv"))
         out = []
         for f in range(n):
             x = self.rvq.frame(lat, f)                                             # [1, D, 1]

@@ -7,18 +7,27 @@ depends only on the frame's position (RoPE angles, the ring's slot indices and a
 is computed once per second (integer and exactly-rounded float ops) or once per frame (cos/sin),
 and shared by all layers. State lives in the engine's arena; blocks mutate it in place
 (``copy_``, ``index_copy_``, ``out=``), so one CUDA graph per second replays over it.
+
+The transformer and the SEANet decoder are streaming blocks: each declares its own regions under short
+names (``kv{i}``; ``conv_in``, ``stage{s}.partial``, ``stage{s}.res{j}``, ``conv_out``) on the clocks
+its holder gives it, and reads them by those names; the holder mounts them under a prefix.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.core import Clock, Fixed, Region, Ring
+
 from .config import MimiConfig
+
+CONV_NOTE = "StreamingConv1d `previous`, fixed buffer at stream start"
+CONV_TR_NOTE = "StreamingConvTranspose1d `partial`, fixed buffer at stream start"
 
 
 def _param(shape) -> nn.Parameter:
@@ -142,6 +151,15 @@ class MimiTransformer(nn.Module):
         self.cfg = cfg
         self.layers = nn.ModuleList(MimiLayer(cfg) for _ in range(cfg.num_layers))
 
+    def regions(self, clock: Clock) -> List[Region]:
+        """Every layer's keys/values ``kv{i}``: a ring of ``context`` steps of ``clock`` (25 Hz)."""
+        cfg = self.cfg
+        h, dh, cap = cfg.num_heads, cfg.head_dim, cfg.context
+        return [Region(f"kv{i}", (2, 1, h, None, dh), clock, Ring(cap),
+                       stock_note=f"RingKVCache (2,1,{h},{cap},{dh}) at stream start",
+                       doc=f"layer {i} keys/values, attended as a whole ring with a mask")
+                for i in range(cfg.num_layers)]
+
     def second_tables(self, pos0: torch.Tensor, n: int) -> SecondTables:
         """Tables for ``n`` frames starting at transformer step ``pos0`` (0-d int64 device tensor)."""
         cfg, dev = self.cfg, pos0.device
@@ -201,16 +219,34 @@ class SEANetDecoder(nn.Module):
 
     def __init__(self, cfg: MimiConfig):
         super().__init__()
+        self.cfg = cfg
         top = 2 ** len(cfg.ratios) * cfg.n_filters
         self.w_in, self.b_in = _param((top, cfg.dimension, cfg.kernel_size)), _param((top,))
         self.stages = nn.ModuleList(Stage(ci, co, r, cfg) for (ci, co), r in zip(cfg.stage_channels(), cfg.ratios))
         self.w_out, self.b_out = _param((1, cfg.n_filters, cfg.last_kernel_size)), _param((1,))
 
+    def regions(self, clock_in: Clock, stage_clocks: Sequence[Clock]) -> List[Region]:
+        """The convs' lookback and the transposed convs' overlap under short names: ``conv_in`` on
+        ``clock_in``, stage s's regions and ``conv_out`` on ``stage_clocks[s]`` (convs of kernel 1 keep none)."""
+        cfg = self.cfg
+        regs = [Region("conv_in", (1, cfg.dimension, None), clock_in, Fixed(cfg.kernel_size - 1),
+                       stock_note=CONV_NOTE)]
+        for s, ((_, cout), r, clock) in enumerate(zip(cfg.stage_channels(), cfg.ratios, stage_clocks)):
+            regs.append(Region(f"stage{s}.partial", (1, cout, None), clock, Fixed(r), stock_note=CONV_TR_NOTE))
+            for j in range(cfg.n_residual_layers):
+                tp = (cfg.residual_kernel_size - 1) * cfg.dilation_base ** j
+                if tp:
+                    regs.append(Region(f"stage{s}.res{j}", (1, cout, None), clock, Fixed(tp), stock_note=CONV_NOTE))
+        if cfg.last_kernel_size > 1:
+            regs.append(Region("conv_out", (1, cfg.n_filters, None), stage_clocks[-1],
+                               Fixed(cfg.last_kernel_size - 1), stock_note=CONV_NOTE))
+        return regs
+
     def frame(self, x: torch.Tensor, state) -> torch.Tensor:
         """x: [1, D, T] -> [1, 1, T * hop]; ``state(name)`` gives a region's tensor (or None)."""
-        y = causal_conv(x, state("dec.conv_in"), self.w_in, self.b_in)
+        y = causal_conv(x, state("conv_in"), self.w_in, self.b_in)
         for s, stage in enumerate(self.stages):
-            y = causal_conv_tr(F.elu(y), state(f"dec.stage{s}.partial"), stage.w, stage.b, stage.ratio)
+            y = causal_conv_tr(F.elu(y), state(f"stage{s}.partial"), stage.w, stage.b, stage.ratio)
             for j, res in enumerate(stage.res):
-                y = res(y, state(f"dec.stage{s}.res{j}"))
-        return causal_conv(F.elu(y), state("dec.conv_out"), self.w_out, self.b_out)
+                y = res(y, state(f"stage{s}.res{j}"))
+        return causal_conv(F.elu(y), state("conv_out"), self.w_out, self.b_out)

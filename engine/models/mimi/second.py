@@ -101,10 +101,10 @@ def conv_tr_second(x: torch.Tensor, partial: torch.Tensor, weight, bias, stride:
 def seanet_second(dec: SEANetDecoder, x: torch.Tensor, region: Callable[[str], Optional[torch.Tensor]], n: int,
                   batch_conv: bool) -> torch.Tensor:
     """x [1, D, n*T] -> [1, 1, n*frame_size], layer by layer over the second."""
-    y = conv_second(x, region("dec.conv_in"), dec.w_in, dec.b_in, n, batch_conv)
+    y = conv_second(x, region("conv_in"), dec.w_in, dec.b_in, n, batch_conv)
     for s, stage in enumerate(dec.stages):
-        y = conv_tr_second(F.elu(y), region(f"dec.stage{s}.partial"), stage.w, stage.b, stage.ratio, n)
+        y = conv_tr_second(F.elu(y), region(f"stage{s}.partial"), stage.w, stage.b, stage.ratio, n)
         for j, res in enumerate(stage.res):
-            h = conv_second(F.elu(y), region(f"dec.stage{s}.res{j}"), res.w1, res.b1, n, batch_conv, res.dilation)
+            h = conv_second(F.elu(y), region(f"stage{s}.res{j}"), res.w1, res.b1, n, batch_conv, res.dilation)
             y = y + conv_second(F.elu(h), None, res.w2, res.b2, n, batch_conv)
-    return conv_second(F.elu(y), region("dec.conv_out"), dec.w_out, dec.b_out, n, batch_conv)
+    return conv_second(F.elu(y), region("conv_out"), dec.w_out, dec.b_out, n, batch_conv)

@@ -12,15 +12,20 @@ Streaming state, as the stock runtime keeps it (and so as our ``enc_att`` region
 * the conv cache ``(1, C, 2 + 2*stride)``: the lookahead conv's last 2 outputs, the upsample's last 4.
 
 Every op mirrors the stock arithmetic and memory layout (bit-identity); caches are written in place.
+As a streaming block the encoder declares both caches itself (:meth:`UpsampleConformerEncoder.regions`,
+short names ``att`` / ``cnn``; the holder picks the clock and the attention retention and mounts them
+under a prefix) and runs over those handles (:meth:`~UpsampleConformerEncoder.stream`, ``prefill``).
 """
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import List, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from engine.core import STILL, Clock, Region, Retention, Static
 
 from .config import EncoderConfig
 
@@ -186,6 +191,26 @@ class UpsampleConformerEncoder(nn.Module):
                                          for _ in range(cfg.num_up_blocks))
         self.after_norm = nn.LayerNorm(c, eps=1e-5)
         self.register_buffer("pe", rel_position_table(c), persistent=False)
+
+    # -- streaming block -------------------------------------------------------------------------------
+    def regions(self, clock: Clock, keep: Retention) -> List[Region]:
+        """Both caches under this block's short names: ``att`` counts 50 Hz frames on ``clock`` and keeps
+        what ``keep`` says (Step-Audio2: prompt + last 100); ``cnn`` is replaced in place every chunk."""
+        e = self.cfg
+        blocks = e.num_blocks + e.num_up_blocks
+        return [Region("att", (blocks, 1, e.heads, None, 2 * (e.output_size // e.heads)), clock, keep,
+                       stock_note="torch.cat grow and truncate", doc="keys | values of every layer [L, 1, h, T, 2d_k]"),
+                Region("cnn", (1, e.output_size, 2 + 2 * e.up_stride), STILL, Static(),
+                       stock_note="new tensors each call", doc="lookahead conv's last 2 | upsample's last 2s")]
+
+    def stream(self, xs: torch.Tensor, last: bool, state: Mapping, before: int) -> torch.Tensor:
+        """One streamed chunk over this block's handles (``att`` grown by the chunk's frames);
+        ``before``: the 50 Hz frames ``att`` held before it. See :meth:`chunk`."""
+        return self.chunk(xs, last, state["cnn"].get(), state["att"].grow(), before, False)
+
+    def prefill(self, xs: torch.Tensor, state: Mapping) -> torch.Tensor:
+        """The prompt, run with no cache into the handles (``att`` holds the prompt's frames)."""
+        return self.chunk(xs, False, state["cnn"].get(), state["att"].get(), 0, True)
 
     def pos_emb(self, size: int) -> torch.Tensor:
         mid = self.pe.size(1) // 2

@@ -10,7 +10,7 @@ hands each step's ``t`` to the DiT for its modulation constants.
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
@@ -77,9 +77,11 @@ class Flow(nn.Module):
         if self.ready_on != dev:
             raise RuntimeError("Flow.build_constants() must run on the model's device before streaming")
 
-    def encode(self, tokens: torch.Tensor, last: bool, enc_cnn, enc_att, before: int, first_use: bool):
-        """Tokens ``(1, n)`` -> mu ``(1, 80, frames)`` (contiguous, as the estimator is fed)."""
-        h = self.encoder.chunk(self.input_embedding(tokens), last, enc_cnn, enc_att, before, first_use)
+    def encode(self, tokens: torch.Tensor, last: bool, enc: Mapping, before: int, first_use: bool):
+        """Tokens ``(1, n)`` -> mu ``(1, 80, frames)`` (contiguous, as the estimator is fed); ``enc``: the
+        encoder's handles (its regions under their short names), ``first_use``: the prompt prefill."""
+        xs = self.input_embedding(tokens)
+        h = self.encoder.prefill(xs, enc) if first_use else self.encoder.stream(xs, last, enc, before)
         return self.encoder_proj(h).transpose(1, 2).contiguous()
 
     def solve(self, mu: torch.Tensor, spk2: torch.Tensor, cond: Optional[torch.Tensor], noise: torch.Tensor,

@@ -8,17 +8,23 @@ source samples are replaced by the previous chunk's (the 8-frame mel overlap).
 The inverse STFT is written out (irfft, window, overlap-add by ``unfold_backward``, divide by the window
 envelope): the same ops ``torch.istft`` runs, without its host-side NOLA check. The envelope only depends
 on the frame count, so it is built (and checked) once per shape, before any capture.
+
+As a streaming block the vocoder declares its own overlap state (:meth:`HiFT.regions`, short names
+``mel`` / ``source`` / ``speech``, mounted under a prefix by the decoder that holds it) and runs one
+chunk over those handles (:meth:`HiFT.stream`): any decoder that emits 50 Hz mel chunks can hold it.
 """
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, List, Mapping
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import HiFTConfig
+from engine.core import STILL, Clock, Fixed, Region
+
+from .config import MEL_CACHE, SOURCE_CACHE, HiFTConfig
 from .hift_parts import F0Predictor, ResBlock, SineSource, WNConv, fold_all
 
 
@@ -63,6 +69,8 @@ class HiFT(nn.Module):
         self.conv_post = WNConv(ch, nf, 7, 1, 3)
         self.f0_predictor = F0Predictor(cfg.in_channels, cfg.f0_channels)
         self.register_buffer("window", hann_periodic(cfg.n_fft), persistent=False)
+        # the stock's cross-fade window is float64 (np.hamming), and so is the fade arithmetic
+        self.register_buffer("fade", torch.from_numpy(np.hamming(2 * SOURCE_CACHE)), persistent=False)
         self.envelopes: Dict[int, torch.Tensor] = {}
 
     @torch.no_grad()
@@ -127,3 +135,34 @@ class HiFT(nn.Module):
         f0 = self.f0_predictor(mel)                              # (1, T)
         s = F.interpolate(f0[:, None], scale_factor=float(self.upp), mode="nearest").transpose(1, 2)
         return self.m_source(s).transpose(1, 2)
+
+    # -- streaming block -------------------------------------------------------------------------------
+    def regions(self, clock: Clock = STILL) -> List[Region]:
+        """The overlap carried between chunks, under this block's short names (mount with ``prefixed``)."""
+        return [Region("mel", (1, self.cfg.in_channels, None), clock, Fixed(MEL_CACHE),
+                       stock_note="new tensor each call", doc="the last 8 mel frames [1, 80, 8]"),
+                Region("source", (1, 1, None), clock, Fixed(SOURCE_CACHE), stock_note="new tensor each call",
+                       doc="the last 3,840 NSF source samples [1, 1, 3840]"),
+                Region("speech", (1, None), clock, Fixed(SOURCE_CACHE), stock_note="new tensor each call",
+                       doc="the last 3,840 speech samples, faded into the next chunk [1, 3840]")]
+
+    def stream(self, state: Mapping, chunk_mel: torch.Tensor, first: bool, last: bool) -> torch.Tensor:
+        """One chunk ``(1, 80, T)`` with the 8-frame overlap and the cross-fade over this block's handles
+        (``state["mel"]`` ...); returns the audio that is final now ``(1, n)``."""
+        mel_cache, src_cache, speech_cache = (state[n].get() for n in ("mel", "source", "speech"))
+        mel = chunk_mel if first else torch.cat([mel_cache, chunk_mel], dim=2)
+        s = self.source(mel)                                       # (1, 1, 480 T)
+        if not first:
+            s[:, :, :SOURCE_CACHE] = src_cache
+        speech = self.decode(mel, s)                               # (1, 480 T)
+        if not first:
+            n = SOURCE_CACHE
+            speech[..., :n] = speech[..., :n] * self.fade[:n] + speech_cache[..., -n:] * self.fade[n:]
+        if not last:
+            mel_cache.copy_(mel[..., -MEL_CACHE:])
+            src_cache.copy_(s[:, :, -SOURCE_CACHE:])
+            speech_cache.copy_(speech[:, -SOURCE_CACHE:])
+            if first:
+                return torch.cat([speech.new_zeros(1, SOURCE_CACHE), speech[:, :-SOURCE_CACHE]], dim=1)
+            return speech[:, :-SOURCE_CACHE]
+        return speech

@@ -11,12 +11,15 @@ region         shape                                      clock   retention     
 =============  =========================================  ======  ============================  ======================
 ``est_att``    (steps, depth, 2, heads, T, 2*head_dim)    mel 50  prompt + last 100, newest 1st  buffer at 1000 frames
 ``est_cnn``    (steps, depth, 2, 2*hidden, 2)             -       fixed                         buffer (16, 16, ...)
-``enc_att``    (blocks, 1, heads, T, 2*d_k)               mel 50  prompt + last 100             cat grow + truncate
-``enc_cnn``    (1, C, 2 + 2*stride)                       -       fixed                         new tensors per call
+``enc.att``    (blocks, 1, heads, T, 2*d_k)               mel 50  prompt + last 100             cat grow + truncate
+``enc.cnn``    (1, C, 2 + 2*stride)                       -       fixed                         new tensors per call
 ``flow_noise`` (1, 80, N)                                  -       fixed N = prompt + 156         buffer of 30,000 frames
 ``spk_cond``   (2, 80)                                    -       fixed                         recomputed per call
-``hift_mel``   (1, 80, 8) / ``hift_source`` (1, 1, 3840) / ``hift_speech`` (1, 3840)  fixed      new tensors per call
+``hift.mel``   (1, 80, 8) / ``hift.source`` (1, 1, 3840) / ``hift.speech`` (1, 3840)  fixed      new tensors per call
 =============  =========================================  ======  ============================  ======================
+
+``enc.*`` and ``hift.*`` are declared by the conformer encoder and the vocoder themselves (streaming
+blocks, :meth:`UpsampleConformerEncoder.regions` / :meth:`HiFT.regions`) and mounted here under a prefix.
 
 Noise offsets are the estimator cache's length before the step (the stock's rule), a per-signature
 constant, so no device counter is needed; the HiFT draws use the device's default generator.
@@ -25,15 +28,13 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
-import numpy as np
 import torch
 from torch import nn
 
 from engine.core import (STILL, Clock, Fixed, PrefixWindow, Region, SessionSpec, StateView, Static, StepPlan,
-                         StreamingModel)
+                         StreamingModel, prefixed)
 
-from .config import (CHUNK_TOKENS, LOOKAHEAD, MEL_CACHE, MEL_RATE, SILENCE_TOKEN, SOURCE_CACHE, WINDOW,
-                     T2WConfig)
+from .config import CHUNK_TOKENS, LOOKAHEAD, MEL_RATE, SILENCE_TOKEN, WINDOW, T2WConfig
 from .flow import Flow
 from .hift import HiFT
 
@@ -51,8 +52,6 @@ class StepAudio2Token2Wav(StreamingModel):
         self.cfg = cfg
         self.flow = Flow(cfg.flow)
         self.hift = HiFT(cfg.hift)
-        # the stock's cross-fade window is float64 (np.hamming), and so is the fade arithmetic
-        self.register_buffer("fade", torch.from_numpy(np.hamming(2 * SOURCE_CACHE)), persistent=False)
 
     @torch.no_grad()
     def prepare(self) -> "StepAudio2Token2Wav":
@@ -63,7 +62,7 @@ class StepAudio2Token2Wav(StreamingModel):
 
     @property
     def device(self) -> torch.device:
-        return self.fade.device
+        return self.hift.fade.device
 
     # -- session declaration -------------------------------------------------------------------------
     def spec(self, prompt_frames: int, steps: Optional[int] = None, last_tokens: Optional[int] = None,
@@ -72,31 +71,22 @@ class StepAudio2Token2Wav(StreamingModel):
         if prompt_frames <= 0 or prompt_frames % 2:
             raise ValueError(f"the prompt must be a positive, even number of mel frames, got {prompt_frames}")
         last = {} if last_tokens is None else {"mel": 2 * int(last_tokens)}
-        return SessionSpec(steps=steps, prefix={"est_att": prompt_frames, "enc_att": prompt_frames},
+        return SessionSpec(steps=steps, prefix={"est_att": prompt_frames, "enc.att": prompt_frames},
                            last_advance=last, label=label or f"step-audio2, prompt {prompt_frames} frames")
 
     def regions(self, spec: SessionSpec) -> List[Region]:
-        f, d, e = self.cfg.flow, self.cfg.flow.dit, self.cfg.flow.encoder
+        f, d = self.cfg.flow, self.cfg.flow.dit
         prompt = int(spec.prefix.get("est_att", 0))
-        blocks = e.num_blocks + e.num_up_blocks
-        return [
+        return prefixed("enc", self.flow.encoder.regions(MEL, PrefixWindow(WINDOW))) + [
             Region("est_att", (f.n_timesteps, d.depth, 2, d.heads, None, 2 * d.head_dim), MEL,
                    PrefixWindow(WINDOW), stock_shape=(16, 16, 2, 8, 1000, 128), newest_first=True,
                    stock_note="module buffer (16, 16, 2, 8, 1000, 128) + torch.cat truncation"),
             Region("est_cnn", (f.n_timesteps, d.depth, 2, 2 * d.hidden, 2), STILL, Static(),
                    stock_shape=(16, 16, 2, 1024, 2), stock_note="module buffer (16, 16, 2, 1024, 2)"),
-            Region("enc_att", (blocks, 1, e.heads, None, 2 * (e.output_size // e.heads)), MEL,
-                   PrefixWindow(WINDOW), stock_note="torch.cat grow and truncate"),
-            Region("enc_cnn", (1, e.output_size, 2 + 2 * e.up_stride), STILL, Static(),
-                   stock_note="new tensors each call"),
             Region("flow_noise", (1, f.output_size, None), STILL, Fixed(prompt + NOISE_MARGIN),
                    stock_units=50 * 600, stock_note="module buffer for 600 s"),
             Region("spk_cond", (2, f.output_size), STILL, Static(), stock_note="recomputed every call"),
-            Region("hift_mel", (1, self.cfg.hift.in_channels, None), STILL, Fixed(MEL_CACHE),
-                   stock_note="new tensor each call"),
-            Region("hift_source", (1, 1, None), STILL, Fixed(SOURCE_CACHE), stock_note="new tensor each call"),
-            Region("hift_speech", (1, None), STILL, Fixed(SOURCE_CACHE), stock_note="new tensor each call"),
-        ]
+        ] + prefixed("hift", self.hift.regions(STILL))
 
     # -- prefill -------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -114,7 +104,7 @@ class StepAudio2Token2Wav(StreamingModel):
         tokens = torch.cat([tokens, pad], dim=1)
         if (tokens.shape[1] - LOOKAHEAD) * self.flow.up_rate != mel.shape[1]:
             raise ValueError(f"prompt mel has {mel.shape[1]} frames, expected 2 x {tokens.shape[1] - LOOKAHEAD}")
-        mu = self.flow.encode(tokens, False, state["enc_cnn"].get(), state["enc_att"].get(), 0, True)
+        mu = self.flow.encode(tokens, False, state.under("enc"), 0, True)
         self.flow.solve(mu, spk2, mel.transpose(1, 2).contiguous(), state["flow_noise"].get()[:, :, :mu.shape[2]],
                         state["est_att"].get(), state["est_cnn"].get())
 
@@ -132,9 +122,8 @@ class StepAudio2Token2Wav(StreamingModel):
         tokens = inputs["tokens"]
         last, first = plan.is_last, plan.index == 0
         before = plan.before["est_att"]
-        enc_att = state["enc_att"].grow()
+        mu = self.flow.encode(tokens, last, state.under("enc"), plan.before["enc.att"], False)
         est_att = state["est_att"].grow()
-        mu = self.flow.encode(tokens, last, state["enc_cnn"].get(), enc_att, plan.before["enc_att"], False)
         t = mu.shape[2]
         noise = state["flow_noise"].get()[:, :, before:before + t]
         mel = self.flow.solve(mu, state["spk_cond"].get(), None, noise, est_att, state["est_cnn"].get())
@@ -142,23 +131,7 @@ class StepAudio2Token2Wav(StreamingModel):
 
     def vocode(self, state: StateView, chunk_mel: torch.Tensor, first: bool, last: bool) -> torch.Tensor:
         """HiFT with the 8-frame overlap and the cross-fade; returns the audio that is final now."""
-        mel_cache, src_cache, speech_cache = (state[n].get() for n in ("hift_mel", "hift_source", "hift_speech"))
-        mel = chunk_mel if first else torch.cat([mel_cache, chunk_mel], dim=2)
-        s = self.hift.source(mel)                                  # (1, 1, 480 T)
-        if not first:
-            s[:, :, :SOURCE_CACHE] = src_cache
-        speech = self.hift.decode(mel, s)                          # (1, 480 T)
-        if not first:
-            n = SOURCE_CACHE
-            speech[..., :n] = speech[..., :n] * self.fade[:n] + speech_cache[..., -n:] * self.fade[n:]
-        if not last:
-            mel_cache.copy_(mel[..., -MEL_CACHE:])
-            src_cache.copy_(s[:, :, -SOURCE_CACHE:])
-            speech_cache.copy_(speech[:, -SOURCE_CACHE:])
-            if first:
-                return torch.cat([speech.new_zeros(1, SOURCE_CACHE), speech[:, :-SOURCE_CACHE]], dim=1)
-            return speech[:, :-SOURCE_CACHE]
-        return speech
+        return self.hift.stream(state.under("hift"), chunk_mel, first, last)
 
 
 def count_parameters(module: nn.Module) -> int:
