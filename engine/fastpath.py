@@ -48,7 +48,7 @@ class Verdict:
 
     path: str                              # "batched convs"
     chosen: bool                           # True: the faster path runs
-    reason: str                            # "bit-identical to the reference: 2 steps, 3 tensors" / "max abs diff 5.96e-08 ..."
+    reason: str                            # "bit-identical to the reference (...)" / "max abs diff 5.96e-08 ..."
     max_abs_diff: Optional[float] = None   # None when nothing was compared
     cached: bool = False                   # the verdict came from an earlier check (this process or the disk)
 

@@ -69,3 +69,38 @@ def test_toggles_flipping_every_second_equal_moshi(setup):
     out, t = _tail(model, codes, sched, chunk=7)
     assert t.executor.stats.migrations >= 2 and t.executor.stats.replayed_steps >= 1
     assert torch.equal(out, ref)
+
+
+def test_self_check_chooses_only_orders_equal_to_moshi(setup):
+    # the start-up self-check (engine.fastpath) on this GPU: every order it enables must equal moshi on
+    # other codes than its trial's, in graph replay; with the reference forced, too
+    from engine import fastpath
+    state, model = setup
+    fastpath.clear_cache()
+    codes = torch.randint(0, RELEASED.bins, (8, 40), generator=torch.Generator().manual_seed(21)).to(DEV)
+    ref = _moshi(state, codes)
+    out, tail = _tail(model, codes, lambda s: {"demand_sized": True, "graph_replay": True})
+    verdicts = {v.path: v for v in tail.fast_paths()}
+    print("\n".join(v.line() for v in verdicts.values()))
+    assert verdicts["layer-major order"].chosen and model.chosen["layer_major"]
+    assert torch.equal(out, ref)
+    for path in ("batched convs", "batched matmuls"):
+        flag = {"batched convs": "batch_conv", "batched matmuls": "batch_matmul"}[path]
+        model.layer_major, old = True, dict(model.chosen)
+        setattr(model, flag, True)
+        try:
+            got, _ = _tail(model, codes, lambda s: {"demand_sized": True, "graph_replay": True})
+        finally:
+            model.layer_major = None
+            setattr(model, flag, None)
+        assert model.chosen == old
+        print(f"{path} forced on: equal to moshi {torch.equal(got, ref)}")
+        if verdicts[path].chosen:
+            assert torch.equal(got, ref), path
+    fastpath.force_reference(True)
+    try:
+        forced, t2 = _tail(model, codes, lambda s: {"demand_sized": True, "graph_replay": True})
+    finally:
+        fastpath.force_reference(None)
+    assert not any(v.chosen for v in t2.fast_paths()) and torch.equal(forced, ref)
+    fastpath.clear_cache()

@@ -7,8 +7,11 @@ Each audio second is timed as a block (sync, the second's frames, sync) and divi
 length. Reported: ms per audio second (median, p90), CUDA kernels and kernel time per audio second
 (profiler, eager paths), peak memory, state bytes, and bit-identity with moshi (torch.equal).
 moshi on CUDA wraps RoPE in ``torch.compile``; the bit reference is moshi with that compile off
-(its eager arithmetic); the compiled variant is timed and compared too. Our graph replay is also
-timed in frame-major order and with per-second matmuls / convs (see ``engine/models/mimi/second.py``).
+(its eager arithmetic); the compiled variant is timed and compared too. "ours graphs" runs the order
+the start-up self-check chose on this GPU (``engine/models/mimi/fastpaths.py``: each faster order
+against the frame-major reference, bit for bit; its verdicts and time are in the config). Our graph
+replay is also timed in every order explicitly: frame-major (the reference), layer-major with
+per-frame library calls, and with per-second matmuls / convs (``engine/models/mimi/second.py``).
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from engine.stats import table as stats_table
 
 from engine.models.mimi import weights as W
 from engine.models.mimi.config import MimiConfig, preset
+from engine.models.mimi.fastpaths import choose
 from engine.models.mimi.model import MimiDecoder
 
 
@@ -101,12 +105,14 @@ def peer_stream(mimi, codes: torch.Tensor, cfg: MimiConfig, graphs=True, compile
 MODES = {"stock": (False, False), "demand": (True, False), "graphs": (True, True)}
 #: execution-order variants, all with graph replay: (layer_major, batch_matmul, batch_conv)
 VARIANTS = {"graphs, frame-major": (False, False, False),
+            "graphs, layer-major": (True, False, False),
             "graphs, +batched matmul": (True, True, False),
             "graphs, +batched conv": (True, False, True),
             "graphs, +batched matmul+conv": (True, True, True)}
 
 
-def set_variant(model: MimiDecoder, layer_major=None, batch_matmul=False, batch_conv=False) -> None:
+def set_variant(model: MimiDecoder, layer_major=None, batch_matmul=None, batch_conv=None) -> None:
+    """Set the order explicitly; all None: the order the self-check chose (``model.chosen``)."""
     model.layer_major, model.batch_matmul, model.batch_conv = layer_major, batch_matmul, batch_conv
 
 
@@ -143,16 +149,19 @@ def _sync(on: bool) -> None:
 
 
 # -- measurement ---------------------------------------------------------------------------------------
-def _stats(times: List[float], cfg: MimiConfig, skip: int) -> Dict[str, float]:
+def _per_second_ms(times: List[float], cfg: MimiConfig, skip: int) -> List[float]:
     """ms per audio second (each second's wall time over its audio length), after ``skip`` warm-up seconds."""
-    per = []
-    for k, t in enumerate(times):
-        lo, hi = cfg.frames_before(k), cfg.frames_before(k + 1)
-        if k >= skip:
-            per.append(1e3 * t / ((hi - lo) / cfg.frame_rate))
-    per.sort()
-    return {"median_ms": percentile(per, 50), "p90_ms": percentile(per, 90),
-            "seconds_timed": len(per)}
+    return [1e3 * t / ((cfg.frames_before(k + 1) - cfg.frames_before(k)) / cfg.frame_rate)
+            for k, t in enumerate(times) if k >= skip]
+
+
+def _summary(per: List[float]) -> Dict[str, float]:
+    per = sorted(per)
+    return {"median_ms": percentile(per, 50), "p90_ms": percentile(per, 90), "seconds_timed": len(per)}
+
+
+def _stats(times: List[float], cfg: MimiConfig, skip: int) -> Dict[str, float]:
+    return _summary(_per_second_ms(times, cfg, skip))
 
 
 def _kernels(fn, audio_seconds: float) -> Dict[str, float]:
@@ -193,7 +202,7 @@ def _equal(a: torch.Tensor, b: torch.Tensor) -> Dict[str, object]:
 
 
 def run(cfg: MimiConfig, seconds: int, k: int, seed: int, warmup: int, profile_seconds: int,
-        device: str = "cuda", dump=lambda res: None, quiet: bool = False) -> Dict:
+        device: str = "cuda", dump=lambda res: None, quiet: bool = False, repeats: int = 1) -> Dict:
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     tf32_off()
@@ -203,7 +212,7 @@ def run(cfg: MimiConfig, seconds: int, k: int, seed: int, warmup: int, profile_s
     frames = cfg.frames_before(seconds)
     codes = torch.randint(0, cfg.bins, (k, frames), generator=g).to(dev)
     res: Dict = {"config": {"size_dims": f"d{cfg.dimension} x{cfg.num_layers} ctx{cfg.context}", "codebooks": k,
-                            "seconds": seconds, "frames": frames, "warmup_seconds": warmup,
+                            "seconds": seconds, "frames": frames, "warmup_seconds": warmup, "repeats": repeats,
                             "torch": torch.__version__,
                             "device": torch.cuda.get_device_name() if cuda else "cpu"},
                  "modes": {}}
@@ -214,7 +223,13 @@ def run(cfg: MimiConfig, seconds: int, k: int, seed: int, warmup: int, profile_s
     base1 = mem()
     ours = MimiDecoder(cfg).to(dev).load_moshi_state(state)
     res["config"]["ours_weights_mib"] = (mem() - base1) / 2 ** 20
-    audio = {}
+    _sync(cuda)
+    t0 = time.perf_counter()
+    verdicts = choose(ours, dev, k)
+    _sync(cuda)
+    res["config"]["self_check_s"] = round(time.perf_counter() - t0, 3)
+    res["config"]["fast_paths"] = [v.line() for v in verdicts]
+    res["config"]["chosen_order"] = chosen_order(ours)
     runs = [("moshi graphs, RoPE eager", lambda: peer_stream(mimi, codes, cfg, graphs=True, compiled=False, sync=True))]
     runs += [(f"ours {'stock-like' if m == 'stock' else m}", (lambda m=m: ours_stream(ours, codes, m, sync=True)[:2]))
              for m in MODES]
@@ -223,22 +238,54 @@ def run(cfg: MimiConfig, seconds: int, k: int, seed: int, warmup: int, profile_s
              for v in VARIANTS if cuda]
     runs += [("moshi eager", lambda: peer_stream(mimi, codes, cfg, graphs=False, compiled=True, sync=True)),
              ("moshi graphs", lambda: peer_stream(mimi, codes, cfg, graphs=True, compiled=True, sync=True))]
-    with progress(len(runs), desc="decoders", unit="run", quiet=quiet) as bar:
-        for name, fn in runs:
-            bar.set_postfix_str(name)
-            try:
-                (wav, times), used = _memory(fn, cuda)
-            except Exception as e:                     # e.g. torch.compile unavailable on this machine
-                res["modes"][name] = {"error": f"{type(e).__name__}: {e}"[:400]}
-                bar.update()
-                continue
-            audio[name] = wav
-            res["modes"][name] = {**_stats(times, cfg, warmup), **used}
-            _compare(res, audio)
-            dump(res)
-            bar.update()
+    _rounds(res, runs, repeats, cfg, warmup, cuda, dump, quiet)
     _profile(res, mimi, ours, cfg, codes, profile_seconds if cuda else 0)
     return res
+
+
+def _rounds(res: Dict, runs, repeats: int, cfg: MimiConfig, warmup: int, cuda: bool, dump, quiet: bool) -> None:
+    """Every run once per round, ``repeats`` rounds (interleaved: drift hits every mode alike). A mode's
+    median / p90 are over all its timed seconds of all rounds; ``round_medians_ms`` lists each round's;
+    its audio of every round must equal its first round's (``repeats_identical``)."""
+    audio: Dict[str, torch.Tensor] = {}
+    times: Dict[str, List[float]] = {}
+    rounds: Dict[str, List[float]] = {}
+    with progress(len(runs) * repeats, desc="decoders", unit="run", quiet=quiet) as bar:
+        for r in range(repeats):
+            for name, fn in runs:
+                bar.set_postfix_str(f"{name} (round {r + 1})")
+                if "error" in res["modes"].get(name, {}):
+                    bar.update()
+                    continue
+                try:
+                    (wav, t), used = _memory(fn, cuda)
+                except Exception as e:                     # e.g. torch.compile unavailable on this machine
+                    res["modes"][name] = {"error": f"{type(e).__name__}: {e}"[:400]}
+                    bar.update()
+                    continue
+                times.setdefault(name, []).extend(_per_second_ms(t, cfg, warmup))
+                rounds.setdefault(name, []).append(_stats(t, cfg, warmup)["median_ms"])
+                same = bool(torch.equal(audio.setdefault(name, wav), wav))
+                prev = res["modes"].get(name, {})
+                res["modes"][name] = {**_summary(times[name]), **used,
+                                      "round_medians_ms": rounds[name],
+                                      "repeats_identical": prev.get("repeats_identical", True) and same}
+                _compare(res, audio)
+                dump(res)
+                bar.update()
+    head = res["modes"].get("moshi graphs", {})
+    for m in res["modes"].values():
+        if "median_ms" in m and "median_ms" in head:
+            m["moshi_graphs_over_this"] = head["median_ms"] / m["median_ms"]
+
+
+def chosen_order(model: MimiDecoder) -> str:
+    """The order the self-check left the model in, in words."""
+    if not model.chosen.get("layer_major"):
+        return "frame-major (the reference)"
+    extra = [name for flag, name in (("batch_conv", "batched convs"), ("batch_matmul", "batched matmuls"))
+             if model.chosen.get(flag)]
+    return "layer-major" + ("".join(f" + {e}" for e in extra))
 
 
 def _variant(model: MimiDecoder, variant, fn):
@@ -275,7 +322,7 @@ def _profile(res, mimi, ours, cfg, codes, n_sec) -> None:
             continue
         fn()                                        # warm (compile, cuBLAS handles)
         res["modes"][name].update(_kernels(fn, secs))
-    for name, variant in [("ours graphs", (None, False, False))] + [(f"ours {v}", VARIANTS[v]) for v in VARIANTS]:
+    for name, variant in [("ours graphs", (None, None, None))] + [(f"ours {v}", VARIANTS[v]) for v in VARIANTS]:
         if name in res["modes"] and "error" not in res["modes"][name]:
             replay = _variant(ours, variant, lambda: _graph_replayer(ours, part))   # captured before the profile
             res["modes"][name].update(_kernels(lambda: _variant(ours, variant, replay), secs))
@@ -299,12 +346,13 @@ def _graph_replayer(model: MimiDecoder, codes: torch.Tensor):
 
 def table(res: Dict, wrap: bool = True) -> str:
     """The results as an aligned markdown table (``wrap``: fits 120 columns)."""
-    heads = ["mode", "ms / audio s (median)", "p90", "kernels / frame", "kernel ms / audio s",
-             "peak alloc above weights MiB", "equal to moshi (RoPE eager)", "equal to moshi (compiled RoPE)"]
+    heads = ["mode", "ms / audio s (median)", "p90", "moshi graphs / this", "kernels / frame",
+             "kernel ms / audio s", "peak alloc above weights MiB", "equal to moshi (RoPE eager)",
+             "equal to moshi (compiled RoPE)"]
     body = []
     for name, m in res["modes"].items():
         if "error" in m:
-            body.append([name, f"error: {m['error'][:80]}"] + [""] * 6)
+            body.append([name, f"error: {m['error'][:80]}"] + [""] * 7)
             continue
 
         def eq(key):
@@ -314,9 +362,11 @@ def table(res: Dict, wrap: bool = True) -> str:
         kpf = f"{m['kernels_per_frame']:.0f}" if "kernels_per_frame" in m else ""
         kms = f"{m['kernel_ms_per_audio_s']:.1f}" if "kernel_ms_per_audio_s" in m else ""
         peak = f"{m['peak_alloc_above_weights_mib']:.1f}" if "peak_alloc_above_weights_mib" in m else ""
-        body.append([name, f"{m['median_ms']:.1f}", f"{m['p90_ms']:.1f}", kpf, kms, peak,
+        ratio = f"{m['moshi_graphs_over_this']:.2f}x" if "moshi_graphs_over_this" in m else ""
+        same = "" if m.get("repeats_identical", True) else " (rounds differ!)"
+        body.append([name + same, f"{m['median_ms']:.1f}", f"{m['p90_ms']:.1f}", ratio, kpf, kms, peak,
                      eq("vs_moshi_eager_rope"), eq("vs_moshi_compiled_rope")])
-    return stats_table(body, heads, max_widths=[24, None, None, None, None, None, 12, 12], header_width=10,
+    return stats_table(body, heads, max_widths=[24, None, None, None, None, None, None, 12, 12], header_width=10,
                        wrap=wrap)
 
 
@@ -329,6 +379,7 @@ def main(argv=None) -> int:
     p.add_argument("--num-codebooks", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile-seconds", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3, help="rounds of every mode, interleaved (medians over all)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                    help="cpu: a functional dry run (timings only, no kernels or memory)")
     p.add_argument("--json", default="bench-results/mimi.json",
@@ -345,19 +396,24 @@ def main(argv=None) -> int:
         return 2
     if a.seconds <= a.warmup:
         p.error("--seconds must exceed --warmup")
+    if a.repeats < 1:
+        p.error("--repeats must be at least 1")
     command = "duplexcadence-bench mimi " + " ".join(sys.argv[1:] if argv is None else argv)
 
     dump = report.progressive_json(Path(a.json), "duplexcadence-bench mimi", command)   # partial results survive a timeout
     if dump is None:
         return 1
     res = run(preset(a.size), a.seconds, a.num_codebooks, a.seed, a.warmup, a.profile_seconds, a.device, dump,
-              quiet=a.quiet)
+              quiet=a.quiet, repeats=a.repeats)
     tab = table(res)
     print(tab)
     ok = {n: m for n, m in res["modes"].items() if "error" not in m}
     fig = report.Figure([report.Bars("ms per audio second", "ms", list(ok),
                                      {"median": [m["median_ms"] for m in ok.values()],
                                       "p90": [m["p90_ms"] for m in ok.values()]})])
+    for line in res["config"].get("fast_paths", []):
+        print(f"self-check: {line}")
+    print(f"ours graphs runs: {res['config'].get('chosen_order')} (self-check {res['config'].get('self_check_s')} s)")
     md = report.markdown("Mimi decoder: moshi vs ours", command, [("", table(res, wrap=False))],
                          [f"{k}: {v}" for k, v in res["config"].items()])
     written = report.write_all(Path(a.json), res, md, fig)

@@ -30,26 +30,27 @@ from engine.core import Clock, Fixed, Region, SessionSpec, StateView, StepPlan, 
 from . import weights as W
 from .config import MimiConfig
 from .modules import CONV_TR_NOTE, MimiTransformer, SEANetDecoder, SplitRVQ, causal_conv_tr
-from .second import seanet_second, transformer_second
+from .second import conv_tr_second, seanet_second, transformer_second
 
 
 class MimiDecoder(StreamingModel):
     """Mimi's decode path (codes -> 24 kHz) with engine-declared streaming state.
 
     ``layer_major``: run each layer over the whole second (fewer kernels, same bits, see ``second.py``);
-    ``batch_matmul`` / ``batch_conv``: one matmul / conv call per second instead of per frame (exact
-    only where cuBLAS / cuDNN keep the same kernel). None (the default) leaves each to the start-up
-    self-check (``fastpaths.choose``, which fills :attr:`chosen`); before a check, None means
-    layer-major on CUDA only and no batched calls.
+    ``batch_matmul`` / ``batch_conv`` / ``batch_conv_tr``: one matmul / conv / transposed-conv call per
+    second instead of per frame (exact only where cuBLAS / cuDNN keep the same kernel). None (the
+    default) leaves each to the start-up self-check (``fastpaths.choose``, which fills
+    :attr:`chosen`); before a check, None means layer-major on CUDA only and no batched calls.
     """
 
     name = "mimi"
 
     def __init__(self, cfg: MimiConfig, layer_major: Optional[bool] = None, batch_matmul: Optional[bool] = None,
-                 batch_conv: Optional[bool] = None):
+                 batch_conv: Optional[bool] = None, batch_conv_tr: Optional[bool] = None):
         super().__init__()
         self.cfg = cfg
         self.layer_major, self.batch_matmul, self.batch_conv = layer_major, batch_matmul, batch_conv
+        self.batch_conv_tr = batch_conv_tr
         self.chosen: Dict[str, bool] = {}      # the self-check's choice for each flag left None
         self.rvq = SplitRVQ(cfg)
         self.upsample = nn.Parameter(torch.zeros(cfg.dimension, 1, 2 * cfg.upsample_stride), requires_grad=False)
@@ -158,11 +159,12 @@ class MimiDecoder(StreamingModel):
         tables = self.transformer.second_tables(state["tr.kv0"].position(), n)
         lat = self.rvq.latents(codes)                                              # [1, n, dim] per part
         if self.uses("layer_major", codes.is_cuda):
-            ups = [causal_conv_tr(self.rvq.frame(lat, f), state["up.partial"].get(), self.upsample, None,
-                                  self.cfg.upsample_stride, groups=self.cfg.dimension) for f in range(n)]
-            x = torch.cat(ups, dim=-1).transpose(1, 2)                             # [1, n*T, D]
+            lat_n = torch.cat([self.rvq.frame(lat, f) for f in range(n)], dim=-1)    # [1, D, n]
+            x = conv_tr_second(lat_n, state["up.partial"].get(), self.upsample, None, self.cfg.upsample_stride, n,
+                               self.uses("batch_conv_tr"), groups=self.cfg.dimension).transpose(1, 2)   # [1, n*T, D]
             x = transformer_second(self.transformer, x, caches, tables, self.uses("batch_matmul"))
-            return seanet_second(self.seanet, x.transpose(1, 2), region, n, self.uses("batch_conv"))
+            return seanet_second(self.seanet, x.transpose(1, 2), region, n, self.uses("batch_conv"),
+                                 self.uses("batch_conv_tr"))
         out = []
         for f in range(n):
             x = self.rvq.frame(lat, f)                                             # [1, D, 1]

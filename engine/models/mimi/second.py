@@ -8,8 +8,8 @@ do not depend on how many rows there are: layer norms, RoPE, GELU/ELU, layer sca
 the overlap-add of transposed convs, the attention mask. What moshi computes as a matrix product or
 a convolution of one frame (cuBLAS / cuDNN pick kernels by shape) still runs per frame at moshi's
 shapes, writing into slices of the second's buffers (``torch.mm(out=)``), unless ``batch_matmul``
-/ ``batch_conv`` ask for one call per second (bit-exact only where the library keeps the same
-kernel for both shapes: the benchmark checks it against moshi).
+/ ``batch_conv`` / ``batch_conv_tr`` ask for one call per second (bit-exact only where the library
+keeps the same kernel for both shapes: the start-up self-check decides, ``fastpaths.py``).
 
 On CPU the frame-by-frame path is used: there, whether an element of a transcendental op (exp,
 erf, cos) takes the vectorized or the scalar path depends on the tensor's layout.
@@ -84,26 +84,42 @@ def conv_second(x: torch.Tensor, prev: Optional[torch.Tensor], weight, bias, n: 
     return y
 
 
-def conv_tr_second(x: torch.Tensor, partial: torch.Tensor, weight, bias, stride: int, n: int) -> torch.Tensor:
-    """Transposed conv per frame, overlap-add of all frames at once: x [1, Cin, n*L] -> [1, Cout, n*L*stride]."""
+def conv_tr_second(x: torch.Tensor, partial: torch.Tensor, weight, bias, stride: int, n: int, batch: bool = False,
+                   groups: int = 1) -> torch.Tensor:
+    """Transposed conv per frame, overlap-add of all frames at once: x [1, Cin, n*L] -> [1, Cout, n*L*stride].
+
+    ``batch``: the frames as one call's batch [n, Cin, L] instead of n calls of [1, Cin, L] (exact only
+    where the library computes each batch item as it computes a single one). The overlap (without
+    bias) of frame f waits in ``carry[f + 1]``, the last frame's in ``partial`` (updated in place).
+    """
     ln, pt = x.shape[-1] // n, partial.shape[-1]
-    ys = torch.stack([F.conv_transpose1d(x[..., f * ln:(f + 1) * ln].contiguous(), weight, bias, stride=stride)
-                      for f in range(n)])                                          # [n, 1, Cout, L*stride + PT]
+    if batch:
+        xs = x.view(x.shape[1], n, ln).transpose(0, 1).contiguous()                # [n, Cin, L]
+        ys = F.conv_transpose1d(xs, weight, bias, stride=stride, groups=groups)    # [n, Cout, L*stride + PT]
+        ys = ys.unsqueeze(1)                                                       # [n, 1, Cout, L*stride + PT]
+    else:
+        ys = torch.stack([F.conv_transpose1d(x[..., f * ln:(f + 1) * ln].contiguous(), weight, bias, stride=stride,
+                                             groups=groups) for f in range(n)])    # [n, 1, Cout, L*stride + PT]
     body = ys.shape[-1] - pt
     carry = torch.empty((n,) + tuple(partial.shape), dtype=x.dtype, device=x.device)   # frame f's incoming overlap
     carry[0].copy_(partial)
-    torch.sub(ys[:-1, ..., body:], bias[:, None], out=carry[1:])
-    ys[..., :pt] += carry
-    torch.sub(ys[-1, ..., body:], bias[:, None], out=partial)
+    if bias is None:
+        carry[1:].copy_(ys[:-1, ..., body:])
+        ys[..., :pt] += carry
+        partial.copy_(ys[-1, ..., body:])
+    else:
+        torch.sub(ys[:-1, ..., body:], bias[:, None], out=carry[1:])
+        ys[..., :pt] += carry
+        torch.sub(ys[-1, ..., body:], bias[:, None], out=partial)
     return ys[..., :body].permute(1, 2, 0, 3).reshape(1, ys.shape[2], n * body)
 
 
 def seanet_second(dec: SEANetDecoder, x: torch.Tensor, region: Callable[[str], Optional[torch.Tensor]], n: int,
-                  batch_conv: bool) -> torch.Tensor:
+                  batch_conv: bool, batch_conv_tr: bool = False) -> torch.Tensor:
     """x [1, D, n*T] -> [1, 1, n*frame_size], layer by layer over the second."""
     y = conv_second(x, region("conv_in"), dec.w_in, dec.b_in, n, batch_conv)
     for s, stage in enumerate(dec.stages):
-        y = conv_tr_second(F.elu(y), region(f"stage{s}.partial"), stage.w, stage.b, stage.ratio, n)
+        y = conv_tr_second(F.elu(y), region(f"stage{s}.partial"), stage.w, stage.b, stage.ratio, n, batch_conv_tr)
         for j, res in enumerate(stage.res):
             h = conv_second(F.elu(y), region(f"stage{s}.res{j}"), res.w1, res.b1, n, batch_conv, res.dilation)
             y = y + conv_second(F.elu(h), None, res.w2, res.b2, n, batch_conv)

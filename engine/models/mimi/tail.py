@@ -8,16 +8,18 @@ frames of a last, partial second eagerly and ends the stream.
 from __future__ import annotations
 
 import logging
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
 
 from engine.core.toggles import Toggles
+from engine.fastpath import Verdict
 from engine.tail import EngineTail, TailInfo
 
 from . import weights as W
 from .config import MimiConfig, preset
+from .fastpaths import choose
 from .model import MimiDecoder
 
 log = logging.getLogger("engine.mimi")
@@ -67,6 +69,18 @@ class MimiTail(EngineTail):
     def example_inputs(self, sp) -> Dict[str, torch.Tensor]:
         return self.model.example_inputs(sp, self.device, self.num_codebooks)
 
+    @torch.no_grad()
+    def start(self, seed: int = 0) -> None:
+        """New stream: the faster orders are checked here first (once per process, see ``fastpaths``)."""
+        self._verdicts = choose(self.model, self.device, self.num_codebooks)
+        for v in self._verdicts:
+            log.info("mimi fast path %s", v.line())
+        super().start(seed)
+
+    def fast_paths(self) -> List[Verdict]:
+        """The self-check's verdicts for this stream (empty before :meth:`start`)."""
+        return list(getattr(self, "_verdicts", []))
+
     def check_tokens(self, tokens) -> torch.Tensor:
         return check_codes(tokens, self.num_codebooks, self.cfg.bins)
 
@@ -93,11 +107,11 @@ def zero_latent_codes(codebooks: torch.Tensor, n_semantic: int, k: int) -> torch
 
 def make_tail(size: str = "released", device="cpu", seed: int = 0, checkpoint: Optional[str] = None,
               num_codebooks: int = 8, demand_sized: bool = True, graph_replay: Optional[bool] = None,
-              batch_conv: bool = False, shared: Optional[dict] = None) -> MimiTail:
+              batch_conv: Optional[bool] = None, shared: Optional[dict] = None) -> MimiTail:
     """Registry hook: a Mimi tail with checkpoint weights, or seeded random ones at ``size``.
 
-    ``batch_conv``: one cuDNN call per second for the non-transposed convs (bit-identical to moshi on
-    the H200 in docs/benchmarks.md, 9.4 vs 12.1 ms per audio second; other GPUs: check first).
+    ``batch_conv``: one cuDNN call per second for the non-transposed convs; None (default): where the
+    start-up self-check finds it bit-identical to the reference order on this GPU (``fastpaths.py``).
     ``shared``: another tail's ``shared_weights()`` (same size/device/checkpoint/seed): nothing is loaded.
     """
     model = shared["model"] if shared is not None else build_model(size, device, seed, checkpoint, batch_conv=batch_conv)

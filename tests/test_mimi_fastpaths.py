@@ -1,0 +1,199 @@
+"""Mimi's faster orders through the start-up self-check (engine.fastpath): what is chosen, what is
+refused and why, the session info, the CLI flag and the app's label (CPU; GPU: test_mimi_gpu.py)."""
+import numpy as np
+import pytest
+import torch
+
+import stock_mimi
+from engine import fastpath
+from engine.models.mimi import fastpaths as FP
+from engine.models.mimi import weights as W
+from engine.models.mimi.config import TINY
+from engine.models.mimi.model import MimiDecoder
+from engine.models.mimi.tail import MimiTail
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    monkeypatch.delenv(fastpath.ENV_FORCE, raising=False)
+    monkeypatch.delenv(fastpath.ENV_CACHE, raising=False)
+    fastpath.clear_cache()
+    fastpath.force_reference(None)
+    yield
+    fastpath.clear_cache()
+    fastpath.force_reference(None)
+
+
+def _model(seed=4):
+    return MimiDecoder(TINY).load_moshi_state(W.random_state(TINY, seed=seed))
+
+
+def _codes(n, seed=9, k=8):
+    return torch.randint(0, TINY.bins, (k, n), generator=torch.Generator().manual_seed(seed))
+
+
+def test_cpu_reports_not_applicable_and_keeps_the_reference_order():
+    tail = MimiTail(_model(), "cpu", 8, size="tiny")
+    assert tail.fast_paths() == []
+    tail.start()
+    v = tail.fast_paths()
+    assert [x.path for x in v] == ["layer-major order", "batched convs", "batched transposed convs", "batched matmuls"]
+    assert all(not x.chosen and x.reason.startswith("not applicable: the CPU decodes frame by frame") for x in v)
+    assert tail.model.chosen == {"layer_major": False, "batch_conv": False, "batch_conv_tr": False,
+                                 "batch_matmul": False}
+
+
+def test_checked_on_cpu_layer_major_is_refused_with_its_difference():
+    # on the CPU the layer-major order differs (ELU's vectorized path): a real refusal, with the diff
+    m = _model()
+    v = FP.choose(m, "cpu", check_cpu=True)
+    lm, bc, bt, bm = v
+    assert not lm.chosen and lm.reason.startswith("max abs diff") and 0 < lm.max_abs_diff < 1e-4
+    assert not bc.chosen and bc.reason == "not applicable: it runs in layer-major order, which is off here"
+    assert not bt.chosen and not bm.chosen and not m.uses("layer_major", True)
+    again = FP.choose(m, "cpu", check_cpu=True)[0]
+    assert again.cached and not again.chosen and again.reason == lm.reason
+
+
+def test_trial_is_fresh_random_codes_both_step_shapes_and_the_state():
+    m = _model()
+    codes = FP.trial_codes(m, 8, "cpu")
+    assert codes.shape == (8, 25) and codes.unique().numel() > 10          # 12 + 13 frames, not zeros
+    out = FP.decode_trial(m, codes, **FP.REFERENCE)
+    assert out["audio"].shape == (1, 1, 25 * TINY.frame_size) and out["audio"].abs().max() > 1e-3
+    assert set(out["state"]) == {r.name for r in m.regions()}
+    assert m.layer_major is None and m.batch_conv is None                  # flags restored after the trial
+
+
+def test_explicit_flags_are_kept_and_reported():
+    m = MimiDecoder(TINY, layer_major=False, batch_conv=False)
+    v = {x.path: x for x in FP.choose(m, "cpu", check_cpu=True)}
+    assert v["layer-major order"].reason == "set explicitly by the caller" and not v["layer-major order"].chosen
+    assert v["batched convs"].reason == "set explicitly by the caller"
+    assert "not applicable" in v["batched matmuls"].reason
+
+
+class FakeDevice:
+    """decode_trial as on a GPU whose libraries keep the bits for the orders in ``exact`` only."""
+
+    def __init__(self, exact):
+        self.exact, self.orders = exact, []
+
+    def __call__(self, model, codes, **order):
+        self.orders.append(dict(order))
+        key = tuple(sorted(k for k, on in order.items() if on))
+        audio = torch.linspace(-1, 1, 50)
+        if key and key not in self.exact:
+            audio = audio + 2.0 ** -20
+        return {"audio": audio, "state": {"r": torch.ones(3)}}
+
+
+L, C = ("layer_major",), ("batch_conv", "layer_major")
+T, M = ("batch_conv_tr", "layer_major"), ("batch_matmul", "layer_major")
+CT, CTM = ("batch_conv", "batch_conv_tr", "layer_major"), ("batch_conv", "batch_conv_tr", "batch_matmul", "layer_major")
+
+
+def _want(lm, c, t, m):
+    return {"layer_major": lm, "batch_conv": c, "batch_conv_tr": t, "batch_matmul": m}
+
+
+@pytest.mark.parametrize("exact,want,combo", [
+    ({L, C, T, M, CT, CTM}, _want(True, True, True, True), ""),
+    ({L, C, T, M, CT}, _want(True, True, True, False), "batched convs + batched transposed convs + batched matmuls"),
+    ({L, C, M}, _want(True, True, False, False), "batched convs + batched matmuls"),
+    ({L, C}, _want(True, True, False, False), ""),
+    (set(), _want(False, False, False, False), ""),
+])
+def test_choose_takes_every_order_that_keeps_the_bits(monkeypatch, exact, want, combo):
+    fake = FakeDevice(exact)
+    monkeypatch.setattr(FP, "decode_trial", fake)
+    m = _model()
+    v = FP.choose(m, "cpu", check_cpu=True)
+    assert m.chosen == want
+    assert all(o in (FP.REFERENCE,) or o["layer_major"] for o in fake.orders)
+    assert [x.path for x in v if " + " in x.path] == ([combo] if combo else [])   # reported only when it fails
+    for x in v:
+        assert x.chosen == ("bit-identical" in x.reason)
+        if "max abs diff" in x.reason:
+            assert x.max_abs_diff == pytest.approx(2.0 ** -20)
+
+
+def test_reference_forced_by_the_user(monkeypatch):
+    monkeypatch.setattr(FP, "decode_trial", FakeDevice({("layer_major",)}))
+    fastpath.force_reference(True)
+    m = _model()
+    v = FP.choose(m, "cpu", check_cpu=True)
+    assert all(not x.chosen and "forced by the user" in x.reason for x in v)
+    assert not m.uses("layer_major", True)
+
+
+@pytest.mark.oracle
+@pytest.mark.skipif(not stock_mimi.available(), reason="moshi/einops (test oracles) not installed")
+def test_output_equals_moshi_with_the_check_and_with_the_reference_forced():
+    state = W.random_state(TINY, seed=6)
+    codes = _codes(30, seed=7)
+    ref = stock_mimi.stream_decode(stock_mimi.build(TINY, state, num_codebooks=8), codes).reshape(-1)
+    outs = []
+    for forced in (False, True):
+        fastpath.force_reference(forced)
+        tail = MimiTail(MimiDecoder(TINY).load_moshi_state(state), "cpu", 8, size="tiny")
+        tail.start()
+        outs.append(torch.from_numpy(np.concatenate([tail.push(codes), tail.flush()])))
+        assert ("forced by the user" in tail.fast_paths()[0].reason) == forced
+    assert ref.abs().max() > 1e-3
+    assert torch.equal(outs[0], ref) and torch.equal(outs[1], ref)
+
+
+def test_session_info_and_run_cli_say_what_runs(speech_wav, tmp_path, capsys):
+    from engine.cli.run import main
+    from engine.session import DuplexSession, SessionConfig
+    s = DuplexSession(SessionConfig(tail="mimi", backbone="synthetic", size="tiny", device="cpu"))
+    s.start()
+    try:
+        lines = s.info["fast_paths"]
+    finally:
+        s.close()
+    assert len(lines) == 4 and lines[0].startswith("layer-major order: off — not applicable")
+    assert s.info["fast_paths"] == lines                                   # kept after close
+    args = ["--input", str(speech_wav), "--output", str(tmp_path / "o.wav"), "--log", str(tmp_path / "logs"),
+            "--size", "tiny", "--device", "cpu", "--quiet", "--model", "mimi", "--seconds", "2",
+            "--reference-paths"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "fast path: batched convs: off — reference path forced by the user" in err
+
+
+def test_app_window_shows_the_verdicts(qtbot, tmp_path):
+    from test_app_fakes import make_window
+    w = make_window(qtbot, tmp_path, lambda cfg: None)
+    lines = ["layer-major order: on — bit-identical to the reference (19 tensors, 5000 values)",
+             "batched convs: on — bit-identical to the reference (19 tensors, 5000 values)",
+             "batched matmuls: off — max abs diff 2e-06 (first in out.audio)"]
+    w.on_info({"tail_title": "Mimi", "backbone_title": "synthetic", "size": "released", "device": "cuda",
+               "fast_paths": lines})
+    assert w.session_label.text().endswith("· faster paths: layer-major order, batched convs")
+    assert w.session_label.toolTip().splitlines()[1:] == lines
+    w.on_info({"tail_title": "Mimi", "backbone_title": "synthetic", "size": "tiny", "device": "cpu"})
+    assert "faster paths" not in w.session_label.text() and w.session_label.toolTip() == ""
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_transposed_conv_over_a_second_equals_frame_by_frame(bias):
+    # the upsample (depthwise, no bias) and a SEANet stage (bias): per-frame calls, overlap-added at once,
+    # == moshi's frame-by-frame order with its `partial` carried between frames, bit for bit
+    from engine.models.mimi.modules import causal_conv_tr
+    from engine.models.mimi.second import conv_tr_second
+    g = torch.Generator().manual_seed(3)
+    n, ln, stride = 13, 2 if bias else 1, 4 if bias else 2
+    cin, cout, groups = (16, 8, 1) if bias else (32, 32, 32)
+    x = torch.randn(1, cin, n * ln, generator=g)
+    w = torch.randn(cin, cout // groups, 2 * stride, generator=g)
+    b = torch.randn(cout, generator=g) if bias else None
+    p1 = torch.randn(1, cout, stride, generator=g)
+    p2 = p1.clone()
+    ref = torch.cat([causal_conv_tr(x[..., f * ln:(f + 1) * ln].contiguous(), p1, w, b, stride, groups=groups)
+                     for f in range(n)], -1)
+    out = conv_tr_second(x, p2, w, b, stride, n, groups=groups)
+    assert torch.equal(out, ref) and torch.equal(p1, p2)
