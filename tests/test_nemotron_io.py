@@ -62,17 +62,81 @@ def test_codec_folder_loads_by_content(tmp_path):
     assert np.array_equal(ours, same) and ours.shape == (30 * 72,)
 
 
-def test_voicechat_folder_layout(tmp_path):
+def _voicechat_folder(tmp_path, shards: int = 0) -> Path:
+    """A tiny folder in the released VoiceChat layout: NemotronVoiceChat's whole config.json (the codec's
+    fields at model.speech_generation.model.codec_config, the rate at data.target_sample_rate) and every
+    component in one model.safetensors (or ``shards`` files named by model.safetensors.index.json)."""
     d = tmp_path / "voicechat"
     d.mkdir()
-    fields = {"latent_size": 32, "base_hidden_size": 16, "rates": [2, 3, 3], "wav_to_token_ratio": 72}
-    (d / "config.json").write_text(json.dumps({"speech_generation": {"codec_config": fields},
-                                               "data": {"target_sample_rate": 900}}))
+    fields = {"latent_size": 32, "n_fft": 16, "hop_length": 4, "base_hidden_size": 16, "channel_mult": [1, 2, 4],
+              "rates": [2, 3, 3], "num_blocks": 3, "kernel_size": 7, "groups": 1, "codebook_size": 1024,
+              "num_quantizers": 31, "wav_to_token_ratio": 72}
+    config = {"model": {"scoring_asr": "stt_en_fastconformer_transducer_large",
+                        "stt": {"model": {"pretrained_llm": "nvidia/NVIDIA-Nemotron-Nano-9B-v2"},
+                                "data": {"source_sample_rate": 16000}},
+                        "speech_generation": {"model": {"codec_config": fields, "pad_token": "<SPECIAL_12>",
+                                                        "tts_config": {"num_quantizers": 31, "codebook_size": 1024}},
+                                              "data": {"target_sample_rate": 900, "frame_length": 0.08}}},
+              "data": {"frame_length": 0.08, "source_sample_rate": 16000, "target_sample_rate": 900},
+              "exp_manager": {"explicit_log_dir": "/tmp"}}
+    (d / "config.json").write_text(json.dumps(config))
     state = {VOICECHAT_PREFIX + k: v for k, v in W.random_state(TINY, 4).items()}
-    state["tts_model.backbone.embed.weight"] = torch.zeros(4, 4)
-    W.save(state, d / "model.safetensors")
+    state.update({VOICECHAT_PREFIX + "encoder.layers.0.weight": torch.zeros(16, 18, 1),
+                  "tts_model.tts_model.backbone.layers.0.mlp.up_proj.weight": torch.zeros(4, 4),
+                  "tts_model.tts_model.rvq_embs": torch.zeros(31, 8, 4),
+                  "stt_model.llm.layers.0.mixer.in_proj.weight": torch.zeros(4, 4),
+                  "stt_model.perception.encoder.pre_encode.out.weight": torch.zeros(4, 4)})
+    if not shards:
+        W.save(state, d / "model.safetensors")
+        return d
+    keys = sorted(state)
+    names = [f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
+    weight_map = {k: names[i % shards] for i, k in enumerate(keys)}
+    for name in names:
+        W.save({k: state[k] for k in keys if weight_map[k] == name}, d / name)
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 0},
+                                                                "weight_map": weight_map}))
+    return d
+
+
+@pytest.mark.parametrize("shards", [0, 3], ids=["one file (as released)", "sharded copy"])
+def test_voicechat_folder_layout(tmp_path, shards):
+    d = _voicechat_folder(tmp_path, shards)
+    assert registry.resolve_checkpoint(NAME, str(d)) == str(d)
     cfg, loaded = load(resolve(str(d)))
     assert cfg == TINY and set(loaded) == set(W.decoder_keys(TINY))
+    codes = torch.randint(0, 1024, (31, 14), generator=torch.Generator().manual_seed(3))
+    ours = _decode(make_tail(device="cpu", checkpoint=str(d)), codes)
+    same = _decode(make_tail(device="cpu", shared={"model": build_model(cfg=TINY, seed=4)}), codes)
+    assert np.array_equal(ours, same)
+
+
+@pytest.mark.parametrize("broken", ["flat config", "no codec key", "shard missing", "shard path", "no weight_map"])
+def test_broken_voicechat_folders_are_refused_in_one_line(tmp_path, broken):
+    d = _voicechat_folder(tmp_path, shards=2 if broken.startswith(("shard", "no weight")) else 0)
+    index = d / "model.safetensors.index.json"
+    if broken == "flat config":                   # speech_generation at the top, as no release writes it
+        doc = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({"speech_generation": doc["model"]["speech_generation"]["model"]}))
+        want = "has no model.speech_generation.model.codec_config"
+    elif broken == "no codec key":
+        state = {VOICECHAT_PREFIX + k: v for k, v in W.random_state(TINY, 4).items() if k != "prvq.mus_list.30"}
+        W.save(state, d / "model.safetensors")
+        want = "1 key(s) missing or mis-shaped, e.g. tts_model.audio_codec.prvq.mus_list.30"
+    elif broken == "shard missing":
+        (d / "model-00002-of-00002.safetensors").unlink()
+        want = "model-00002-of-00002.safetensors, named by"
+    elif broken == "shard path":
+        doc = json.loads(index.read_text())
+        doc["weight_map"][VOICECHAT_PREFIX + "prvq.mus_list.0"] = "../elsewhere.safetensors"
+        index.write_text(json.dumps(doc))
+        want = "must be a file name in the folder"
+    else:
+        index.write_text(json.dumps({"metadata": {}}))
+        want = "has no weight_map"
+    with pytest.raises(ValueError) as e:
+        registry.resolve_checkpoint(NAME, str(d))
+    assert want in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("junk", ["yaml", "weights", "keys", "empty"])
