@@ -270,3 +270,19 @@ def test_batched_rounds_meet_or_fall_back_to_solo():
     second(members[:2])                                     # one member is late: no batched step this second
     assert len(replays) == 10 and group.solo_rounds == 2
     assert [m.session.backbone.solo_steps for m in members] == [10, 10, 0]
+
+
+@pytest.mark.parametrize("tail, backbone", [("step-audio2", "minicpm-o-4.5"), ("nemotron-codec", "synthetic")])
+def test_hosted_sessions_equal_solo_other_pairs(one_torch_thread, tail, backbone):
+    # every backbone/tail pair the session supports runs hosted: MiniCPM-o 4.5 (shared LLM, TTS and tail weights)
+    # and the Nemotron codec tail, one session flipping demand sizing mid-run
+    host = EngineHost(device="cpu", launch="threads")
+    cfgs = [_cfg(tail, backbone=backbone), _cfg(tail, backbone=backbone)]
+    flips = [None, FLIP_DEMAND]
+    inputs = _inputs(len(cfgs), 6)
+    outs, runners = _hosted(host, cfgs, inputs, flips)
+    for i, (c, frames) in enumerate(zip(cfgs, inputs)):
+        assert np.array_equal(outs[i], _solo(c, frames, flips[i])), f"{backbone}+{tail} session {i} differs from solo"
+    assert runners[1].hosted.memory.weights_reused
+    assert all(np.abs(o).max() > 0 for o in outs)                # each spoke: every stage ran
+    host.close()
