@@ -2,7 +2,7 @@
 
   duplexcadence run --input IN.wav --output OUT.wav --log DIR [--model TAIL]
                     [--backbone synthetic|moshi|minicpm-o-4.5] [--checkpoint PATH] [--backbone-checkpoint DIR]
-                    [--size auto|released|tiny] [--device auto|cpu|cuda] [--mode stock|demand|graphs]
+                    [--voice WAV|NPZ] [--size auto|released|tiny] [--device auto|cpu|cuda] [--mode stock|demand|graphs]
                     [--realtime] [--seconds N] [--engine ws://HOST:PORT [--token-file F]]
 
 With --engine the session runs on a `duplexcadence serve` server (engine/serve); the files are the same.
@@ -59,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
                                         "--backbone moshi a folder here is taken as the Moshi weights folder")
     p.add_argument("--backbone-checkpoint", help="Moshi weights folder (model.safetensors, Mimi, tokenizer), or "
                    "the MiniCPM-o 4.5 folder (config.json, shards, tokenizer.json; its assets/token2wav is the tail's)")
+    p.add_argument("--voice", metavar="WAV|NPZ",
+                   help="the step-audio2 tail's voice: a recording (.wav, read with the token2wav folder's ONNX "
+                        "models; needs onnxruntime) or an .npz prompt; default: the MiniCPM-o folder's "
+                        "assets/HT_ref_audio.wav, else a synthetic prompt")
     p.add_argument("--size", default="auto", choices=["auto", "released", "tiny"],
                    help="auto: released on a GPU, tiny on a CPU")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -86,7 +90,8 @@ def make_config(a: argparse.Namespace) -> SessionConfig:
             and (a.backbone == "moshi" or (Path(ckpt) / "config.json").is_file()):
         ckpt, bb_ckpt = None, ckpt
     cfg = SessionConfig(tail=a.model, backbone=a.backbone, size=a.size, device=a.device, checkpoint=ckpt,
-                        backbone_checkpoint=bb_ckpt, demand_sized=demand, graph_replay=graphs, seed=a.seed)
+                        backbone_checkpoint=bb_ckpt, demand_sized=demand, graph_replay=graphs, seed=a.seed,
+                        voice=a.voice)
     return cfg.resolved()
 
 
@@ -117,6 +122,8 @@ def announce(info: dict) -> None:
     """Say what runs (and, loudly, when the weights are synthetic)."""
     print(f"session: {info['tail_title']} <- {info['backbone_title']} on {info['device']} ({info['size']})",
           file=sys.stderr)
+    if info.get("voice"):
+        print(f"voice: {info['voice']}", file=sys.stderr)
     if info.get("note"):
         print(f"NOTE: {info['note']}", file=sys.stderr)
     for line in info.get("fast_paths") or []:

@@ -26,6 +26,9 @@ def remote_config(a: argparse.Namespace) -> SessionConfig:
     if a.checkpoint or a.backbone_checkpoint:
         raise ValueError("--checkpoint and --backbone-checkpoint name the server's weights: give them to "
                          "`duplexcadence serve`, not to a client with --engine")
+    if getattr(a, "voice", None):
+        raise ValueError("--voice names a file for the server's tail: not with --engine (the server's "
+                         "checkpoint default voice is used)")
     demand, graphs = MODES[a.mode]
     return SessionConfig(tail=a.model, backbone=a.backbone, size=a.size, device=a.device,
                          demand_sized=demand, graph_replay=graphs, seed=a.seed)

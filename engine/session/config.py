@@ -38,6 +38,8 @@ class SessionConfig:
     seed: int = 0
     reply_seconds: int = 4          # synthetic policy: longest answer, in seconds
     debug: bool = False             # executor address checks at every replay
+    voice: Optional[str] = None     # step-audio2 voice prompt (.wav / .npz); None: a MiniCPM-o folder's
+                                    # assets/HT_ref_audio.wav, else the synthetic prompt (engine/backbones/minicpmo45/voice.py)
     cpu_threads: int = 0            # torch threads on the CPU; 0 = auto: all cores but one (audio, GUI)
 
     def replace(self, **changes) -> "SessionConfig":
@@ -82,7 +84,21 @@ class SessionConfig:
         elif self.backbone_checkpoint is not None:
             raise ValueError("the synthetic backbone has no weights to load: backbone_checkpoint is for "
                              "'moshi' and 'minicpm-o-4.5'")
-        return self.replace(size=size, device=device, checkpoint=checkpoint, backbone_checkpoint=backbone_ckpt)
+        voice = self._voice(checkpoint, backbone_ckpt if self.backbone == "minicpm-o-4.5" else None)
+        return self.replace(size=size, device=device, checkpoint=checkpoint, backbone_checkpoint=backbone_ckpt,
+                            voice=voice)
+
+    def _voice(self, checkpoint: Optional[str], minicpm_folder: Optional[str]) -> Optional[str]:
+        """The voice file (checked), or None for the synthetic prompt; only the step-audio2 tail has one."""
+        if self.tail != "step-audio2":
+            if self.voice:
+                raise ValueError(f"a voice prompt is for the step-audio2 tail; the {self.tail} tail has none")
+            return None
+        from engine.backbones.minicpmo45.voice import check_voice, choose
+        v = choose(self.voice, minicpm_folder)
+        if v.path is not None:
+            check_voice(v.path, checkpoint)
+        return v.path
 
 
 def _check_choice(what: str, value, choices) -> None:

@@ -23,6 +23,7 @@ import torch
 from engine.audio import SESSION_RATE
 from engine.backbones import Backbone, TokenFormat, make_backbone
 from engine.backbones.base import speaks_in_turns
+from engine.backbones.minicpmo45.voice import choose as choose_voice, load_voice
 from engine.core.toggles import Toggles, requested
 from engine.tail import DecoderTail
 
@@ -130,6 +131,8 @@ class DuplexSession:
         self._pending: Dict[str, bool] = {}
         self._started = False
         self._info: Optional[Dict[str, object]] = None
+        self.voice = choose_voice(self.cfg.voice, self.cfg.backbone_checkpoint
+                                  if self.cfg.backbone == "minicpm-o-4.5" else None)
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -140,8 +143,11 @@ class DuplexSession:
         torch.manual_seed(c.seed)
         if self.tail is None:
             from engine.models import registry
+            voice = {}
+            if c.tail == "step-audio2":          # the voice prompt (a file's errors name the file)
+                voice["prompt"] = load_voice(self.voice, c.checkpoint, c.seed)
             self.tail = registry.get(c.tail).make_tail(size=c.size, device=str(self.device), seed=c.seed,
-                                                      checkpoint=c.checkpoint)
+                                                      checkpoint=c.checkpoint, **voice)
         if speaks_in_turns(c.backbone):
             self.tail.keep_turn_base = True     # the tail starts each turn afresh (DecoderTail.new_turn)
         graphs = self._graphs_ok(c.graph_replay)
@@ -196,6 +202,7 @@ class DuplexSession:
                     ("synthetic backbone: its speech tokens are random, so the checkpoint's voice says no words "
                      "(the moshi backbone holds a conversation)") if bi and bi.synthetic else "",
             "device": str(self.device), "size": self.cfg.size,
+            "voice": self.voice.label if self.cfg.tail == "step-audio2" else "",
             "fast_paths": [v.line() for v in self.tail.fast_paths()] if self.tail is not None else [],
         }
 

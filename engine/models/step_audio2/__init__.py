@@ -26,15 +26,18 @@ def plan(size: str = "released", steps: Optional[int] = None, prompt_seconds: fl
 
 
 def make_tail(size: str = "released", device="cpu", seed: int = 0, checkpoint: Optional[str] = None,
-              prompt: Optional[str] = None, mode: str = "graphs", shared: Optional[dict] = None):
-    """``shared``: another tail's ``shared_weights()`` (same size/device/checkpoint/seed): nothing is loaded."""
+              prompt=None, mode: str = "graphs", shared: Optional[dict] = None):
+    """``prompt``: a voice file (.npz / .wav), a ready :class:`~.stream.Prompt`, or None (synthetic).
+    ``shared``: another tail's ``shared_weights()`` (same size/device/checkpoint/seed): nothing is loaded."""
     from .prompt import load_prompt
+    from .stream import Prompt
     from .tail import StepAudio2Tail
     from .weights import load_model
     if shared is not None:
         model, voice = shared["model"], shared["prompt"]
     else:
-        model, voice = load_model(checkpoint, size, seed, device), load_prompt(prompt, checkpoint, seed)
+        voice = prompt if isinstance(prompt, Prompt) else load_prompt(prompt, checkpoint, seed)
+        model = load_model(checkpoint, size, seed, device)
     return StepAudio2Tail(model, voice, "checkpoint" if checkpoint else size, synthetic=checkpoint is None, mode=mode)
 
 
