@@ -22,7 +22,7 @@ import time
 import types
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
@@ -103,17 +103,21 @@ def peer_stream(mimi, codes: torch.Tensor, cfg: MimiConfig, graphs=True, compile
 
 # -- ours -----------------------------------------------------------------------------------------------
 MODES = {"stock": (False, False), "demand": (True, False), "graphs": (True, True)}
-#: execution-order variants, all with graph replay: (layer_major, batch_matmul, batch_conv)
-VARIANTS = {"graphs, frame-major": (False, False, False),
-            "graphs, layer-major": (True, False, False),
-            "graphs, +batched matmul": (True, True, False),
-            "graphs, +batched conv": (True, False, True),
-            "graphs, +batched matmul+conv": (True, True, True)}
+#: execution-order variants, all with graph replay: the model flags each sets (the others off)
+VARIANTS = {"graphs, frame-major": {},
+            "graphs, layer-major": {"layer_major": True},
+            "graphs, +batched conv": {"layer_major": True, "batch_conv": True},
+            "graphs, +batched conv-tr": {"layer_major": True, "batch_conv_tr": True},
+            "graphs, +strided matmul": {"layer_major": True, "batch_matmul_strided": True},
+            "graphs, +batched matmul": {"layer_major": True, "batch_matmul": True},
+            "graphs, +batched matmul+conv": {"layer_major": True, "batch_matmul": True, "batch_conv": True}}
+FLAGS = ("layer_major", "batch_conv", "batch_conv_tr", "batch_matmul_strided", "batch_matmul")
 
 
-def set_variant(model: MimiDecoder, layer_major=None, batch_matmul=None, batch_conv=None) -> None:
-    """Set the order explicitly; all None: the order the self-check chose (``model.chosen``)."""
-    model.layer_major, model.batch_matmul, model.batch_conv = layer_major, batch_matmul, batch_conv
+def set_variant(model: MimiDecoder, flags: Optional[Dict[str, bool]] = None) -> None:
+    """Set the order explicitly (``flags`` on, the others off); None: the order the self-check chose."""
+    for f in FLAGS:
+        setattr(model, f, None if flags is None else bool(flags.get(f, False)))
 
 
 @torch.no_grad()
@@ -283,13 +287,14 @@ def chosen_order(model: MimiDecoder) -> str:
     """The order the self-check left the model in, in words."""
     if not model.chosen.get("layer_major"):
         return "frame-major (the reference)"
-    extra = [name for flag, name in (("batch_conv", "batched convs"), ("batch_matmul", "batched matmuls"))
-             if model.chosen.get(flag)]
+    extra = [name for flag, name in (("batch_conv", "batched convs"), ("batch_conv_tr", "batched transposed convs"),
+                                     ("batch_matmul_strided", "strided-batched matmuls"),
+                                     ("batch_matmul", "batched matmuls")) if model.chosen.get(flag)]
     return "layer-major" + ("".join(f" + {e}" for e in extra))
 
 
 def _variant(model: MimiDecoder, variant, fn):
-    set_variant(model, *variant)
+    set_variant(model, variant)
     try:
         return fn()
     finally:
@@ -322,7 +327,7 @@ def _profile(res, mimi, ours, cfg, codes, n_sec) -> None:
             continue
         fn()                                        # warm (compile, cuBLAS handles)
         res["modes"][name].update(_kernels(fn, secs))
-    for name, variant in [("ours graphs", (None, None, None))] + [(f"ours {v}", VARIANTS[v]) for v in VARIANTS]:
+    for name, variant in [("ours graphs", None)] + [(f"ours {v}", VARIANTS[v]) for v in VARIANTS]:
         if name in res["modes"] and "error" not in res["modes"][name]:
             replay = _variant(ours, variant, lambda: _graph_replayer(ours, part))   # captured before the profile
             res["modes"][name].update(_kernels(lambda: _variant(ours, variant, replay), secs))

@@ -38,7 +38,8 @@ class MimiDecoder(StreamingModel):
 
     ``layer_major``: run each layer over the whole second (fewer kernels, same bits, see ``second.py``);
     ``batch_matmul`` / ``batch_conv`` / ``batch_conv_tr``: one matmul / conv / transposed-conv call per
-    second instead of per frame (exact only where cuBLAS / cuDNN keep the same kernel). None (the
+    second instead of per frame; ``batch_matmul_strided``: one strided-batched GEMM over the frames
+    (each exact only where cuBLAS / cuDNN keep the same arithmetic). None (the
     default) leaves each to the start-up self-check (``fastpaths.choose``, which fills
     :attr:`chosen`); before a check, None means layer-major on CUDA only and no batched calls.
     """
@@ -46,11 +47,12 @@ class MimiDecoder(StreamingModel):
     name = "mimi"
 
     def __init__(self, cfg: MimiConfig, layer_major: Optional[bool] = None, batch_matmul: Optional[bool] = None,
-                 batch_conv: Optional[bool] = None, batch_conv_tr: Optional[bool] = None):
+                 batch_conv: Optional[bool] = None, batch_conv_tr: Optional[bool] = None,
+                 batch_matmul_strided: Optional[bool] = None):
         super().__init__()
         self.cfg = cfg
         self.layer_major, self.batch_matmul, self.batch_conv = layer_major, batch_matmul, batch_conv
-        self.batch_conv_tr = batch_conv_tr
+        self.batch_conv_tr, self.batch_matmul_strided = batch_conv_tr, batch_matmul_strided
         self.chosen: Dict[str, bool] = {}      # the self-check's choice for each flag left None
         self.rvq = SplitRVQ(cfg)
         self.upsample = nn.Parameter(torch.zeros(cfg.dimension, 1, 2 * cfg.upsample_stride), requires_grad=False)
@@ -162,7 +164,8 @@ class MimiDecoder(StreamingModel):
             lat_n = torch.cat([self.rvq.frame(lat, f) for f in range(n)], dim=-1)    # [1, D, n]
             x = conv_tr_second(lat_n, state["up.partial"].get(), self.upsample, None, self.cfg.upsample_stride, n,
                                self.uses("batch_conv_tr"), groups=self.cfg.dimension).transpose(1, 2)   # [1, n*T, D]
-            x = transformer_second(self.transformer, x, caches, tables, self.uses("batch_matmul"))
+            x = transformer_second(self.transformer, x, caches, tables, self.uses("batch_matmul"),
+                                   self.uses("batch_matmul_strided"))
             return seanet_second(self.seanet, x.transpose(1, 2), region, n, self.uses("batch_conv"),
                                  self.uses("batch_conv_tr"))
         out = []

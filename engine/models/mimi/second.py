@@ -8,7 +8,7 @@ do not depend on how many rows there are: layer norms, RoPE, GELU/ELU, layer sca
 the overlap-add of transposed convs, the attention mask. What moshi computes as a matrix product or
 a convolution of one frame (cuBLAS / cuDNN pick kernels by shape) still runs per frame at moshi's
 shapes, writing into slices of the second's buffers (``torch.mm(out=)``), unless ``batch_matmul``
-/ ``batch_conv`` / ``batch_conv_tr`` ask for one call per second (bit-exact only where the library
+/ ``batch_matmul_strided`` / ``batch_conv`` / ``batch_conv_tr`` ask for one call per second (bit-exact only where the library
 keeps the same kernel for both shapes: the start-up self-check decides, ``fastpaths.py``).
 
 On CPU the frame-by-frame path is used: there, whether an element of a transcendental op (exp,
@@ -24,11 +24,18 @@ import torch.nn.functional as F
 from .modules import MimiTransformer, SecondTables, SEANetDecoder
 
 
-def linear_rows(x: torch.Tensor, weight: torch.Tensor, n: int, batch: bool) -> torch.Tensor:
-    """x [1, M, K] contiguous -> [1, M, N]; per frame: ``n`` row blocks, each moshi's [rows, K] @ W^T."""
+def linear_rows(x: torch.Tensor, weight: torch.Tensor, n: int, batch: bool, strided: bool = False) -> torch.Tensor:
+    """x [1, M, K] contiguous -> [1, M, N]; per frame: ``n`` row blocks, each moshi's [rows, K] @ W^T.
+
+    ``batch``: one GEMM of all M rows; ``strided``: one strided-batched GEMM whose batch is the
+    ``n`` frames (each item moshi's shape, the weight shared with batch stride 0).
+    """
     if batch:
         return F.linear(x, weight)
     m, k = x.shape[1], x.shape[2]
+    if strided:
+        out = torch.bmm(x.view(n, m // n, k), weight.t().expand(n, k, weight.shape[0]))   # [n, rows, N]
+        return out.view(1, m, weight.shape[0])
     out = torch.empty((1, m, weight.shape[0]), dtype=x.dtype, device=x.device)
     x2, o2, rows = x.view(m, k), out.view(m, weight.shape[0]), m // n
     for f in range(n):
@@ -37,7 +44,7 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, n: int, batch: bool) -> t
 
 
 def transformer_second(tr: MimiTransformer, x: torch.Tensor, caches: List[torch.Tensor], tab: SecondTables,
-                       batch_matmul: bool) -> torch.Tensor:
+                       batch_matmul: bool, strided: bool = False) -> torch.Tensor:
     """x [1, n*T, D] -> [1, n*T, D]: every layer over the whole second, attention frame by frame."""
     cfg = tr.cfg
     n, t = tab.mask.shape[0], cfg.upsample_stride
@@ -46,7 +53,7 @@ def transformer_second(tr: MimiTransformer, x: torch.Tensor, caches: List[torch.
     rot = rot.view(n, 1, 1, 1, t, dh // 2, 1, 2)
     for layer, cache in zip(tr.layers, caches):
         y = F.layer_norm(x, (d,), layer.norm1_w, layer.norm1_b, 1e-5)
-        proj = linear_rows(y, layer.in_proj, n, batch_matmul)                      # [1, n*T, 3D]
+        proj = linear_rows(y, layer.in_proj, n, batch_matmul, strided)             # [1, n*T, 3D]
         qk = proj.view(1, n, t, 3, h, dh // 2, 2)[:, :, :, :2].permute(1, 3, 0, 4, 2, 5, 6)  # [n, 2, 1, H, T, Dh/2, 2]
         prod = qk.unsqueeze(-1) * rot                                              # [..., re|im, cos|sin]
         rq = torch.empty((n, 2, 1, h, t, dh // 2, 2), dtype=x.dtype, device=x.device)
@@ -61,9 +68,10 @@ def transformer_second(tr: MimiTransformer, x: torch.Tensor, caches: List[torch.
             att.append(F.scaled_dot_product_attention(qk[f, 0], cache[0], cache[1], tab.mask[f:f + 1, None],
                                                       dropout_p=0.0))                 # [1, H, T, Dh]
         a = torch.stack(att, dim=1).transpose(2, 3).reshape(1, n * t, d)          # [1, n*T, D]
-        x = x + layer.scale1 * linear_rows(a, layer.out_proj, n, batch_matmul)
+        x = x + layer.scale1 * linear_rows(a, layer.out_proj, n, batch_matmul, strided)
         y = F.layer_norm(x, (d,), layer.norm2_w, layer.norm2_b, 1e-5)
-        u = linear_rows(F.gelu(linear_rows(y, layer.linear1, n, batch_matmul)), layer.linear2, n, batch_matmul)
+        hid = F.gelu(linear_rows(y, layer.linear1, n, batch_matmul, strided))     # [1, n*T, FF]
+        u = linear_rows(hid, layer.linear2, n, batch_matmul, strided)
         x = x + layer.scale2 * u
     return x
 
