@@ -16,7 +16,7 @@ per frame: neither carries state.
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional, Union
+from typing import Dict, FrozenSet, Iterable, List, Optional, Union
 
 import torch
 from torch import nn
@@ -33,17 +33,19 @@ class NemotronCodecDecoder(StreamingModel):
     ``pointwise_per_frame``: apply transcendental elementwise functions frame by frame (None: on
     the CPU only, where their bits depend on an element's place in the tensor); ``batched``: the
     kinds of library call (``True``: all of :data:`~.blocks.BATCHABLE`) made once per second instead
-    of per frame (an experiment: exact only where cuDNN / cuFFT / the reduction keep the same kernel
-    for both shapes; the benchmark checks each kind).
+    of per frame — exact only where cuDNN / cuFFT / the reduction keep the same summation order for
+    both shapes. None (the default) leaves it to the start-up self-check (:func:`.fastpaths.choose`,
+    which sets :attr:`chosen`); before a check, None batches nothing.
     """
 
     name = "nemotron-codec"
 
     def __init__(self, cfg: CodecConfig, pointwise_per_frame: Optional[bool] = None,
-                 batched: Union[bool, Iterable[str]] = False):
+                 batched: Union[None, bool, Iterable[str]] = None):
         super().__init__()
         self.cfg = cfg
         self.pointwise_per_frame, self.batched = pointwise_per_frame, batched
+        self.chosen: FrozenSet[str] = frozenset()     # the self-check's kinds, used while ``batched`` is None
         self.codebooks = nn.Parameter(torch.zeros(cfg.num_quantizers, cfg.codebook_size, cfg.latent_size),
                                       requires_grad=False)
         self.upsample = nn.ParameterList()
@@ -93,6 +95,15 @@ class NemotronCodecDecoder(StreamingModel):
         return {"audio": self.decode(state, inputs["codes"])}
 
     # -- decode ---------------------------------------------------------------------------------------------
+    def batched_kinds(self) -> FrozenSet[str]:
+        """The library calls made once per second: as given, else as the self-check chose."""
+        if self.batched is None:
+            return self.chosen
+        batch = BATCHABLE if self.batched is True else frozenset(self.batched or ())
+        if not batch <= BATCHABLE:
+            raise ValueError(f"batched: unknown kinds {sorted(batch - BATCHABLE)}; choose from {sorted(BATCHABLE)}")
+        return batch
+
     def latents(self, codes: torch.Tensor) -> torch.Tensor:
         """codes [K, n] -> [n, latent, 1]: the residual codebooks' vectors summed in codebook order."""
         n = codes.shape[1]
@@ -102,12 +113,14 @@ class NemotronCodecDecoder(StreamingModel):
         return z[:, :, None]
 
     def decode(self, state, codes: torch.Tensor) -> torch.Tensor:
-        """codes [K, n] -> audio [1, n * wav_to_token_ratio] over the state handles."""
+        """codes [K, n] -> audio [1, n * wav_to_token_ratio] over the state handles.
+
+        Batched calls run only in whole seconds (12 or 13 frames: the shapes the self-check tried); a
+        short last second makes every call per frame."""
         cfg = self.cfg
         frames = self.pointwise_per_frame if self.pointwise_per_frame is not None else not codes.is_cuda
-        batch = BATCHABLE if self.batched is True else frozenset(self.batched or ())
-        if not batch <= BATCHABLE:
-            raise ValueError(f"batched: unknown kinds {sorted(batch - BATCHABLE)}; choose from {sorted(BATCHABLE)}")
+        kinds = self.batched_kinds()
+        batch = kinds if codes.shape[1] in cfg.seconds_pattern() else frozenset()
         x = self.latents(codes)                                                      # [n, L, 1]
         for s, (w, blocks) in enumerate(zip(self.upsample, self.stages)):
             x = per_frame(lambda b: torch.conv_transpose1d(b, w, stride=w.shape[-1], groups=cfg.groups),

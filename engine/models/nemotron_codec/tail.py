@@ -2,22 +2,27 @@
 
 The session resamples the tail's rate to its own (``engine.session.session.RateConverter``). All the
 stream bookkeeping is :class:`~engine.tail.EngineTail`'s: one engine step (one graph replay) per
-complete second of frames, a short last second through a finite plan.
+complete second of frames, a short last second through a finite plan. Each new stream first lets the
+start-up self-check decide which library calls run once per second (:mod:`.fastpaths`).
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+import logging
+from typing import Dict, List, Optional
 
 import torch
 
 from engine.core import StepPlan
 from engine.core.toggles import Toggles, graphs_can_run
+from engine.fastpath import Verdict
 from engine.tail import EngineTail, TailInfo
 
 from . import weights as W
 from .config import CodecConfig, preset
+from .fastpaths import choose
 from .model import NemotronCodecDecoder
 
+log = logging.getLogger("engine.nemotron_codec")
 NAME = "nemotron-codec"
 TITLE = "Nemotron VoiceChat EAR-TTS codec (causal ConvNeXt + iSTFT)"
 
@@ -64,6 +69,18 @@ class NemotronCodecTail(EngineTail):
             torch.backends.cudnn.deterministic = True
             torch.backends.cudnn.allow_tf32 = False
         super().__init__(model, info, device, toggles)
+
+    @torch.no_grad()
+    def start(self, seed: int = 0) -> None:
+        """New stream: the batched calls are checked here first (once per process, see ``fastpaths``)."""
+        self._verdicts = choose(self.model, self.device)
+        for v in self._verdicts:
+            log.info("nemotron-codec fast path %s", v.line())
+        super().start(seed)
+
+    def fast_paths(self) -> List[Verdict]:
+        """The self-check's verdicts for this stream (empty before :meth:`start`)."""
+        return list(getattr(self, "_verdicts", []))
 
     def frames_in(self, sp: StepPlan) -> int:
         return self.model.frames_in(sp)
