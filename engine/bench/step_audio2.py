@@ -42,7 +42,8 @@ from engine.stats import percentile, progress, table
 STEADY_FROM = 3          # chunks before this are start-up (own shapes, eager in graph mode)
 PROG = "duplexcadence-bench step-audio2"
 STOCK_USERS, STOCK_DET = "stock package", "stock package, deterministic cuDNN"
-OUR_MODES = {"graphs": "graphs", "demand": "demand", "stock-like": "stock", "stock": "stock"}
+OUR_MODES = {"graphs": "graphs", "demand": "demand", "stock-like": "stock", "stock": "stock",
+             "graphs-reference": "graphs"}
 
 
 def _oracle():
@@ -121,14 +122,20 @@ class StockVariant(Variant):
 
 
 class OurVariant(Variant):
+    """``graphs-reference``: graphs with every optional faster path on its reference (the "before")."""
+
     def __init__(self, cfg, state, prompt, tokens, seed, device, mode):
-        super().__init__(f"ours {mode}", device, deterministic=True)
+        label = "ours graphs, reference paths" if mode == "graphs-reference" else f"ours {mode}"
+        super().__init__(label, device, deterministic=True)
         self.model = W.build(cfg, state, device)
+        if mode == "graphs-reference":
+            self.model.use_reference_paths()
         self.tokens = tokens
         self.sched = schedule(len(tokens))
         t0 = time.perf_counter()
         self.sess = Session(self.model, prompt, len(self.sched), self.sched[-1][1], OUR_MODES[mode], seed)
-        self.info = {"setup_s": time.perf_counter() - t0, "graphs": self.sess.graphs}
+        self.info = {"setup_s": time.perf_counter() - t0, "graphs": self.sess.graphs,
+                     "fast_paths": [v.line() for v in self.model.verdicts()]}
         self.save_rng()
 
     def chunk(self, i: int) -> np.ndarray:
@@ -230,6 +237,9 @@ def headline(rows: List[Dict], ours: str = "ours graphs") -> Dict[str, float]:
             out[key] = s["median_ms"] / o["median_ms"]
             pairs = [a / b for a, b in zip(s["ms_per_chunk"][STEADY_FROM:], o["ms_per_chunk"][STEADY_FROM:]) if b > 0]
             out[key + "_paired"] = percentile(pairs, 50)
+    before = by.get("ours graphs, reference paths")
+    if before is not None:                              # issue 16's before/after, measured side by side
+        out["faster_paths_speedup"] = before["median_ms"] / o["median_ms"]
     return out
 
 
@@ -255,7 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", default="released", choices=["released", "tiny", "oracle"])
     p.add_argument("--prompt-seconds", type=float, default=6.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--modes", default="stock-like,demand,graphs", help="our modes: graphs, demand, stock-like")
+    p.add_argument("--modes", default="stock-like,demand,graphs",
+                   help="our modes: graphs, demand, stock-like, graphs-reference (graphs with every checked "
+                        "faster path on its reference path: the before/after of issue 16)")
     p.add_argument("--no-stock-default", action="store_true",
                    help="leave out the stock package with its default cuDNN settings")
     p.add_argument("--profile-chunks", type=int, default=2, help="steady chunks profiled (not timed) at the end")
@@ -312,6 +324,12 @@ def main(argv) -> int:
                 _run_chunk(v, i, timed=i not in profiled)
             bar.update()
     ref = next(v for v in variants if v.label == STOCK_DET)
+    paths: List[str] = []
+    for v in variants:
+        if isinstance(v, OurVariant):                   # a short last chunk adds its own checks
+            v.info["fast_paths"] = [x.line() for x in v.model.verdicts()]
+            if not paths and "reference" not in v.label:
+                paths = v.info["fast_paths"]
     rows = []
     for v in variants:
         v.times = v.times[:-1]                          # the short last chunk is not a 1 s chunk
@@ -334,6 +352,10 @@ def main(argv) -> int:
         lines.append(f"ours graphs vs the stock package with deterministic cuDNN: "
                      f"{ratios['vs_stock_deterministic_cudnn']:.2f}x "
                      f"(paired {ratios['vs_stock_deterministic_cudnn_paired']:.2f}x)")
+    if "faster_paths_speedup" in ratios:
+        lines.append(f"ours graphs with the checked faster paths vs on the reference paths: "
+                     f"{ratios['faster_paths_speedup']:.3f}x")
+    lines += [f"faster path {p}" for p in paths]
     print(tab)
     for line in lines:
         print(line)

@@ -21,10 +21,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import fastpath
 from engine.fastpath import Verdict
 
+from .checked import CheckedPaths, streams_only
 from .config import DiTConfig
+from .lanes import parallel
+
+#: the DiT's optional faster paths, each enabled per chunk length by a start-up self-check (:meth:`DiT.fast`)
+FAST_PATHS = ("frames-major convs", "parallel lanes")
 
 
 class TimestepEmbedder(nn.Module):
@@ -63,23 +67,39 @@ class SelfAttention(nn.Module):
     #: attend over strided views of the cache; False: contiguous copies, as the stock's torch.cat gives
     strided_kv = True
 
-    def forward(self, x: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-        """x ``(b, t, C)``; ``kv`` ``(b, h, t + T0, 2d)`` whose first ``t`` frames this call writes."""
+    def forward(self, x: torch.Tensor, kv: torch.Tensor, lanes: bool = False) -> torch.Tensor:
+        """x ``(b, t, C)``; ``kv`` ``(b, h, t + T0, 2d)`` whose first ``t`` frames this call writes.
+
+        ``lanes``: the q, k and v projections (each with its LayerNorm / cache write) run side by side
+        (:func:`.lanes.parallel`; the same kernels on the same inputs)."""
         b, t, _ = x.shape
         if self.rows_ln:
-            q = self.q_norm(self.to_q(x).view(b, t, self.h, self.d)).transpose(1, 2)   # (b, h, t, d)
-            k = self.k_norm(self.to_k(x).view(b, t, self.h, self.d)).transpose(1, 2)
+            q, _, _ = parallel([lambda: self._q(x), lambda: self._kv_write(x, kv, 0), lambda: self._kv_write(x, kv, 1)],
+                               x.device, on=lanes)
         else:
             q = self.q_norm(self.to_q(x).reshape(b, t, self.h, self.d).transpose(1, 2))
             k = self.k_norm(self.to_k(x).reshape(b, t, self.h, self.d).transpose(1, 2))
-        v = self.to_v(x).view(b, t, self.h, self.d).transpose(1, 2)
-        kv[:, :, :t, :self.d].copy_(k)
-        kv[:, :, :t, self.d:].copy_(v)
+            v = self.to_v(x).view(b, t, self.h, self.d).transpose(1, 2)
+            kv[:, :, :t, :self.d].copy_(k)
+            kv[:, :, :t, self.d:].copy_(v)
         keys, values = kv[..., :self.d], kv[..., self.d:]
         if not self.strided_kv:
             keys, values = keys.contiguous(), values.contiguous()
         out = F.scaled_dot_product_attention(q, keys, values)                      # (b, h, t, d)
         return self.proj(out.transpose(1, 2).reshape(b, t, -1))
+
+    def _q(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        return self.q_norm(self.to_q(x).view(b, t, self.h, self.d)).transpose(1, 2)      # (b, h, t, d)
+
+    def _kv_write(self, x: torch.Tensor, kv: torch.Tensor, which: int) -> None:
+        """Keys (0: with their LayerNorm) or values (1) of the chunk, into the first ``t`` cache frames."""
+        b, t, _ = x.shape
+        if which == 0:
+            y = self.k_norm(self.to_k(x).view(b, t, self.h, self.d))                   # (b, t, h, d)
+        else:
+            y = self.to_v(x).view(b, t, self.h, self.d)
+        kv[:, :, :t, which * self.d:(which + 1) * self.d].copy_(y.transpose(1, 2))
 
 
 class CausalConvBlock(nn.Module):
@@ -122,6 +142,7 @@ class CausalConvBlock(nn.Module):
         cache[:, self.c:].copy_(h[..., -self.pad:])
         return self.block[6](h).transpose(1, 2)
 
+    @torch.no_grad()                     # inference only: the in-place writes below have no autograd form
     def forward_frames_major(self, scaled: torch.Tensor, shift: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
         """The same block from the modulation's halves: ``scaled + shift`` is its input (``scaled``
         ``[b, t, C]``, ``shift`` ``[b, 1, C]``); ``cache`` ``[b, 2C, 2]`` as in :meth:`forward`. Returns ``[b, t, C]``."""
@@ -178,10 +199,11 @@ class DiTBlock(nn.Module):
         return Modulation([sm, sp, sc], [1 + cm, 1 + cp, 1 + cc], [gm, gp, gc])
 
     def forward(self, x: torch.Tensor, m: Modulation, kv: torch.Tensor, cnn: torch.Tensor,
-                frames_major: bool = False) -> torch.Tensor:
-        """x ``[b, t, C]``; ``frames_major``: the conv block's checked channels-last layout."""
+                frames_major: bool = False, lanes: bool = False) -> torch.Tensor:
+        """x ``[b, t, C]``; ``frames_major``: the conv block's channels-last layout; ``lanes``: q/k/v side by
+        side (both checked per GPU, see :meth:`DiT.fast`)."""
         # modulate(x, shift, scale) = x * (1 + scale) + shift, with (1 + scale) precomputed
-        x = x + m.gate[0] * self.attn(self.norm1(x) * m.scale1[0] + m.shift[0], kv)
+        x = x + m.gate[0] * self.attn(self.norm1(x) * m.scale1[0] + m.shift[0], kv, lanes)
         if frames_major:
             x = x + m.gate[2] * self.conv.forward_frames_major(self.norm3(x) * m.scale1[2], m.shift[2], cnn)
         else:
@@ -217,8 +239,8 @@ class DiT(nn.Module):
         self.final_layer = FinalLayer(cfg.hidden, cfg.out_channels)
         self.mods: List[List[Modulation]] = []
         self.final_mods: list = []
-        #: per chunk length (frames): the self-check's verdict on the frames-major conv layout
-        self.layouts: Dict[int, Verdict] = {}
+        #: per chunk length (frames): the self-checks' verdicts on the faster paths (see :meth:`fast`)
+        self.checked = CheckedPaths("step-audio2 DiT", FAST_PATHS, self._trial, streams_only)
 
     def _modulation_layers(self) -> List[nn.Module]:
         return [self.t_embedder, self.final_layer.adaLN_modulation] + [b.adaLN_modulation for b in self.blocks]
@@ -240,50 +262,45 @@ class DiT(nn.Module):
             self.final_mods.append(self.final_layer.modulation(c))
         for m in self._modulation_layers():
             m.to("cpu")
-        self.layouts = {}
+        self.checked.clear()
         for blk in self.blocks:
             blk.conv.weights_cl = []
 
-    # -- the conv layout, checked per GPU ------------------------------------------------------------
-    def frames_major_ok(self, t: int) -> bool:
-        """Whether the conv blocks run frames-major (channels-last) for a ``t``-frame chunk.
+    # -- faster paths, checked per GPU ---------------------------------------------------------------
+    def fast(self, t: int) -> Dict[str, bool]:
+        """Which faster paths (:data:`FAST_PATHS`) run for a ``t``-frame chunk.
 
-        Decided once per length by :func:`engine.fastpath.self_check` (cuDNN picks kernels per shape and
-        layout, so per length): block 0's conv block in both layouts on the same fresh random input and cache,
-        ``torch.equal`` on output and cache. The check runs eagerly (the executor's warm-up precedes every
-        capture); a length first met inside a capture keeps the stock layout.
+        Each is decided once per length by :func:`engine.fastpath.self_check` (cuDNN and cuBLAS pick kernels
+        per shape, layout and stream, so per length): one DiT block (block 0's weights) with the path off and
+        on, from the same fresh random input and caches, ``torch.equal`` on the output and both caches. The
+        checks run eagerly (the executor's warm-up precedes every capture); a length first met inside a
+        capture runs the reference paths.
         """
-        v = self.layouts.get(t)
-        if v is None:
-            dev = self.in_proj.weight.device
-            if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
-                return False
-            v = fastpath.self_check(f"step-audio2 frames-major DiT convs ({t} frames)", dev,
-                                    (self.cfg, t), lambda on: self._layout_trial(t, on))
-            self.layouts[t] = v
-        if v.chosen and not all(blk.conv.weights_cl for blk in self.blocks):
+        got = self.checked.which(t, self.in_proj.weight.device, self.cfg)
+        if got["frames-major convs"] and not all(blk.conv.weights_cl for blk in self.blocks):
             for blk in self.blocks:
                 blk.conv.build_layouts()
-        return v.chosen
+        return got
 
     @torch.no_grad()
-    def _layout_trial(self, t: int, on: bool) -> List[torch.Tensor]:
-        """One conv block (block 0's weights), stock layout or frames-major, on seeded random inputs."""
-        conv, dev, c = self.blocks[0].conv, self.in_proj.weight.device, self.cfg.hidden
+    def _trial(self, t: int, path: str, on: bool) -> List[torch.Tensor]:
+        """Block 0 over seeded random inputs and caches, ``path`` off or on (the other paths off)."""
+        blk, dev, c = self.blocks[0], self.in_proj.weight.device, self.cfg.hidden
         g = torch.Generator().manual_seed(1000 + t)
-        scaled, shift = torch.randn(2, t, c, generator=g).to(dev), torch.randn(2, 1, c, generator=g).to(dev)
-        cache = torch.randn(2, 2 * c, conv.pad, generator=g).to(dev)
-        if on:
-            if not conv.weights_cl:
-                conv.build_layouts()
-            out = conv.forward_frames_major(scaled, shift, cache)
-        else:
-            out = conv(scaled + shift, cache)
-        return [out, cache]
+        x = torch.randn(2, t, c, generator=g).to(dev)
+        kv = torch.randn(2, self.cfg.heads, t + 3, 2 * self.cfg.head_dim, generator=g).to(dev)
+        cnn = torch.randn(2, 2 * c, blk.conv.pad, generator=g).to(dev)
+        if path == "frames-major convs" and on and not blk.conv.weights_cl:
+            blk.conv.build_layouts()
+        m = self.mods[0][0] if self.mods else Modulation(*[[torch.randn(2, 1, c, generator=g).to(dev)
+                                                             for _ in range(3)] for _ in range(3)])
+        out = blk(x, m, kv, cnn, frames_major=on and path == "frames-major convs",
+                  lanes=on and path == "parallel lanes")
+        return [out, kv, cnn]
 
     def verdicts(self) -> List[Verdict]:
-        """The layout checks made so far (for the session info)."""
-        return [self.layouts[t] for t in sorted(self.layouts)]
+        """The checks made so far (for the session info)."""
+        return self.checked.verdicts()
 
     def forward(self, xin: torch.Tensor, step: int, kv: torch.Tensor, cnn: torch.Tensor) -> torch.Tensor:
         """xin ``(2, 320, t)``; ``kv`` ``(depth, 2, h, t + T0, 2d)``; ``cnn`` ``(depth, 2, 2C, 2)``.
@@ -292,8 +309,8 @@ class DiT(nn.Module):
         """
         x = self.in_proj(xin.transpose(1, 2))                                 # (2, t, C)
         mods = self.mods[step]
-        fm = self.frames_major_ok(x.shape[1])
+        fast = self.fast(x.shape[1])
         for i, blk in enumerate(self.blocks):
-            x = blk(x, mods[i], kv[i], cnn[i], fm)
+            x = blk(x, mods[i], kv[i], cnn[i], fast["frames-major convs"], fast["parallel lanes"])
         shift, scale1 = self.final_mods[step]
         return self.final_layer(x, shift, scale1).transpose(1, 2)

@@ -34,7 +34,9 @@ from torch import nn
 from engine.core import (STILL, Clock, Fixed, PrefixWindow, Region, SessionSpec, StateView, Static, StepPlan,
                          StreamingModel, prefixed)
 
-from .config import CHUNK_TOKENS, LOOKAHEAD, MEL_RATE, SILENCE_TOKEN, WINDOW, T2WConfig
+from engine.fastpath import Verdict
+
+from .config import CHUNK_TOKENS, LOOKAHEAD, MEL_CACHE, MEL_RATE, SILENCE_TOKEN, WINDOW, T2WConfig
 from .flow import Flow
 from .hift import HiFT
 
@@ -59,6 +61,28 @@ class StepAudio2Token2Wav(StreamingModel):
         self.flow.build_constants()
         self.hift.prepare()
         return self
+
+    def check_fast_paths(self, prompt_frames: int) -> List[Verdict]:
+        """Run the start-up self-checks of the optional faster paths (:mod:`engine.fastpath`) for the lengths a
+        stream meets from the start: the DiT over the prompt and over a chunk, the HiFT over the first chunk and
+        over a chunk with its overlap (a short last chunk is checked when it comes). Returns every verdict."""
+        chunk = MEL.pattern[0]
+        for t in sorted({prompt_frames, chunk}):
+            self.flow.decoder.estimator.fast(t)
+        for frames in (chunk, chunk + MEL_CACHE):
+            self.hift.fast(frames)
+        return self.verdicts()
+
+    def use_reference_paths(self) -> "StepAudio2Token2Wav":
+        """Run every optional faster path's reference (unchecked) from now on: the "before" of a bench."""
+        for checked in (self.flow.decoder.estimator.checked, self.hift.checked):
+            checked.clear()
+            checked.reference_only = True
+        return self
+
+    def verdicts(self) -> List[Verdict]:
+        """The faster paths' verdicts so far (DiT, then HiFT), for the session info."""
+        return self.flow.decoder.estimator.verdicts() + self.hift.verdicts()
 
     @property
     def device(self) -> torch.device:

@@ -88,6 +88,7 @@ class Session:
         spec = model.spec(self.prompt.frames, steps, last_tokens)
         self.plan: Plan = make_plan(model.regions(spec), spec)
         self.executor = Executor(model, self.plan, self.device, debug=debug, **flags)
+        self.fast_paths = model.check_fast_paths(self.prompt.frames)      # before any capture
         self.graphs = self.executor.prepare_graphs(lambda sp: model.example_inputs(sp, self.device))
         torch.manual_seed(self.seed)
         noise = flow_noise(self.seed).to(self.device)

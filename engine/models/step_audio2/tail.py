@@ -8,13 +8,14 @@ give the chunk schedule, the voice prompt and the seeding of :mod:`.stream`.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
 
 from engine.core import SessionSpec, StepPlan
 from engine.core.toggles import Toggles
+from engine.fastpath import Verdict
 from engine.tail import EngineTail, TailInfo
 
 from .config import LOOKAHEAD, SAMPLE_RATE, SILENCE_TOKEN, TOKEN_RATE
@@ -38,6 +39,16 @@ class StepAudio2Tail(EngineTail):
             # their own bits: every mode must give the same bits (a process-wide setting, as in stream.py)
             torch.backends.cudnn.deterministic = True
         super().__init__(model, info, model.device, Toggles.from_mode(mode))
+
+    @torch.no_grad()
+    def start(self, seed: int = 0) -> None:
+        """New stream: the faster paths are checked first (once per process and length, see ``checked``)."""
+        self.model.check_fast_paths(self.prompt.frames)
+        super().start(seed)
+
+    def fast_paths(self) -> List[Verdict]:
+        """The self-check's verdicts for this decoder (DiT, then HiFT; empty before :meth:`start`)."""
+        return self.model.verdicts()
 
     # -- hooks -------------------------------------------------------------------------------------------
     def session_spec(self, steps: Optional[int] = None, last_frames: Optional[int] = None) -> SessionSpec:

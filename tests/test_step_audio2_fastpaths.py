@@ -1,0 +1,121 @@
+"""Step-Audio2's optional faster paths (issue 16): each runs only where its start-up self-check proved it
+bit-identical, and what each does besides the library call it depends on is exact (CPU).
+
+* frames-major (channels-last) DiT conv blocks: on the CPU the channels-last convolution itself sums in
+  another order (the check refuses it, as it must); with a convolution that ignores memory layout, the
+  block's own wiring (cache in and out, the modulation's add and the Mish written in place) is proven
+  bit-identical to the stock layout, block by block and over a whole stream against the stock package;
+* parallel lanes (CUDA streams): not applicable on the CPU; the branches then run in order;
+* the verdicts reach the session info; ``use_reference_paths`` (the bench's "before") checks nothing.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import fastpath
+from engine.models.step_audio2 import weights as W
+from engine.models.step_audio2.checked import CheckedPaths
+from engine.models.step_audio2.config import preset
+from engine.models.step_audio2.lanes import fork, parallel
+from engine.models.step_audio2.stream import synthesize
+
+_conv1d = F.conv1d
+
+
+def layout_blind_conv1d(x, w, *args, **kwargs):
+    """A convolution whose sums do not depend on the operands' memory layout (contiguous copies first)."""
+    return _conv1d(x.contiguous(), w.contiguous(), *args, **kwargs)
+
+
+@pytest.fixture
+def fresh_verdicts():
+    fastpath.clear_cache()
+    yield
+    fastpath.clear_cache()
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = preset("oracle")
+    return W.build(cfg, W.random_state_dict(cfg, 0), "cpu")
+
+
+def test_cpu_refuses_channels_last_convs_and_lanes_with_reasons(model, fresh_verdicts, one_torch_thread):
+    dit = model.flow.decoder.estimator
+    dit.checked.clear()
+    assert dit.fast(50) == {"frames-major convs": False, "parallel lanes": False}
+    fm, lanes = dit.verdicts()
+    assert fm.path == "step-audio2 DiT frames-major convs (50 frames)"
+    assert "max abs diff" in fm.reason and fm.max_abs_diff > 0          # the CPU's channels-last conv sums otherwise
+    assert lanes.reason == "not applicable: CUDA streams only"
+    assert dit.fast(50) == {"frames-major convs": False, "parallel lanes": False}
+    assert len(dit.verdicts()) == 2                                      # checked once per length
+
+
+def test_frames_major_block_equals_the_stock_layout_block(model, fresh_verdicts, monkeypatch, one_torch_thread):
+    monkeypatch.setattr(F, "conv1d", layout_blind_conv1d)
+    dit = model.flow.decoder.estimator
+    dit.checked.clear()
+    assert dit.fast(7)["frames-major convs"], dit.verdicts()[0].line()
+    conv = dit.blocks[1].conv
+    g = torch.Generator().manual_seed(5)
+    for t in (1, 2, 50):
+        scaled, shift = torch.randn(2, t, 512, generator=g), torch.randn(2, 1, 512, generator=g)
+        cache = torch.randn(2, 1024, 2, generator=g)
+        c_ref, c_new = cache.clone(), cache.clone()
+        ref = conv(scaled + shift, c_ref)
+        out = conv.forward_frames_major(scaled, shift, c_new)
+        assert out.shape == ref.shape == (2, t, 512)
+        assert torch.equal(out, ref), t
+        assert torch.equal(c_new, c_ref), t
+
+
+def test_stream_with_frames_major_convs_is_bit_identical_to_the_stock_package(fresh_verdicts, monkeypatch,
+                                                                              one_torch_thread):
+    S = pytest.importorskip("stock_step_audio2")
+    if not S.available():
+        pytest.skip("stepaudio2 (minicpmo) is not installed")
+    case = S.make_case("oracle", prompt_tokens=21, n_tokens=61)
+    ref = S.stock_outputs(case)                                         # its convs see contiguous operands
+    monkeypatch.setattr(F, "conv1d", layout_blind_conv1d)
+    model = W.build(case.cfg, case.state, "cpu")
+    with torch.no_grad():
+        ours = synthesize(model, case.prompt, case.tokens, "demand", case.seed)
+    chosen = [v for v in model.verdicts() if v.chosen]
+    assert {v.path for v in chosen} == {f"step-audio2 DiT frames-major convs ({t} frames)" for t in (42, 50, 22)}
+    S.assert_chunks_equal(ours, ref)
+
+
+def test_reference_paths_check_nothing(fresh_verdicts, one_torch_thread):
+    cfg = preset("oracle")
+    m = W.build(cfg, W.random_state_dict(cfg, 1), "cpu").use_reference_paths()
+    verdicts = m.check_fast_paths(40)
+    assert [v.path for v in verdicts] == [
+        "step-audio2 DiT frames-major convs (40 frames)", "step-audio2 DiT parallel lanes (40 frames)",
+        "step-audio2 DiT frames-major convs (50 frames)", "step-audio2 DiT parallel lanes (50 frames)",
+        "step-audio2 HiFT parallel lanes (50 frames)", "step-audio2 HiFT parallel lanes (58 frames)"]
+    assert all(not v.chosen and v.reason == "reference path asked for" for v in verdicts)
+
+
+def test_checked_paths_choose_only_bit_identical_candidates(fresh_verdicts):
+    calls = []
+
+    def trial(shape, path, on):
+        calls.append((shape, path, on))
+        x = torch.arange(1.0, shape + 1.0)
+        return [x * 3 if path == "same" or not on else x * 3 + 1e-6 * x]
+
+    cp = CheckedPaths("toy", ("same", "ulp"), trial)
+    assert cp.which(4, torch.device("cpu"), "cfg") == {"same": True, "ulp": False}
+    assert cp.which(4, torch.device("cpu"), "cfg") == {"same": True, "ulp": False}
+    assert len([c for c in calls if c[0] == 4]) == 5                     # same: 2 trials; ulp: 2 + the repeat
+    same, ulp = cp.verdicts()
+    assert same.line().startswith("toy same (4 frames): on") and "max abs diff" in ulp.reason
+
+
+def test_lanes_run_in_order_off_cuda():
+    order = []
+    out = parallel([lambda: order.append(0) or 0, lambda: order.append(1) or 1], torch.device("cpu"))
+    assert out == [0, 1] and order == [0, 1]
+    f = fork(lambda: order.append(2) or 2, torch.device("cpu"), 3)
+    assert order == [0, 1, 2] and f.join() == 2
