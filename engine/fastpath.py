@@ -16,6 +16,9 @@ Usage (one call per path)::
     verdict = fastpath.self_check("batched convs", device, cfg, trial)   # trial(on: bool) -> tensors
     model.batch_conv = verdict.chosen
 
+A check that must compare on its own (the host's batched LISTEN against each session's own steps)
+uses :func:`decide` with ``check() -> (identical, why)`` instead.
+
 ``DUPLEXCADENCE_REFERENCE_PATHS=1`` (or ``--reference-paths`` on the command line, which calls
 :func:`force_reference`) keeps every decoder on its reference path, without running the checks.
 """
@@ -158,6 +161,26 @@ def self_check(path: str, device: Union[str, torch.device], config: object, tria
     ``not_applicable``: why the path cannot run here at all (reported, never checked). The
     verdict is cached per :func:`cache_key`; a trial that raises refuses the path with its error.
     """
+    return _decided(path, device, config, lambda: _run(path, trial), not_applicable)
+
+
+def decide(path: str, device: Union[str, torch.device], config: object, check: Callable[[], Tuple[bool, str]],
+           not_applicable: Optional[str] = None) -> Verdict:
+    """:func:`self_check` for a check that runs both paths and compares them itself (several
+    streams against one batched step, say): ``check()`` -> (bit-identical, why). Cached, overridden
+    and reported the same way; a check that raises refuses the path with its error."""
+    def run() -> Verdict:
+        try:
+            with torch.no_grad():
+                ok, why = check()
+        except Exception as e:
+            return Verdict(path, False, f"the check failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+        return Verdict(path, bool(ok), why)
+    return _decided(path, device, config, run, not_applicable)
+
+
+def _decided(path: str, device: Union[str, torch.device], config: object, run: Callable[[], Verdict],
+             not_applicable: Optional[str]) -> Verdict:
     if reference_forced():
         return Verdict(path, False, f"reference path forced by the user ({ENV_FORCE} / --reference-paths)")
     if not_applicable:
@@ -172,7 +195,7 @@ def self_check(path: str, device: Union[str, torch.device], config: object, tria
                 _cache[key] = hit
     if hit is not None:
         return replace(hit, cached=True)
-    verdict = _run(path, trial)
+    verdict = run()
     with _lock:
         _cache[key] = verdict
     _disk_put(key, verdict)

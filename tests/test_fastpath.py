@@ -137,3 +137,21 @@ def test_verdict_line_and_dict():
     v = Verdict("batched convs", True, "bit-identical to the reference (2 tensors, 10 values)", 0.0)
     assert v.line() == "batched convs: on — bit-identical to the reference (2 tensors, 10 values)"
     assert v.as_dict()["chosen"] is True and fastpath.lines([v]) == [v.line()]
+
+
+def test_decide_for_checks_that_compare_on_their_own():
+    calls = []
+
+    def check():
+        calls.append(1)
+        return len(calls) == 1, "3 batched steps over 3 slots equal each session's solo steps"
+    v = fastpath.decide("batched LISTEN (bmm)", "cpu", ("dims", 3), check)
+    assert v.chosen and v.reason.startswith("3 batched steps") and v.max_abs_diff is None
+    assert fastpath.decide("batched LISTEN (bmm)", "cpu", ("dims", 3), check).cached and len(calls) == 1
+
+    def broken():
+        raise ValueError("no engine found")
+    b = fastpath.decide("batched LISTEN (rows)", "cpu", ("dims", 3), broken)
+    assert not b.chosen and b.reason == "the check failed: ValueError: no engine found"
+    fastpath.force_reference(True)
+    assert "forced" in fastpath.decide("x", "cpu", "c", check).reason and len(calls) == 1

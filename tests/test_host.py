@@ -213,11 +213,21 @@ def test_batched_listen_step_check_cpu(one_torch_thread, monkeypatch):
     model = SpeechDecoder(decoder_args("tiny", 2048, 8), seed=1).eval()
     ok, why = B.check_gemm(model, "cpu", "bmm", 3, 3, 0)
     assert ok and "bit for bit" in why
+    from engine import fastpath
+    fastpath.clear_cache()
     assert B.check(model, "cpu", slots=3, steps=3)[0] in B.GEMMS
+    assert "cached" in fastpath.decide("batched LISTEN (rows)", "cpu", (repr(model.args), 3, 3, 0),
+                                       lambda: (False, "not run: cached")).line()    # one check per device and dims
     exact = B.project
     monkeypatch.setattr(B, "project", lambda x, lin, gemm: torch.nextafter(exact(x, lin, gemm), x.new_tensor(1e9)))
+    fastpath.clear_cache()
     gemm, why = B.check(model, "cpu", slots=3, steps=3)
     assert gemm is None and "slot 0" in why and "differs" in why
+    fastpath.force_reference(True)
+    gemm, why = B.check(model, "cpu", slots=3, steps=3)
+    fastpath.force_reference(None)
+    fastpath.clear_cache()
+    assert gemm is None and "forced by the user" in why
     host = EngineHost(device="cpu", batched=True)
     ok, why = host.batched_check(_cfg("mimi"))
     assert not ok and "CUDA" in why

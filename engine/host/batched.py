@@ -20,6 +20,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
+from engine import fastpath
 from engine.backbones.speech_decoder import SpeechDecoder, rotate
 from engine.core import Executor, StepPlan
 
@@ -217,14 +218,17 @@ def check(model: SpeechDecoder, device, slots: int = 3, steps: int = 4, seed: in
     """Which way of batching (see :data:`GEMMS`) keeps every session's bits here, and why / why not.
 
     Returns (gemm or None, why): the first way whose every token, next embedding and byte of state
-    equals each session's own solo steps, on random inputs at different positions.
+    equals each session's own solo steps, on random inputs at different positions. Each way is an
+    :mod:`engine.fastpath` check: cached per device, library versions and decoder dims, and off where
+    the user keeps the reference paths (``--reference-paths``).
     """
     reasons = []
     for gemm in GEMMS:
-        ok, why = check_gemm(model, device, gemm, slots, steps, seed)
-        if ok:
-            return gemm, f"{why} ({gemm})"
-        reasons.append(f"{gemm}: {why}")
+        v = fastpath.decide(f"batched LISTEN ({gemm})", device, (repr(model.args), slots, steps, seed),
+                            lambda gemm=gemm: check_gemm(model, device, gemm, slots, steps, seed))
+        if v.chosen:
+            return gemm, f"{v.reason} ({gemm})"
+        reasons.append(f"{gemm}: {v.reason}")
     return None, "; ".join(reasons)
 
 
