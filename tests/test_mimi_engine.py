@@ -155,7 +155,7 @@ def test_bench_dry_run_on_cpu_reports_bit_identity(tmp_path):
         assert res["modes"][mode]["seconds_timed"] == 2 and len(res["modes"][mode]["round_medians_ms"]) == 2
         assert res["modes"][mode]["repeats_identical"], mode
     assert res["modes"]["moshi graphs"]["moshi_graphs_over_this"] == 1.0
-    assert len(res["config"]["fast_paths"]) == 5 and res["config"]["chosen_order"] == "frame-major (the reference)"
+    assert len(res["config"]["fast_paths"]) == 6 and res["config"]["chosen_order"] == "frame-major (the reference)"
     assert res["config"]["frames"] == 25 and res["command"].startswith("duplexcadence-bench mimi")
     md, png = out.with_suffix(".md").read_text(), out.with_suffix(".png").read_bytes()
     assert "| ours graphs" in md and png.startswith(b"\x89PNG")

@@ -39,8 +39,8 @@ def test_cpu_reports_not_applicable_and_keeps_the_reference_order():
     assert tail.fast_paths() == []
     tail.start()
     v = tail.fast_paths()
-    assert [x.path for x in v] == ["layer-major order", "batched convs", "batched transposed convs",
-                                   "strided-batched matmuls", "batched matmuls"]
+    assert [x.path for x in v] == ["layer-major order", "batched attention", "batched convs",
+                                   "batched transposed convs", "strided-batched matmuls", "batched matmuls"]
     assert all(not x.chosen and x.reason.startswith("not applicable: the CPU decodes frame by frame") for x in v)
     assert tail.model.chosen == FP.REFERENCE
 
@@ -49,10 +49,10 @@ def test_checked_on_cpu_layer_major_is_refused_with_its_difference():
     # on the CPU the layer-major order differs (ELU's vectorized path): a real refusal, with the diff
     m = _model()
     v = FP.choose(m, "cpu", check_cpu=True)
-    lm, bc, *rest = v
+    lm, ba, bc, *rest = v
     assert not lm.chosen and lm.reason.startswith("max abs diff") and 0 < lm.max_abs_diff < 1e-4
     assert not bc.chosen and bc.reason == "not applicable: it runs in layer-major order, which is off here"
-    assert len(rest) == 3 and not any(x.chosen for x in rest) and not m.uses("layer_major", True)
+    assert not ba.chosen and len(rest) == 3 and not any(x.chosen for x in rest) and not m.uses("layer_major", True)
     again = FP.choose(m, "cpu", check_cpu=True)[0]
     assert again.cached and not again.chosen and again.reason == lm.reason
 
@@ -97,7 +97,8 @@ CT, CTM = ("batch_conv", "batch_conv_tr", "layer_major"), ("batch_conv", "batch_
 
 
 def _want(lm, c, t, m, s=False):
-    return {"layer_major": lm, "batch_conv": c, "batch_conv_tr": t, "batch_matmul_strided": s, "batch_matmul": m}
+    return {"layer_major": lm, "batch_attention": False, "batch_conv": c, "batch_conv_tr": t,
+            "batch_matmul_strided": s, "batch_matmul": m}
 
 
 @pytest.mark.parametrize("exact,want,combo", [
@@ -157,7 +158,7 @@ def test_session_info_and_run_cli_say_what_runs(speech_wav, tmp_path, capsys):
         lines = s.info["fast_paths"]
     finally:
         s.close()
-    assert len(lines) == 5 and lines[0].startswith("layer-major order: off — not applicable")
+    assert len(lines) == 6 and lines[0].startswith("layer-major order: off — not applicable")
     assert s.info["fast_paths"] == lines                                   # kept after close
     args = ["--input", str(speech_wav), "--output", str(tmp_path / "o.wav"), "--log", str(tmp_path / "logs"),
             "--size", "tiny", "--device", "cpu", "--quiet", "--model", "mimi", "--seconds", "2",
@@ -216,3 +217,26 @@ def test_strided_batched_matmuls_run_the_transformer_second():
         ref = transformer_second(m.transformer, x, caches, tab, batch_matmul=False)
         out = transformer_second(m.transformer, x, c2, tab, batch_matmul=False, strided=True)
     assert torch.equal(ref, out) and all(torch.equal(a, b) for a, b in zip(caches, c2))
+
+
+def test_batched_attention_sees_each_frames_ring():
+    # one attention call over the second's frames, each frame over the ring as after its own write:
+    # on the CPU the same values as frame by frame (keys, masks, ring layout identical), the ring too
+    from engine.models.mimi.config import RELEASED
+    from engine.models.mimi.second import transformer_second
+    cfg, n = RELEASED, 13
+    m = MimiDecoder(cfg).load_moshi_state(W.random_state(cfg, seed=3))
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(1, n * cfg.upsample_stride, cfg.dimension, generator=g)
+    caches = [torch.randn(2, 1, cfg.num_heads, cfg.context, cfg.head_dim, generator=g) for _ in range(cfg.num_layers)]
+    c2 = [c.clone() for c in caches]
+    tab = m.transformer.second_tables(torch.tensor(240), n)                  # the ring wraps in this second
+    with torch.no_grad():
+        ref = transformer_second(m.transformer, x, caches, tab, batch_matmul=False)
+        out = transformer_second(m.transformer, x, c2, tab, batch_matmul=False, batch_attention=True)
+    assert all(torch.equal(a, b) for a, b in zip(caches, c2))
+    assert torch.equal(out, ref)
+    with pytest.raises(ValueError, match="ring of at least 26 steps"):
+        transformer_second(_model().transformer, torch.zeros(1, 26, TINY.dimension),
+                           [torch.zeros(2, 1, TINY.num_heads, TINY.context, TINY.head_dim)] * TINY.num_layers,
+                           _model().transformer.second_tables(torch.tensor(0), 13), False, batch_attention=True)

@@ -106,12 +106,12 @@ MODES = {"stock": (False, False), "demand": (True, False), "graphs": (True, True
 #: execution-order variants, all with graph replay: the model flags each sets (the others off)
 VARIANTS = {"graphs, frame-major": {},
             "graphs, layer-major": {"layer_major": True},
+            "graphs, +batched attention": {"layer_major": True, "batch_attention": True},
             "graphs, +batched conv": {"layer_major": True, "batch_conv": True},
             "graphs, +batched conv-tr": {"layer_major": True, "batch_conv_tr": True},
             "graphs, +strided matmul": {"layer_major": True, "batch_matmul_strided": True},
-            "graphs, +batched matmul": {"layer_major": True, "batch_matmul": True},
-            "graphs, +batched matmul+conv": {"layer_major": True, "batch_matmul": True, "batch_conv": True}}
-FLAGS = ("layer_major", "batch_conv", "batch_conv_tr", "batch_matmul_strided", "batch_matmul")
+            "graphs, +batched matmul": {"layer_major": True, "batch_matmul": True}}
+FLAGS = ("layer_major", "batch_attention", "batch_conv", "batch_conv_tr", "batch_matmul_strided", "batch_matmul")
 
 
 def set_variant(model: MimiDecoder, flags: Optional[Dict[str, bool]] = None) -> None:
@@ -287,7 +287,8 @@ def chosen_order(model: MimiDecoder) -> str:
     """The order the self-check left the model in, in words."""
     if not model.chosen.get("layer_major"):
         return "frame-major (the reference)"
-    extra = [name for flag, name in (("batch_conv", "batched convs"), ("batch_conv_tr", "batched transposed convs"),
+    extra = [name for flag, name in (("batch_attention", "batched attention"), ("batch_conv", "batched convs"),
+                                     ("batch_conv_tr", "batched transposed convs"),
                                      ("batch_matmul_strided", "strided-batched matmuls"),
                                      ("batch_matmul", "batched matmuls")) if model.chosen.get(flag)]
     return "layer-major" + ("".join(f" + {e}" for e in extra))

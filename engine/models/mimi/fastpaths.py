@@ -8,6 +8,9 @@ decode bit for bit). The faster orders (``second.py``) do the same arithmetic in
   (norms, RoPE, GELU/ELU, scales, overlap-adds) once per second, matmuls and convs still per
   frame. Exact where those kernels do not depend on the row count (CUDA; not the CPU's ELU, whose
   vectorized and scalar paths differ, so the CPU keeps frame-major order and is not checked).
+* ``batched attention`` — one attention call per layer and second whose batch is the frames, each
+  frame over the ring as it stood after its own write (``second.attention_batched``; needs a ring
+  of at least a second's steps);
 * ``batched convs`` — one cuDNN call per second for the non-transposed convs (on top of layer-major).
 * ``batched transposed convs`` — the upsample's and the SEANet's transposed convs as one call per
   second whose batch is the second's frames.
@@ -38,7 +41,8 @@ from engine.fastpath import Verdict
 from .model import MimiDecoder
 
 #: the model flag each faster path sets, in the order they are checked
-FLAGS: Dict[str, str] = {"layer-major order": "layer_major", "batched convs": "batch_conv",
+FLAGS: Dict[str, str] = {"layer-major order": "layer_major", "batched attention": "batch_attention",
+                         "batched convs": "batch_conv",
                          "batched transposed convs": "batch_conv_tr", "strided-batched matmuls": "batch_matmul_strided",
                          "batched matmuls": "batch_matmul"}
 #: the order every faster path builds on (the batched calls only exist in layer-major order)
@@ -85,7 +89,7 @@ def decode_trial(model: MimiDecoder, codes: torch.Tensor, **order: bool) -> Dict
     return {"audio": torch.cat(out, dim=-1), "state": state}
 
 
-REFERENCE = {"layer_major": False, "batch_conv": False, "batch_conv_tr": False, "batch_matmul_strided": False,
+REFERENCE = {"layer_major": False, "batch_attention": False, "batch_conv": False, "batch_conv_tr": False, "batch_matmul_strided": False,
              "batch_matmul": False}
 
 
@@ -130,6 +134,9 @@ def choose(model: MimiDecoder, device, num_codebooks: int = 8, check_cpu: bool =
         why = not_here
         if why is None and path != BASE and not chosen.get("layer_major"):
             why = f"it runs in {BASE}, which is off here"
+        steps = max(cfg.seconds_pattern()) * cfg.upsample_stride
+        if why is None and flag == "batch_attention" and cfg.context < steps:
+            why = f"the ring ({cfg.context} steps) is shorter than a second ({steps} steps)"
         v = fastpath.self_check(f"mimi {path}", dev, cfg, trial(_candidate(path, {})), not_applicable=why)
         verdicts.append(_named(v, path))
         chosen[flag] = v.chosen

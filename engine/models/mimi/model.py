@@ -38,8 +38,9 @@ class MimiDecoder(StreamingModel):
 
     ``layer_major``: run each layer over the whole second (fewer kernels, same bits, see ``second.py``);
     ``batch_matmul`` / ``batch_conv`` / ``batch_conv_tr``: one matmul / conv / transposed-conv call per
-    second instead of per frame; ``batch_matmul_strided``: one strided-batched GEMM over the frames
-    (each exact only where cuBLAS / cuDNN keep the same arithmetic). None (the
+    second instead of per frame; ``batch_matmul_strided``: one strided-batched GEMM over the frames;
+    ``batch_attention``: one attention call over the frames (each exact only where cuBLAS / cuDNN /
+    the attention kernel keep the same arithmetic). None (the
     default) leaves each to the start-up self-check (``fastpaths.choose``, which fills
     :attr:`chosen`); before a check, None means layer-major on CUDA only and no batched calls.
     """
@@ -48,11 +49,12 @@ class MimiDecoder(StreamingModel):
 
     def __init__(self, cfg: MimiConfig, layer_major: Optional[bool] = None, batch_matmul: Optional[bool] = None,
                  batch_conv: Optional[bool] = None, batch_conv_tr: Optional[bool] = None,
-                 batch_matmul_strided: Optional[bool] = None):
+                 batch_matmul_strided: Optional[bool] = None, batch_attention: Optional[bool] = None):
         super().__init__()
         self.cfg = cfg
         self.layer_major, self.batch_matmul, self.batch_conv = layer_major, batch_matmul, batch_conv
         self.batch_conv_tr, self.batch_matmul_strided = batch_conv_tr, batch_matmul_strided
+        self.batch_attention = batch_attention
         self.chosen: Dict[str, bool] = {}      # the self-check's choice for each flag left None
         self.rvq = SplitRVQ(cfg)
         self.upsample = nn.Parameter(torch.zeros(cfg.dimension, 1, 2 * cfg.upsample_stride), requires_grad=False)
@@ -165,7 +167,7 @@ class MimiDecoder(StreamingModel):
             x = conv_tr_second(lat_n, state["up.partial"].get(), self.upsample, None, self.cfg.upsample_stride, n,
                                self.uses("batch_conv_tr"), groups=self.cfg.dimension).transpose(1, 2)   # [1, n*T, D]
             x = transformer_second(self.transformer, x, caches, tables, self.uses("batch_matmul"),
-                                   self.uses("batch_matmul_strided"))
+                                   self.uses("batch_matmul_strided"), self.uses("batch_attention"))
             return seanet_second(self.seanet, x.transpose(1, 2), region, n, self.uses("batch_conv"),
                                  self.uses("batch_conv_tr"))
         out = []

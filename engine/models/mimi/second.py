@@ -43,14 +43,58 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, n: int, batch: bool, stri
     return out
 
 
+def ring_written(slots: torch.Tensor, capacity: int) -> torch.Tensor:
+    """[n, T] ring slots of a second's new steps -> [n, cap] bool: slot s holds a step of frame <= f."""
+    ring = torch.arange(capacity, device=slots.device)
+    return (slots.unsqueeze(-1) == ring).any(1).cumsum(0) > 0                    # [n, cap]
+
+
+def attention_frames(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, tab: SecondTables
+                     ) -> torch.Tensor:
+    """Frame by frame, as moshi: write frame f's keys/values into the ring, attend over the ring.
+
+    q, k, v [n, H, T, Dh] (items may be strided views); cache [2, 1, H, cap, Dh] -> [n, H, T, Dh].
+    """
+    att = []
+    for f in range(q.shape[0]):
+        cache[0].index_copy_(2, tab.slots[f], k[f:f + 1])
+        cache[1].index_copy_(2, tab.slots[f], v[f:f + 1])
+        att.append(F.scaled_dot_product_attention(q[f:f + 1], cache[0], cache[1], tab.mask[f:f + 1, None],
+                                                  dropout_p=0.0))                 # [1, H, T, Dh]
+    return torch.cat(att)
+
+
+def attention_batched(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, tab: SecondTables,
+                      written: torch.Tensor) -> torch.Tensor:
+    """The same attention as :func:`attention_frames` in one call whose batch is the frames.
+
+    Frame f attends over the ring as it stood after frame f's write: the slots written by frames <= f
+    (``written[f]``) hold the new keys/values, the others still the old ones, which later frames of
+    the second overwrite. So every frame's ring is rebuilt from the ring before and after the second
+    (a copy, one write of all new steps, one select); the ring's layout, each frame's keys and mask
+    are exactly the per-frame call's. Needs a ring of at least the second's steps (no slot written twice).
+    """
+    n, h, t, dh = q.shape
+    old = cache.clone()                                                           # [2, 1, H, cap, Dh]
+    slots = tab.slots.reshape(-1)                                                 # [n*T]
+    cache[0].index_copy_(2, slots, k.transpose(0, 1).reshape(1, h, n * t, dh))
+    cache[1].index_copy_(2, slots, v.transpose(0, 1).reshape(1, h, n * t, dh))
+    kv = torch.where(written.view(1, n, 1, -1, 1), cache, old)                    # [2, n, H, cap, Dh]
+    return F.scaled_dot_product_attention(q, kv[0], kv[1], tab.mask[:, None], dropout_p=0.0)   # [n, H, T, Dh]
+
+
 def transformer_second(tr: MimiTransformer, x: torch.Tensor, caches: List[torch.Tensor], tab: SecondTables,
-                       batch_matmul: bool, strided: bool = False) -> torch.Tensor:
-    """x [1, n*T, D] -> [1, n*T, D]: every layer over the whole second, attention frame by frame."""
+                       batch_matmul: bool, strided: bool = False, batch_attention: bool = False) -> torch.Tensor:
+    """x [1, n*T, D] -> [1, n*T, D]: every layer over the whole second, attention frame by frame
+    (``batch_attention``: all frames in one call, see :func:`attention_batched`)."""
     cfg = tr.cfg
     n, t = tab.mask.shape[0], cfg.upsample_stride
     h, dh, d = cfg.num_heads, cfg.head_dim, cfg.dimension
     rot = torch.stack([torch.cos(tab.angles), torch.sin(tab.angles)], dim=-1)   # [n, 1, 1, T, Dh/2, 2]
     rot = rot.view(n, 1, 1, 1, t, dh // 2, 1, 2)
+    if batch_attention and n * t > cfg.context:
+        raise ValueError(f"batched attention needs a ring of at least {n * t} steps, this one has {cfg.context}")
+    written = ring_written(tab.slots, cfg.context) if batch_attention else None
     for layer, cache in zip(tr.layers, caches):
         y = F.layer_norm(x, (d,), layer.norm1_w, layer.norm1_b, 1e-5)
         proj = linear_rows(y, layer.in_proj, n, batch_matmul, strided)             # [1, n*T, 3D]
@@ -59,15 +103,13 @@ def transformer_second(tr: MimiTransformer, x: torch.Tensor, caches: List[torch.
         rq = torch.empty((n, 2, 1, h, t, dh // 2, 2), dtype=x.dtype, device=x.device)
         torch.sub(prod[..., 0, 0], prod[..., 1, 1], out=rq[..., 0])
         torch.add(prod[..., 0, 1], prod[..., 1, 0], out=rq[..., 1])
-        qk = rq.view(n, 2, 1, h, t, dh)                                            # frame f: q, k [1, H, T, Dh]
-        v = proj.view(1, n, t, 3, h, dh)[:, :, :, 2]                               # [1, n, T, H, Dh]
-        att = []
-        for f in range(n):
-            cache[0].index_copy_(2, tab.slots[f], qk[f, 1])
-            cache[1].index_copy_(2, tab.slots[f], v[:, f].transpose(1, 2))
-            att.append(F.scaled_dot_product_attention(qk[f, 0], cache[0], cache[1], tab.mask[f:f + 1, None],
-                                                      dropout_p=0.0))                 # [1, H, T, Dh]
-        a = torch.stack(att, dim=1).transpose(2, 3).reshape(1, n * t, d)          # [1, n*T, D]
+        qk = rq.view(n, 2, h, t, dh)                                               # frame f: q, k [H, T, Dh]
+        v = proj.view(n, t, 3, h, dh)[:, :, 2].transpose(1, 2)                     # [n, H, T, Dh]
+        if written is not None:
+            att = attention_batched(qk[:, 0], qk[:, 1], v, cache, tab, written)
+        else:
+            att = attention_frames(qk[:, 0], qk[:, 1], v, cache, tab)              # [n, H, T, Dh]
+        a = att.transpose(1, 2).reshape(1, n * t, d)                               # [1, n*T, D]
         x = x + layer.scale1 * linear_rows(a, layer.out_proj, n, batch_matmul, strided)
         y = F.layer_norm(x, (d,), layer.norm2_w, layer.norm2_b, 1e-5)
         hid = F.gelu(linear_rows(y, layer.linear1, n, batch_matmul, strided))     # [1, n*T, FF]
