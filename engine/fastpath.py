@@ -90,7 +90,8 @@ def environment(device: Union[str, torch.device]) -> Dict[str, str]:
                    cuda=str(torch.version.cuda), cudnn=str(torch.backends.cudnn.version()),
                    cublas=_cublas_version(), tf32=f"{torch.backends.cuda.matmul.allow_tf32}/"
                                                    f"{torch.backends.cudnn.allow_tf32}",
-                   cudnn_benchmark=str(torch.backends.cudnn.benchmark))
+                   cudnn_benchmark=str(torch.backends.cudnn.benchmark),
+                   cudnn_deterministic=str(torch.backends.cudnn.deterministic))
     else:
         env.update(threads=str(torch.get_num_threads()), mkldnn=str(torch.backends.mkldnn.is_available()))
     return env
