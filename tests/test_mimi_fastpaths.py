@@ -240,3 +240,14 @@ def test_batched_attention_sees_each_frames_ring():
         transformer_second(_model().transformer, torch.zeros(1, 26, TINY.dimension),
                            [torch.zeros(2, 1, TINY.num_heads, TINY.context, TINY.head_dim)] * TINY.num_layers,
                            _model().transformer.second_tables(torch.tensor(0), 13), False, batch_attention=True)
+
+
+def test_synth_says_which_paths_ran_and_takes_reference_paths(tmp_path, capsys):
+    from engine.cli import synth as synth_cli
+    np.save(tmp_path / "c.npy", _codes(14).numpy())
+    args = ["--model", "mimi", "--size", "tiny", "--codes", str(tmp_path / "c.npy"), "--out", str(tmp_path / "o.npy")]
+    assert synth_cli.main(args) == 0
+    err = capsys.readouterr().err
+    assert "fast path: layer-major order: off — not applicable" in err
+    assert synth_cli.main(args + ["--reference-paths"]) == 0
+    assert "fast path: batched convs: off — reference path forced by the user" in capsys.readouterr().err

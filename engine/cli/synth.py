@@ -23,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "to eager without CUDA")
     p.add_argument("--size", default="released", choices=["released", "tiny"],
                    help="size of the seeded random weights when no --checkpoint is given")
+    p.add_argument("--reference-paths", action="store_true",
+                   help="no self-checked faster path: the decoder's reference path only (also "
+                        "$DUPLEXCADENCE_REFERENCE_PATHS=1)")
     g = p.add_argument_group("step-audio2")
     g.add_argument("--prompt", help="voice prompt: .npz (prompt_tokens, prompt_mel, speaker_embedding) or .wav")
     g.add_argument("--tokens", help="1-D int .npy of 25 Hz speech tokens")
@@ -35,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     p = build_parser()
     a = p.parse_args(argv)
+    if a.reference_paths:
+        from engine import fastpath
+        fastpath.force_reference(True)
     try:
         entry = registry.get(a.model)
     except KeyError as e:

@@ -53,6 +53,8 @@ def synth(args) -> int:
     print(f"mimi: {codes.shape[1]} frames x {k} codebooks -> {audio.shape[0]} samples "
           f"({audio.shape[0] / tail.cfg.sample_rate:.2f} s at {tail.cfg.sample_rate} Hz), mode {tail.executor.mode}, "
           f"{'seeded random' if args.checkpoint is None else 'checkpoint'} weights -> {out}", file=sys.stderr)
+    for v in tail.fast_paths():
+        print(f"fast path: {v.line()}", file=sys.stderr)
     return 0
 
 
