@@ -1,11 +1,14 @@
 """GPU: the Nemotron codec's whole-second graph replay == our eager modes == nemo's one-frame cached
-decode (deterministic cuDNN, TF32 off), bit for bit, at the released size and a small one."""
+decode (deterministic cuDNN, TF32 off), bit for bit, at the released size and a small one — with the
+batched library calls the start-up self-check takes on this GPU, and on the all-per-frame reference path."""
 import pytest
 import torch
 
+from engine import fastpath
 from engine.models.nemotron_codec import peer
 from engine.models.nemotron_codec import weights as W
 from engine.models.nemotron_codec.config import RELEASED, TINY
+from engine.models.nemotron_codec.fastpaths import ORDER, choose, path_name
 from engine.models.nemotron_codec.model import NemotronCodecDecoder
 from engine.models.nemotron_codec.tail import make_tail
 
@@ -63,3 +66,23 @@ def test_toggles_flipping_mid_session_on_cuda():
     modes = [(True, True), (False, False), (True, False), (True, True)]
     out, _ = _decode(model, codes, lambda k: dict(zip(("demand_sized", "graph_replay"), modes[k % 4])))
     assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("cfg", [TINY, RELEASED], ids=["tiny", "released"])
+def test_self_checked_batched_calls_and_the_reference_path_keep_nemos_bits(cfg, capsys):
+    fastpath.clear_cache()
+    fastpath.force_reference(False)
+    try:
+        model, codes, ref = _setup(cfg, seed=9)
+        verdicts = choose(model, DEV)
+        with capsys.disabled():
+            print(f"\n[{cfg.base_hidden_size}] " + "\n  ".join(v.line() for v in verdicts))
+        assert [v.path for v in verdicts[:len(ORDER)]] == [path_name([k]) for k in ORDER]
+        assert all(v.reason.startswith(("bit-identical", "max abs diff", "the reference")) for v in verdicts)
+        chosen, _ = _decode(model, codes, lambda k: {"demand_sized": True, "graph_replay": True})
+        model.batched = False                                    # every library call per frame
+        reference, _ = _decode(model, codes, lambda k: {"demand_sized": True, "graph_replay": True})
+        assert torch.equal(chosen, ref) and torch.equal(reference, ref)
+    finally:
+        fastpath.force_reference(None)
+
