@@ -251,3 +251,24 @@ def test_synth_says_which_paths_ran_and_takes_reference_paths(tmp_path, capsys):
     assert "fast path: layer-major order: off — not applicable" in err
     assert synth_cli.main(args + ["--reference-paths"]) == 0
     assert "fast path: batched convs: off — reference path forced by the user" in capsys.readouterr().err
+
+
+def test_real_trials_choose_what_keeps_the_bits_on_this_cpu(monkeypatch):
+    # With a layout-independent activation in place of ELU (the CPU's ELU differs between its vectorized and
+    # scalar paths), the layer-major order, batched attention and strided-batched GEMMs keep every bit on the
+    # CPU: real trials through choose() take them; the batched (transposed) convs do not keep them: refused.
+    from engine.models.mimi.config import with_context
+    monkeypatch.setattr(torch.nn.functional, "elu", lambda x, *a, **k: torch.relu(x))
+    cfg = with_context(TINY, 40)                                             # a ring longer than a second
+    m = MimiDecoder(cfg).load_moshi_state(W.random_state(cfg, seed=3))
+    v = {x.path: x for x in FP.choose(m, "cpu", check_cpu=True)}
+    for path in ("layer-major order", "batched attention", "strided-batched matmuls"):
+        assert v[path].chosen and v[path].reason.startswith("bit-identical"), v[path]
+    for path in ("batched convs", "batched transposed convs"):
+        assert not v[path].chosen and v[path].max_abs_diff > 0, v[path]
+    assert m.chosen["layer_major"] and m.chosen["batch_attention"] and not m.chosen["batch_conv"]
+    codes = _codes(37, seed=12)
+    with torch.no_grad():
+        got = FP.decode_trial(m, codes)["audio"]                             # the chosen order, as the tail runs it
+        ref = FP.decode_trial(m, codes, **FP.REFERENCE)["audio"]
+    assert torch.equal(got, ref) and ref.abs().max() > 1e-3
