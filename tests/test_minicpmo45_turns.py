@@ -23,35 +23,45 @@ def _frames(pattern, seed=0):
     return [(rng.standard_normal(24000) * (0.2 if s else 0.001)).astype(np.float32) for s in pattern]
 
 
-def _recorded_session(demand: bool):
-    """A session whose tail calls are recorded: per second, the RNG state at the first tail call, the
-    tokens pushed, the audio the tail returned (push + new_turn) and the turn end."""
+def _recorded_session(demand: bool, pattern=PATTERN, turns=None):
+    """A session whose tail calls are recorded, per second: the RNG state at the push, the tokens pushed and
+    the audio returned, and each turn end (new_turn) with the audio it returned and the tail's state after.
+    The demand-sized session runs a reply's last chunk first thing next second (the engine's schedule)."""
     s = DuplexSession(SessionConfig(backbone="minicpm-o-4.5", size="tiny", device="cpu", seed=SEED,
                                     demand_sized=demand, graph_replay=False, cpu_threads=1))
     s.start()
+    if turns is not None:
+        s.backbone.turns = turns
     tail = s.tail
     push, new_turn = tail.push, tail.new_turn
     calls = {}
 
     def rec_push(tokens):
         calls.update(rng=torch.get_rng_state(), tokens=tokens.clone(), k_before=tail.executor.k)
-        out = push(tokens)
-        calls["audio"] = [out]
-        return out
+        calls["audio"] = push(tokens)
+        return calls["audio"]
 
     def rec_new_turn(flush=True):
         out = new_turn(flush)
-        calls.setdefault("audio", []).append(out)
-        calls.update(ended=("end" if flush else "cut"), k_after=tail.executor.k, buffered=int(tail._buf.shape[1]))
+        calls.update(ended=("end" if flush else "cut"), turn_audio=out, k_after=tail.executor.k,
+                     buffered=int(tail._buf.shape[1]))
         return out
     tail.push, tail.new_turn = rec_push, rec_new_turn
     seconds = []
-    for f in _frames(PATTERN):
+    for f in _frames(pattern):
         calls.clear()
         _, r = s.process(f)
         seconds.append((r.decision, dict(calls)))
     s.close()
     return seconds
+
+
+def _turn_end(session, k):
+    """The turn end that follows the push of second ``k`` (in that second, or first thing in the next)."""
+    for j in (k, k + 1):
+        if "ended" in session[j][1]:
+            return j, session[j][1]
+    raise AssertionError(f"no turn end after second {k}")
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["stock-like", "demand"])
@@ -78,22 +88,23 @@ def _fresh_turn(rng: torch.Tensor, tokens: torch.Tensor, flush: bool) -> np.ndar
 def test_turns_end_and_are_cut_as_the_stock_loop_does(session):
     decisions = [d for d, _ in session]
     assert decisions == ["listen", "listen", "listen", "speak", "speak", "listen", "speak", "listen", "listen"]
-    cut, end = session[5][1], session[6][1]
-    assert cut["ended"] == "cut" and "tokens" not in cut and cut["audio"][-1].size == 0   # nothing decoded
+    cut = session[5][1]
+    assert cut["ended"] == "cut" and "tokens" not in cut and cut["turn_audio"].size == 0   # nothing decoded
     assert cut["k_after"] == 0 and cut["buffered"] == 0              # the cut reply's 3 codes are gone
+    j, end = _turn_end(session, 6)
     assert end["ended"] == "end" and end["k_after"] == 0 and end["buffered"] == 0
-    assert end["k_before"] == 0                                      # the reply began at the tail's step 0
+    assert session[6][1]["k_before"] == 0                           # the reply began at the tail's step 0
     silence = torch.full((3,), 4218)
     for k in (3, 6):                                                 # each reply's buffer opens with silence
         assert torch.equal(session[k][1]["tokens"][0, :3], silence)
-    assert all("ended" not in c for k, (_, c) in enumerate(session) if k not in (5, 6))
+    assert [k for k, (_, c) in enumerate(session) if "ended" in c] == [5, j]
 
 
 def test_a_reply_after_a_barge_in_decodes_like_a_fresh_stream(session):
     """Second 6's reply (after the cut at second 5) == the same tokens through a new tail, bit for bit:
     the full chunk (1 s) and the turn's last chunk (the 3 codes the chunk read ahead)."""
     c = session[6][1]
-    got = np.concatenate(c["audio"])
+    got = np.concatenate([c["audio"], _turn_end(session, 6)[1]["turn_audio"]])
     want = _fresh_turn(c["rng"], c["tokens"], flush=True)
     assert got.size == 24000 + 14 * 480 and np.abs(got).max() > 0
     assert np.array_equal(got, want)
@@ -101,8 +112,37 @@ def test_a_reply_after_a_barge_in_decodes_like_a_fresh_stream(session):
 
 def test_the_first_reply_is_a_fresh_stream_too(session):
     c = session[3][1]
-    got = np.concatenate(c["audio"])
-    assert got.size == 24000 and np.array_equal(got, _fresh_turn(c["rng"], c["tokens"], flush=False))
+    assert c["audio"].size == 24000 and np.array_equal(c["audio"], _fresh_turn(c["rng"], c["tokens"], flush=False))
+
+
+class _Scripted:
+    """Turn decisions from a script: "listen", "last" (speak and end the reply) or None (the LLM decides)."""
+
+    label, max_turn_seconds = "scripted", 4
+
+    def __init__(self, script):
+        self.script = list(script)
+
+    def decide(self, user_speech: bool):
+        from engine.backbones.minicpmo45.turns import TurnDecision
+        step = self.script.pop(0)
+        return TurnDecision("speak", last=True) if step == "last" else TurnDecision(step)
+
+
+def test_the_engine_runs_a_reply_end_next_second_with_the_same_draws(one_torch_thread):
+    """A 1 s reply, then seconds where the LLM draws its own decision: stock-like decodes the reply's last
+    chunk in the reply's last second, the demand-sized session first thing next second, before that
+    second's draws; every token and every sample of the tail's audio is the same."""
+    script = ["listen", "last", None, None, None]
+    runs = {d: _recorded_session(d, [1, 0, 0, 0, 0], _Scripted(script)) for d in (False, True)}
+    ends = {d: [k for k, (_, c) in enumerate(r) if c.get("ended") == "end"] for d, r in runs.items()}
+    assert ends[False][0] == 1 and ends[True][0] == 2
+    for (da, ca), (db, cb) in zip(runs[False], runs[True]):
+        assert da == db
+        assert ("tokens" in ca) == ("tokens" in cb) and ("tokens" not in ca or torch.equal(ca["tokens"], cb["tokens"]))
+        assert "audio" not in ca or np.array_equal(ca["audio"], cb["audio"])
+    flushed = [[r[k][1]["turn_audio"] for k in ends[d]] for d, r in runs.items()]
+    assert all(np.array_equal(x, y) for x, y in zip(*flushed)) and flushed[0][0].size == 14 * 480
 
 
 def test_new_turn_needs_the_turn_base(one_torch_thread):

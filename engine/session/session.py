@@ -131,6 +131,7 @@ class DuplexSession:
         self._pending: Dict[str, bool] = {}
         self._started = False
         self._info: Optional[Dict[str, object]] = None
+        self._turn_flush = False                     # a reply ended: its last chunk runs next second
         self.voice = choose_voice(self.cfg.voice, self.cfg.backbone_checkpoint
                                   if self.cfg.backbone == "minicpm-o-4.5" else None)
 
@@ -242,6 +243,10 @@ class DuplexSession:
         frames = self.fmt.frames_in_second(k)
         clock = StageClock(self.device)
         with torch.no_grad():
+            early = np.zeros(0, dtype=np.float32)
+            if self._turn_flush:                 # the last reply's last chunk, deferred (see _speak)
+                clock.mark("flush")
+                early, self._turn_flush = self.tail.new_turn(flush=True), False
             clock.mark("listen")
             vad = self.vad(x)
             self.backbone.listen(torch.from_numpy(x).to(self.device), vad)
@@ -251,7 +256,8 @@ class DuplexSession:
             audio, tail_skipped = self._speak(thought, frames)
             clock.mark("end")
         ms = clock.stages()
-        self.fifo.push(self.to_session_rate(audio))
+        ms["speak"] += ms.pop("flush", 0.0)          # token2wav work, wherever it runs
+        self.fifo.push(self.to_session_rate(np.concatenate([early, audio]) if early.size else audio))
         out = self._playback_level(self.fifo.pop(RATE), thought.decision)
         total = (time.perf_counter() - t0) * 1000.0
         late, missed = lateness(queue_wait, total, DEADLINE_MS)
@@ -288,7 +294,12 @@ class DuplexSession:
         included) and skips the tail while it listens: the second plays silence."""
         if getattr(self.backbone, "listen_skips_tail", False):
             audio = np.zeros(0, dtype=np.float32) if thought.tokens is None else self.tail.push(thought.tokens)
-            if thought.turn_end:        # the tail's next turn starts from the prompt, as the stock's does
+            if thought.turn_end == "end" and self.toggles()["demand_sized"]:
+                # the engine's schedule: the turn's last chunk (audio that plays only after this second's
+                # output) runs first thing next second, before anything draws; same draws in the same
+                # order, same samples out. Stock-like: in this second, as the stock loop runs it.
+                self._turn_flush = True
+            elif thought.turn_end:      # the tail's next turn starts from the prompt, as the stock's does
                 audio = np.concatenate([audio, self.tail.new_turn(flush=thought.turn_end == "end")])
             return audio, thought.tokens is None
         return self.tail.push(self._tail_tokens(thought.tokens, frames)), False
