@@ -1,10 +1,11 @@
 """Streaming blocks are reusable: a block declares its regions under short names, and any decoder can
 mount it under a prefix of its own choosing, once or several times.
 
-Step-Audio2's HiFT vocoder and conformer encoder are each mounted twice in one host model (two voices
-sharing weights, under ``a`` and ``b``) and run through the executor; every output and every final
-state equals (torch.equal) the same block run on its own, unprefixed, in a host of its own, with the
-same inputs and the random draws taken in the same order. Both arenas (demand-sized and stock-like).
+Step-Audio2's HiFT vocoder and conformer encoder, and the Nemotron codec's causal ConvNeXt block, are
+each mounted twice in one host model (two voices sharing weights, under ``a`` and ``b``) and run through
+the executor; every output and every final state equals (torch.equal) the same block run on its own,
+unprefixed, in a host of its own, with the same inputs and the random draws taken in the same order.
+Both arenas (demand-sized and stock-like).
 """
 from typing import Dict, List, Sequence
 
@@ -13,11 +14,16 @@ import torch
 
 from engine.core import (STILL, Clock, Executor, PrefixWindow, SessionSpec, StreamingModel, make_plan,
                          prefixed)
+from engine.models.nemotron_codec import weights as NW
+from engine.models.nemotron_codec.config import TINY as CODEC
+from engine.models.nemotron_codec.model import NemotronCodecDecoder
 from engine.models.step_audio2 import weights as W
 from engine.models.step_audio2.config import LOOKAHEAD, WINDOW, preset
 
 TINY = preset("tiny")
 MEL = Clock("mel", (50,), rate_hz=50.0)
+T0 = CODEC.columns_per_frame()[0]                        # the codec's first stage: columns per frame
+COLS = Clock("cols", (12 * T0, 13 * T0), rate_hz=12.5 * T0)
 CHUNK = 25 + LOOKAHEAD                               # tokens a chunk feeds the encoder (lookahead included)
 
 
@@ -40,7 +46,12 @@ class _Voices(StreamingModel):
     def regions(self, spec=None):
         regs = []
         for p in self.prefixes:
-            own = self.block.regions(STILL) if self.kind == "hift" else self.block.regions(MEL, PrefixWindow(WINDOW))
+            if self.kind == "hift":
+                own = self.block.regions(STILL)
+            elif self.kind == "convnext":
+                own = self.block.regions(COLS)
+            else:
+                own = self.block.regions(MEL, PrefixWindow(WINDOW))
             regs += prefixed(p, own)
         return regs
 
@@ -55,6 +66,8 @@ class _Voices(StreamingModel):
             x, first, last = inputs[p], plan.index == 0, plan.is_last
             if self.kind == "hift":
                 out[p] = self.block.stream(state.under(p), x, first, last)
+            elif self.kind == "convnext":
+                out[p] = self.block.second(x, state.under(p), frames=True)
             else:
                 out[p] = self.block.stream(x, last, state.under(p), plan.before[self._name(p)])
         return out
@@ -138,3 +151,27 @@ def test_encoder_block_under_two_prefixes_with_different_prompts(tiny, demand):
     assert two_outs[-1]["a"].shape[1] == 2 * last_tokens
     assert ex.state["a.att"].get().shape[3] == 2 * prompt_tokens["a"] + WINDOW
     assert ex.state["b.att"].get().shape[3] == 2 * prompt_tokens["b"] + WINDOW
+
+
+@pytest.mark.parametrize("demand", [True, False], ids=["demand", "stock-like"])
+def test_codec_convnext_block_under_two_prefixes(demand):
+    codec = NemotronCodecDecoder(CODEC)
+    NW.load_into(codec, NW.check_state(NW.random_state(CODEC, 5), CODEC, "test"))
+    block, streams = codec.stages[0][1], ("a", "b")                    # stage 0, block 1: [n, C, T0] a second
+    c = block.dim
+    g = torch.Generator().manual_seed(13)
+    inputs = [{s: torch.randn(n, c, T0, generator=g) for s in streams} for n in (12, 13, 12)]
+    spec = SessionSpec(steps=len(inputs))
+    two = _Voices(block, streams, "convnext")
+    assert [r.name for r in two.regions()] == ["a.history", "b.history"]
+    ex = Executor(two, make_plan(two.regions(spec), spec), "cpu", demand_sized=demand)
+    ex.init_state()
+    two_outs = [ex.step(x) for x in inputs]
+
+    def make(_):
+        one = _Voices(block, ("",), "convnext")
+        return Executor(one, make_plan(one.regions(spec), spec), "cpu", demand_sized=demand)
+    ref_outs, ref_states = _interleaved(make, streams, inputs, None)
+    _assert_same(two_outs, ex, ref_outs, ref_states, streams)
+    assert not torch.equal(ex.state["a.history"].get(), ex.state["b.history"].get())
+
