@@ -7,7 +7,8 @@ decode bit for bit). The faster orders (``second.py``) do the same arithmetic in
 * ``layer-major order`` — every layer over the whole second: elementwise and row-wise kernels
   (norms, RoPE, GELU/ELU, scales, overlap-adds) once per second, matmuls and convs still per
   frame. Exact where those kernels do not depend on the row count (CUDA; not the CPU's ELU, whose
-  vectorized and scalar paths differ, so the CPU keeps frame-major order and is not checked).
+  vectorized and scalar paths differ, so the CPU keeps frame-major order and is not checked unless
+  asked: with that activation made layout-independent, the CPU keeps every bit too, see the tests).
 * ``batched attention`` — one attention call per layer and second whose batch is the frames, each
   frame over the ring as it stood after its own write (``second.attention_batched``; needs a ring
   of at least a second's steps);
@@ -42,9 +43,8 @@ from .model import MimiDecoder
 
 #: the model flag each faster path sets, in the order they are checked
 FLAGS: Dict[str, str] = {"layer-major order": "layer_major", "batched attention": "batch_attention",
-                         "batched convs": "batch_conv",
-                         "batched transposed convs": "batch_conv_tr", "strided-batched matmuls": "batch_matmul_strided",
-                         "batched matmuls": "batch_matmul"}
+                         "batched convs": "batch_conv", "batched transposed convs": "batch_conv_tr",
+                         "strided-batched matmuls": "batch_matmul_strided", "batched matmuls": "batch_matmul"}
 #: the order every faster path builds on (the batched calls only exist in layer-major order)
 BASE = "layer-major order"
 #: seconds decoded by one trial (12 + 13 frames at 12.5 Hz: both step shapes)
@@ -54,7 +54,7 @@ TRIAL_SEED = 20261130
 
 @contextmanager
 def flags(model: MimiDecoder, **values: Optional[bool]) -> Iterator[MimiDecoder]:
-    """The model with ``layer_major`` / ``batch_conv`` / ``batch_matmul`` set, restored afterwards."""
+    """The model with the given order flags (:data:`FLAGS`' values) set, restored afterwards."""
     old = {k: getattr(model, k) for k in values}
     try:
         for k, v in values.items():
@@ -89,14 +89,13 @@ def decode_trial(model: MimiDecoder, codes: torch.Tensor, **order: bool) -> Dict
     return {"audio": torch.cat(out, dim=-1), "state": state}
 
 
-REFERENCE = {"layer_major": False, "batch_attention": False, "batch_conv": False, "batch_conv_tr": False, "batch_matmul_strided": False,
-             "batch_matmul": False}
+#: the reference order: frame-major, every library call at moshi's shapes
+REFERENCE: Dict[str, bool] = {flag: False for flag in FLAGS.values()}
 
 
-def _candidate(path: str, others: Dict[str, bool]) -> Dict[str, bool]:
-    order = dict(REFERENCE, layer_major=True, **others)
-    order[FLAGS[path]] = True
-    return order
+def _candidate(path: str) -> Dict[str, bool]:
+    """Layer-major order with ``path``'s flag on, every other one off."""
+    return {**REFERENCE, "layer_major": True, FLAGS[path]: True}
 
 
 def choose(model: MimiDecoder, device, num_codebooks: int = 8, check_cpu: bool = False) -> List[Verdict]:
@@ -137,7 +136,7 @@ def choose(model: MimiDecoder, device, num_codebooks: int = 8, check_cpu: bool =
         steps = max(cfg.seconds_pattern()) * cfg.upsample_stride
         if why is None and flag == "batch_attention" and cfg.context < steps:
             why = f"the ring ({cfg.context} steps) is shorter than a second ({steps} steps)"
-        v = fastpath.self_check(f"mimi {path}", dev, cfg, trial(_candidate(path, {})), not_applicable=why)
+        v = fastpath.self_check(f"mimi {path}", dev, cfg, trial(_candidate(path)), not_applicable=why)
         verdicts.append(_named(v, path))
         chosen[flag] = v.chosen
     verdicts += _combine(model, chosen, lambda path, flags: fastpath.self_check(

@@ -7,9 +7,10 @@ once per second is exactly what is computed element by element or row by row, wh
 do not depend on how many rows there are: layer norms, RoPE, GELU/ELU, layer scale, residual adds,
 the overlap-add of transposed convs, the attention mask. What moshi computes as a matrix product or
 a convolution of one frame (cuBLAS / cuDNN pick kernels by shape) still runs per frame at moshi's
-shapes, writing into slices of the second's buffers (``torch.mm(out=)``), unless ``batch_matmul``
-/ ``batch_matmul_strided`` / ``batch_conv`` / ``batch_conv_tr`` ask for one call per second (bit-exact only where the library
-keeps the same kernel for both shapes: the start-up self-check decides, ``fastpaths.py``).
+shapes, writing into slices of the second's buffers (``torch.mm(out=)``), and attention runs per
+frame over the ring, unless ``batch_matmul`` / ``batch_matmul_strided`` / ``batch_conv`` /
+``batch_conv_tr`` / ``batch_attention`` ask for one call per second (bit-exact only where the
+library keeps the same arithmetic for both shapes: the start-up self-check decides, ``fastpaths.py``).
 
 On CPU the frame-by-frame path is used: there, whether an element of a transcendental op (exp,
 erf, cos) takes the vectorized or the scalar path depends on the tensor's layout.

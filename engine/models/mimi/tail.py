@@ -114,6 +114,7 @@ def make_tail(size: str = "released", device="cpu", seed: int = 0, checkpoint: O
     start-up self-check finds it bit-identical to the reference order on this GPU (``fastpaths.py``).
     ``shared``: another tail's ``shared_weights()`` (same size/device/checkpoint/seed): nothing is loaded.
     """
-    model = shared["model"] if shared is not None else build_model(size, device, seed, checkpoint, batch_conv=batch_conv)
+    model = shared["model"] if shared is not None else \
+        build_model(size, device, seed, checkpoint, batch_conv=batch_conv)
     return MimiTail(model, device, num_codebooks, size=size, synthetic_weights=checkpoint is None,
                     demand_sized=demand_sized, graph_replay=graph_replay)
