@@ -212,21 +212,26 @@ def test_single_token_attention_repeats_its_bits_past_256_positions():
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_tiny_session_turns_stock_equals_graphs():
-    """A tiny session on CUDA with a reply cut by a barge-in and a reply that ends in-turn: the tail goes
-    back to its prompt state at each turn end (EngineTail.new_turn) under replayed graphs too; stock-like
-    (eager, growing caches) == graphs (demand, replay) for every output sample."""
+    """A tiny session on CUDA with replies cut by barge-ins and replies that end in-turn: the tail goes
+    back to its prompt state at each turn end (EngineTail.new_turn) under replayed graphs too, and the
+    TTS's history, kept over two cuts in a row, outgrows its per-turn room (2 s replies) so its decode
+    graphs are captured again over the grown store; stock-like (eager, growing caches) == graphs (demand,
+    replay) for every output sample and every text."""
     import numpy as np
     from engine.session.config import SessionConfig
     from engine.session.session import DuplexSession
-    pattern = [1, 1, 1, 0, 0, 1, 0, 0, 0, 1, 0, 0]
+    pattern = [1, 1, 0, 1, 1, 0, 1, 1, 0, 0, 0, 1, 0, 0]
     rng = np.random.default_rng(0)
     frames = [(rng.standard_normal(24000) * (0.2 if s else 0.001)).astype(np.float32) for s in pattern]
     outs = {}
     for mode, (demand, graphs) in {"stock": (False, False), "graphs": (True, True)}.items():
         s = DuplexSession(SessionConfig(backbone="minicpm-o-4.5", size="tiny", device="cuda", seed=3,
-                                        demand_sized=demand, graph_replay=graphs))
+                                        demand_sized=demand, graph_replay=graphs, reply_seconds=2))
         s.start()
         outs[mode] = (np.concatenate([s.process(f)[0] for f in frames]), [r.text for r in s.records])
+        if graphs:
+            kv = s.backbone.kv_tts
+            assert kv.kind == "demand" and kv.grown >= 1 and s.backbone.tts_graphs.grown == kv.grown
         s.close()
     assert outs["stock"][1] == outs["graphs"][1] and any(outs["stock"][1])
     assert np.array_equal(outs["stock"][0], outs["graphs"][0]) and np.abs(outs["stock"][0]).max() > 0

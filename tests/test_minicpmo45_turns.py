@@ -160,3 +160,37 @@ def test_audio_fifo_primes_in_front_then_plays_leftovers_first():
     f.push(np.arange(1, 7, dtype=np.float32))
     assert f.pop(4).tolist() == [1, 2, 3, 4]
     assert f.pop(4).tolist() == [5, 6, 0, 0]                         # an underrun after audio: zeros behind
+
+
+def _backbone_run(demand: bool, pattern, reply_seconds: int):
+    """The backbone alone over a speech pattern: per second (decision, text, codes, TTS length before THINK)."""
+    from engine.backbones.base import TokenFormat
+    from engine.backbones.minicpmo45 import MiniCPMO45Backbone
+    from engine.vad import VadResult
+    b = MiniCPMO45Backbone(TokenFormat(1, 6561, 25.0), size="tiny", device="cpu", seed=SEED,
+                           demand_sized=demand, graph_replay=False, reply_seconds=reply_seconds)
+    torch.manual_seed(SEED)
+    b.start()
+    out = []
+    for f, sp in zip(_frames(pattern), pattern):
+        b.listen(torch.from_numpy(f), VadResult(bool(sp), 1.0 if sp else 0.0, 0.0, -70.0))
+        before = b.kv_tts.length
+        t = b.think(25)
+        out.append((t.decision, t.turn_end, t.text, None if t.tokens is None else t.tokens.tolist(), before))
+    return out, b.kv_tts
+
+
+def test_the_tts_keeps_its_history_over_a_cut_and_its_store_grows(one_torch_thread):
+    """As the stock's force-listen: a cut closes the turn and restarts token2wav, but the TTS's history
+    goes on into the next reply (only a reply's own end drops it). Two cuts in a row outgrow the per-turn
+    room (2 s replies: 90 positions): the demand store doubles; both stores give the same bits."""
+    pattern = [1, 1, 0, 1, 1, 0, 1, 1, 0, 0, 0]
+    stock, _ = _backbone_run(False, pattern, 2)
+    demand, kv = _backbone_run(True, pattern, 2)
+    assert stock == demand
+    ends = [(k, e) for k, (_, e, *_r) in enumerate(stock) if e]
+    assert ends == [(3, "cut"), (6, "cut"), (9, "end")]
+    tts_before = [r[4] for r in stock]
+    assert tts_before[5] > 0 and tts_before[7] > tts_before[5]       # the history survives both cuts
+    assert tts_before[10] == 0                                       # ... and a reply's own end drops it
+    assert kv.kind == "demand" and kv.grown >= 1 and kv.capacity > 2 * 45

@@ -140,7 +140,10 @@ class MiniCPMO45Backbone(Backbone):
         demand = self._toggles["demand_sized"]
         self.kv_llm = make_store(demand, self.llm_regions[0], d.llm.layers, self.llm_capacity, self.device,
                                  growable=True)
-        self.kv_tts = make_store(demand, self.tts_regions[0], d.tts.layers, self.tts_capacity, self.device)
+        # a reply's turn bounds the TTS history, except over barge-ins (the stock keeps it across a cut):
+        # then the store doubles, up to the TTS's positions, and its graphs are captured again
+        self.kv_tts = make_store(demand, self.tts_regions[0], d.tts.layers, self.tts_capacity, self.device,
+                                 growable=True)
 
     def _graphs_on(self) -> bool:
         t = self._toggles
@@ -221,7 +224,7 @@ class MiniCPMO45Backbone(Backbone):
         demand = self._toggles["demand_sized"]
         p = self.protocol
         p.kv_llm = self.kv_llm = switch_store(self.kv_llm, demand, self.llm_capacity, self.device, growable=True)
-        new_tts = switch_store(self.kv_tts, demand, self.tts_capacity, self.device)
+        new_tts = switch_store(self.kv_tts, demand, self.tts_capacity, self.device, growable=True)
         if new_tts is not self.kv_tts:
             self.tts_graphs = None                                      # graphs point into the old storage
         p.kv_tts = self.kv_tts = new_tts

@@ -131,8 +131,9 @@ class DemandKV(KVStore):
     """Allocated once at ``capacity`` positions; in-place writes; exact-length views (stable addresses).
 
     ``growable``: a session that outlives the planned horizon gets twice the room (one copy; up to the
-    region's :class:`~engine.core.regions.Horizon`) instead of an error. Only for a store no CUDA graph
-    reads (the LLM's); the TTS's per-turn store is fixed, so its graphs keep their addresses."""
+    region's :class:`~engine.core.regions.Horizon`) instead of an error. ``grown`` counts the moves: the
+    graphs that read the store (the LLM's layer graphs, the TTS's decode graphs) are captured again
+    after one."""
 
     kind = "demand"
 

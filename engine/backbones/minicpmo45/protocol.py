@@ -9,7 +9,9 @@ forced by the turn policy); a sampled ``<|listen|>`` while a reply is still open
 ``<|tts_bos|>``; ``<|listen|>``, ``<|chunk_eos|>`` and ``<|chunk_tts_eos|>`` end the unit (deferred to
 the next finalize); step 19 is always ``<|chunk_eos|>``; every other token is fed back, and from step 1
 on its token id and final hidden state go to the TTS. ``<|turn_eos|>`` ends the reply: the TTS may
-stop early and its per-turn history is dropped after this second. A listening unit runs no TTS.
+stop early and its per-turn history is dropped after this second. A reply cut by a barge-in is closed
+with ``<|turn_eos|>`` before the unit; as in the stock loop, the TTS's history survives the cut (the
+next reply's first second is then not a turn start for the TTS). A listening unit runs no TTS.
 
 The TTS (:meth:`Protocol.speak`) prefills the condition and draws 26 codes (25 kept; fewer when it
 draws EOS where EOS is allowed: at a reply's first and last second).
@@ -110,7 +112,10 @@ class Protocol:
         if turn.forced == "listen" and not self.turn_ended:      # a reply cut short: close the turn first
             h, logits = self.step_ids([tk.turn_eos], logits=True)
             self._emit("llm_logits", logits)
-            self.end_turn()
+            # as the stock's force-listen: the turn is closed and token2wav starts afresh (the session),
+            # but the TTS keeps its history (its per-turn state is reset only by a reply's own turn end),
+            # so the next reply's TTS goes on from the cut one's positions
+            self.turn_ended = True
             unit.cut = True
         hidden: List[torch.Tensor] = []
         terminator: Optional[int] = None

@@ -70,7 +70,11 @@ class TTS(nn.Module):
 
 
 class DecodeGraphs:
-    """One CUDA graph per TTS KV length for the decode step (no padding: exact-length attention)."""
+    """One CUDA graph per TTS KV length for the decode step (no padding: exact-length attention).
+
+    The graphs read the KV store's storage where it is when they are captured: when the store grows (a
+    history carried over cut replies, as the stock keeps it, outgrew its room) they are dropped and
+    captured again, lazily, over the new storage."""
 
     def __init__(self, tts: TTS, device: torch.device):
         self.tts = tts
@@ -80,12 +84,22 @@ class DecodeGraphs:
         self.stream: Optional[torch.cuda.Stream] = None
         self.captures = 0
         self.replays = 0
+        self.grown: Optional[int] = None      # the store's growth count the graphs were captured at
 
     def _side(self):
         if self.stream is None:
             self.stream = torch.cuda.Stream(self.device)
+        if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         return self.stream
+
+    def _follow(self, kv) -> None:
+        """Drop every graph when the store moved to new storage since they were captured."""
+        grown = getattr(kv, "grown", 0)
+        if self.grown != grown:
+            self.graphs.clear()
+            self.pool = None
+            self.grown = grown
 
     def capture(self, kv, length: int, warm: bool) -> None:
         """Capture the step that makes the KV hold ``length`` positions (KV at ``length - 1`` now)."""
@@ -110,6 +124,7 @@ class DecodeGraphs:
 
     def prepare(self, kv, up_to: int) -> None:
         """Ahead of time (before the session's first turn), over an empty KV: lengths 2..up_to."""
+        self._follow(kv)
         for n in range(2, min(int(up_to), kv.capacity) + 1):
             self.capture(kv, n, warm=True)
         torch.cuda.synchronize(self.device)
@@ -118,10 +133,12 @@ class DecodeGraphs:
         kv.reset()
 
     def step(self, code: torch.Tensor, kv) -> torch.Tensor:
+        self._follow(kv)
         n = kv.length + 1
         entry = self.graphs.get(n)
         if entry is None:
             logits = self.tts.step_code(code, kv)             # eager, for real; capture for next time
+            self._follow(kv)                                  # (this step may have grown the store)
             kv.length -= 1
             self.capture(kv, n, warm=False)
             kv.length += 1
