@@ -44,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--size", choices=["auto", "released", "tiny"])
     m.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     m.add_argument("--checkpoint", help="decoder tail checkpoint (" + registry.checkpoint_hints() + ")")
-    m.add_argument("--backbone-checkpoint", help="Moshi weights folder")
+    m.add_argument("--backbone-checkpoint", help="Moshi or MiniCPM-o 4.5 weights folder")
+    m.add_argument("--voice", metavar="WAV|NPZ", help="the step-audio2 tail's voice (default: the MiniCPM-o "
+                                                    "folder's assets/HT_ref_audio.wav, else synthetic)")
     m.add_argument("--no-demand-sized", action="store_true", help="stock-sized state arenas")
     m.add_argument("--no-graph-replay", action="store_true", help="run every second eagerly")
     m.add_argument("--seed", type=seed, default=0, help="seed of the random weights and sampling (0 to 2**63-1)")
@@ -61,7 +63,8 @@ def _scripted(a: argparse.Namespace) -> bool:
 def _config(a: argparse.Namespace, base):
     """``base`` overridden by the command line, resolved (ValueError with one message)."""
     over = {k: v for k, v in (("tail", a.tail), ("backbone", a.backbone), ("size", a.size),
-                              ("checkpoint", a.checkpoint), ("backbone_checkpoint", a.backbone_checkpoint))
+                              ("checkpoint", a.checkpoint), ("backbone_checkpoint", a.backbone_checkpoint),
+                              ("voice", a.voice))
             if v is not None}
     cfg = base.replace(device=a.device, seed=a.seed, demand_sized=not a.no_demand_sized,
                        graph_replay=not a.no_graph_replay, **over)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import List, Optional, Tuple
 
 from PySide6.QtCore import Qt, Signal
@@ -38,12 +39,13 @@ def _select(combo: QComboBox, data) -> None:
 
 
 class PathChooser(QWidget):
-    """A path line edit with a "Browse…" folder button and a clear button."""
+    """A path line edit with a "Browse…" button (a folder, or a file matching ``files``) and a clear button."""
 
     changed = Signal(str)
 
-    def __init__(self, placeholder: str, parent=None):
+    def __init__(self, placeholder: str, parent=None, files: Optional[str] = None):
         super().__init__(parent)
+        self.files = files
         self.edit = QLineEdit()
         self.edit.setPlaceholderText(placeholder)
         self.edit.setClearButtonEnabled(True)
@@ -64,9 +66,12 @@ class PathChooser(QWidget):
         self.changed.emit(self.path())
 
     def _browse(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self, "Choose a checkpoint folder", self.path())
-        if folder:
-            self.set_path(folder)
+        if self.files:
+            path, _ = QFileDialog.getOpenFileName(self, "Choose a file", self.path(), self.files)
+        else:
+            path = QFileDialog.getExistingDirectory(self, "Choose a checkpoint folder", self.path())
+        if path:
+            self.set_path(path)
 
 
 CPU_RELEASED = ("⚠ released size on a CPU cannot keep up in real time: seconds queue up and the answer lags "
@@ -90,6 +95,10 @@ class ModelPanel(QGroupBox):
         self.size = _combo(SIZES, "auto picks released sizes on a GPU and tiny sizes on a CPU")
         self.checkpoint = PathChooser("none: seeded random weights")
         self.backbone_checkpoint = PathChooser("Moshi or MiniCPM-o 4.5 weights folder (optional)")
+        self.voice = PathChooser("default: the MiniCPM-o folder's voice, else synthetic",
+                                 files="Voice (*.wav *.npz);;All files (*)")
+        self.voice.setToolTip("the step-audio2 tail's voice: a recording (.wav; needs onnxruntime and the "
+                              "token2wav folder's ONNX models) or an .npz prompt")
         self.size_note = theme.dim(QLabel(f"auto = {'released on this GPU' if cuda else 'tiny (no CUDA here)'}"))
         self.status = QLabel()
         self.status.setWordWrap(True)
@@ -103,25 +112,30 @@ class ModelPanel(QGroupBox):
         form.addRow("", self.size_note)
         form.addRow("Tail checkpoint", self.checkpoint)
         form.addRow("Backbone weights", self.backbone_checkpoint)
+        form.addRow("Voice", self.voice)
         form.addRow(self.status)
         for c in (self.tail, self.backbone, self.size):
             c.currentIndexChanged.connect(self._on_change)
         self.checkpoint.changed.connect(self._on_change)
         self.backbone_checkpoint.changed.connect(self._on_change)
+        self.voice.changed.connect(self._on_change)
         self._on_change()
 
-    def set_values(self, tail: str, backbone: str, size: str, checkpoint: str, backbone_checkpoint: str) -> None:
+    def set_values(self, tail: str, backbone: str, size: str, checkpoint: str, backbone_checkpoint: str,
+                   voice: str = "") -> None:
         _select(self.tail, tail)
         _select(self.backbone, backbone)
         _select(self.size, size)
         self.checkpoint.set_path(checkpoint)
         self.backbone_checkpoint.set_path(backbone_checkpoint)
+        self.voice.set_path(voice)
 
     def config(self, **toggles) -> SessionConfig:
         """The unresolved config the panel shows (plus the given toggles)."""
         return SessionConfig(tail=self.tail.currentData(), backbone=self.backbone.currentData(),
                              size=self.size.currentData(), checkpoint=self.checkpoint.path() or None,
-                             backbone_checkpoint=self.backbone_checkpoint.path() or None, **toggles)
+                             backbone_checkpoint=self.backbone_checkpoint.path() or None,
+                             voice=self.voice.path() or None, **toggles)
 
     def validate(self) -> Tuple[Optional[SessionConfig], str]:
         """(resolved config, "") when valid, else (None, the one clear message)."""
@@ -132,6 +146,7 @@ class ModelPanel(QGroupBox):
 
     def _on_change(self, *_) -> None:
         self.backbone_checkpoint.setEnabled(self.backbone.currentData() in ("moshi", "minicpm-o-4.5"))
+        self.voice.setEnabled(self.tail.currentData() == "step-audio2")
         self.generation += 1
         self.checking = True
         self.status.setText("checking…")
@@ -166,6 +181,8 @@ class ModelPanel(QGroupBox):
     def _show_ok(self, cfg: SessionConfig) -> None:
         weights = "checkpoint weights" if cfg.checkpoint else "seeded random weights (no real voice)"
         text = f"✓ {cfg.size} on {cfg.device}, {weights}"
+        if cfg.tail == "step-audio2":
+            text += f"; voice: {Path(cfg.voice).name if cfg.voice else 'synthetic prompt'}"
         slow = cfg.size == "released" and cfg.device == "cpu"
         self.status.setText(f"{text}\n{CPU_RELEASED}" if slow else text)
         self.status.setStyleSheet(f"color: {YELLOW if slow else GREEN};")

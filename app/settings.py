@@ -23,6 +23,7 @@ class AppSettings:
     size: str = "auto"
     checkpoint: str = ""
     backbone_checkpoint: str = ""
+    voice: str = ""                  # step-audio2 voice file; "" = the folder's default / synthetic
     input_device: str = ""           # device name; "" = system default
     output_device: str = ""
     input_file: str = ""             # last WAV used as the microphone

@@ -185,7 +185,7 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
             self.events.add("device", error)
 
     def _apply_settings(self, s: AppSettings) -> None:
-        self.model_panel.set_values(s.tail, s.backbone, s.size, s.checkpoint, s.backbone_checkpoint)
+        self.model_panel.set_values(s.tail, s.backbone, s.size, s.checkpoint, s.backbone_checkpoint, s.voice)
         self.device_panel.select_device(self.device_panel.input, s.input_device)
         self.device_panel.select_device(self.device_panel.output, s.output_device)
         if s.input_file and self.device_panel.input.count() and not s.input_device:
@@ -202,6 +202,7 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         s = self.settings
         s.tail, s.backbone, s.size = m.tail.currentData(), m.backbone.currentData(), m.size.currentData()
         s.checkpoint, s.backbone_checkpoint = m.checkpoint.path(), m.backbone_checkpoint.path()
+        s.voice = m.voice.path()
         s.input_device = iv.name if ik == "device" else ""
         s.input_file = iv if ik == "file" else s.input_file
         s.output_device = ov.name if ok == "device" else ""
@@ -274,8 +275,10 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
     def _show_config(self, cfg: SessionConfig, source, sink=None) -> None:
         """Make the panels show what a (scripted) session runs with (the Output picker names its
         device, or "No playback" when nothing plays)."""
+        from engine.backbones.minicpmo45.voice import choose
+        named = choose(cfg.voice, cfg.backbone_checkpoint).origin == "--voice"     # not the folder's default
         self.model_panel.set_values(cfg.tail, cfg.backbone, cfg.size, cfg.checkpoint or "",
-                                    cfg.backbone_checkpoint or "")
+                                    cfg.backbone_checkpoint or "", cfg.voice if named else "")
         self.toggle_panel.demand.setChecked(cfg.demand_sized)
         self.toggle_panel.graphs.setChecked(cfg.graph_replay and self.cuda)
         if isinstance(source, FileInput):

@@ -187,3 +187,30 @@ def test_a_failing_onnx_model_is_named(released, monkeypatch, tmp_path, capsys):
     rc = _cli(tmp_path, "--backbone-checkpoint", str(released))
     _one_line(capsys, str(released / DEFAULT_VOICE), "INVALID_PROTOBUF")
     assert rc != 0 and not (tmp_path / "out.wav").exists()
+
+
+def test_the_model_panel_names_the_voice_and_remembers_it(qtbot, tmp_path):
+    """The app's Model panel: a Voice file row (step-audio2 only) whose file reaches the session config, the
+    engine's verdict on it (one line naming the file) and the settings."""
+    from app.settings import load_settings, open_qsettings
+    from engine.session import LiveRunner
+    from test_app_fakes import make_window
+    w = make_window(qtbot, tmp_path, LiveRunner)
+    panel = w.model_panel
+    bad = tmp_path / "short.wav"
+    _tone(bad, seconds=0.2)
+    panel.set_values("step-audio2", "synthetic", "tiny", "", "", str(bad))
+    qtbot.waitUntil(lambda: not panel.checking, timeout=10000)
+    assert panel.voice.isEnabled() and panel.config().voice == str(bad)
+    assert panel.status.text().startswith("✗ voice file") and str(bad) in panel.status.text()
+    npz = tmp_path / "v.npz"
+    p = synthetic_prompt(1.0, 0)
+    np.savez(npz, prompt_tokens=p.tokens[0].numpy(), prompt_mel=p.mel[0].numpy(),
+             speaker_embedding=p.spk[0].numpy())
+    panel.set_values("step-audio2", "synthetic", "tiny", "", "", str(npz))
+    qtbot.waitUntil(lambda: not panel.checking, timeout=10000)
+    assert panel.status.text().startswith("✓") and "voice: v.npz" in panel.status.text()
+    w.save_settings()
+    assert load_settings(open_qsettings(str(tmp_path / "s.ini"))).voice == str(npz)
+    panel.set_values("mimi", "synthetic", "tiny", "", "", "")
+    assert not panel.voice.isEnabled()
