@@ -6,6 +6,8 @@ bit-identical, and what each does besides the library call it depends on is exac
   block's own wiring (cache in and out, the modulation's add and the Mish written in place) is proven
   bit-identical to the stock layout, block by block and over a whole stream against the stock package;
 * parallel lanes (CUDA streams): not applicable on the CPU; the branches then run in order;
+* fused elementwise (a Triton kernel for ``a * b + c`` with two roundings): not applicable on the CPU; its
+  arithmetic and indexing are proven over a whole stream by Triton's interpreter (when Triton is installed);
 * the verdicts reach the session info; ``use_reference_paths`` (the bench's "before") checks nothing.
 """
 import pytest
@@ -43,13 +45,15 @@ def model():
 def test_cpu_refuses_channels_last_convs_and_lanes_with_reasons(model, fresh_verdicts, one_torch_thread):
     dit = model.flow.decoder.estimator
     dit.checked.clear()
-    assert dit.fast(50) == {"frames-major convs": False, "parallel lanes": False}
-    fm, lanes = dit.verdicts()
+    off = {"frames-major convs": False, "parallel lanes": False, "fused elementwise": False}
+    assert dit.fast(50) == off
+    fm, lanes, fused = dit.verdicts()
     assert fm.path == "step-audio2 DiT frames-major convs (50 frames)"
     assert "max abs diff" in fm.reason and fm.max_abs_diff > 0          # the CPU's channels-last conv sums otherwise
     assert lanes.reason == "not applicable: CUDA streams only"
-    assert dit.fast(50) == {"frames-major convs": False, "parallel lanes": False}
-    assert len(dit.verdicts()) == 2                                      # checked once per length
+    assert fused.reason.startswith("not applicable: ")                  # a CUDA kernel (Triton)
+    assert dit.fast(50) == off
+    assert len(dit.verdicts()) == 3                                      # checked once per length
 
 
 def test_frames_major_block_equals_the_stock_layout_block(model, fresh_verdicts, monkeypatch, one_torch_thread):
@@ -91,8 +95,8 @@ def test_reference_paths_check_nothing(fresh_verdicts, one_torch_thread):
     m = W.build(cfg, W.random_state_dict(cfg, 1), "cpu").use_reference_paths()
     verdicts = m.check_fast_paths(40)
     assert [v.path for v in verdicts] == [
-        "step-audio2 DiT frames-major convs (40 frames)", "step-audio2 DiT parallel lanes (40 frames)",
-        "step-audio2 DiT frames-major convs (50 frames)", "step-audio2 DiT parallel lanes (50 frames)",
+        f"step-audio2 DiT {p} ({t} frames)" for t in (40, 50)
+        for p in ("frames-major convs", "parallel lanes", "fused elementwise")] + [
         "step-audio2 HiFT parallel lanes (50 frames)", "step-audio2 HiFT parallel lanes (58 frames)"]
     assert all(not v.chosen and v.reason == "reference path asked for" for v in verdicts)
 
@@ -119,3 +123,51 @@ def test_lanes_run_in_order_off_cuda():
     assert out == [0, 1] and order == [0, 1]
     f = fork(lambda: order.append(2) or 2, torch.device("cpu"), 3)
     assert order == [0, 1, 2] and f.join() == 2
+
+
+FUSED_SCRIPT = r'''
+import sys, torch, torch.nn.functional as F
+torch.set_num_threads(1)
+sys.path[:0] = [".", "tests"]
+_conv1d = F.conv1d
+def conv1d(x, w, b=None, *a, **k):            # layout-blind, bias added as PyTorch's cuDNN path adds it
+    y = _conv1d(x.contiguous(), w.contiguous(), None, *a, **k)
+    return y if b is None else y + b.view(1, -1, 1)
+F.conv1d = conv1d
+from engine import fastpath
+from engine.models.step_audio2 import dit as D, weights as W
+from engine.models.step_audio2.stream import synthesize
+D.fused_available = lambda device: None       # the Triton interpreter runs the kernel on the CPU
+from engine.models.step_audio2 import fused as FU
+FU.BLOCK = 1 << 16                            # interpreted: one program per call (values unchanged)
+import stock_step_audio2 as S
+case = S.make_case("oracle", prompt_tokens=21, n_tokens=50)
+ref = S.stock_outputs(case)
+model = W.build(case.cfg, case.state, "cpu")
+est = model.flow.decoder.estimator
+assert est.fast(50)["fused elementwise"], est.verdicts()
+with torch.no_grad():
+    ours = synthesize(model, case.prompt, case.tokens, "demand", case.seed)
+fused = sorted(v.path for v in model.verdicts() if v.chosen and "fused" in v.path)
+assert fused == [f"step-audio2 DiT fused elementwise ({t} frames)" for t in (42, 50)], fused
+S.assert_chunks_equal(ours, ref)
+print("FUSED-OK")
+'''
+
+
+def test_fused_elementwise_stream_is_bit_identical_to_the_stock_package(tmp_path):
+    """The Triton kernel's arithmetic and indexing, run by Triton's interpreter on the CPU, over a whole stream
+    with every DiT block on the fused path: torch.equal to the stock package chunk by chunk."""
+    pytest.importorskip("triton")
+    S = pytest.importorskip("stock_step_audio2")
+    if not S.available():
+        pytest.skip("stepaudio2 (minicpmo) is not installed")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{root}:{root / 'tests'}")
+    run = subprocess.run([sys.executable, "-c", FUSED_SCRIPT], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0 and "FUSED-OK" in run.stdout, run.stderr[-3000:]

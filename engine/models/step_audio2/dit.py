@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -25,10 +25,16 @@ from engine.fastpath import Verdict
 
 from .checked import CheckedPaths, streams_only
 from .config import DiTConfig
-from .lanes import parallel
+from .fused import available as fused_available
+from .fused import mul_add
+from .lanes import fork, parallel
 
 #: the DiT's optional faster paths, each enabled per chunk length by a start-up self-check (:meth:`DiT.fast`)
-FAST_PATHS = ("frames-major convs", "parallel lanes")
+FAST_PATHS = ("frames-major convs", "parallel lanes", "fused elementwise")
+
+
+def _not_applicable(path: str, device: torch.device) -> Optional[str]:
+    return fused_available(device) if path == "fused elementwise" else streams_only(path, device)
 
 
 class TimestepEmbedder(nn.Module):
@@ -143,6 +149,32 @@ class CausalConvBlock(nn.Module):
         return self.block[6](h).transpose(1, 2)
 
     @torch.no_grad()                     # inference only: the in-place writes below have no autograd form
+    def forward_fused(self, normed: torch.Tensor, scale1: torch.Tensor, shift: torch.Tensor, cache: torch.Tensor,
+                      lanes: bool = False) -> torch.Tensor:
+        """The stock layout with fewer kernels: the modulation ``normed * scale1 + shift`` is written by one kernel
+        (:func:`.fused.mul_add`) straight after the cached frames (no cat), the first conv's bias is added by the
+        copy that lays its output out for the LayerNorm, and the second conv's bias is left to the caller's
+        fused gated residual. ``lanes``: the cache write-backs run beside the convs.
+
+        ``normed`` ``[b, t, C]``; ``scale1``, ``shift`` ``[b, 1, C]``; ``cache`` ``[b, 2C, 2]`` as in
+        :meth:`forward`. Returns the second conv's output *without its bias*, ``[b, C, t]``."""
+        b, t, c = normed.shape
+        p, dev = self.pad, normed.device
+        h = normed.new_empty(b, c, p + t)                                      # [b, C, 2+t], the stock's cat
+        h[:, :, :p].copy_(cache[:, :c])
+        mul_add(normed, scale1, shift, out=h[:, :, p:].transpose(1, 2))
+        back1 = fork(lambda: _write(cache[:, :c], h[..., -p:]), dev, 0, lanes)
+        y = F.conv1d(h, self.block[1].weight)                                 # [b, C, t]
+        z = torch.add(y.transpose(1, 2), self.block[1].bias, out=y.new_empty(b, t, c))   # [b, t, C] + bias
+        z = self.block[4](self.block[3](z))
+        h2 = torch.cat([cache[:, c:], z.transpose(1, 2)], dim=2)               # [b, C, 2+t]
+        back1.join()
+        back2 = fork(lambda: _write(cache[:, c:], h2[..., -p:]), dev, 1, lanes)
+        y2 = F.conv1d(h2, self.block[6].weight)
+        back2.join()
+        return y2
+
+    @torch.no_grad()                     # inference only: the in-place writes below have no autograd form
     def forward_frames_major(self, scaled: torch.Tensor, shift: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
         """The same block from the modulation's halves: ``scaled + shift`` is its input (``scaled``
         ``[b, t, C]``, ``shift`` ``[b, 1, C]``); ``cache`` ``[b, 2C, 2]`` as in :meth:`forward`. Returns ``[b, t, C]``."""
@@ -160,6 +192,10 @@ class CausalConvBlock(nn.Module):
         torch.ops.aten.mish.out(y, out=h2[:, p:])
         cache[:, c:].copy_(h2[:, -p:].transpose(1, 2))
         return F.conv1d(h2.transpose(1, 2), w2, self.block[6].bias).transpose(1, 2)   # [b, t, C]
+
+
+def _write(dst: torch.Tensor, src: torch.Tensor) -> None:
+    dst.copy_(src)
 
 
 class MLP(nn.Module):
@@ -199,9 +235,12 @@ class DiTBlock(nn.Module):
         return Modulation([sm, sp, sc], [1 + cm, 1 + cp, 1 + cc], [gm, gp, gc])
 
     def forward(self, x: torch.Tensor, m: Modulation, kv: torch.Tensor, cnn: torch.Tensor,
-                frames_major: bool = False, lanes: bool = False) -> torch.Tensor:
+                frames_major: bool = False, lanes: bool = False, fused: bool = False) -> torch.Tensor:
         """x ``[b, t, C]``; ``frames_major``: the conv block's channels-last layout; ``lanes``: q/k/v side by
-        side (both checked per GPU, see :meth:`DiT.fast`)."""
+        side; ``fused``: each modulation and gated residual in one kernel (all checked per GPU, see
+        :meth:`DiT.fast`)."""
+        if fused:
+            return self._fused(x, m, kv, cnn, lanes)
         # modulate(x, shift, scale) = x * (1 + scale) + shift, with (1 + scale) precomputed
         x = x + m.gate[0] * self.attn(self.norm1(x) * m.scale1[0] + m.shift[0], kv, lanes)
         if frames_major:
@@ -209,6 +248,13 @@ class DiTBlock(nn.Module):
         else:
             x = x + m.gate[2] * self.conv(self.norm3(x) * m.scale1[2] + m.shift[2], cnn)
         return x + m.gate[1] * self.mlp(self.norm2(x) * m.scale1[1] + m.shift[1])
+
+    def _fused(self, x: torch.Tensor, m: Modulation, kv: torch.Tensor, cnn: torch.Tensor, lanes: bool) -> torch.Tensor:
+        """:meth:`forward` with :func:`.fused.mul_add` for ``a * b + c`` (the same roundings, one kernel each)."""
+        x = mul_add(self.attn(mul_add(self.norm1(x), m.scale1[0], m.shift[0]), kv, lanes), m.gate[0], x)
+        y2 = self.conv.forward_fused(self.norm3(x), m.scale1[2], m.shift[2], cnn, lanes)     # [b, C, t], no bias
+        x = mul_add(y2.transpose(1, 2), m.gate[2], x, bias=self.conv.block[6].bias)
+        return mul_add(self.mlp(mul_add(self.norm2(x), m.scale1[1], m.shift[1])), m.gate[1], x)
 
 
 class FinalLayer(nn.Module):
@@ -222,7 +268,9 @@ class FinalLayer(nn.Module):
         shift, scale = self.adaLN_modulation(c).chunk(2, dim=-1)
         return shift, 1 + scale
 
-    def forward(self, x, shift, scale1):
+    def forward(self, x: torch.Tensor, shift: torch.Tensor, scale1: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        if fused:
+            return self.linear(mul_add(self.norm_final(x), scale1, shift))
         return self.linear(self.norm_final(x) * scale1 + shift)
 
 
@@ -240,7 +288,7 @@ class DiT(nn.Module):
         self.mods: List[List[Modulation]] = []
         self.final_mods: list = []
         #: per chunk length (frames): the self-checks' verdicts on the faster paths (see :meth:`fast`)
-        self.checked = CheckedPaths("step-audio2 DiT", FAST_PATHS, self._trial, streams_only)
+        self.checked = CheckedPaths("step-audio2 DiT", FAST_PATHS, self._trial, _not_applicable)
 
     def _modulation_layers(self) -> List[nn.Module]:
         return [self.t_embedder, self.final_layer.adaLN_modulation] + [b.adaLN_modulation for b in self.blocks]
@@ -284,7 +332,8 @@ class DiT(nn.Module):
 
     @torch.no_grad()
     def _trial(self, t: int, path: str, on: bool) -> List[torch.Tensor]:
-        """Block 0 over seeded random inputs and caches, ``path`` off or on (the other paths off)."""
+        """Block 0 (and the final layer after it) over seeded random inputs and caches, ``path`` off or on (the
+        other paths off)."""
         blk, dev, c = self.blocks[0], self.in_proj.weight.device, self.cfg.hidden
         g = torch.Generator().manual_seed(1000 + t)
         x = torch.randn(2, t, c, generator=g).to(dev)
@@ -294,9 +343,12 @@ class DiT(nn.Module):
             blk.conv.build_layouts()
         m = self.mods[0][0] if self.mods else Modulation(*[[torch.randn(2, 1, c, generator=g).to(dev)
                                                              for _ in range(3)] for _ in range(3)])
+        fused = on and path == "fused elementwise"
         out = blk(x, m, kv, cnn, frames_major=on and path == "frames-major convs",
-                  lanes=on and path == "parallel lanes")
-        return [out, kv, cnn]
+                  lanes=on and path == "parallel lanes", fused=fused)
+        if not self.final_mods:
+            return [out, kv, cnn]
+        return [out, self.final_layer(out, *self.final_mods[0], fused=fused), kv, cnn]
 
     def verdicts(self) -> List[Verdict]:
         """The checks made so far (for the session info)."""
@@ -311,6 +363,7 @@ class DiT(nn.Module):
         mods = self.mods[step]
         fast = self.fast(x.shape[1])
         for i, blk in enumerate(self.blocks):
-            x = blk(x, mods[i], kv[i], cnn[i], fast["frames-major convs"], fast["parallel lanes"])
+            x = blk(x, mods[i], kv[i], cnn[i], fast["frames-major convs"], fast["parallel lanes"],
+                    fast["fused elementwise"])
         shift, scale1 = self.final_mods[step]
-        return self.final_layer(x, shift, scale1).transpose(1, 2)
+        return self.final_layer(x, shift, scale1, fast["fused elementwise"]).transpose(1, 2)

@@ -1,0 +1,84 @@
+"""One kernel for ``(p [+ bias]) * q + r`` with the stock's roundings: the DiT's modulations and gated residuals.
+
+Every DiT block does, in the stock's order, ``x * (1 + scale) + shift`` three times and ``x + gate * y`` three
+times, each as two PyTorch kernels (a multiply, then an add, each rounded to fp32), and adds the conv block's
+second bias in a third. :func:`mul_add` does the same operations in the same order in one kernel:
+``t = p + bias`` (rounded), ``t = t * q`` (rounded), ``out = t + r`` (rounded). The kernel is compiled with
+floating-point contraction off (``enable_fp_fusion=False``: no multiply-add fused into an FMA, which would
+round once instead of twice), so each result is the same float the two or three PyTorch kernels give; IEEE
+multiplication and addition are commutative, so operand order within one operation does not matter.
+
+This is a GPU-only path (Triton) that the DiT runs only after its start-up self-check proved the block
+``torch.equal`` on this GPU (:class:`.checked.CheckedPaths`); :func:`available` says why it cannot run where
+it cannot. ``out`` may be a strided view (the conv block writes its input straight after the cached frames).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+try:                                           # a CUDA build of PyTorch brings Triton; a CPU build does not
+    import triton
+    import triton.language as tl
+except ImportError:                            # pragma: no cover - depends on the install
+    triton = None
+
+BLOCK = 1024
+
+
+def available(device: torch.device) -> Optional[str]:
+    """None when :func:`mul_add` can run on ``device``, else why not (a self-check's ``not_applicable``)."""
+    if triton is None:
+        return "Triton is not installed"
+    if device.type != "cuda":
+        return "a CUDA kernel (Triton)"
+    return None
+
+
+if triton is not None:
+    @triton.jit(do_not_specialize=["n", "T", "C", "sp_b", "sp_t", "sp_c", "sq_b", "sq_t", "sq_c",
+                                   "sr_b", "sr_t", "sr_c", "so_b", "so_t", "so_c"])
+    def _mul_add_kernel(out_ptr, p_ptr, bias_ptr, q_ptr, r_ptr, n, T, C,
+                        sp_b, sp_t, sp_c, sq_b, sq_t, sq_c, sr_b, sr_t, sr_c, so_b, so_t, so_c,
+                        HAS_BIAS: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+        mask = offs < n
+        c = offs % C                            # [B, T, C] element of each flat index
+        bt = offs // C
+        t = bt % T
+        b = bt // T
+        p = tl.load(p_ptr + b * sp_b + t * sp_t + c * sp_c, mask=mask)
+        if HAS_BIAS:
+            p = p + tl.load(bias_ptr + c, mask=mask)
+        q = tl.load(q_ptr + b * sq_b + t * sq_t + c * sq_c, mask=mask)
+        r = tl.load(r_ptr + b * sr_b + t * sr_t + c * sr_c, mask=mask)
+        tl.store(out_ptr + b * so_b + t * so_t + c * so_c, p * q + r, mask=mask)
+
+
+def mul_add(p: torch.Tensor, q: torch.Tensor, r: torch.Tensor, bias: Optional[torch.Tensor] = None,
+            out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``(p + bias) * q + r`` elementwise over ``[B, T, C]`` (``q``, ``r`` broadcast to ``p``'s shape; ``bias``
+    ``[C]``), each operation rounded as PyTorch's own kernels round it. Returns ``out`` (new: contiguous)."""
+    shape = p.shape
+    if p.dim() != 3 or p.dtype != torch.float32:
+        raise ValueError(f"mul_add takes float32 [B, T, C] tensors, got {tuple(shape)} {p.dtype}")
+    q, r = q.broadcast_to(shape), r.broadcast_to(shape)
+    if out is None:
+        out = torch.empty(shape, dtype=p.dtype, device=p.device)
+    elif out.shape != shape:
+        raise ValueError(f"mul_add: out is {tuple(out.shape)}, the result {tuple(shape)}")
+    n = p.numel()
+    _mul_add_kernel[(triton.cdiv(n, BLOCK),)](
+        out, p, bias if bias is not None else p, q, r, n, shape[1], shape[2], *p.stride(), *q.stride(),
+        *r.stride(), *out.stride(), HAS_BIAS=bias is not None, BLOCK_SIZE=BLOCK, num_warps=4,
+        enable_fp_fusion=False)
+    return out
+
+
+def mul_add_reference(p: torch.Tensor, q: torch.Tensor, r: torch.Tensor,
+                      bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The same, as PyTorch's separate kernels compute it (the stock's ops)."""
+    if bias is not None:
+        p = p + bias
+    return p * q + r
