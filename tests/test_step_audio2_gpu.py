@@ -45,6 +45,19 @@ def test_every_mode_is_bit_identical_to_the_stock_package_on_cuda(case, stock, m
     S.assert_chunks_equal(ours, stock)
 
 
+def test_faster_paths_on_and_off_are_both_bit_identical(case, stock):
+    """Issue 16: graphs with every checked faster path (lanes, fused elementwise, channels-last convs where the
+    self-check chose them) and graphs on the reference paths; the verdicts name every path and length."""
+    on = W.build(case.cfg, case.state, "cuda")
+    S.assert_chunks_equal(synthesize(on, case.prompt, case.tokens, "graphs", case.seed), stock)
+    off = W.build(case.cfg, case.state, "cuda").use_reference_paths()
+    S.assert_chunks_equal(synthesize(off, case.prompt, case.tokens, "graphs", case.seed), stock)
+    lines = [v.line() for v in on.verdicts()]
+    print("\n".join(lines))
+    assert any("DiT parallel lanes (50 frames)" in x for x in lines) and any("HiFT" in x for x in lines)
+    assert not any(v.chosen for v in off.verdicts())
+
+
 def test_live_tail_with_toggles_flipping_mid_stream_is_bit_identical(case, stock):
     model = W.build(case.cfg, case.state, "cuda")
     tail = StepAudio2Tail(model, case.prompt, "oracle", synthetic=True, mode="graphs")
