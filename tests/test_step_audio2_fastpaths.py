@@ -140,6 +140,7 @@ from engine.models.step_audio2.stream import synthesize
 D.fused_available = lambda device: None       # the Triton interpreter runs the kernel on the CPU
 from engine.models.step_audio2 import fused as FU
 FU.BLOCK = 1 << 16                            # interpreted: one program per call (values unchanged)
+FU.EAGER = True                               # the fused kernel in eager steps too (by default: in captures)
 import stock_step_audio2 as S
 case = S.make_case("oracle", prompt_tokens=21, n_tokens=50)
 ref = S.stock_outputs(case)

@@ -27,6 +27,7 @@ from .checked import CheckedPaths, streams_only
 from .config import DiTConfig
 from .fused import available as fused_available
 from .fused import mul_add
+from .fused import worth_it as fused_worth_it
 from .lanes import fork, parallel
 
 #: the DiT's optional faster paths, each enabled per chunk length by a start-up self-check (:meth:`DiT.fast`)
@@ -362,8 +363,8 @@ class DiT(nn.Module):
         x = self.in_proj(xin.transpose(1, 2))                                 # (2, t, C)
         mods = self.mods[step]
         fast = self.fast(x.shape[1])
+        fused = fast["fused elementwise"] and fused_worth_it(x.device)
         for i, blk in enumerate(self.blocks):
-            x = blk(x, mods[i], kv[i], cnn[i], fast["frames-major convs"], fast["parallel lanes"],
-                    fast["fused elementwise"])
+            x = blk(x, mods[i], kv[i], cnn[i], fast["frames-major convs"], fast["parallel lanes"], fused)
         shift, scale1 = self.final_mods[step]
-        return self.final_layer(x, shift, scale1, fast["fused elementwise"]).transpose(1, 2)
+        return self.final_layer(x, shift, scale1, fused).transpose(1, 2)
