@@ -254,6 +254,7 @@ class DuplexSession:
             thought = self.backbone.think(frames)
             clock.mark("speak")
             audio, tail_skipped = self._speak(thought, frames)
+            tail_skipped = tail_skipped and not early.size      # a deferred last chunk ran this second
             clock.mark("end")
         ms = clock.stages()
         ms["speak"] += ms.pop("flush", 0.0)          # token2wav work, wherever it runs
