@@ -91,7 +91,7 @@ def make_config(a: argparse.Namespace) -> SessionConfig:
         ckpt, bb_ckpt = None, ckpt
     cfg = SessionConfig(tail=a.model, backbone=a.backbone, size=a.size, device=a.device, checkpoint=ckpt,
                         backbone_checkpoint=bb_ckpt, demand_sized=demand, graph_replay=graphs, seed=a.seed,
-                        voice=a.voice)
+                        voice=getattr(a, "voice", None))
     return cfg.resolved()
 
 
