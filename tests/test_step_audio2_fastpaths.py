@@ -95,6 +95,7 @@ def test_reference_paths_check_nothing(fresh_verdicts, one_torch_thread):
     m = W.build(cfg, W.random_state_dict(cfg, 1), "cpu").use_reference_paths()
     verdicts = m.check_fast_paths(40)
     assert [v.path for v in verdicts] == [
+        f"step-audio2 encoder parallel lanes ({t} frames)" for t in (20, 25, 40, 50)] + [
         f"step-audio2 DiT {p} ({t} frames)" for t in (40, 50)
         for p in ("frames-major convs", "parallel lanes", "fused elementwise")] + [
         "step-audio2 HiFT parallel lanes (50 frames)", "step-audio2 HiFT parallel lanes (58 frames)"]

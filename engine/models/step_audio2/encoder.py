@@ -19,15 +19,18 @@ under a prefix) and runs over those handles (:meth:`~UpsampleConformerEncoder.st
 from __future__ import annotations
 
 import math
-from typing import List, Mapping, Optional
+from typing import Dict, List, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine.core import STILL, Clock, Region, Retention, Static
+from engine.fastpath import Verdict
 
+from .checked import CheckedPaths, streams_only
 from .config import EncoderConfig
+from .lanes import parallel
 
 
 def rel_position_table(d_model: int, max_len: int = 5000) -> torch.Tensor:
@@ -72,6 +75,9 @@ class RelPosSelfAttention(nn.Module):
         self.linear_pos = nn.Linear(dim, dim, bias=False)
         self.pos_bias_u = nn.Parameter(torch.zeros(heads, self.d_k))
         self.pos_bias_v = nn.Parameter(torch.zeros(heads, self.d_k))
+        #: ``linear_pos`` of the position table per table length: clock-only work (the lengths a stream meets are
+        #: set by its plan), computed once, eagerly, by the same op (so the same bits) and read afterwards
+        self.rel_cache: Dict[int, torch.Tensor] = {}
 
     @staticmethod
     def skew(by_offset: torch.Tensor, keys: int) -> torch.Tensor:
@@ -90,20 +96,35 @@ class RelPosSelfAttention(nn.Module):
         """``[1, t, h * d_k]`` -> ``[1, t, h, d_k]`` (a view)."""
         return y.view(y.shape[0], y.shape[1], self.h, self.d_k)
 
+    def _rel(self, pos_emb: torch.Tensor) -> torch.Tensor:
+        """``linear_pos(pos_emb)`` ``[1, 2T-1, C]``, from :attr:`rel_cache` once computed outside a capture."""
+        n = pos_emb.shape[1]
+        rel = self.rel_cache.get(n)
+        if rel is None:
+            rel = self.linear_pos(pos_emb)
+            if not (rel.is_cuda and torch.cuda.is_current_stream_capturing()):
+                self.rel_cache[n] = rel
+        return rel
+
+    def _project(self, x: torch.Tensor, slot: torch.Tensor, which: int) -> torch.Tensor:
+        """Keys (0) or values (1) ``[1, h, t, d_k]`` of the chunk, also written to their half of ``slot``."""
+        y = self._heads((self.linear_k if which == 0 else self.linear_v)(x)).transpose(1, 2)
+        slot[..., which * self.d_k:(which + 1) * self.d_k].copy_(y)
+        return y
+
     def forward(self, x: torch.Tensor, pos_emb: torch.Tensor, cache: Optional[torch.Tensor],
-                slot: torch.Tensor) -> torch.Tensor:
+                slot: torch.Tensor, lanes: bool = False) -> torch.Tensor:
         """x ``[1, t, C]``; cache ``[1, h, T0, 2*d_k]`` or None; ``slot`` ``[1, h, t, 2*d_k]`` receives the new k|v;
-        ``pos_emb`` ``[1, 2*(T0 + t) - 1, C]``. Returns ``[1, t, C]``."""
+        ``pos_emb`` ``[1, 2*(T0 + t) - 1, C]``. Returns ``[1, t, C]``. ``lanes``: the q, k and v projections side
+        by side (:func:`.lanes.parallel`, the same kernels)."""
         dk, t = self.d_k, x.shape[1]
-        q = self._heads(self.linear_q(x))                                       # [1, t, h, d_k]
-        keys = self._heads(self.linear_k(x)).transpose(1, 2)                    # [1, h, t, d_k]
-        values = self._heads(self.linear_v(x)).transpose(1, 2)
-        slot[..., :dk].copy_(keys)
-        slot[..., dk:].copy_(values)
+        q, keys, values = parallel([lambda: self._heads(self.linear_q(x)),                  # [1, t, h, d_k]
+                                    lambda: self._project(x, slot, 0), lambda: self._project(x, slot, 1)],
+                                   x.device, lanes)                                        # [1, h, t, d_k] each
         if cache is not None:                                                   # [1, h, T0 + t, d_k]
             keys = torch.cat([cache[..., :dk], keys], dim=2)
             values = torch.cat([cache[..., dk:], values], dim=2)
-        rel = self._heads(self.linear_pos(pos_emb)).transpose(1, 2)              # [1, h, 2T-1, d_k]
+        rel = self._heads(self._rel(pos_emb)).transpose(1, 2)                   # [1, h, 2T-1, d_k]
         content = torch.matmul((q + self.pos_bias_u).transpose(1, 2), keys.transpose(2, 3))     # [1, h, t, T]
         by_offset = torch.matmul((q + self.pos_bias_v).transpose(1, 2), rel.transpose(2, 3))   # [1, h, t, 2T-1]
         logits = (content + self.skew(by_offset, keys.shape[2])) / math.sqrt(dk)
@@ -132,8 +153,8 @@ class ConformerLayer(nn.Module):
         self.norm_ff = nn.LayerNorm(dim, eps=1e-12)
         self.norm_mha = nn.LayerNorm(dim, eps=1e-12)
 
-    def forward(self, x, pos_emb, cache, slot):
-        x = x + self.self_attn(self.norm_mha(x), pos_emb, cache, slot)
+    def forward(self, x, pos_emb, cache, slot, lanes: bool = False):
+        x = x + self.self_attn(self.norm_mha(x), pos_emb, cache, slot, lanes)
         # the stock multiplies the feed-forward by ff_scale = 1.0: exact, so not repeated here
         return x + self.feed_forward(self.norm_ff(x))
 
@@ -191,6 +212,37 @@ class UpsampleConformerEncoder(nn.Module):
                                          for _ in range(cfg.num_up_blocks))
         self.after_norm = nn.LayerNorm(c, eps=1e-5)
         self.register_buffer("pe", rel_position_table(c), persistent=False)
+        #: per chunk length: the self-check's verdicts on the faster paths (:meth:`fast`)
+        self.checked = CheckedPaths("step-audio2 encoder", ("parallel lanes",), self._trial, streams_only)
+
+    def build_constants(self) -> None:
+        """Forget what was computed for other weights or another device (position projections, verdicts)."""
+        for layer in self.layers():
+            layer.self_attn.rel_cache = {}
+        self.checked.clear()
+
+    def layers(self) -> List[ConformerLayer]:
+        return list(self.encoders) + list(self.up_encoders)
+
+    # -- faster paths, checked per GPU -------------------------------------------------------------------
+    def fast(self, t: int) -> Dict[str, bool]:
+        """Which faster paths run for layers over ``t`` frames (checked once per length, see ``checked``)."""
+        return self.checked.which(t, self.pe.device, self.cfg)
+
+    @torch.no_grad()
+    def _trial(self, t: int, path: str, on: bool) -> List[torch.Tensor]:
+        """The first layer over a seeded random chunk and cache (``t`` frames each), ``path`` off or on."""
+        layer = self.layers()[0]
+        c, h = self.cfg.output_size, self.cfg.heads
+        g = torch.Generator().manual_seed(3000 + t)
+        x = torch.randn(1, t, c, generator=g).to(self.pe.device)
+        cache = torch.randn(1, h, t, 2 * c // h, generator=g).to(self.pe.device)
+        slot = torch.empty(1, h, t, 2 * c // h, device=self.pe.device)
+        out = layer(x, self.pos_emb(2 * t), cache, slot, lanes=on and path == "parallel lanes")
+        return [out, slot]
+
+    def verdicts(self) -> List[Verdict]:
+        return self.checked.verdicts()
 
     # -- streaming block -------------------------------------------------------------------------------
     def regions(self, clock: Clock, keep: Retention) -> List[Region]:
@@ -233,9 +285,10 @@ class UpsampleConformerEncoder(nn.Module):
         xs = self.pre_lookahead_layer(xs, None if first_use else cnn[:, :, :2], cnn[:, :, :2])
         t1 = xs.shape[1]
         pos = self.pos_emb(off1 + t1)
+        lanes = bool(self.encoders) and self.fast(t1)["parallel lanes"]
         for i, layer in enumerate(self.encoders):
             cache = None if first_use else att[i, :, :, :off1]
-            xs = layer(xs, pos, cache, att[i, :, :, off1:off1 + t1])
+            xs = layer(xs, pos, cache, att[i, :, :, off1:off1 + t1], lanes)
         if nb:
             # the 25 Hz keys/values are stored twice over ([a, a]), as the stock's repeat(1, 1, 1, 2, 1)
             n1 = off1 + t1
@@ -244,7 +297,8 @@ class UpsampleConformerEncoder(nn.Module):
         xs = self.up_embed(xs.transpose(1, 2).contiguous())
         t2 = xs.shape[1]
         pos = self.pos_emb(off1 * s + t2)
+        lanes = bool(self.up_encoders) and self.fast(t2)["parallel lanes"]
         for i, layer in enumerate(self.up_encoders):
             cache = None if first_use else att[nb + i, :, :, :before]
-            xs = layer(xs, pos, cache, att[nb + i, :, :, before:before + t2])
+            xs = layer(xs, pos, cache, att[nb + i, :, :, before:before + t2], lanes)
         return self.after_norm(xs)

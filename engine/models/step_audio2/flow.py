@@ -64,6 +64,7 @@ class Flow(nn.Module):
             if step < n:
                 dt = t_span[step + 1] - t
         self.dts = dts
+        self.encoder.build_constants()
         self.decoder.estimator.build_constants(ts)
         self.ready_on = p.device
 

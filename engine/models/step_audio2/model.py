@@ -64,9 +64,12 @@ class StepAudio2Token2Wav(StreamingModel):
 
     def check_fast_paths(self, prompt_frames: int) -> List[Verdict]:
         """Run the start-up self-checks of the optional faster paths (:mod:`engine.fastpath`) for the lengths a
-        stream meets from the start: the DiT over the prompt and over a chunk, the HiFT over the first chunk and
-        over a chunk with its overlap (a short last chunk is checked when it comes). Returns every verdict."""
-        chunk = MEL.pattern[0]
+        stream meets from the start: the encoder's 25 and 50 Hz layers and the DiT over the prompt and over a
+        chunk, the HiFT over the first chunk and over a chunk with its overlap (a short last chunk is checked when
+        it comes). Returns every verdict."""
+        chunk, up = MEL.pattern[0], self.flow.up_rate
+        for t in sorted({prompt_frames // up, prompt_frames, chunk // up, chunk}):
+            self.flow.encoder.fast(t)
         for t in sorted({prompt_frames, chunk}):
             self.flow.decoder.estimator.fast(t)
         for frames in (chunk, chunk + MEL_CACHE):
@@ -75,14 +78,14 @@ class StepAudio2Token2Wav(StreamingModel):
 
     def use_reference_paths(self) -> "StepAudio2Token2Wav":
         """Run every optional faster path's reference (unchecked) from now on: the "before" of a bench."""
-        for checked in (self.flow.decoder.estimator.checked, self.hift.checked):
+        for checked in (self.flow.encoder.checked, self.flow.decoder.estimator.checked, self.hift.checked):
             checked.clear()
             checked.reference_only = True
         return self
 
     def verdicts(self) -> List[Verdict]:
-        """The faster paths' verdicts so far (DiT, then HiFT), for the session info."""
-        return self.flow.decoder.estimator.verdicts() + self.hift.verdicts()
+        """The faster paths' verdicts so far (encoder, DiT, then HiFT), for the session info."""
+        return self.flow.encoder.verdicts() + self.flow.decoder.estimator.verdicts() + self.hift.verdicts()
 
     @property
     def device(self) -> torch.device:
