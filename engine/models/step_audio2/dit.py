@@ -115,13 +115,14 @@ class CausalConvBlock(nn.Module):
     Indices 1, 3, 6 match the stock's ``nn.Sequential`` (its transposes sit at the other indices).
 
     Two layouts of the same arithmetic. :meth:`forward` is the stock's: channels-first ``[b, C, 2+t]``
-    activations (``torch.cat`` of the cache and the chunk), which cuDNN converts to channels-last around its
-    kernel and back (three layout kernels a conv on the H200). :meth:`forward_frames_major` keeps the frames
+    activations (``torch.cat`` of the cache and the chunk), whose input and filter cuDNN converts to
+    channels-last before its kernel (two layout kernels a conv on the H200, every call). :meth:`forward_fused`
+    keeps that layout with fewer other kernels. :meth:`forward_frames_major` keeps the frames
     major, ``[b, 2+t, C]``, so each conv reads a channels-last view and writes a channels-last output: no
     conversions, no cat (the modulated chunk and the Mish are written straight after the cached frames),
     and the LayerNorm reads the conv's output without a contiguous copy. Whether cuDNN then runs a kernel
     with the same bits is up to the GPU and library, so the DiT enables it per length only after a start-up
-    self-check (:meth:`DiT.frames_major_ok`).
+    self-check (:meth:`DiT.fast`; refused on the H200 with cuDNN 9 / torch 2.11: another kernel, 7e-5 off).
     """
 
     def __init__(self, channels: int, kernel: int = 3):
