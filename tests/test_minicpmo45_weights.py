@@ -159,7 +159,31 @@ BROKEN = {
     "no tokenizer": (lambda p: (p / "tokenizer.json").unlink(), "lacks tokenizer.json"),
     "tokenizer lacks a protocol token": (lambda p: _drop_token(p, "<|turn_eos|>"), "no token <|turn_eos|>"),
     "not a folder": (lambda p: shutil.rmtree(p), "does not exist"),
+    "bad_token_ids not ids": (lambda p: (p / "tokenizer_config.json").write_text(
+        json.dumps({"bad_token_ids": ["w1"]})), "tokenizer_config.json: bad_token_ids must be a list of token ids"),
+    "bad_token_ids outside the vocabulary": (lambda p: (p / "tokenizer_config.json").write_text(
+        json.dumps({"bad_token_ids": [3, 10 ** 9]})), "bad_token_ids holds 1000000000, outside"),
 }
+
+
+def test_the_tokenizers_bad_token_ids_are_never_drawn(folder, tmp_path, one_torch_thread):
+    """tokenizer_config.json's bad_token_ids (as the released tokenizer lists them) join <|tts_pad|> and
+    <|chunk_eos|> in the LLM's forbidden list: the second draw never gives them, even when they dominate."""
+    p = _copy(folder, tmp_path)
+    (p / "tokenizer_config.json").write_text(json.dumps({"bad_token_ids": [7, 3, 7], "model_max_length": 10}))
+    f = open_folder(p)
+    assert f.bad_token_ids == (3, 7) and open_folder(folder).bad_token_ids == ()
+    b = _backbone(p)
+    sampler = b.protocol.sampler
+    tk = D.tokens
+    assert sampler.forbidden == sorted({3, 7, tk.tts_pad, tk.chunk_eos})
+    logits = torch.full((1, D.llm.vocab), -20.0)
+    logits[0, [3, 7, tk.tts_pad, tk.chunk_eos]] = 20.0                # forbidden ones dominate ...
+    logits[0, [11, 12]] = 19.0                                        # ... then these
+    torch.manual_seed(1)
+    picks = [sampler(logits) for _ in range(60)]
+    assert set(picks) <= {tk.chunk_eos, 11, 12} and tk.chunk_eos in picks  # chunk_eos: only the raw draw
+    assert set(sampler.history) <= {11, 12} and sampler.history
 
 
 def _drop_token(p: Path, name: str) -> None:

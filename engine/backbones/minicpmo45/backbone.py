@@ -109,7 +109,7 @@ class MiniCPMO45Backbone(Backbone):
                 limit = d.sampling.max_chars_per_unit
                 too_long = lambda ids: len(tok.decode(ids, skip_special_tokens=True)) >= limit   # noqa: E731
             self.protocol = Protocol(d, self.llm, self.tts, self.kv_llm, self.kv_tts, self._tts_step, too_long,
-                                     self._one_token)
+                                     self._one_token, self.folder.bad_token_ids if self.folder else ())
             self.protocol.tap = self._tap
 
     def _fill_weights(self) -> None:

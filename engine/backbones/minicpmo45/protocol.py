@@ -19,7 +19,7 @@ draws EOS where EOS is allowed: at a reply's first and last second).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Sequence
 
 import torch
 
@@ -56,7 +56,8 @@ class Protocol:
     def __init__(self, dims: Dims, llm: Qwen3, tts: TTS, kv_llm: KVStore, kv_tts: KVStore,
                  tts_step: Callable[[torch.Tensor, KVStore], torch.Tensor],
                  too_long: Optional[Callable[[List[int]], bool]] = None,
-                 one_token: Optional[Callable[[torch.Tensor], Optional[tuple]]] = None):
+                 one_token: Optional[Callable[[torch.Tensor], Optional[tuple]]] = None,
+                 bad_token_ids: Sequence[int] = ()):
         self.d = dims
         self.llm, self.tts = llm, tts
         self.kv_llm, self.kv_tts = kv_llm, kv_tts
@@ -64,7 +65,9 @@ class Protocol:
         self.too_long = too_long
         self.one_token = one_token
         tk = dims.tokens
-        self.sampler = TextSampler(dims.sampling, tk, forbidden=[tk.tts_pad])
+        # the stock's second draw never gives <|tts_pad|>, <|chunk_eos|> (only the first, raw draw may end
+        # the unit) or the tokenizer's bad_token_ids (StreamDecoder's forbidden list)
+        self.sampler = TextSampler(dims.sampling, tk, forbidden=[tk.tts_pad, tk.chunk_eos, *bad_token_ids])
         self.turn_ended = True
         self.pending_close: Optional[List[int]] = None
         self.logits: Optional[torch.Tensor] = None

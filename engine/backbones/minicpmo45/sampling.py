@@ -4,10 +4,10 @@ LLM, per decode step (``StreamDecoder.decode`` in MiniCPM-o-Demo, written here f
 
 1. draw once from the raw softmax; if that draw is ``<|chunk_eos|>`` the unit ends there (the model
    keeps its own decision of when to stop);
-2. otherwise: forbidden tokens (``<|tts_pad|>``) to -inf; repetition penalty 1.05 on every distinct
-   token among the last 512 drawn in step 3 (the logit is divided by it); a length penalty 1.1 that
-   pushes ``<|turn_eos|>`` down (divide a positive logit, multiply a negative one); temperature 0.7,
-   top-k 20, top-p 0.8; draw again.
+2. otherwise: forbidden tokens (``<|tts_pad|>``, ``<|chunk_eos|>`` and the tokenizer's ``bad_token_ids``)
+   to -inf; repetition penalty 1.05 on every distinct token among the last 512 drawn in step 3 (the logit
+   is divided by it); a length penalty 1.1 that pushes ``<|turn_eos|>`` down (divide a positive logit,
+   multiply a negative one); temperature 0.7, top-k 20, top-p 0.8; draw again.
 
 TTS, per step: temperature 0.8; repetition penalty 1.05 per occurrence among the chunk's last 16
 codes (``alpha = 1.05 ** count``: positive logits divided by it, negative ones multiplied); EOS
@@ -16,7 +16,7 @@ default generator, so a seeded session repeats bit for bit.
 """
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import Dict, List, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -53,7 +53,8 @@ class TextSampler:
 
     def __init__(self, s: Sampling, tokens: SpecialTokens, forbidden: Sequence[int]):
         self.s, self.t = s, tokens
-        self.forbidden = list(forbidden)
+        self.forbidden = sorted(set(int(i) for i in forbidden))
+        self._forbidden_at: Dict[torch.device, torch.Tensor] = {}    # the ids on each device, made once
         self.history: List[int] = []
 
     def __call__(self, logits: torch.Tensor) -> int:
@@ -64,7 +65,10 @@ class TextSampler:
         s = self.s
         x = logits.clone()
         if self.forbidden:
-            x[:, self.forbidden] = float("-inf")
+            idx = self._forbidden_at.get(x.device)
+            if idx is None:
+                idx = self._forbidden_at[x.device] = torch.tensor(self.forbidden, dtype=torch.long, device=x.device)
+            x[:, idx] = float("-inf")
         recent = self.history[-s.repetition_window:]
         if s.repetition_penalty != 1.0 and recent:
             ids = torch.tensor(sorted(set(t for t in recent if t < x.shape[-1])), dtype=torch.long, device=x.device)

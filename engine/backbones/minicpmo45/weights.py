@@ -6,6 +6,7 @@ The released folder (the Hugging Face model repository's layout)::
     model.safetensors.index.json      {"weight_map": {key: shard file}}  (or one model.safetensors)
     model-0000N-of-0000M.safetensors
     tokenizer.json, added_tokens.json the Qwen tokenizer with the duplex protocol's tokens
+    tokenizer_config.json             (read: its bad_token_ids, which the LLM's sampler never draws)
     assets/token2wav/                 flow.yaml, flow.pt, hift.pt, two ONNX files (the Step-Audio2 tail)
     assets/HT_ref_audio.wav           the default voice
 
@@ -22,7 +23,7 @@ import json
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import nn
@@ -41,6 +42,7 @@ class Folder:
     dims: Dims
     weight_map: Dict[str, str]
     tokenizer: object                      # tokenizers.Tokenizer
+    bad_token_ids: Tuple[int, ...] = ()    # tokenizer_config.json's: never drawn by the LLM's sampler
 
     @property
     def token2wav(self) -> Optional[Path]:
@@ -85,6 +87,21 @@ def _tokenizer(folder: Path):
     return tok, SpecialTokens(**ids)
 
 
+def _bad_token_ids(folder: Path, vocab: int) -> Tuple[int, ...]:
+    """``bad_token_ids`` of tokenizer_config.json (the stock tokenizer's; the duplex sampler forbids them),
+    or () when the file or the field is absent."""
+    path = folder / "tokenizer_config.json"
+    if not path.is_file():
+        return ()
+    ids = _read_json(path, "the tokenizer configuration").get("bad_token_ids", [])
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ValueError(f"{path}: bad_token_ids must be a list of token ids")
+    out = [i for i in ids if not 0 <= i < vocab]
+    if out:
+        raise ValueError(f"{path}: bad_token_ids holds {out[0]}, outside the LLM vocabulary of {vocab}")
+    return tuple(sorted(set(ids)))
+
+
 def _weight_map(folder: Path) -> Dict[str, str]:
     if (folder / INDEX).is_file():
         wm = _read_json(folder / INDEX, "the shard index").get("weight_map")
@@ -114,7 +131,7 @@ def open_folder(path) -> Folder:
         if getattr(tokens, field) >= dims.llm.vocab:
             raise ValueError(f"{folder / 'tokenizer.json'}: token id {getattr(tokens, field)} is outside the "
                              f"LLM vocabulary of {dims.llm.vocab}")
-    return Folder(folder, dims, _weight_map(folder), tok)
+    return Folder(folder, dims, _weight_map(folder), tok, _bad_token_ids(folder, dims.llm.vocab))
 
 
 def fold_weight_norm(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
