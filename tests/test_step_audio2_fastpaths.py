@@ -98,7 +98,7 @@ def test_reference_paths_check_nothing(fresh_verdicts, one_torch_thread):
         f"step-audio2 encoder parallel lanes ({t} frames)" for t in (20, 25, 40, 50)] + [
         f"step-audio2 DiT {p} ({t} frames)" for t in (40, 50)
         for p in ("frames-major convs", "parallel lanes", "fused elementwise")] + [
-        "step-audio2 HiFT parallel lanes (50 frames)", "step-audio2 HiFT parallel lanes (58 frames)"]
+        f"step-audio2 HiFT {p} ({t} frames)" for t in (50, 58) for p in ("parallel lanes", "fused elementwise")]
     assert all(not v.chosen and v.reason == "reference path asked for" for v in verdicts)
 
 
@@ -136,9 +136,9 @@ def conv1d(x, w, b=None, *a, **k):            # layout-blind, bias added as PyTo
     return y if b is None else y + b.view(1, -1, 1)
 F.conv1d = conv1d
 from engine import fastpath
-from engine.models.step_audio2 import dit as D, weights as W
+from engine.models.step_audio2 import dit as D, hift as H, weights as W
 from engine.models.step_audio2.stream import synthesize
-D.fused_available = lambda device: None       # the Triton interpreter runs the kernel on the CPU
+D.fused_available = H.fused_available = lambda device: None   # Triton's interpreter runs the kernel on the CPU
 from engine.models.step_audio2 import fused as FU
 FU.BLOCK = 1 << 16                            # interpreted: one program per call (values unchanged)
 FU.EAGER = True                               # the fused kernel in eager steps too (by default: in captures)
@@ -151,7 +151,8 @@ assert est.fast(50)["fused elementwise"], est.verdicts()
 with torch.no_grad():
     ours = synthesize(model, case.prompt, case.tokens, "demand", case.seed)
 fused = sorted(v.path for v in model.verdicts() if v.chosen and "fused" in v.path)
-assert fused == [f"step-audio2 DiT fused elementwise ({t} frames)" for t in (42, 50)], fused
+assert fused == [f"step-audio2 DiT fused elementwise ({t} frames)" for t in (42, 50)] + [
+    f"step-audio2 HiFT fused elementwise ({t} frames)" for t in (50, 58)], fused
 S.assert_chunks_equal(ours, ref)
 print("FUSED-OK")
 '''
@@ -159,7 +160,7 @@ print("FUSED-OK")
 
 def test_fused_elementwise_stream_is_bit_identical_to_the_stock_package(tmp_path):
     """The Triton kernel's arithmetic and indexing, run by Triton's interpreter on the CPU, over a whole stream
-    with every DiT block on the fused path: torch.equal to the stock package chunk by chunk."""
+    with every DiT block and every HiFT Snake on the fused path: torch.equal to the stock package chunk by chunk."""
     pytest.importorskip("triton")
     S = pytest.importorskip("stock_step_audio2")
     if not S.available():

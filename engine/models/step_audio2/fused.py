@@ -53,7 +53,7 @@ if triton is not None:
                                    "sr_b", "sr_t", "sr_c", "so_b", "so_t", "so_c"])
     def _mul_add_kernel(out_ptr, p_ptr, bias_ptr, q_ptr, r_ptr, n, T, C,
                         sp_b, sp_t, sp_c, sq_b, sq_t, sq_c, sr_b, sr_t, sr_c, so_b, so_t, so_c,
-                        HAS_BIAS: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+                        HAS_BIAS: tl.constexpr, SQUARE: tl.constexpr, BLOCK_SIZE: tl.constexpr):
         offs = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
         mask = offs < n
         c = offs % C                            # [B, T, C] element of each flat index
@@ -63,15 +63,19 @@ if triton is not None:
         p = tl.load(p_ptr + b * sp_b + t * sp_t + c * sp_c, mask=mask)
         if HAS_BIAS:
             p = p + tl.load(bias_ptr + c, mask=mask)
+        if SQUARE:
+            p = p * p
         q = tl.load(q_ptr + b * sq_b + t * sq_t + c * sq_c, mask=mask)
         r = tl.load(r_ptr + b * sr_b + t * sr_t + c * sr_c, mask=mask)
         tl.store(out_ptr + b * so_b + t * so_t + c * so_c, p * q + r, mask=mask)
 
 
 def mul_add(p: torch.Tensor, q: torch.Tensor, r: torch.Tensor, bias: Optional[torch.Tensor] = None,
-            out: Optional[torch.Tensor] = None) -> torch.Tensor:
+            out: Optional[torch.Tensor] = None, square: bool = False) -> torch.Tensor:
     """``(p + bias) * q + r`` elementwise over ``[B, T, C]`` (``q``, ``r`` broadcast to ``p``'s shape; ``bias``
-    ``[C]``), each operation rounded as PyTorch's own kernels round it. Returns ``out`` (new: contiguous)."""
+    ``[C]``), each operation rounded as PyTorch's own kernels round it. ``square``: ``p * p`` stands for ``p``
+    (after the bias): the Snake activation's ``x + inv * sin(alpha x) ** 2`` from its sine (PyTorch squares by a
+    multiply). Returns ``out`` (new: contiguous)."""
     shape = p.shape
     if p.dim() != 3 or p.dtype != torch.float32:
         raise ValueError(f"mul_add takes float32 [B, T, C] tensors, got {tuple(shape)} {p.dtype}")
@@ -83,14 +87,16 @@ def mul_add(p: torch.Tensor, q: torch.Tensor, r: torch.Tensor, bias: Optional[to
     n = p.numel()
     _mul_add_kernel[(triton.cdiv(n, BLOCK),)](
         out, p, bias if bias is not None else p, q, r, n, shape[1], shape[2], *p.stride(), *q.stride(),
-        *r.stride(), *out.stride(), HAS_BIAS=bias is not None, BLOCK_SIZE=BLOCK, num_warps=4,
+        *r.stride(), *out.stride(), HAS_BIAS=bias is not None, SQUARE=square, BLOCK_SIZE=BLOCK, num_warps=4,
         enable_fp_fusion=False)
     return out
 
 
 def mul_add_reference(p: torch.Tensor, q: torch.Tensor, r: torch.Tensor,
-                      bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+                      bias: Optional[torch.Tensor] = None, square: bool = False) -> torch.Tensor:
     """The same, as PyTorch's separate kernels compute it (the stock's ops)."""
     if bias is not None:
         p = p + bias
+    if square:
+        p = torch.pow(p, 2)
     return p * q + r

@@ -27,12 +27,18 @@ from engine.fastpath import Verdict
 
 from .config import MEL_CACHE, SOURCE_CACHE, HiFTConfig
 from .checked import CheckedPaths, streams_only
+from .fused import available as fused_available
+from .fused import worth_it as fused_worth_it
 from .hift_parts import F0Predictor, ResBlock, SineSource, WNConv, fold_all
 from .lanes import Forked, fork, parallel
 
 
 #: the vocoder's optional faster paths, each enabled per mel length by a start-up self-check
-FAST_PATHS = ("parallel lanes",)
+FAST_PATHS = ("parallel lanes", "fused elementwise")
+
+
+def _not_applicable(path: str, device: torch.device) -> Optional[str]:
+    return fused_available(device) if path == "fused elementwise" else streams_only(path, device)
 
 
 def hann_periodic(n: int) -> torch.Tensor:
@@ -80,7 +86,7 @@ class HiFT(nn.Module):
         self.register_buffer("fade", torch.from_numpy(np.hamming(2 * SOURCE_CACHE)), persistent=False)
         self.envelopes: Dict[int, torch.Tensor] = {}
         #: per mel length: the self-check's verdicts on the faster paths (:meth:`fast`)
-        self.checked = CheckedPaths("step-audio2 HiFT", FAST_PATHS, self._trial, streams_only)
+        self.checked = CheckedPaths("step-audio2 HiFT", FAST_PATHS, self._trial, _not_applicable)
 
     @torch.no_grad()
     def prepare(self) -> None:
@@ -101,7 +107,7 @@ class HiFT(nn.Module):
         g = torch.Generator().manual_seed(2000 + frames)
         mel = torch.randn(1, self.cfg.in_channels, frames, generator=g).to(self.window.device)
         s = (0.1 * torch.randn(1, 1, frames * self.upp, generator=g)).to(self.window.device)
-        return [self.decode(mel, s, lanes=on and path == "parallel lanes")]
+        return [self.decode(mel, s, lanes=on and path == "parallel lanes", fused=on and path == "fused elementwise")]
 
     def verdicts(self) -> List[Verdict]:
         """The checks made so far (for the session info)."""
@@ -142,31 +148,33 @@ class HiFT(nn.Module):
         """conv_pre -> leaky ReLU -> the first transposed conv: mel ``[1, 80, T]`` -> ``[1, C/2, 8T]``."""
         return self.ups[0](F.leaky_relu(self.conv_pre(mel), self.cfg.lrelu_slope))
 
-    def _source_branch(self, i: int, s_stft: torch.Tensor) -> torch.Tensor:
+    def _source_branch(self, i: int, s_stft: torch.Tensor, fused: bool = False) -> torch.Tensor:
         """The source's STFT ``[1, n_fft + 2, frames]`` down to stage ``i``'s rate and width, through its res-block."""
-        return self.source_resblocks[i](self.source_downs[i](s_stft))
+        return self.source_resblocks[i](self.source_downs[i](s_stft), fused)
 
     def decode(self, x: torch.Tensor, s: torch.Tensor, lanes: bool = False,
-               front: Optional[Forked] = None) -> torch.Tensor:
+               front: Optional[Forked] = None, fused: bool = False) -> torch.Tensor:
         """mel ``(1, 80, T)`` and source ``(1, 1, 480 T)`` -> speech ``(1, 480 T)``.
 
         ``lanes``: what does not depend on itself runs side by side (:mod:`.lanes`): the mel's front
         (``front``, when the caller forked it before making the source), the three source branches, and
         each stage's three res-blocks (summed in the stock's order once all are done). The same kernels
-        on the same inputs either way."""
+        on the same inputs either way. ``fused``: the Snake activations' tails in one kernel each
+        (:func:`.fused.mul_add`, the same roundings)."""
         dev, n, nk = x.device, len(self.ups), len(self.cfg.resblock_kernel_sizes)
         if front is None:
             front = fork(lambda: self._front(x), dev, 0, lanes)
         re, im = self._stft(s.squeeze(1))
         s_stft = torch.cat([re, im], dim=1)                     # (1, n_fft + 2, frames)
-        later = {i: fork(lambda i=i: self._source_branch(i, s_stft), dev, i, lanes) for i in range(n - 1, 0, -1)}
-        src0 = self._source_branch(0, s_stft)
+        later = {i: fork(lambda i=i: self._source_branch(i, s_stft, fused), dev, i, lanes)
+                 for i in range(n - 1, 0, -1)}
+        src0 = self._source_branch(0, s_stft, fused)
         for i in range(n):
             x = front.join() if i == 0 else self.ups[i](F.leaky_relu(x, self.cfg.lrelu_slope))
             if i == n - 1:
                 x = F.pad(x, (1, 0), mode="reflect")
             x = x + (src0 if i == 0 else later[i].join())
-            parts = parallel([lambda j=j, x=x: self.resblocks[i * nk + j](x) for j in range(nk)], dev, lanes,
+            parts = parallel([lambda j=j, x=x: self.resblocks[i * nk + j](x, fused) for j in range(nk)], dev, lanes,
                              first_lane=n)
             xs = parts[0]
             for j in range(1, nk):
@@ -198,12 +206,13 @@ class HiFT(nn.Module):
         (``state["mel"]`` ...); returns the audio that is final now ``(1, n)``."""
         mel_cache, src_cache, speech_cache = (state[n].get() for n in ("mel", "source", "speech"))
         mel = chunk_mel if first else torch.cat([mel_cache, chunk_mel], dim=2)
-        lanes = self.fast(mel.shape[2])["parallel lanes"]
+        fast = self.fast(mel.shape[2])
+        lanes, fused = fast["parallel lanes"], fast["fused elementwise"] and fused_worth_it(mel.device)
         front = fork(lambda: self._front(mel), mel.device, 0, lanes)   # beside the source, which draws
         s = self.source(mel)                                       # (1, 1, 480 T)
         if not first:
             s[:, :, :SOURCE_CACHE] = src_cache
-        speech = self.decode(mel, s, lanes, front)                 # (1, 480 T)
+        speech = self.decode(mel, s, lanes, front, fused)          # (1, 480 T)
         if not first:
             n = SOURCE_CACHE
             speech[..., :n] = speech[..., :n] * self.fade[:n] + speech_cache[..., -n:] * self.fade[n:]
