@@ -194,3 +194,12 @@ def test_the_tts_keeps_its_history_over_a_cut_and_its_store_grows(one_torch_thre
     assert tts_before[5] > 0 and tts_before[7] > tts_before[5]       # the history survives both cuts
     assert tts_before[10] == 0                                       # ... and a reply's own end drops it
     assert kv.kind == "demand" and kv.grown >= 1 and kv.capacity > 2 * 45
+
+
+def test_model_turns_listen_first_as_the_demo_server():
+    """With a checkpoint the LLM decides, after the MiniCPM-o-Demo server's start-up guard: its first
+    three seconds are forced to listen (force_listen_count = 3 there)."""
+    from engine.backbones.minicpmo45.turns import make_turns
+    t = make_turns("model", 4)
+    assert [t.decide(True).forced for _ in range(5)] == ["listen", "listen", "listen", None, None]
+    assert "first 3 s listen" in t.label and t.max_turn_seconds is None

@@ -26,13 +26,19 @@ class TurnDecision:
 
 
 class ModelTurns:
-    """The LLM decides (the stock behaviour with a real checkpoint)."""
+    """The LLM decides (the stock behaviour with a real checkpoint), after ``listen_first`` seconds forced
+    to listen: the MiniCPM-o-Demo server's start-up guard (``force_listen_count``, 3 by default there)."""
 
-    label = "model"
     max_turn_seconds: Optional[int] = None
 
+    def __init__(self, listen_first: int = 3):
+        self.listen_first = int(listen_first)
+        self.label = f"model (the first {self.listen_first} s listen)" if self.listen_first else "model"
+        self.seconds = 0
+
     def decide(self, user_speech: bool) -> TurnDecision:
-        return TurnDecision(None)
+        self.seconds += 1
+        return TurnDecision("listen" if self.seconds <= self.listen_first else None)
 
 
 class VoiceActivityTurns:
