@@ -174,3 +174,15 @@ def test_fused_elementwise_stream_is_bit_identical_to_the_stock_package(tmp_path
     run = subprocess.run([sys.executable, "-c", FUSED_SCRIPT], cwd=root, env=env, capture_output=True, text=True,
                          timeout=600)
     assert run.returncode == 0 and "FUSED-OK" in run.stdout, run.stderr[-3000:]
+
+
+def test_the_tail_reports_its_verdicts_for_the_session_info(fresh_verdicts, one_torch_thread):
+    from engine.models.step_audio2 import make_tail
+    tail = make_tail("tiny", "cpu", seed=2, mode="demand")
+    assert tail.fast_paths() == []                                       # nothing checked before a stream starts
+    tail.start(seed=2)
+    lines = [v.line() for v in tail.fast_paths()]
+    assert any(x.startswith("step-audio2 DiT parallel lanes (50 frames): off") for x in lines), lines
+    assert {x.split(" (")[0] for x in lines} == {
+        "step-audio2 encoder parallel lanes", "step-audio2 DiT frames-major convs", "step-audio2 DiT parallel lanes",
+        "step-audio2 DiT fused elementwise", "step-audio2 HiFT parallel lanes", "step-audio2 HiFT fused elementwise"}
