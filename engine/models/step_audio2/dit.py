@@ -26,7 +26,7 @@ from engine.fastpath import Verdict
 from .checked import CheckedPaths, streams_only
 from .config import DiTConfig
 from .fused import available as fused_available
-from .fused import mul_add
+from .fused import after_cache, mul_add
 from .fused import worth_it as fused_worth_it
 from .lanes import fork, parallel
 
@@ -153,18 +153,16 @@ class CausalConvBlock(nn.Module):
     @torch.no_grad()                     # inference only: the in-place writes below have no autograd form
     def forward_fused(self, normed: torch.Tensor, scale1: torch.Tensor, shift: torch.Tensor, cache: torch.Tensor,
                       lanes: bool = False) -> torch.Tensor:
-        """The stock layout with fewer kernels: the modulation ``normed * scale1 + shift`` is written by one kernel
-        (:func:`.fused.mul_add`) straight after the cached frames (no cat), the first conv's bias is added by the
-        copy that lays its output out for the LayerNorm, and the second conv's bias is left to the caller's
-        fused gated residual. ``lanes``: the cache write-backs run beside the convs.
+        """The stock layout with fewer kernels: the cached frames and the modulation ``normed * scale1 + shift``
+        after them are written by one kernel (:func:`.fused.after_cache`, no cat), the first conv's bias is added
+        by the copy that lays its output out for the LayerNorm, and the second conv's bias is left to the
+        caller's fused gated residual. ``lanes``: the cache write-backs run beside the convs.
 
         ``normed`` ``[b, t, C]``; ``scale1``, ``shift`` ``[b, 1, C]``; ``cache`` ``[b, 2C, 2]`` as in
         :meth:`forward`. Returns the second conv's output *without its bias*, ``[b, C, t]``."""
         b, t, c = normed.shape
         p, dev = self.pad, normed.device
-        h = normed.new_empty(b, c, p + t)                                      # [b, C, 2+t], the stock's cat
-        h[:, :, :p].copy_(cache[:, :c])
-        mul_add(normed, scale1, shift, out=h[:, :, p:].transpose(1, 2))
+        h = after_cache(cache[:, :c], normed, scale1, shift)                   # [b, C, 2+t], the stock's cat
         back1 = fork(lambda: _write(cache[:, :c], h[..., -p:]), dev, 0, lanes)
         y = F.conv1d(h, self.block[1].weight)                                 # [b, C, t]
         z = torch.add(y.transpose(1, 2), self.block[1].bias, out=y.new_empty(b, t, c))   # [b, t, C] + bias

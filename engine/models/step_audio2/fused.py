@@ -70,6 +70,42 @@ if triton is not None:
         tl.store(out_ptr + b * so_b + t * so_t + c * so_c, p * q + r, mask=mask)
 
 
+    @triton.jit(do_not_specialize=["n", "C", "P", "L", "sc_b", "sc_c", "sc_l", "sp_b", "sp_t", "sp_c",
+                                   "sq_b", "sq_c", "sr_b", "sr_c"])
+    def _after_cache_kernel(out_ptr, cache_ptr, p_ptr, q_ptr, r_ptr, n, C, P, L, sc_b, sc_c, sc_l,
+                            sp_b, sp_t, sp_c, sq_b, sq_c, sr_b, sr_c, BLOCK_SIZE: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+        mask = offs < n
+        j = offs % L                            # out [B, C, L] contiguous, L = P + T
+        bc = offs // L
+        c = bc % C
+        b = bc // C
+        cached = mask & (j < P)
+        new = mask & (j >= P)
+        old = tl.load(cache_ptr + b * sc_b + c * sc_c + j * sc_l, mask=cached)
+        p = tl.load(p_ptr + b * sp_b + (j - P) * sp_t + c * sp_c, mask=new)
+        q = tl.load(q_ptr + b * sq_b + c * sq_c, mask=new)
+        r = tl.load(r_ptr + b * sr_b + c * sr_c, mask=new)
+        tl.store(out_ptr + offs, tl.where(j < P, old, p * q + r), mask=mask)
+
+
+def after_cache(cache: torch.Tensor, p: torch.Tensor, q: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """``cat([cache, (p * q + r).transpose(1, 2)], dim=2)`` in one kernel, each value as PyTorch gives it (the
+    cached frames copied bit for bit, the new ones with the two roundings): ``cache`` ``[B, C, P]``, ``p``
+    ``[B, T, C]``, ``q``, ``r`` ``[B, 1, C]``. Returns ``[B, C, P + T]`` (contiguous): a causal conv's input."""
+    b, t, c = p.shape
+    k = cache.shape[2]
+    if p.dtype != torch.float32 or cache.shape[:2] != (b, c) or q.shape != (b, 1, c) or r.shape != (b, 1, c):
+        raise ValueError(f"after_cache: cache {tuple(cache.shape)}, p {tuple(p.shape)}, q {tuple(q.shape)}, "
+                         f"r {tuple(r.shape)} do not fit [B, C, P], [B, T, C], [B, 1, C]")
+    out = torch.empty(b, c, k + t, dtype=p.dtype, device=p.device)
+    n = out.numel()
+    _after_cache_kernel[(triton.cdiv(n, BLOCK),)](
+        out, cache, p, q, r, n, c, k, k + t, *cache.stride(), *p.stride(), q.stride(0), q.stride(2),
+        r.stride(0), r.stride(2), BLOCK_SIZE=BLOCK, num_warps=4, enable_fp_fusion=False)
+    return out
+
+
 def mul_add(p: torch.Tensor, q: torch.Tensor, r: torch.Tensor, bias: Optional[torch.Tensor] = None,
             out: Optional[torch.Tensor] = None, square: bool = False) -> torch.Tensor:
     """``(p + bias) * q + r`` elementwise over ``[B, T, C]`` (``q``, ``r`` broadcast to ``p``'s shape; ``bias``
