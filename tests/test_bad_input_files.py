@@ -253,8 +253,8 @@ def test_the_synthetic_weights_note_is_only_for_synthetic_voices():
     from engine.session import DuplexSession, SessionConfig
     s = DuplexSession(SessionConfig(size="tiny", device="cpu").resolved())
     s.backbone = SimpleNamespace(info=SimpleNamespace(synthetic=True, title="b"), close=lambda: None)
-    s.tail = SimpleNamespace(info=SimpleNamespace(synthetic_weights=False, title="t"))
+    s.tail = SimpleNamespace(info=SimpleNamespace(synthetic_weights=False, title="t"), fast_paths=lambda: [])
     info = s.info
     assert not info["synthetic"] and "load a checkpoint" not in info["note"] and "backbone" in info["note"]
-    s.tail = SimpleNamespace(info=SimpleNamespace(synthetic_weights=True, title="t"))
+    s.tail = SimpleNamespace(info=SimpleNamespace(synthetic_weights=True, title="t"), fast_paths=lambda: [])
     assert s.info["synthetic"] and "load a checkpoint" in s.info["note"]
