@@ -32,6 +32,8 @@ def _moshi(state, codes):
 
 
 def _tail(model, codes, sched, chunk=5):
+    """Stream ``codes`` through a tail in pushes of ``chunk`` frames: (audio, tail, the stream's executor
+    stats: flush() then runs the partial last second on a one-off executor of its own)."""
     tail = MimiTail(model, DEV, codes.shape[0], **sched(0))
     tail.start()
     tail.executor.debug = True                       # assert stable state addresses at every replay
@@ -40,8 +42,21 @@ def _tail(model, codes, sched, chunk=5):
         tail.set_toggles(**sched(tail.seconds_done))
         out.append(tail.push(codes[:, i:i + chunk]))
         i += chunk
+    stats = tail.executor.stats
     out.append(tail.flush())
-    return torch.from_numpy(np.concatenate(out)).to(DEV), tail
+    return torch.from_numpy(np.concatenate(out)).to(DEV), tail, stats
+
+
+@pytest.fixture(autouse=True)
+def default_order(setup):
+    """Every test starts (and leaves the model) with the orders left to the self-check."""
+    from engine.models.mimi.fastpaths import FLAGS
+    _, model = setup
+    for f in FLAGS.values():
+        setattr(model, f, None)
+    yield
+    for f in FLAGS.values():
+        setattr(model, f, None)
 
 
 @pytest.mark.parametrize("k,layer_major", [(8, None), (32, None), (8, False)])
@@ -51,12 +66,11 @@ def test_whole_second_graphs_equal_eager_and_moshi(setup, k, layer_major):
     model.layer_major = layer_major
     codes = torch.randint(0, RELEASED.bins, (k, 40), generator=torch.Generator().manual_seed(k)).to(DEV)
     ref = _moshi(state, codes)
-    graphs, t = _tail(model, codes, lambda s: {"demand_sized": True, "graph_replay": True})
-    assert t.executor.stats.captures == 2 and t.executor.stats.replayed_steps == 3
-    demand, _ = _tail(model, codes, lambda s: {"demand_sized": True, "graph_replay": False})
-    stock, _ = _tail(model, codes, lambda s: {"demand_sized": False, "graph_replay": False})
+    graphs, _, stats = _tail(model, codes, lambda s: {"demand_sized": True, "graph_replay": True})
+    assert stats.captures == 2 and stats.replayed_steps == 3
+    demand, _, _ = _tail(model, codes, lambda s: {"demand_sized": True, "graph_replay": False})
+    stock, _, _ = _tail(model, codes, lambda s: {"demand_sized": False, "graph_replay": False})
     assert ref.abs().max() > 1e-3
-    model.layer_major = None
     assert torch.equal(graphs, ref) and torch.equal(demand, ref) and torch.equal(stock, ref)
 
 
@@ -66,8 +80,8 @@ def test_toggles_flipping_every_second_equal_moshi(setup):
     ref = _moshi(state, codes)
     modes = [(True, True), (False, False), (True, True), (True, False), (True, True), (False, False), (True, True)]
     sched = lambda s: dict(zip(("demand_sized", "graph_replay"), modes[s % len(modes)]))
-    out, t = _tail(model, codes, sched, chunk=7)
-    assert t.executor.stats.migrations >= 2 and t.executor.stats.replayed_steps >= 1
+    out, _, stats = _tail(model, codes, sched, chunk=7)
+    assert stats.migrations >= 2 and stats.replayed_steps >= 1
     assert torch.equal(out, ref)
 
 
@@ -79,7 +93,7 @@ def test_self_check_chooses_only_orders_equal_to_moshi(setup):
     fastpath.clear_cache()
     codes = torch.randint(0, RELEASED.bins, (8, 40), generator=torch.Generator().manual_seed(21)).to(DEV)
     ref = _moshi(state, codes)
-    out, tail = _tail(model, codes, lambda s: {"demand_sized": True, "graph_replay": True})
+    out, tail, _ = _tail(model, codes, lambda s: {"demand_sized": True, "graph_replay": True})
     verdicts = {v.path: v for v in tail.fast_paths()}
     print("\n".join(v.line() for v in verdicts.values()))
     assert verdicts["layer-major order"].chosen and model.chosen["layer_major"]
@@ -89,7 +103,7 @@ def test_self_check_chooses_only_orders_equal_to_moshi(setup):
         for f in FLAGS.values():                        # this order alone, set explicitly
             setattr(model, f, f in ("layer_major", flag))
         try:
-            got, _ = _tail(model, codes, lambda s: {"demand_sized": True, "graph_replay": True})
+            got, _, _ = _tail(model, codes, lambda s: {"demand_sized": True, "graph_replay": True})
         finally:
             for f in FLAGS.values():
                 setattr(model, f, None)
@@ -98,7 +112,7 @@ def test_self_check_chooses_only_orders_equal_to_moshi(setup):
             assert torch.equal(got, ref), path
     fastpath.force_reference(True)
     try:
-        forced, t2 = _tail(model, codes, lambda s: {"demand_sized": True, "graph_replay": True})
+        forced, t2, _ = _tail(model, codes, lambda s: {"demand_sized": True, "graph_replay": True})
     finally:
         fastpath.force_reference(None)
     assert not any(v.chosen for v in t2.fast_paths()) and torch.equal(forced, ref)
