@@ -203,3 +203,27 @@ def test_model_turns_listen_first_as_the_demo_server():
     t = make_turns("model", 4)
     assert [t.decide(True).forced for _ in range(5)] == ["listen", "listen", "listen", None, None]
     assert "first 3 s listen" in t.label and t.max_turn_seconds is None
+
+
+def test_tts_decode_graphs_capture_only_lengths_that_recur(one_torch_thread, monkeypatch):
+    """Past a reply's own room (a history carried over cuts) a TTS length comes once: it runs eagerly
+    (the stock-like path) instead of paying a capture; lengths within the room are captured for the next
+    turn. The capture itself is CUDA's; here it is recorded."""
+    from engine.backbones.minicpmo45.dims import preset
+    from engine.backbones.minicpmo45.kv import kv_regions, make_store
+    from engine.backbones.minicpmo45.layers import seeded_init
+    from engine.backbones.minicpmo45.tts import TTS, DecodeGraphs
+    d = preset("tiny")
+    tts = TTS(d.tts, d.llm).eval()
+    seeded_init(tts, 2)
+    kv = make_store(True, kv_regions("tts", d.tts.layers, d.tts.kv_heads, d.tts.head_dim, 45, d.tts.max_positions,
+                                     torch.float32, "")[0], d.tts.layers, 8, "cpu", growable=True)
+    dg = DecodeGraphs(tts, torch.device("cpu"), recurring=6)
+    captured = []
+    monkeypatch.setattr(dg, "capture", lambda kv, n, warm: captured.append(n))
+    with torch.no_grad():
+        tts(torch.randn(3, d.tts.hidden), kv)                        # condition: KV at 3
+        code = torch.zeros(1, dtype=torch.long)
+        for _ in range(8):                                           # lengths 4 .. 11 (the store grows at 9)
+            dg.step(code, kv)
+    assert captured == [4, 5, 6] and kv.length == 11 and kv.grown == 1 and dg.grown == 1

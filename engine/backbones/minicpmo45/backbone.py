@@ -152,7 +152,7 @@ class MiniCPMO45Backbone(Backbone):
     def _prepare_tts_graphs(self) -> None:
         if not self._graphs_on():
             return
-        self.tts_graphs = DecodeGraphs(self.tts, self.device)
+        self.tts_graphs = DecodeGraphs(self.tts, self.device, self.tts_capacity)
         if self.turns.max_turn_seconds is not None and self.kv_tts.length == 0:
             rng = torch.cuda.get_rng_state(self.device)
             self.tts_graphs.prepare(self.kv_tts, self.tts_capacity)
@@ -229,7 +229,7 @@ class MiniCPMO45Backbone(Backbone):
             self.tts_graphs = None                                      # graphs point into the old storage
         p.kv_tts = self.kv_tts = new_tts
         if self._graphs_on() and self.tts_graphs is None:
-            self.tts_graphs = DecodeGraphs(self.tts, self.device)       # captured lazily from here on
+            self.tts_graphs = DecodeGraphs(self.tts, self.device, self.tts_capacity)   # lazily from here on
         elif not self._graphs_on():
             self.tts_graphs = None
         if not self._graphs_on():

@@ -76,9 +76,12 @@ class DecodeGraphs:
     history carried over cut replies, as the stock keeps it, outgrew its room) they are dropped and
     captured again, lazily, over the new storage."""
 
-    def __init__(self, tts: TTS, device: torch.device):
+    def __init__(self, tts: TTS, device: torch.device, recurring: Optional[int] = None):
         self.tts = tts
         self.device = device
+        # lengths a turn reaches again and again (a reply's own room): only those are worth a capture;
+        # a history carried over cuts runs past them once, eagerly (None: capture every length)
+        self.recurring = recurring
         self.graphs: Dict[int, tuple] = {}
         self.pool = None
         self.stream: Optional[torch.cuda.Stream] = None
@@ -139,9 +142,10 @@ class DecodeGraphs:
         if entry is None:
             logits = self.tts.step_code(code, kv)             # eager, for real; capture for next time
             self._follow(kv)                                  # (this step may have grown the store)
-            kv.length -= 1
-            self.capture(kv, n, warm=False)
-            kv.length += 1
+            if self.recurring is None or n <= self.recurring:
+                kv.length -= 1
+                self.capture(kv, n, warm=False)
+                kv.length += 1
             return logits
         g, static_code, out = entry
         static_code.copy_(code)
