@@ -206,9 +206,11 @@ def test_model_turns_listen_first_as_the_demo_server():
 
 
 def test_tts_decode_graphs_capture_only_lengths_that_recur(one_torch_thread, monkeypatch):
-    """Past a reply's own room (a history carried over cuts) a TTS length comes once: it runs eagerly
-    (the stock-like path) instead of paying a capture; lengths within the room are captured for the next
-    turn. The capture itself is CUDA's; here it is recorded."""
+    """Past a reply's own room (a history carried over cuts) a TTS length comes once: instead of a
+    capture per length it runs through graphs between the attention calls (the LLM's LayerGraphs, valid
+    at any length; on the CPU their segments run eagerly), with the bits of the plain eager step; lengths
+    within the room are captured for the next turn. The per-length capture itself is CUDA's; here it is
+    recorded."""
     from engine.backbones.minicpmo45.dims import preset
     from engine.backbones.minicpmo45.kv import kv_regions, make_store
     from engine.backbones.minicpmo45.layers import seeded_init
@@ -216,14 +218,24 @@ def test_tts_decode_graphs_capture_only_lengths_that_recur(one_torch_thread, mon
     d = preset("tiny")
     tts = TTS(d.tts, d.llm).eval()
     seeded_init(tts, 2)
-    kv = make_store(True, kv_regions("tts", d.tts.layers, d.tts.kv_heads, d.tts.head_dim, 45, d.tts.max_positions,
-                                     torch.float32, "")[0], d.tts.layers, 8, "cpu", growable=True)
+
+    def store():
+        return make_store(True, kv_regions("tts", d.tts.layers, d.tts.kv_heads, d.tts.head_dim, 45,
+                                           d.tts.max_positions, torch.float32, "")[0], d.tts.layers, 8, "cpu",
+                          growable=True)
+    kv, ref = store(), store()
     dg = DecodeGraphs(tts, torch.device("cpu"), recurring=6)
     captured = []
     monkeypatch.setattr(dg, "capture", lambda kv, n, warm: captured.append(n))
+    g = torch.Generator().manual_seed(5)
     with torch.no_grad():
-        tts(torch.randn(3, d.tts.hidden), kv)                        # condition: KV at 3
-        code = torch.zeros(1, dtype=torch.long)
+        cond = torch.randn(3, d.tts.hidden, generator=g)
+        tts(cond, kv)                                                # condition: KV at 3
+        tts(cond, ref)
         for _ in range(8):                                           # lengths 4 .. 11 (the store grows at 9)
-            dg.step(code, kv)
+            code = torch.randint(0, d.tts.codes, (1,), generator=g)
+            got, want = dg.step(code, kv), tts.step_code(code, ref)
+            assert torch.equal(got, want), f"TTS logits differ at length {kv.length}"
     assert captured == [4, 5, 6] and kv.length == 11 and kv.grown == 1 and dg.grown == 1
+    assert dg.layered is not None and dg.layered.valid_for(kv) and dg.layered.replays == 3   # rebuilt after the move at 9
+    assert torch.equal(kv.k_buf[:, :, :11], ref.k_buf[:, :, :11])

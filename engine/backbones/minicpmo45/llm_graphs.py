@@ -28,10 +28,14 @@ from .llm import Qwen3
 class LayerGraphs:
     """Single-token forwards of ``llm`` over ``kv`` (a :class:`~.kv.DemandKV`), graphed per layer."""
 
-    def __init__(self, llm: Qwen3, kv: DemandKV, device: torch.device, capture: bool):
+    def __init__(self, llm: Qwen3, kv: DemandKV, device: torch.device, capture: bool,
+                 head: Optional[torch.nn.Linear] = None):
+        # ``llm``: any decoder with ``.model.layers`` / ``.model.norm`` and dims ``.d`` (the Qwen3 LLM, or the
+        # TTS, whose ``head`` is its code head instead of ``lm_head``)
         self.llm, self.kv, self.device = llm, kv, torch.device(device)
+        self.head = head if head is not None else llm.lm_head
         d = llm.d
-        dt = llm.lm_head.weight.dtype
+        dt = self.head.weight.dtype
         self.x_in = torch.zeros(1, 1, d.hidden, dtype=dt, device=self.device)          # [1, 1, hidden]
         self.pos = torch.zeros(1, dtype=torch.long, device=self.device)                 # [1] position
         self.att = [torch.zeros(1, d.heads, 1, d.head_dim, dtype=dt, device=self.device) for _ in range(d.layers)]
@@ -51,7 +55,8 @@ class LayerGraphs:
         q = a.q_proj(h).view(1, 1, a.h, a.hd)
         k = a.k_proj(h).view(1, 1, a.hkv, a.hd)
         v = a.v_proj(h).view(1, 1, a.hkv, a.hd).transpose(1, 2)                       # [1, Hkv, 1, hd]
-        q, k = a.q_norm(q), a.k_norm(k)
+        if a.q_norm is not None:                                                        # Qwen3's; not the TTS's
+            q, k = a.q_norm(q), a.k_norm(k)
         q = apply_rope(q.transpose(1, 2), cos, sin)                                     # [1, H, 1, hd]
         k = apply_rope(k.transpose(1, 2), cos, sin)                                     # [1, Hkv, 1, hd]
         self.kv.k_buf[i].index_copy_(1, self.pos, k[0])
@@ -67,7 +72,7 @@ class LayerGraphs:
 
     def _head(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         h = self.llm.model.norm(x)[0]                                                   # [1, hidden]
-        return h, self.llm.lm_head(h[-1].view(1, -1)).float()                           # [1, V]
+        return h, self.head(h[-1].view(1, -1)).float()                                  # [1, V]
 
     def _attend(self, i: int, q: torch.Tensor, n: int) -> torch.Tensor:
         """Eager attention of layer ``i`` over exactly ``n`` positions (the stock path's kernels)."""

@@ -21,8 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .dims import LLMDims, TTSDims
-from .kv import KVStore
+from .kv import DemandKV, KVStore
 from .layers import DecoderLayer, Projector, RMSNorm, run_stack
+from .llm_graphs import LayerGraphs
 
 
 class _Body(nn.Module):
@@ -88,6 +89,7 @@ class DecodeGraphs:
         self.captures = 0
         self.replays = 0
         self.grown: Optional[int] = None      # the store's growth count the graphs were captured at
+        self.layered: Optional[LayerGraphs] = None   # past the room: graphs between attention calls
 
     def _side(self):
         if self.stream is None:
@@ -135,10 +137,26 @@ class DecodeGraphs:
         kv.v_buf.zero_()
         kv.reset()
 
+    def _past_room(self, code: torch.Tensor, kv) -> torch.Tensor:
+        """A step past the reply's own room (a history carried over cut replies): graphs between the
+        attention calls (:class:`~.llm_graphs.LayerGraphs`, as the LLM's), valid at any length, with
+        exact-length eager attention; captured once per store allocation."""
+        n = kv.length + 1
+        if n > kv.capacity:
+            kv._room(n)                                       # one move: new storage, new graphs
+        if self.layered is None or not self.layered.valid_for(kv):
+            self.layered = LayerGraphs(self.tts, kv, self.device, capture=self.device.type == "cuda",
+                                       head=self.tts.head_code[0])
+        _, logits = self.layered.forward(self.tts.emb_code[0](code))
+        self.replays += 1
+        return logits
+
     def step(self, code: torch.Tensor, kv) -> torch.Tensor:
         self._follow(kv)
         n = kv.length + 1
         entry = self.graphs.get(n)
+        if entry is None and self.recurring is not None and n > self.recurring and isinstance(kv, DemandKV):
+            return self._past_room(code, kv)
         if entry is None:
             logits = self.tts.step_code(code, kv)             # eager, for real; capture for next time
             self._follow(kv)                                  # (this step may have grown the store)
