@@ -9,8 +9,9 @@ token2wav (the 26th is drawn and dropped, as the stock does). Its key/value hist
 Graph replay: a decode step's shapes depend only on how many positions the turn's KV holds, and those
 positions recur every turn. :class:`DecodeGraphs` keeps one CUDA graph per KV length over a
 :class:`~.kv.DemandKV` (stable addresses, exact-length views), captured ahead of time up to the turn
-length the turn policy allows and lazily beyond; sampling stays outside the graph (it is the same
-code in every mode, so the draws are the same).
+length the turn policy allows; a length past it (a history carried over cut replies, as the stock keeps
+it) runs through graphs between the attention calls, valid at every length; sampling stays outside the
+graph (it is the same code in every mode, so the draws are the same).
 """
 from __future__ import annotations
 
@@ -74,8 +75,8 @@ class DecodeGraphs:
     """One CUDA graph per TTS KV length for the decode step (no padding: exact-length attention).
 
     The graphs read the KV store's storage where it is when they are captured: when the store grows (a
-    history carried over cut replies, as the stock keeps it, outgrew its room) they are dropped and
-    captured again, lazily, over the new storage."""
+    history carried over cut replies outgrew its room) they are dropped, and every step from then on
+    runs through the between-attention graphs of :meth:`_layered` over the new storage."""
 
     def __init__(self, tts: TTS, device: torch.device, recurring: Optional[int] = None):
         self.tts = tts
@@ -137,10 +138,13 @@ class DecodeGraphs:
         kv.v_buf.zero_()
         kv.reset()
 
-    def _past_room(self, code: torch.Tensor, kv) -> torch.Tensor:
-        """A step past the reply's own room (a history carried over cut replies): graphs between the
-        attention calls (:class:`~.llm_graphs.LayerGraphs`, as the LLM's), valid at any length, with
-        exact-length eager attention; captured once per store allocation."""
+    def _layered(self, code: torch.Tensor, kv) -> torch.Tensor:
+        """A step at a length without its own graph — past the reply's room (a history carried over cut
+        replies), or any length after the store moved (which dropped the per-length graphs): graphs
+        between the attention calls (:class:`~.llm_graphs.LayerGraphs`, as the LLM's), valid at every
+        length, with exact-length eager attention; captured once per store allocation (~21 graphs), so
+        no length pays an eager step plus a capture (H200: 311 ms THINK past the room, like the
+        per-length graphs; lazily recapturing every length after a move cost 0.9-1.1 s seconds)."""
         n = kv.length + 1
         if n > kv.capacity:
             kv._room(n)                                       # one move: new storage, new graphs
@@ -155,8 +159,8 @@ class DecodeGraphs:
         self._follow(kv)
         n = kv.length + 1
         entry = self.graphs.get(n)
-        if entry is None and self.recurring is not None and n > self.recurring and isinstance(kv, DemandKV):
-            return self._past_room(code, kv)
+        if entry is None and isinstance(kv, DemandKV):
+            return self._layered(code, kv)
         if entry is None:
             logits = self.tts.step_code(code, kv)             # eager, for real; capture for next time
             self._follow(kv)                                  # (this step may have grown the store)
