@@ -29,6 +29,19 @@ def _session_journals(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture
+def fresh_fastpath(monkeypatch):
+    """engine.fastpath with no cached verdicts, no override from the environment, before and after."""
+    from engine import fastpath
+    monkeypatch.delenv(fastpath.ENV_FORCE, raising=False)
+    monkeypatch.delenv(fastpath.ENV_CACHE, raising=False)
+    fastpath.clear_cache()
+    fastpath.force_reference(None)
+    yield fastpath
+    fastpath.clear_cache()
+    fastpath.force_reference(None)
+
+
+@pytest.fixture
 def one_torch_thread():
     """Tiny ops on a shared 2-core machine: OpenMP spin-waits dominate, so run torch on one thread
     (both sides of a comparison run alike)."""

@@ -9,14 +9,8 @@ from engine.fastpath import Verdict
 
 
 @pytest.fixture(autouse=True)
-def fresh(monkeypatch):
-    monkeypatch.delenv(fastpath.ENV_FORCE, raising=False)
-    monkeypatch.delenv(fastpath.ENV_CACHE, raising=False)
-    fastpath.clear_cache()
-    fastpath.force_reference(None)
+def fresh(fresh_fastpath):
     yield
-    fastpath.clear_cache()
-    fastpath.force_reference(None)
 
 
 def _x(seed=0, n=64):

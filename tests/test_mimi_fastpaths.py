@@ -16,14 +16,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(autouse=True)
-def fresh(monkeypatch):
-    monkeypatch.delenv(fastpath.ENV_FORCE, raising=False)
-    monkeypatch.delenv(fastpath.ENV_CACHE, raising=False)
-    fastpath.clear_cache()
-    fastpath.force_reference(None)
+def fresh(fresh_fastpath):
     yield
-    fastpath.clear_cache()
-    fastpath.force_reference(None)
 
 
 def _model(seed=4):
@@ -202,38 +196,35 @@ def test_transposed_conv_over_a_second_equals_frame_by_frame(bias):
     assert torch.equal(out, ref) and torch.equal(p1, p2)
 
 
-def test_strided_batched_matmuls_run_the_transformer_second():
-    # the strided-batched GEMM path on the CPU (where its bmm keeps the per-frame bits): same values, caches too
+def _transformer_second_both(seed: int, **variant):
+    """The released transformer over one 13-frame second whose ring wraps, frame by frame and in
+    ``variant``, from the same random caches: (reference out, variant out, reference caches, variant caches)."""
     from engine.models.mimi.config import RELEASED
     from engine.models.mimi.second import transformer_second
     cfg, n = RELEASED, 13
     m = MimiDecoder(cfg).load_moshi_state(W.random_state(cfg, seed=3))
-    g = torch.Generator().manual_seed(8)
+    g = torch.Generator().manual_seed(seed)
     x = torch.randn(1, n * cfg.upsample_stride, cfg.dimension, generator=g)
     caches = [torch.randn(2, 1, cfg.num_heads, cfg.context, cfg.head_dim, generator=g) for _ in range(cfg.num_layers)]
     c2 = [c.clone() for c in caches]
     tab = m.transformer.second_tables(torch.tensor(240), n)                  # the ring wraps in this second
     with torch.no_grad():
         ref = transformer_second(m.transformer, x, caches, tab, batch_matmul=False)
-        out = transformer_second(m.transformer, x, c2, tab, batch_matmul=False, strided=True)
+        out = transformer_second(m.transformer, x, c2, tab, batch_matmul=False, **variant)
+    return ref, out, caches, c2
+
+
+def test_strided_batched_matmuls_run_the_transformer_second():
+    # the strided-batched GEMM path on the CPU (where its bmm keeps the per-frame bits): same values, caches too
+    ref, out, caches, c2 = _transformer_second_both(8, strided=True)
     assert torch.equal(ref, out) and all(torch.equal(a, b) for a, b in zip(caches, c2))
 
 
 def test_batched_attention_sees_each_frames_ring():
     # one attention call over the second's frames, each frame over the ring as after its own write:
     # on the CPU the same values as frame by frame (keys, masks, ring layout identical), the ring too
-    from engine.models.mimi.config import RELEASED
     from engine.models.mimi.second import transformer_second
-    cfg, n = RELEASED, 13
-    m = MimiDecoder(cfg).load_moshi_state(W.random_state(cfg, seed=3))
-    g = torch.Generator().manual_seed(9)
-    x = torch.randn(1, n * cfg.upsample_stride, cfg.dimension, generator=g)
-    caches = [torch.randn(2, 1, cfg.num_heads, cfg.context, cfg.head_dim, generator=g) for _ in range(cfg.num_layers)]
-    c2 = [c.clone() for c in caches]
-    tab = m.transformer.second_tables(torch.tensor(240), n)                  # the ring wraps in this second
-    with torch.no_grad():
-        ref = transformer_second(m.transformer, x, caches, tab, batch_matmul=False)
-        out = transformer_second(m.transformer, x, c2, tab, batch_matmul=False, batch_attention=True)
+    ref, out, caches, c2 = _transformer_second_both(9, batch_attention=True)
     assert all(torch.equal(a, b) for a, b in zip(caches, c2))
     assert torch.equal(out, ref)
     with pytest.raises(ValueError, match="ring of at least 26 steps"):
