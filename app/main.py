@@ -13,7 +13,7 @@ import sys
 SUBCOMMANDS = {
     "synth": "engine.cli.synth",
     "run": "engine.cli.run",
-    "serve": "engine.serve.cli",
+    "serve": "engine.cli.serve",
 }
 
 

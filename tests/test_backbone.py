@@ -12,7 +12,7 @@ import torch
 
 from engine.audio import frames_of, load_mono
 from engine.backbones import TokenFormat, make_backbone
-from engine.backbones.moshi_files import validate_folder
+from engine.backbones.moshi.files import validate_folder
 from engine.backbones.policy import LISTEN, SPEAK, TurnPolicy
 from engine.backbones.speech_decoder import SpeechDecoder, decoder_args
 from engine.backbones.synthetic import AudioEmbedder, mel_filterbank

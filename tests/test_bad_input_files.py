@@ -17,7 +17,7 @@ import soundfile
 import torch
 
 from engine.audio import load_mono
-from engine.backbones.moshi_files import validate_folder
+from engine.backbones.moshi.files import validate_folder
 from engine.models.mimi import weights as MW
 from engine.models.mimi.config import preset as mimi_preset
 from engine.models.step_audio2 import weights as W

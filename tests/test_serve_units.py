@@ -162,7 +162,7 @@ def test_serve_refuses_bad_arguments_in_one_line(argv, words, capsys, monkeypatc
 
 
 def test_serve_plan_one_replica_per_gpu():
-    from engine.serve.cli import build_parser, plan
+    from engine.cli.serve import build_parser, plan
     a = build_parser().parse_args(["--size", "tiny"])
     spec = plan(a, 2.0)
     assert (spec.replicas, spec.gpus_per_replica, spec.config["device"], spec.max_sessions) == (2, 1.0, "cuda", 32)

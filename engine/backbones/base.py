@@ -106,7 +106,7 @@ def make_backbone(name: str, fmt: TokenFormat, *, size: str, device, seed: int =
                                  graph_replay=graph_replay, reply_seconds=reply_seconds, debug=debug,
                                  shared=shared)
     if name == "moshi":
-        from .moshi import MoshiBackbone
+        from .moshi.backbone import MoshiBackbone
         return MoshiBackbone(fmt, size=size, device=device, seed=seed, checkpoint=checkpoint)
     if name == "minicpm-o-4.5":
         from .minicpmo45 import MiniCPMO45Backbone

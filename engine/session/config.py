@@ -66,7 +66,7 @@ class SessionConfig:
         if self.backbone == "moshi":
             if self.tail != "mimi":
                 raise ValueError("the moshi backbone speaks Mimi codes: use it with the 'mimi' tail")
-            from engine.backbones.moshi_files import validate_folder
+            from engine.backbones.moshi.files import validate_folder
             files = validate_folder(self.backbone_checkpoint)
             backbone_ckpt = str(files.folder)
             if checkpoint is None and files.standard_mimi and size == "released":

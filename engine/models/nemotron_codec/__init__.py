@@ -39,7 +39,7 @@ register(ModelEntry(name=NAME, title=TITLE,
                     plan=plan, make_tail=make_tail, synth=_synth, resolve_checkpoint=resolve_checkpoint,
                     checkpoint_hint="codec folder (codec_config.yaml + codec.safetensors) or VoiceChat folder",
                     order=20,
-                    bench=("engine.models.nemotron_codec.bench",
+                    bench=("engine.bench.nemotron_codec",
                            "Nemotron codec: nemo's per-frame cached and window decodes vs our modes (GPU)")))
 
 __all__ = ["CodecConfig", "NemotronCodecDecoder", "NemotronCodecTail", "build_model", "make_tail", "plan"]

@@ -37,11 +37,11 @@ from engine.core import Executor, make_plan
 from engine.stats import percentile, progress
 from engine.stats import table as stats_table
 
-from . import peer
-from . import weights as W
-from .config import CodecConfig, preset
-from .fastpaths import choose
-from .model import NemotronCodecDecoder
+from engine.models.nemotron_codec import peer
+from engine.models.nemotron_codec import weights as W
+from engine.models.nemotron_codec.config import CodecConfig, preset
+from engine.models.nemotron_codec.fastpaths import choose
+from engine.models.nemotron_codec.model import NemotronCodecDecoder
 
 CHECKED = "ours graphs, self-checked batched calls (as users run it)"
 OURS = {"ours stock": (False, False, False), "ours demand": (True, False, False),

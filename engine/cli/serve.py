@@ -22,7 +22,7 @@ from engine.cli.run import MODES, make_config
 from engine.cli.validate import OneLineParser
 from engine.models import registry
 
-from .auth import ENV, TokenError, read_token
+from engine.serve.auth import ENV, TokenError, read_token
 
 PROG = "duplexcadence serve"
 
@@ -88,7 +88,7 @@ def model_config(a: argparse.Namespace) -> dict:
 
 def plan(a: argparse.Namespace, gpus: float):
     """The :class:`ServeSpec` for the cluster's ``gpus`` (ValueError when it cannot be served)."""
-    from .deployment import ServeSpec
+    from engine.serve.deployment import ServeSpec
     use_gpu = a.device != "cpu" and gpus >= 1
     if a.device == "cuda" and gpus < 1:
         raise ValueError("--device cuda was asked for, but the Ray cluster has no GPU")
@@ -123,7 +123,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _fail("Ray Serve is not installed: pip install 'duplexcadence[serve]'")
     import logging
     logging.getLogger("ray.serve").setLevel(logging.WARNING)   # our own lines say what runs where
-    from .deployment import build_app
+    from engine.serve.deployment import build_app
     try:
         ray.init(address=a.address, include_dashboard=False, log_to_driver=False, logging_level="WARNING",
                  configure_logging=True)

@@ -26,9 +26,9 @@ from engine.audio import SESSION_RATE
 from engine.core import Executor, make_plan
 from engine.core.toggles import Toggles
 
-from .policy import SPEAK, TurnPolicy
-from .base import Backbone, BackboneInfo, Thought, TokenFormat
-from .speech_decoder import SpeechDecoder, decoder_args
+from engine.backbones.policy import SPEAK, TurnPolicy
+from engine.backbones.base import Backbone, BackboneInfo, Thought, TokenFormat
+from engine.backbones.speech_decoder import SpeechDecoder, decoder_args
 
 if TYPE_CHECKING:
     from engine.vad import VadResult

@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 
-from .policy import LISTEN, SPEAK
-from .base import Backbone, BackboneInfo, Thought, TokenFormat
-from .moshi_files import MoshiFiles, validate_folder
+from engine.backbones.policy import LISTEN, SPEAK
+from engine.backbones.base import Backbone, BackboneInfo, Thought, TokenFormat
+from .files import MoshiFiles, validate_folder
 
 if TYPE_CHECKING:
     from engine.vad import VadResult
