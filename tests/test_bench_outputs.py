@@ -60,9 +60,51 @@ def test_bench_session_on_cpu_says_graph_replay_is_unavailable(tmp_path, capsys,
     doc = json.loads((tmp_path / "bench.json").read_text())
     assert doc["modes"]["graphs"]["label"] == "eager (graph replay unavailable)"
     assert doc["modes"]["stock"]["label"] == "stock-like"
+    assert doc["reference"] == "stock" and doc["identical"] == {"graphs": True}     # never the reference vs itself
+    assert "bit-identical to the reference (stock-like): True (eager (graph replay unavailable): True)" in \
+        " ".join(out.split())
     md = (tmp_path / "bench.md").read_text()
     assert "| eager (graph replay unavailable) |" in md             # one line per row in the .md
     assert (tmp_path / "bench.png").read_bytes().startswith(PNG)
+
+
+def test_bench_session_compares_only_distinct_runs():
+    """The reference is compared with the other runs only: a changed run is found, one run alone compares nothing."""
+    from engine.bench.session import identical_to_reference, same_line
+    ref = np.random.default_rng(0).standard_normal(48000).astype(np.float32)
+    other = ref.copy()
+    other[123] = np.nextafter(other[123], np.float32(np.inf))                    # one ulp in one sample
+    audio = {"stock": ref, "graphs": ref.copy(), "demand": other}
+    assert identical_to_reference(["stock", "graphs", "demand"], audio) == {"graphs": True, "demand": False}
+    assert identical_to_reference(["graphs"], audio) == {}
+    labels = {"stock": "stock-like", "graphs": "graphs"}
+    assert same_line({}, labels, "graphs", None, 0, 60).startswith("outputs bit-identical across modes: n/a (one run")
+    line = same_line({"graphs": True}, labels, "stock", True, 60, 60)
+    assert "(graphs: True)" in line and "stock-like: True" not in line and "(all 60 s): True" in line
+    assert "(the first 10 of 60 s only): True" in same_line({"graphs": True}, labels, "stock", True, 10, 60)
+
+
+def test_flip_schedule_flips_both_toggles_before_every_second_of_the_run():
+    from engine.bench.session import flip_schedule
+    for n in (1, 2, 7, 60):
+        sched = flip_schedule(n)
+        assert len(sched) == n and sched[0] == {"demand_sized": False, "graph_replay": False}
+        for k in range(1, n):
+            assert all(sched[k][t] != sched[k - 1][t] for t in ("demand_sized", "graph_replay")), (n, k)
+
+
+def test_bench_session_one_run_says_n_a_and_flips_over_the_whole_run(tmp_path, capsys, one_torch_thread):
+    import csv
+    from engine.bench.cli import main
+    rc = main(["session", "--seconds", "3", "--size", "tiny", "--device", "cpu", "--modes", "graphs",
+               "--no-digests", "--quiet", "--out", str(tmp_path)])
+    assert rc == 0
+    out = " ".join(capsys.readouterr().out.split())                  # the terminal's lines unwrapped
+    assert "bit-identical across modes: n/a (one run" in out and "toggles flipped every second (all 3 s): True" in out
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    assert doc["identical"] == "n/a" and doc["flip_identical"] is True and doc["flip_seconds"] == 3
+    with open(tmp_path / "session-flipped.csv") as f:                   # what each second of the flip run ran with
+        assert [r["demand_sized"] for r in csv.DictReader(f)] == ["False", "True", "False"]
 
 
 @pytest.mark.oracle

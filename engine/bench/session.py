@@ -2,12 +2,14 @@
 
   duplexcadence-bench session [--seconds 60] [--tail step-audio2] [--backbone synthetic]
                               [--size released] [--device cuda] [--modes stock,graphs]
-                              [--flip-seconds 10] [--input IN.wav] [--out DIR]
+                              [--flip-seconds N] [--input IN.wav] [--out DIR]
 
 Each mode builds a fresh session (same seed, same input) and runs every second back to back; the
 input is paced virtually (frame k arrives at k seconds after the session starts), so a late second
-delays the next exactly as it would live. The modes must give the same waveform bit for bit; a
-last run flips the toggles every second and must give it too. Results: a table on stdout, and
+delays the next exactly as it would live. Each run after the first must give the first run's waveform
+bit for bit (the first, the reference, is never compared with itself: one run alone reports "n/a"); a
+last run flips the toggles every second of the whole run (``--flip-seconds N``: only its first N
+seconds, and it says so; 0: no such run) and must give it too. Results: a table on stdout, and
 under ``--out`` ``bench.json``, ``bench.md`` (the tables) and ``bench.png`` (ms per second over the session
 and the per-stage medians) plus each mode's CSV / JSONL / trace. Mode ``stock`` is our code with the stock's
 state policy ("stock-like"); where graph replay cannot run (CPU) the ``graphs`` mode runs eagerly and is
@@ -91,10 +93,17 @@ def _tap_session(s: DuplexSession) -> StageTap:
     return tap
 
 
+def flip_schedule(seconds: int) -> List[Dict[str, bool]]:
+    """The toggles of each second of the flip run: both off in second 0 (as the run is built), then both
+    flipped before every later second, to the run's last."""
+    return [{"demand_sized": bool(k % 2), "graph_replay": bool(k % 2)} for k in range(seconds)]
+
+
 def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False, desc: str = "",
              quiet: bool = True, digests: bool = True) -> Dict[str, object]:
     """One session over ``frames`` at a virtual one-frame-per-second pace (a progress bar unless ``quiet``);
-    with ``digests`` each second's stage digests (taken off the clock) come back under ``digests``."""
+    with ``flip`` the toggles follow :func:`flip_schedule` over every frame; with ``digests`` each second's
+    stage digests (taken off the clock) come back under ``digests``."""
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     t_build = time.perf_counter()
@@ -103,11 +112,12 @@ def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False, d
     build_s = time.perf_counter() - t_build
     tap = _tap_session(s) if digests else None
     outs, seconds = [], []
+    toggles = flip_schedule(len(frames)) if flip else None
     t0, paused = time.perf_counter(), 0.0
     with progress(len(frames), desc=desc, unit="frame", quiet=quiet) as bar:
         for k, f in enumerate(frames):
-            if flip:
-                s.set_toggles(demand_sized=bool(k % 2), graph_replay=bool(k % 2))
+            if toggles is not None:
+                s.set_toggles(**toggles[k])
             arrival = t0 + paused + k                              # frame k arrives k seconds in
             now = time.perf_counter()
             out, rec = s.process(f, arrival=min(arrival, now), backlog=0)
@@ -176,7 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", default="stock,graphs",
                    help="comma-separated: stock (our code with the stock's state policy, shown as stock-like), "
                         "demand, graphs")
-    p.add_argument("--flip-seconds", type=int, default=10, help="seconds of a run flipping toggles every second")
+    p.add_argument("--flip-seconds", type=int, default=None,
+                   help="a last run flips the toggles every second of the whole run (default); N: only its "
+                        "first N seconds (said so in the results); 0: no such run")
     p.add_argument("--input", default=None, help="input WAV (default: speech-like input made here)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench-results/session",
@@ -200,6 +212,26 @@ def _write_digests(path: Path, seconds: List[Dict[str, object]]) -> None:
     """One JSON line per second: ``second``, ``decision``, ``stages`` {stage: [digest]}, ``l1`` {stage: [sum |x|]}."""
     text = "".join(json.dumps(d, sort_keys=True) + "\n" for d in seconds)
     atomic_write(path, lambda f: f.write(text), text=True)
+
+
+def identical_to_reference(keys: List[str], audio: Dict[str, np.ndarray]) -> Dict[str, bool]:
+    """Each run after the first against the first (the reference), sample for sample. The reference is
+    never compared with itself: with one run the answer is empty (reported as n/a)."""
+    return {key: bool(np.array_equal(audio[keys[0]], audio[key])) for key in keys[1:]}
+
+
+def same_line(identical: Dict[str, bool], labels: Dict[str, str], ref: str, flip: Optional[bool],
+              flip_n: int, seconds: int) -> str:
+    """The bit-identity sentence: the distinct runs against the reference, then the flip run and what it covered."""
+    if identical:
+        runs = (f"outputs bit-identical to the reference ({labels[ref]}): {all(identical.values())} "
+                f"({', '.join(f'{labels[k]}: {v}' for k, v in identical.items())})")
+    else:
+        runs = f"outputs bit-identical across modes: n/a (one run, {labels[ref]}; nothing to compare with)"
+    if flip is None:
+        return f"{runs}; toggles flipped every second: not run"
+    span = f"all {seconds} s" if flip_n == seconds else f"the first {flip_n} of {seconds} s only"
+    return f"{runs}; toggles flipped every second ({span}): {flip}"
 
 
 def divergences(keys: List[str], modes: List[str], results: Dict[str, Dict[str, object]], labels: Dict[str, str],
@@ -259,18 +291,19 @@ def main(argv=None) -> int:
             if digests:
                 _write_digests(Path(a.out) / f"session-{key}-digests.jsonl", r["digests"])
     ref = results[keys[0]]["audio"]
-    identical = {key: bool(np.array_equal(ref, r["audio"])) for key, r in results.items()}
+    identical = identical_to_reference(keys, {key: r["audio"] for key, r in results.items()})
     flip, fr = None, None
-    if a.flip_seconds > 0:
-        n = min(a.flip_seconds, len(frames))
-        fr = run_mode(base.replace(demand_sized=False, graph_replay=False), frames[:n], flip=True,
+    n_flip = len(frames) if a.flip_seconds is None else max(0, min(a.flip_seconds, len(frames)))
+    if n_flip > 0:
+        fr = run_mode(base.replace(demand_sized=False, graph_replay=False), frames[:n_flip], flip=True,
                       desc="toggles flipped", quiet=a.quiet, digests=digests)
-        flip = bool(np.array_equal(ref[: n * 24000], fr["audio"]))
+        flip = bool(np.array_equal(ref[: n_flip * 24000], fr["audio"]))
+        if a.out:
+            export_records(fr["records"], Path(a.out), stem="session-flipped")
     where, where_lines = divergences(keys, modes, results, labels, fr) if digests else ({}, [])
     info = results[keys[0]]["summary"]["info"]
     title = f"duplex session: {info['tail_title']} <- {info['backbone_title']}, {info['device']}, {len(frames)} s of input"
-    same = (f"outputs bit-identical across modes: {all(identical.values())} "
-            f"({', '.join(f'{labels[m]}: {v}' for m, v in identical.items())}); toggles flipped every second: {flip}")
+    same = same_line(identical, labels, keys[0], flip, n_flip, len(frames))
     tab, means = _table(rows), _means_table(rows)
     print(textwrap.fill(title, 120))
     print(tab)
@@ -282,7 +315,8 @@ def main(argv=None) -> int:
         out = Path(a.out)
         doc = {"seconds": len(frames),
                "modes": {key: {"label": labels[key], **results[key]["summary"]} for key in keys},
-               "identical": identical, "flip_identical": flip, "divergence": where, "deadline_ms": DEADLINE_MS,
+               "reference": keys[0], "identical": identical if identical else "n/a", "flip_identical": flip,
+               "flip_seconds": n_flip if flip is not None else 0, "divergence": where, "deadline_ms": DEADLINE_MS,
                "torch": torch.__version__,
                "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
         per_second = {labels[key]: [rec.total_ms for rec in results[key]["records"]] for key in keys}
