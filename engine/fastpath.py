@@ -24,6 +24,8 @@ uses :func:`decide` with ``check() -> (identical, why)`` instead.
 """
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import json
 import os
 import threading
@@ -54,10 +56,13 @@ class Verdict:
     reason: str                            # "bit-identical to the reference (...)" / "max abs diff 5.96e-08 ..."
     max_abs_diff: Optional[float] = None   # None when nothing was compared
     cached: bool = False                   # the verdict came from an earlier check (this process or the disk)
+    scope: str = ""                        # where a chosen path runs, when not everywhere ("inside captured ...")
 
     def line(self) -> str:
-        """``batched convs: on — bit-identical to the reference (...)``."""
-        return f"{self.path}: {'on' if self.chosen else 'off'} — {self.reason}{' (cached)' if self.cached else ''}"
+        """``batched convs: on — bit-identical to the reference (...)`` (``on (inside captured graphs only)``
+        for a path that runs only there)."""
+        state = ("on" + (f" ({self.scope})" if self.scope else "")) if self.chosen else "off"
+        return f"{self.path}: {state} — {self.reason}{' (cached)' if self.cached else ''}"
 
     def as_dict(self) -> Dict[str, object]:
         return asdict(self)
@@ -80,21 +85,53 @@ def reference_forced() -> bool:
 
 # -- what the bits depend on -----------------------------------------------------------------------------
 def environment(device: Union[str, torch.device]) -> Dict[str, str]:
-    """Device name and library versions that decide which kernels run (part of every cache key)."""
+    """What decides which kernels run and how they sum (part of every cache key): the device (name, SM
+    count, MIG slice) and the library versions (torch, CUDA, cuDNN, cuBLAS, Triton); on the CPU the
+    instruction set MKL and PyTorch dispatch to (AVX-512 and AVX2 kernels round some products differently)."""
     dev = torch.device(device)
-    env = {"torch": torch.__version__, "device": dev.type}
+    env = {"torch": torch.__version__, "device": dev.type, "triton": _triton_version()}
     if dev.type == "cuda":
         idx = dev.index if dev.index is not None else torch.cuda.current_device()
         props = torch.cuda.get_device_properties(idx)
         env.update(device=props.name, capability=f"{props.major}.{props.minor}",
+                   sm_count=str(props.multi_processor_count), mig=_mig_profile(props),
+                   memory=str(props.total_memory),
                    cuda=str(torch.version.cuda), cudnn=str(torch.backends.cudnn.version()),
                    cublas=_cublas_version(), tf32=f"{torch.backends.cuda.matmul.allow_tf32}/"
                                                    f"{torch.backends.cudnn.allow_tf32}",
                    cudnn_benchmark=str(torch.backends.cudnn.benchmark),
                    cudnn_deterministic=str(torch.backends.cudnn.deterministic))
     else:
-        env.update(threads=str(torch.get_num_threads()), mkldnn=str(torch.backends.mkldnn.is_available()))
+        env.update(threads=str(torch.get_num_threads()), mkldnn=str(torch.backends.mkldnn.is_available()),
+                   cpu_capability=_cpu_capability(),
+                   mkl_instructions=os.environ.get("MKL_ENABLE_INSTRUCTIONS", ""))
     return env
+
+
+def _mig_profile(props: object) -> str:
+    """The MIG slice a device is (its name carries the profile, e.g. ``... MIG 1g.10gb``; its UUID starts
+    with ``MIG-``), or ``none`` for a whole GPU."""
+    name = str(getattr(props, "name", ""))
+    if "MIG" in name:
+        return name[name.index("MIG"):].strip()
+    uuid = str(getattr(props, "uuid", "") or "")
+    return "MIG" if uuid.upper().startswith("MIG") else "none"
+
+
+def _triton_version() -> str:
+    """Triton's installed version, read from its metadata (Triton itself is not imported), or ``absent``."""
+    from importlib import metadata
+    for dist in ("triton", "pytorch-triton"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "absent"
+
+
+def _cpu_capability() -> str:
+    getter = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
+    return str(getter()) if getter is not None else "unknown"
 
 
 def _cublas_version() -> str:
@@ -106,9 +143,54 @@ def _cublas_version() -> str:
         return f"cuda {torch.version.cuda}"
 
 
-def cache_key(path: str, device: Union[str, torch.device], config: object) -> str:
-    """One string naming the path, the device and libraries, and the model config (its ``repr``)."""
-    return json.dumps({"path": path, "env": environment(device), "config": repr(config)}, sort_keys=True)
+_code_hashes: Dict[Tuple[str, ...], str] = {}
+
+
+def code_hash(modules: Sequence[str]) -> str:
+    """A hash of our own code that a path's trial runs: every source (or, in a frozen app, bytecode) file
+    of each named module or package, so that rewriting a kernel retires the verdicts cached for the old one."""
+    key = tuple(sorted(set(modules)))
+    got = _code_hashes.get(key)
+    if got is None:
+        h = hashlib.sha256()
+        for name in key:
+            h.update(name.encode())
+            for f in _module_files(name):
+                h.update(f.name.encode())
+                try:
+                    h.update(f.read_bytes())
+                except OSError:            # unreadable: its name still counts
+                    pass
+        got = _code_hashes[key] = h.hexdigest()[:16]
+    return got
+
+
+def _module_files(name: str) -> List[Path]:
+    """The files of module or package ``name`` (a package: its .py / .pyc files, recursively), sorted."""
+    spec = importlib.util.find_spec(name)
+    if spec is None:
+        return []
+    if spec.submodule_search_locations:
+        files = [f for d in spec.submodule_search_locations for f in Path(d).rglob("*")
+                 if f.suffix in (".py", ".pyc") and "__pycache__" not in f.parts]
+        return sorted(files)
+    return [Path(spec.origin)] if spec.origin and Path(spec.origin).is_file() else []
+
+
+def code_of(fn: Callable) -> Tuple[str, ...]:
+    """The code a trial runs by default: the package its function was written in, the engine core (the
+    executor, arenas) and this module."""
+    module = getattr(fn, "__module__", None) or "engine"
+    package = module.rsplit(".", 1)[0] if "." in module else module
+    return (package, "engine.core", __name__)
+
+
+def cache_key(path: str, device: Union[str, torch.device], config: object,
+              code: Sequence[str] = ()) -> str:
+    """One string naming the path, the device and libraries (:func:`environment`), the model config (its
+    ``repr``: with the shape where a verdict holds for one shape only) and the hash of the ``code`` it runs."""
+    return json.dumps({"path": path, "env": environment(device), "config": repr(config),
+                       "code": code_hash(code)}, sort_keys=True)
 
 
 def clear_cache() -> None:
@@ -151,22 +233,71 @@ def compare(reference: Outputs, candidate: Outputs) -> Tuple[bool, str, Optional
     return True, f"bit-identical to the reference ({len(ref)} tensors, {n} values)", 0.0
 
 
+# -- running a trial as production runs it --------------------------------------------------------------
+#: where a path runs only inside captured CUDA graphs (a verdict's ``scope``)
+CAPTURED_ONLY = "inside captured graphs only"
+
+
+def production_modes(device: Union[str, torch.device], captured_only: bool = False) -> Tuple[str, ...]:
+    """How production runs a path on ``device``: ``eager`` steps, and on CUDA ``graph`` (the step captured
+    once, then replayed); ``captured_only``: a path taken only while a graph is captured."""
+    if torch.device(device).type != "cuda":
+        return ("eager",)
+    return ("graph",) if captured_only else ("eager", "graph")
+
+
+def replayed(fn: Callable[[], Outputs], device: Union[str, torch.device],
+             restore: Sequence[torch.Tensor] = ()) -> Outputs:
+    """``fn()`` as a graph replay runs it: once eagerly on a side stream (lazy set-up, library workspaces, as
+    the executor warms up), then captured into a CUDA graph and replayed; the replay's outputs, cloned.
+    ``restore``: tensors ``fn`` changes in place (caches), put back to their contents before the replay, so
+    it starts from what the eager run started from. ``fn`` must make no host-to-device copies."""
+    dev = torch.device(device)
+    saved = [t.clone() for t in restore]
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream(dev).wait_stream(side)
+    torch.cuda.synchronize(dev)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        out = fn()
+    for t, s in zip(restore, saved):
+        t.copy_(s)
+    graph.replay()
+    torch.cuda.synchronize(dev)
+    got = _cloned(out)
+    del graph
+    return got
+
+
+def _cloned(out: Outputs) -> Outputs:
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    if isinstance(out, Mapping):
+        return {k: _cloned(v) for k, v in out.items()}
+    return [_cloned(v) for v in out]
+
+
 # -- the check -------------------------------------------------------------------------------------------
 def self_check(path: str, device: Union[str, torch.device], config: object, trial: Callable[[bool], Outputs],
-               not_applicable: Optional[str] = None) -> Verdict:
+               not_applicable: Optional[str] = None, code: Optional[Sequence[str]] = None) -> Verdict:
     """Decide whether faster path ``path`` runs: ``trial(False)`` (reference) against ``trial(True)``.
 
     ``trial(on)`` runs the decoder at the real shapes on ``device`` from the same fresh random inputs
     and state each time and returns its outputs (and final state, where it has one). ``config``
     names everything besides the device that decides the shapes (a model config, codebooks...).
     ``not_applicable``: why the path cannot run here at all (reported, never checked). The
-    verdict is cached per :func:`cache_key`; a trial that raises refuses the path with its error.
+    verdict is cached per :func:`cache_key`, with the hash of ``code`` (module and package names; None:
+    :func:`code_of` the trial); a trial that raises refuses the path with its error.
     """
-    return _decided(path, device, config, lambda: _run(path, trial), not_applicable)
+    return _decided(path, device, config, lambda: _run(path, trial), not_applicable,
+                    code_of(trial) if code is None else code)
 
 
 def decide(path: str, device: Union[str, torch.device], config: object, check: Callable[[], Tuple[bool, str]],
-           not_applicable: Optional[str] = None) -> Verdict:
+           not_applicable: Optional[str] = None, code: Optional[Sequence[str]] = None) -> Verdict:
     """:func:`self_check` for a check that runs both paths and compares them itself (several
     streams against one batched step, say): ``check()`` -> (bit-identical, why). Cached, overridden
     and reported the same way; a check that raises refuses the path with its error."""
@@ -177,16 +308,16 @@ def decide(path: str, device: Union[str, torch.device], config: object, check: C
         except Exception as e:
             return Verdict(path, False, f"the check failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
         return Verdict(path, bool(ok), why)
-    return _decided(path, device, config, run, not_applicable)
+    return _decided(path, device, config, run, not_applicable, code_of(check) if code is None else code)
 
 
 def _decided(path: str, device: Union[str, torch.device], config: object, run: Callable[[], Verdict],
-             not_applicable: Optional[str]) -> Verdict:
+             not_applicable: Optional[str], code: Sequence[str]) -> Verdict:
     if reference_forced():
         return Verdict(path, False, f"reference path forced by the user ({ENV_FORCE} / --reference-paths)")
     if not_applicable:
         return Verdict(path, False, f"not applicable: {not_applicable}")
-    key = cache_key(path, device, config)
+    key = cache_key(path, device, config, code)
     with _lock:
         hit = _cache.get(key)
     if hit is None:

@@ -25,13 +25,21 @@ one is up to their heuristics on this GPU: :func:`choose` runs each order agains
 on two seconds of fresh random codes (12 and 13 frames, both step shapes, state carried from the
 first to the second) with the model's own weights, compares the audio and every state region with
 ``torch.equal`` (:func:`engine.fastpath.self_check`), and sets the model to the fastest order that
-passed. A flag the caller set explicitly on :class:`~engine.models.mimi.model.MimiDecoder` (True
-or False) is kept as given and reported as such.
+passed. On CUDA each trial runs both ways production runs a second: eager steps, and graphs captured
+once and replayed (the executor's graph replay); on the CPU eagerly. A flag the caller set explicitly
+on :class:`~engine.models.mimi.model.MimiDecoder` (True or False) is kept as given and reported as such.
+
+Those verdicts hold for 12- and 13-frame steps. A short last second (``flush``: 1 to 12 frames, run
+eagerly) is another shape: the model asks :func:`choose`'s shape check the first time it meets a frame
+count (:meth:`~engine.models.mimi.model.MimiDecoder.chosen_for`), which tries the chosen order, then
+layer-major order alone, on a whole second followed by a short one of that count, and runs the first
+that keeps the bits, else the reference order. Each such verdict is its own (path, frame count) check.
 """
 from __future__ import annotations
 
+import copy
 from contextlib import contextmanager
-from typing import Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
@@ -73,20 +81,46 @@ def trial_codes(model: MimiDecoder, num_codebooks: int, device) -> torch.Tensor:
 
 
 @torch.no_grad()
-def decode_trial(model: MimiDecoder, codes: torch.Tensor, **order: bool) -> Dict[str, torch.Tensor]:
-    """A fresh stream (demand arena, eager) over ``codes`` [K, frames] in the given order: the audio
-    [1, 1, N] of every whole second and every state region after the last one."""
+def decode_trial(model: MimiDecoder, codes: torch.Tensor, frames: Optional[Sequence[int]] = None,
+                 graphs: bool = False, **order: bool) -> Dict[str, torch.Tensor]:
+    """A fresh stream (demand arena) over ``codes`` [K, frames] in the given order: the audio [1, 1, N] of
+    every step and every state region after the last one. ``frames``: the frames of each step (the last
+    may be a short second, as ``flush`` runs it); None: every whole second in ``codes``. ``graphs``: the
+    steps replay graphs captured ahead (as a live stream with graph replay on), else they run eagerly.
+    The trial runs on a shallow copy of the model (same weights) with the order's flags set, so streams
+    running on the model meanwhile see none of them."""
     cfg = model.cfg
-    with flags(model, **order):
-        ex = Executor(model, make_plan(model.regions(), model.spec()), codes.device, demand_sized=True,
-                      graph_replay=False)
-        ex.init_state()
-        out, k = [], 0
-        while cfg.frames_before(k + 1) <= codes.shape[1]:
-            out.append(ex.step({"codes": codes[:, cfg.frames_before(k):cfg.frames_before(k + 1)]})["audio"])
-            k += 1
-        state = ex.arena.export()
-    return {"audio": torch.cat(out, dim=-1), "state": state}
+    trial = copy.copy(model)
+    for flag, on in order.items():
+        setattr(trial, flag, on)
+    if frames is None:
+        frames = []
+        while cfg.frames_before(len(frames) + 1) <= codes.shape[1]:
+            frames.append(cfg.frames_before(len(frames) + 1) - cfg.frames_before(len(frames)))
+    short = frames[-1] != cfg.frames_before(len(frames)) - cfg.frames_before(len(frames) - 1)
+    spec = trial.spec(steps=len(frames), last_frames=frames[-1]) if short else trial.spec()
+    ex = Executor(trial, make_plan(trial.regions(spec), spec), codes.device, demand_sized=True,
+                  graph_replay=graphs)
+    if graphs:
+        ex.prepare_graphs(lambda sp: trial.example_inputs(sp, codes.device, codes.shape[0]))
+    ex.init_state()
+    out, lo = [], 0
+    for n in frames:
+        out.append(ex.step({"codes": codes[:, lo:lo + n]})["audio"])
+        lo += n
+    return {"audio": torch.cat(out, dim=-1), "state": ex.arena.export()}
+
+
+def production_trial(model: MimiDecoder, codes: torch.Tensor, modes: Sequence[str],
+                     frames: Optional[Sequence[int]] = None, **order: bool) -> Dict[str, Dict[str, torch.Tensor]]:
+    """:func:`decode_trial` in each of ``modes`` (:func:`engine.fastpath.production_modes`)."""
+    out = {}
+    for mode in modes:
+        extra = {} if frames is None else {"frames": frames}
+        if mode == "graph":
+            extra["graphs"] = True
+        out[mode] = decode_trial(model, codes, **extra, **order)
+    return out
 
 
 #: the reference order: frame-major, every library call at moshi's shapes
@@ -101,22 +135,24 @@ def _candidate(path: str) -> Dict[str, bool]:
 def choose(model: MimiDecoder, device, num_codebooks: int = 8, check_cpu: bool = False) -> List[Verdict]:
     """Check Mimi's faster orders here and set the model's chosen flags; the verdicts, one per path.
 
-    Runs before a stream captures its graphs (the trials run eagerly on the model's own weights and
-    leave nothing behind). Verdicts are cached per device, library versions and config, so a second
-    stream of the same model checks nothing. On the CPU the orders are not applicable (the trials
+    Runs before a stream captures its graphs (the trials run on a copy of the model with its own weights,
+    eagerly and, on CUDA, in captured graphs, and leave nothing behind). Verdicts are cached per device,
+    library versions, config and code, so a second stream of the same model checks nothing. Installs the
+    check of a frame count first met (:func:`shape_check`). On the CPU the orders are not applicable (the trials
     cost seconds at the released size, and its ELU differs by layout) unless ``check_cpu``.
     """
     dev = torch.device(device)
     cfg = model.cfg
     codes = trial_codes(model, num_codebooks, dev)
-    reference: Dict[str, Dict[str, torch.Tensor]] = {}     # decoded once, when a check first needs it
+    modes = fastpath.production_modes(dev)
+    reference: Dict[str, Dict[str, Dict[str, torch.Tensor]]] = {}     # decoded once, when a check first needs it
 
     def trial(candidate: Dict[str, bool]):
-        def run(on: bool) -> Dict[str, torch.Tensor]:
+        def run(on: bool) -> Dict[str, Dict[str, torch.Tensor]]:
             if on:
-                return decode_trial(model, codes, **candidate)
+                return production_trial(model, codes, modes, **candidate)
             if not reference:
-                reference["out"] = decode_trial(model, codes, **REFERENCE)
+                reference["out"] = production_trial(model, codes, modes, **REFERENCE)
             return reference["out"]
         return run
 
@@ -142,7 +178,45 @@ def choose(model: MimiDecoder, device, num_codebooks: int = 8, check_cpu: bool =
     verdicts += _combine(model, chosen, lambda path, flags: fastpath.self_check(
         f"mimi {path}", dev, cfg, trial(dict(REFERENCE, layer_major=True, **flags))))
     model.chosen = dict(chosen)
+    model.chosen_at = {n: dict(chosen) for n in cfg.seconds_pattern()}
+    model.check_frames = shape_check(model, dev, num_codebooks, chosen, verdicts)
     return verdicts
+
+
+def shape_check(model: MimiDecoder, device: torch.device, num_codebooks: int, chosen: Dict[str, bool],
+                verdicts: List[Verdict]) -> Callable[[int], Dict[str, bool]]:
+    """The check of a frame count first met (a short last second), for :attr:`MimiDecoder.check_frames`:
+    the whole seconds' ``chosen`` order, then layer-major order alone, each on a whole second followed by a
+    second of ``n`` frames (eagerly, as ``flush`` runs it); the first that keeps every bit, else the reference
+    order. Each check's verdict is appended to ``verdicts`` (the stream's list)."""
+    cfg = model.cfg
+    taken = {f: True for f, on in chosen.items() if on and getattr(model, f) is None}
+
+    def check(n: int) -> Dict[str, bool]:
+        if not taken:                                  # nothing the check chose: nothing to check
+            return dict(chosen)
+        first = cfg.seconds_pattern()[0]
+        g = torch.Generator().manual_seed(TRIAL_SEED + n)
+        codes = torch.randint(0, cfg.bins, (num_codebooks, first + n), generator=g).to(device)
+        frames = [first, n]
+        ref: Dict[str, Dict[str, Dict[str, torch.Tensor]]] = {}
+        orders = [taken] + ([{"layer_major": True}] if len(taken) > 1 and "layer_major" in taken else [])
+        for cand in orders:
+            order = {**REFERENCE, **{f: chosen[f] for f in chosen if getattr(model, f) is not None}, **cand}
+
+            def run(on: bool, order=order) -> Dict[str, Dict[str, torch.Tensor]]:
+                if on:
+                    return production_trial(model, codes, ("eager",), frames, **order)
+                if "out" not in ref:
+                    ref["out"] = production_trial(model, codes, ("eager",), frames, **REFERENCE)
+                return ref["out"]
+            name = " + ".join(p for p, f in FLAGS.items() if f in cand) + f" ({n}-frame second)"
+            v = fastpath.self_check(f"mimi {name}", device, (cfg, n, num_codebooks), run)
+            verdicts.append(_named(v, name))
+            if v.chosen:
+                return {**dict.fromkeys(chosen, False), **cand}
+        return dict.fromkeys(chosen, False)
+    return check
 
 
 def _combine(model: MimiDecoder, chosen: Dict[str, bool], check) -> List[Verdict]:

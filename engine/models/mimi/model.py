@@ -20,7 +20,7 @@ blocks, see :mod:`.modules`) and mounted here under those prefixes.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 from torch import nn
@@ -56,6 +56,10 @@ class MimiDecoder(StreamingModel):
         self.batch_conv_tr, self.batch_matmul_strided = batch_conv_tr, batch_matmul_strided
         self.batch_attention = batch_attention
         self.chosen: Dict[str, bool] = {}      # the self-check's choice for each flag left None
+        #: the flags checked per frame count (``fastpaths.choose``: the whole seconds' counts up front)
+        self.chosen_at: Dict[int, Dict[str, bool]] = {}
+        #: checks a frame count first met (a short last second) before it runs: -> its flags
+        self.check_frames: Optional[Callable[[int], Dict[str, bool]]] = None
         self.rvq = SplitRVQ(cfg)
         self.upsample = nn.Parameter(torch.zeros(cfg.dimension, 1, 2 * cfg.upsample_stride), requires_grad=False)
         self.transformer = MimiTransformer(cfg)
@@ -142,10 +146,25 @@ class MimiDecoder(StreamingModel):
     def step(self, state: StateView, inputs: Dict[str, torch.Tensor], plan: StepPlan) -> Dict[str, torch.Tensor]:
         return {"audio": self.decode_frames(state, inputs["codes"])}
 
-    def uses(self, flag: str, default: bool = False) -> bool:
-        """Whether ``flag`` is on: as set explicitly, else as the self-check chose, else ``default``."""
+    def uses(self, flag: str, default: bool = False, frames: Optional[int] = None) -> bool:
+        """Whether ``flag`` is on (for a step of ``frames`` frames): as set explicitly, else as the self-check
+        chose (for that frame count), else ``default``."""
         given = getattr(self, flag)
-        return bool(given) if given is not None else self.chosen.get(flag, default)
+        return bool(given) if given is not None else self.chosen_for(frames).get(flag, default)
+
+    def chosen_for(self, frames: Optional[int]) -> Dict[str, bool]:
+        """The self-check's flags for a step of ``frames`` frames. A count no check has seen is checked now
+        (:attr:`check_frames`) before it runs; inside a graph capture, or with no check to ask, it runs the
+        reference order (every flag off)."""
+        if frames is None or not self.chosen_at:
+            return self.chosen
+        got = self.chosen_at.get(frames)
+        if got is None:
+            capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+            if self.check_frames is None or capturing:
+                return dict.fromkeys(self.chosen, False)
+            got = self.chosen_at[frames] = self.check_frames(frames)
+        return got
 
     def decode_frames(self, state: StateView, codes: torch.Tensor) -> torch.Tensor:
         """codes [K, n] -> audio [1, 1, n * frame_size] over the state handles.
@@ -162,14 +181,15 @@ class MimiDecoder(StreamingModel):
         caches = [state[f"tr.kv{i}"].get() for i in range(self.cfg.num_layers)]   # [2, 1, H, cap, Dh]
         tables = self.transformer.second_tables(state["tr.kv0"].position(), n)
         lat = self.rvq.latents(codes)                                              # [1, n, dim] per part
-        if self.uses("layer_major", codes.is_cuda):
+        uses = lambda flag, default=False: self.uses(flag, default, n)             # noqa: E731 - this step's count
+        if uses("layer_major", codes.is_cuda):
             lat_n = torch.cat([self.rvq.frame(lat, f) for f in range(n)], dim=-1)    # [1, D, n]
             x = conv_tr_second(lat_n, state["up.partial"].get(), self.upsample, None, self.cfg.upsample_stride, n,
-                               self.uses("batch_conv_tr"), groups=self.cfg.dimension).transpose(1, 2)   # [1, n*T, D]
-            x = transformer_second(self.transformer, x, caches, tables, self.uses("batch_matmul"),
-                                   self.uses("batch_matmul_strided"), self.uses("batch_attention"))
-            return seanet_second(self.seanet, x.transpose(1, 2), region, n, self.uses("batch_conv"),
-                                 self.uses("batch_conv_tr"))
+                               uses("batch_conv_tr"), groups=self.cfg.dimension).transpose(1, 2)   # [1, n*T, D]
+            x = transformer_second(self.transformer, x, caches, tables, uses("batch_matmul"),
+                                   uses("batch_matmul_strided"), uses("batch_attention"))
+            return seanet_second(self.seanet, x.transpose(1, 2), region, n, uses("batch_conv"),
+                                 uses("batch_conv_tr"))
         out = []
         for f in range(n):
             x = self.rvq.frame(lat, f)                                             # [1, D, 1]

@@ -13,9 +13,14 @@ batch of 12-13 frames as for one is up to its kernel heuristics on this GPU. Mea
 :func:`choose` runs each kind against the reference on two seconds of fresh random codes (12 and 13
 frames: both step shapes, state carried from one to the next) with the model's own weights, compares
 the audio and every state region with ``torch.equal`` (:func:`engine.fastpath.self_check`), checks
-the kinds that passed together, and sets :attr:`NemotronCodecDecoder.chosen`. A ``batched`` given
-to the model explicitly is kept as given. On the CPU the kinds are not applicable (its elementwise
+the kinds that passed together, and sets :attr:`NemotronCodecDecoder.chosen`. On CUDA each trial runs
+both ways production runs a second: eager steps, and graphs captured once and replayed. A ``batched``
+given to the model explicitly is kept as given. On the CPU the kinds are not applicable (its elementwise
 functions already run frame by frame there; nothing is checked) unless ``check_cpu``.
+
+The verdicts hold for the shapes they were tried at, 12 and 13 frames; the model makes every call per
+frame in a step of any other count (a short last second: ``flush``, ``synth``), so no batched call runs
+at a shape the check has not seen (:meth:`.model.NemotronCodecDecoder.decode`).
 """
 from __future__ import annotations
 
@@ -55,14 +60,18 @@ def trial_codes(model: NemotronCodecDecoder, device) -> torch.Tensor:
 
 
 @torch.no_grad()
-def decode_trial(model: NemotronCodecDecoder, codes: torch.Tensor, kinds: FrozenSet[str]) -> Dict[str, torch.Tensor]:
-    """A fresh stream (demand arena, eager) over ``codes`` with ``kinds`` batched: the audio of every
-    whole second and every state region after the last one. It runs on a shallow copy of the model
-    (same weights), so streams already running on the model are not touched."""
+def decode_trial(model: NemotronCodecDecoder, codes: torch.Tensor, kinds: FrozenSet[str],
+                 graphs: bool = False) -> Dict[str, torch.Tensor]:
+    """A fresh stream (demand arena) over ``codes`` with ``kinds`` batched: the audio of every whole second
+    and every state region after the last one. ``graphs``: the seconds replay graphs captured ahead (as a
+    live stream with graph replay on), else they run eagerly. It runs on a shallow copy of the model (same
+    weights), so streams already running on the model are not touched."""
     trial = copy.copy(model)
     trial.batched = frozenset(kinds)
     ex = Executor(trial, make_plan(trial.regions(), trial.spec()), codes.device, demand_sized=True,
-                  graph_replay=False)
+                  graph_replay=graphs)
+    if graphs:
+        ex.prepare_graphs(lambda sp: trial.example_inputs(sp, codes.device))
     ex.init_state()
     out, lo, pattern = [], 0, trial.cfg.seconds_pattern()
     for k in range(TRIAL_SECONDS):
@@ -72,25 +81,34 @@ def decode_trial(model: NemotronCodecDecoder, codes: torch.Tensor, kinds: Frozen
     return {"audio": torch.cat(out, dim=-1), "state": ex.arena.export()}
 
 
+def production_trial(model: NemotronCodecDecoder, codes: torch.Tensor, kinds: FrozenSet[str],
+                     modes: Sequence[str]) -> Dict[str, Dict[str, torch.Tensor]]:
+    """:func:`decode_trial` in each of ``modes`` (:func:`engine.fastpath.production_modes`)."""
+    return {mode: decode_trial(model, codes, kinds, **({"graphs": True} if mode == "graph" else {}))
+            for mode in modes}
+
+
 def choose(model: NemotronCodecDecoder, device, check_cpu: bool = False) -> List[Verdict]:
     """Check the batched kinds here and set ``model.chosen``; the verdicts, one per check.
 
-    Runs before a stream captures its graphs (the trials run eagerly and leave nothing behind);
-    verdicts are cached per device, library versions and config, so later streams check nothing."""
+    Runs before a stream captures its graphs (the trials run on a copy of the model, eagerly and, on CUDA,
+    in captured graphs, and leave nothing behind); verdicts are cached per device, library versions, config
+    and code, so later streams check nothing."""
     dev = torch.device(device)
     if model.batched is not None:
         given = model.batched_kinds()
         model.chosen = frozenset()
         return [Verdict(path_name(ORDER), bool(given), f"set explicitly by the caller: {sorted(given) or 'none'}")]
     codes = trial_codes(model, dev)
-    reference: Dict[str, Dict[str, torch.Tensor]] = {}
+    modes = fastpath.production_modes(dev)
+    reference: Dict[str, Dict[str, Dict[str, torch.Tensor]]] = {}
 
-    def trial(kinds: FrozenSet[str]) -> Callable[[bool], Dict[str, torch.Tensor]]:
-        def run(on: bool) -> Dict[str, torch.Tensor]:
+    def trial(kinds: FrozenSet[str]) -> Callable[[bool], Dict[str, Dict[str, torch.Tensor]]]:
+        def run(on: bool) -> Dict[str, Dict[str, torch.Tensor]]:
             if on:
-                return decode_trial(model, codes, kinds)
+                return production_trial(model, codes, kinds, modes)
             if "out" not in reference:
-                reference["out"] = decode_trial(model, codes, frozenset())
+                reference["out"] = production_trial(model, codes, frozenset(), modes)
             return reference["out"]
         return run
 
