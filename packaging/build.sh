@@ -16,6 +16,7 @@ die() { echo "build.sh: error: $*" >&2; exit 1; }
 [ -x "$PY" ] || die "no Python at $PY (run 'make venv' first or set PY=...)"
 "$PY" -c "import PyInstaller" 2>/dev/null || die "PyInstaller is not installed: $PY -m pip install -e '.[package]'"
 [ -f assets/duplexcadence.png ] && [ -f assets/duplexcadence.svg ] || die "assets/duplexcadence.{png,svg} missing"
+[ -f NOTICE ] || die "NOTICE missing (the peers our models follow; it ships with the bundle)"
 
 VERSION=$("$PY" -c "import importlib.metadata as m; print(m.version('duplexcadence'))")
 VARIANT=$("$PY" -c "import torch; v = torch.version.cuda; print('cu' + v.replace('.', '') if v else 'cpu')")
@@ -28,6 +29,7 @@ echo "building $NAME (PyInstaller, one folder) ..."
   packaging/duplexcadence.spec
 install -m 644 packaging/duplexcadence.desktop "$BUNDLE/duplexcadence.desktop"
 install -m 755 packaging/install-desktop-entry.sh "$BUNDLE/install-desktop-entry.sh"
+install -m 644 NOTICE "$BUNDLE/NOTICE"
 echo "$NAME" > "$BUNDLE/VERSION"
 
 # The bundle must start by itself before it is shipped.

@@ -243,6 +243,10 @@ def test_bundle_layout(unpacked):
         assert (internal / rel).is_file(), rel
     for unwanted in ("moshi", "stepaudio2", "pytest", "hypothesis", "torch/test", "libasound.so.2"):
         assert not (internal / unwanted).exists(), f"{unwanted} must not be bundled"
+    if unpacked.name.endswith("-cpu"):
+        assert not (internal / "triton").exists(), "the CPU bundle must not carry Triton (a CUDA-only path)"
+    notice = (ROOT / "NOTICE").read_bytes()
+    assert (internal / "NOTICE").read_bytes() == notice and (unpacked / "NOTICE").read_bytes() == notice
     assert list(internal.glob("libportaudio.so*")), "PortAudio must be bundled"
     _validate(unpacked / "duplexcadence.desktop")
 
