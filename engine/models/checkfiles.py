@@ -6,56 +6,80 @@ document, without loading any weights. Every failure is a ValueError with one li
 """
 from __future__ import annotations
 
-import json
+import math
+import os
 import struct
 from pathlib import Path
 from typing import Dict, Iterable, List, Tuple
+
+from engine import safeload
 
 #: largest safetensors header we read (the released codecs' headers are tens of KiB)
 MAX_HEADER = 64 * 1024 * 1024
 
 
 def existing_folder(path, what: str) -> Path:
-    p = Path(path).expanduser()
-    if not p.is_dir():
-        raise ValueError(f"{what} {p} does not exist or is not a folder")
-    return p
+    """``path`` as a folder that can be listed and read (one line otherwise, also without permission)."""
+    return safeload.folder(path, what)
 
 
 def require_files(folder: Path, names: Iterable[str]) -> None:
-    missing = [n for n in names if not (folder / n).is_file()]
+    missing = [n for n in names if not safeload.is_file(folder / n)]
     if missing:
         raise ValueError(f"checkpoint folder {folder} lacks {', '.join(missing)}")
 
 
+#: safetensors dtypes and their sizes in bytes
+DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+          "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+MAX_NDIM = 8
+MAX_EXTENT = 1 << 40
+
+
+def _entry(p: Path, k: str, v, data_bytes: int) -> Tuple[str, Tuple[int, ...]]:
+    """(dtype, shape) of one header entry, checked: known dtype, a list of whole extents, offsets that
+    fit the file and match the shape."""
+    bad = f"{p} is not a safetensors file (entry {k!r:.60}"
+    if not isinstance(v, dict) or "shape" not in v or "dtype" not in v:
+        raise ValueError(f"{bad} has no dtype/shape)")
+    dtype, shape, offsets = v["dtype"], v["shape"], v.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise ValueError(f"{bad} has dtype {dtype!r:.20}, not a safetensors dtype)")
+    if not isinstance(shape, list) or len(shape) > MAX_NDIM or \
+            not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_EXTENT for x in shape):
+        raise ValueError(f"{bad} has shape {shape!r:.40}; a shape is a list of at most {MAX_NDIM} whole numbers)")
+    if not isinstance(offsets, list) or len(offsets) != 2 or \
+            not all(isinstance(x, int) and not isinstance(x, bool) for x in offsets) or \
+            not 0 <= offsets[0] <= offsets[1] <= data_bytes:
+        raise ValueError(f"{bad} has data_offsets {offsets!r:.40} outside the file's {data_bytes:,} data bytes)")
+    if offsets[1] - offsets[0] != math.prod(shape) * DTYPES[dtype]:
+        raise ValueError(f"{bad}: its shape {tuple(shape)} does not match its {offsets[1] - offsets[0]:,} bytes)")
+    return dtype, tuple(shape)
+
+
 def safetensors_header(path) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
-    """``{key: (dtype, shape)}`` from a .safetensors file's header; ValueError if it is not one."""
+    """``{key: (dtype, shape)}`` from a .safetensors file's header, every entry checked against the
+    file's size before anything is allocated; ValueError (one line) if it is not one."""
     p = Path(path)
     try:
         with open(p, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if len(head) < 8:
                 raise ValueError(f"{p} is not a safetensors file (too short)")
             (n,) = struct.unpack("<Q", head)
-            if n <= 1 or n > MAX_HEADER:
-                raise ValueError(f"{p} is not a safetensors file (header size {n})")
+            if n <= 1 or n > MAX_HEADER or n > size - 8:
+                raise ValueError(f"{p} is not a safetensors file (header size {n:,})")
             raw = f.read(n)
     except OSError as e:
         raise ValueError(f"cannot read {p}: {e.strerror or e}") from None
     try:
-        meta = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ValueError(f"{p} is not a safetensors file (its header is not JSON)") from None
+        meta = safeload.parse_json(raw, f"the header of {p}")
+    except safeload.FileCheckError as e:
+        raise ValueError(f"{p} is not a safetensors file ({e})") from None
     if not isinstance(meta, dict):
         raise ValueError(f"{p} is not a safetensors file (its header is not a table)")
-    out = {}
-    for k, v in meta.items():
-        if k == "__metadata__":
-            continue
-        if not isinstance(v, dict) or "shape" not in v or "dtype" not in v:
-            raise ValueError(f"{p} is not a safetensors file (entry {k!r} has no dtype/shape)")
-        out[k] = (str(v["dtype"]), tuple(int(x) for x in v["shape"]))
-    return out
+    return {k: _entry(p, k, v, size - 8 - n) for k, v in meta.items() if k != "__metadata__"}
 
 
 def torch_file(path) -> None:
@@ -71,30 +95,11 @@ def torch_file(path) -> None:
 
 
 def yaml_mapping(path) -> dict:
-    """A YAML file's top-level mapping (safe loader: tags are read as plain nodes); ValueError otherwise."""
-    import yaml
-    p = Path(path)
-
-    class _Loader(yaml.SafeLoader):
-        pass
-
-    def _any_tag(loader, suffix, node):
-        if isinstance(node, yaml.MappingNode):
-            return loader.construct_mapping(node, deep=True)
-        if isinstance(node, yaml.SequenceNode):
-            return loader.construct_sequence(node, deep=True)
-        return loader.construct_scalar(node)
-    _Loader.add_multi_constructor("!", _any_tag)
-    try:
-        doc = yaml.load(p.read_text(encoding="utf-8"), Loader=_Loader)
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read {p}: {e}") from None
-    except yaml.YAMLError as e:
-        where = getattr(e, "problem_mark", None)
-        at = f" (line {where.line + 1})" if where is not None else ""
-        raise ValueError(f"{p} is not valid YAML{at}") from None
+    """A YAML file's top-level mapping through the bounded loader (:func:`engine.safeload.load_yaml`:
+    size, depth, aliases, node budget; tags read as plain nodes); ValueError otherwise."""
+    doc = safeload.load_yaml(path, "the configuration")
     if not isinstance(doc, dict):
-        raise ValueError(f"{p} does not hold a YAML mapping")
+        raise ValueError(f"{path} does not hold a YAML mapping")
     return doc
 
 

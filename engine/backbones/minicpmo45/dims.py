@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Dict, Mapping, Optional
 
+from engine import safeload
+
 
 @dataclass(frozen=True)
 class AudioDims:
@@ -147,47 +149,92 @@ def preset(size: str) -> Dims:
     return PRESETS[size]
 
 
+# the ranges config.json's fields may take for this model family (the released values sit well inside)
+MAX_WIDTH = 1 << 14          # hidden sizes, model widths
+MAX_FFN = 1 << 17
+MAX_LAYERS = 256
+MAX_HEADS = 256
+MAX_VOCAB = 1 << 20          # Qwen3's 151,748 ids fit four times over
+MAX_POSITIONS = 1 << 20
+
+
+def _llm(cfg: Mapping, where: str) -> LLMDims:
+    i, n = safeload.integer, safeload.number
+    hidden = i(cfg, "hidden_size", where, 1, MAX_WIDTH)
+    heads = i(cfg, "num_attention_heads", where, 1, MAX_HEADS)
+    kv = i(cfg, "num_key_value_heads", where, 1, MAX_HEADS, heads)
+    head_dim = i(cfg, "head_dim", where, 2, 1024, max(2, hidden // heads))
+    if heads % kv or head_dim % 2:
+        raise ValueError(f"{where}: num_key_value_heads {kv} must divide num_attention_heads {heads}, and "
+                         f"head_dim {head_dim} must be even")
+    return LLMDims(hidden=hidden, layers=i(cfg, "num_hidden_layers", where, 1, MAX_LAYERS), heads=heads,
+                   kv_heads=kv, head_dim=head_dim, ffn=i(cfg, "intermediate_size", where, 1, MAX_FFN),
+                   vocab=i(cfg, "vocab_size", where, 16, MAX_VOCAB),
+                   rope_theta=n(cfg, "rope_theta", where, 1.0, 1e12, 1_000_000.0),
+                   eps=n(cfg, "rms_norm_eps", where, 1e-12, 0.1, 1e-6),
+                   max_positions=i(cfg, "max_position_embeddings", where, 16, MAX_POSITIONS, 40960))
+
+
+def _audio(a, pool: int, aw: str) -> AudioDims:
+    i = safeload.integer
+    d_model = i(a, "d_model", aw, 1, MAX_WIDTH)
+    heads = i(a, "encoder_attention_heads", aw, 1, MAX_HEADS)
+    if d_model % heads:
+        raise ValueError(f"{aw}: encoder_attention_heads {heads} must divide d_model {d_model}")
+    return AudioDims(n_mels=i(a, "num_mel_bins", aw, 1, 512, 80), d_model=d_model,
+                     layers=i(a, "encoder_layers", aw, 1, MAX_LAYERS), heads=heads,
+                     ffn=i(a, "encoder_ffn_dim", aw, 1, MAX_FFN),
+                     max_positions=i(a, "max_source_positions", aw, 16, 1 << 16, 1500), pool=pool)
+
+
+def _tts(t, tw: str) -> TTSDims:
+    i = safeload.integer
+    hidden = i(t, "hidden_size", tw, 1, MAX_WIDTH, 768)
+    heads = i(t, "num_attention_heads", tw, 1, MAX_HEADS, 12)
+    kv = i(t, "num_key_value_heads", tw, 1, MAX_HEADS, heads)
+    if hidden % heads or heads % kv or (hidden // heads) % 2:
+        raise ValueError(f"{tw}: num_attention_heads {heads} must divide hidden_size {hidden} into heads of even "
+                         f"size, and num_key_value_heads {kv} must divide the heads")
+    text_vocab = i(t, "num_text_tokens", tw, 16, MAX_VOCAB, 152064)
+    if i(t, "num_vq", tw, 1, 64, 1) != 1:
+        raise ValueError(f"{tw}: num_vq must be 1 (one code per step)")
+    return TTSDims(hidden=hidden, layers=i(t, "num_hidden_layers", tw, 1, MAX_LAYERS, 20), heads=heads, kv_heads=kv,
+                   ffn=i(t, "intermediate_size", tw, 1, MAX_FFN, 3072), text_vocab=text_vocab,
+                   codes=i(t, "num_audio_tokens", tw, 2, 1 << 16, 6562),
+                   audio_bos=i(t, "audio_bos_token_id", tw, 0, text_vocab - 1, 151687),
+                   max_positions=i(t, "max_position_embeddings", tw, 16, MAX_POSITIONS, 4096))
+
+
+def parameters(d: Dims) -> int:
+    """About how many weights the LLM, the audio encoder and the TTS of ``d`` hold."""
+    l, a, t = d.llm, d.audio, d.tts
+    llm = 2 * l.vocab * l.hidden + l.layers * (2 * l.hidden * l.heads * l.head_dim
+                                               + 2 * l.hidden * l.kv_heads * l.head_dim + 3 * l.hidden * l.ffn)
+    audio = a.layers * (4 * a.d_model ** 2 + 2 * a.d_model * a.ffn) + a.d_model * l.hidden + l.hidden ** 2
+    tts = (t.text_vocab + 2 * t.codes) * t.hidden + t.layers * (4 * t.hidden ** 2 + 3 * t.hidden * t.ffn) \
+        + 2 * l.hidden * t.hidden
+    return llm + audio + tts
+
+
+def dims_from_config(cfg: Mapping, tokens: Optional[SpecialTokens] = None, where: str = "config.json") -> Dims:
+    """Dimensions from a released ``config.json``: every field typed (whole numbers are not bools or
+    lists, numbers finite) and within this model family's ranges, heads dividing the widths, and the
+    weights it implies within this machine's memory; ValueError (one line) naming the field otherwise."""
+    if not isinstance(cfg, Mapping):
+        raise ValueError(f"{where}: wrong type, a JSON object is needed")
+    llm = _llm(cfg, where)
+    pool = safeload.integer(cfg, "audio_pool_step", where, 1, 64, 5)
+    audio = _audio(_need(cfg, "audio_config", where), pool, where + " audio_config")
+    tts = _tts(_need(cfg, "tts_config", where), where + " tts_config")
+    d = Dims(audio=audio, llm=llm, tts=tts, tokens=tokens or SpecialTokens())
+    safeload.check_memory(2 * parameters(d), where, f"a model of {parameters(d) / 1e9:,.1f} billion weights")
+    return d
+
+
 def _need(cfg: Mapping, key: str, where: str):
     if key not in cfg:
         raise ValueError(f"{where} lacks {key!r}")
     return cfg[key]
-
-
-def dims_from_config(cfg: Mapping, tokens: Optional[SpecialTokens] = None, where: str = "config.json") -> Dims:
-    """Dimensions from a released ``config.json`` (ValueError naming the missing or bad field)."""
-    try:
-        n_heads = int(_need(cfg, "num_attention_heads", where))
-        llm = LLMDims(hidden=int(_need(cfg, "hidden_size", where)),
-                      layers=int(_need(cfg, "num_hidden_layers", where)), heads=n_heads,
-                      kv_heads=int(cfg.get("num_key_value_heads", n_heads)),
-                      head_dim=int(cfg.get("head_dim", int(cfg["hidden_size"]) // n_heads)),
-                      ffn=int(_need(cfg, "intermediate_size", where)), vocab=int(_need(cfg, "vocab_size", where)),
-                      rope_theta=float(cfg.get("rope_theta", 1_000_000.0)), eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                      max_positions=int(cfg.get("max_position_embeddings", 40960)))
-        a = _need(cfg, "audio_config", where)
-        aw = where + " audio_config"
-        audio = AudioDims(n_mels=int(a.get("num_mel_bins", 80)), d_model=int(_need(a, "d_model", aw)),
-                          layers=int(_need(a, "encoder_layers", aw)),
-                          heads=int(_need(a, "encoder_attention_heads", aw)),
-                          ffn=int(_need(a, "encoder_ffn_dim", aw)),
-                          max_positions=int(a.get("max_source_positions", 1500)),
-                          pool=int(cfg.get("audio_pool_step", 5)))
-        t = _need(cfg, "tts_config", where)
-        th = int(t.get("num_attention_heads", 12))
-        tts = TTSDims(hidden=int(t.get("hidden_size", 768)), layers=int(t.get("num_hidden_layers", 20)), heads=th,
-                      kv_heads=int(t.get("num_key_value_heads", th)), ffn=int(t.get("intermediate_size", 3072)),
-                      text_vocab=int(t.get("num_text_tokens", 152064)), codes=int(t.get("num_audio_tokens", 6562)),
-                      audio_bos=int(t.get("audio_bos_token_id", 151687)),
-                      max_positions=int(t.get("max_position_embeddings", 4096)))
-    except (TypeError, AttributeError, ValueError) as e:
-        if isinstance(e, ValueError) and str(e).startswith(where):
-            raise
-        raise ValueError(f"{where}: a field has the wrong type ({e})") from None
-    if audio.d_model % audio.heads or tts.hidden % tts.heads or llm.heads % llm.kv_heads:
-        raise ValueError(f"{where}: head counts do not divide the widths")
-    if int(t.get("num_vq", 1)) != 1:
-        raise ValueError(f"{where}: tts_config num_vq must be 1 (one code per step)")
-    return Dims(audio=audio, llm=llm, tts=tts, tokens=tokens or SpecialTokens())
 
 
 def with_tokens(d: Dims, tokens: SpecialTokens) -> Dims:

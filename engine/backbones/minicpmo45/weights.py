@@ -19,7 +19,6 @@ speaker projector and its unused ``model.embed_tokens`` are not read. Every prob
 """
 from __future__ import annotations
 
-import json
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +27,16 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import nn
 
+from engine import safeload
+from engine.models import checkfiles
+
 from .dims import TOKEN_NAMES, Dims, SpecialTokens, dims_from_config
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
+MAX_TOKENIZER_BYTES = 32 << 20         # the released tokenizer.json is about 11 MB
+MAX_TOKENIZER_ENTRIES = 1 << 20        # vocabulary or merges (Qwen's: about 151,000 each)
+MAX_TOKEN_ID = 1 << 20
 
 
 @dataclass
@@ -50,34 +55,59 @@ class Folder:
         return p if p.is_dir() else None
 
 
-def _read_json(path: Path, what: str) -> dict:
-    if not path.is_file():
+def _read_json(path: Path, what: str, cap: int = safeload.CAPS["json"]) -> dict:
+    """A JSON object through the bounded loader (size, depth, digits, finite numbers)."""
+    if not safeload.is_file(path):
         raise ValueError(f"checkpoint folder {path.parent} lacks {path.name} ({what})")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} does not hold a JSON object")
-    return data
+    return safeload.load_json(path, what, cap)
+
+
+def _tokenizer_text(tok_file: Path) -> str:
+    """tokenizer.json's text, refused before the library sees it when it is too large, too deep, or
+    holds more vocabulary or merges than a tokenizer of this family (a merge bomb)."""
+    raw = safeload.read_capped(tok_file, MAX_TOKENIZER_BYTES, "tokenizer.json")
+    doc = safeload.parse_json(raw, f"tokenizer.json {tok_file}")
+    model = doc.get("model") if isinstance(doc, dict) else None
+    if not isinstance(model, dict):
+        raise ValueError(f"{tok_file} has no tokenizer model: not a tokenizers library file")
+    for field in ("vocab", "merges"):
+        n = len(model.get(field) or ())
+        if n > MAX_TOKENIZER_ENTRIES:
+            raise ValueError(f"{tok_file}: its {field} holds {n:,} entries, more than the {MAX_TOKENIZER_ENTRIES:,} "
+                             f"a tokenizer of this family has")
+    return raw.decode("utf-8")
+
+
+def _added_tokens(folder: Path) -> Dict[str, int]:
+    """added_tokens.json: an object of token -> id (whole numbers from 0); {} when absent."""
+    path = folder / "added_tokens.json"
+    if not safeload.is_file(path):
+        return {}
+    added = _read_json(path, "the added tokens")
+    for name, tid in added.items():
+        if isinstance(tid, bool) or not isinstance(tid, int) or not 0 <= tid < MAX_TOKEN_ID:
+            raise ValueError(f"{path}: the id of {name!r:.40} must be a whole number from 0, found {tid!r:.40}")
+    return added
 
 
 def _tokenizer(folder: Path):
     tok_file = folder / "tokenizer.json"
-    if not tok_file.is_file():
+    if not safeload.is_file(tok_file):
         raise ValueError(f"checkpoint folder {folder} lacks tokenizer.json")
     try:
         from tokenizers import Tokenizer
     except ImportError:
         raise ValueError("reading tokenizer.json needs the 'tokenizers' package: "
                          "pip install -e '.[minicpmo]'") from None
+    text = _tokenizer_text(tok_file)
     try:
-        tok = Tokenizer.from_file(str(tok_file))
-    except Exception as e:                                     # the library's own parse errors
-        raise ValueError(f"{tok_file} could not be read as a tokenizer ({e})") from None
-    added = {}
-    if (folder / "added_tokens.json").is_file():
-        added = _read_json(folder / "added_tokens.json", "the added tokens")
+        tok = Tokenizer.from_str(text)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:        # noqa: BLE001 — its parse errors, and a panic (pyo3's PanicException)
+        reason = " ".join(str(e).split())[:200] or type(e).__name__
+        raise ValueError(f"{tok_file} could not be read as a tokenizer ({reason})") from None
+    added = _added_tokens(folder)
     ids = {}
     for field, name in TOKEN_NAMES.items():
         tid = added.get(name, tok.token_to_id(name))
@@ -91,7 +121,7 @@ def _bad_token_ids(folder: Path, vocab: int) -> Tuple[int, ...]:
     """``bad_token_ids`` of tokenizer_config.json (the stock tokenizer's; the duplex sampler forbids them),
     or () when the file or the field is absent."""
     path = folder / "tokenizer_config.json"
-    if not path.is_file():
+    if not safeload.is_file(path):
         return ()
     ids = _read_json(path, "the tokenizer configuration").get("bad_token_ids", [])
     if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
@@ -103,32 +133,35 @@ def _bad_token_ids(folder: Path, vocab: int) -> Tuple[int, ...]:
 
 
 def _weight_map(folder: Path) -> Dict[str, str]:
-    if (folder / INDEX).is_file():
-        wm = _read_json(folder / INDEX, "the shard index").get("weight_map")
+    """key -> shard file name; every shard a file inside the folder (no absolute path, no ``..``, no link
+    out of it) whose safetensors header is sound (dtypes, shapes and offsets checked against its size)."""
+    if safeload.is_file(folder / INDEX):
+        wm = _read_json(folder / INDEX, "the shard index", safeload.CAPS["index"]).get("weight_map")
         if not isinstance(wm, dict) or not wm:
             raise ValueError(f"{folder / INDEX} has no weight_map")
+        if not all(isinstance(v, str) for v in wm.values()):
+            raise ValueError(f"{folder / INDEX}: every shard in weight_map must be a file name")
         shards = sorted(set(wm.values()))
-        missing = [s for s in shards if not (folder / s).is_file()]
+        paths = [safeload.inside(folder, s, str(folder / INDEX)) for s in shards]
+        missing = [s for s, p in zip(shards, paths) if not safeload.is_file(p)]
         if missing:
             raise ValueError(f"checkpoint folder {folder} lacks shard {missing[0]} (named in {INDEX})")
-        return {str(k): str(v) for k, v in wm.items()}
-    if (folder / SINGLE).is_file():
-        from safetensors import safe_open
-        with safe_open(str(folder / SINGLE), framework="pt") as f:
-            return {k: SINGLE for k in f.keys()}
+        for p in paths:
+            checkfiles.safetensors_header(p)
+        return {str(k): v for k, v in wm.items()}
+    if safeload.is_file(folder / SINGLE):
+        return {k: SINGLE for k in checkfiles.safetensors_header(folder / SINGLE)}
     raise ValueError(f"checkpoint folder {folder} lacks {INDEX} (or {SINGLE})")
 
 
 def open_folder(path) -> Folder:
     """Check a released checkpoint folder (config, tokenizer, shard index, shards present)."""
-    folder = Path(path).expanduser()
-    if not folder.is_dir():
-        raise ValueError(f"MiniCPM-o 4.5 checkpoint folder {folder} does not exist or is not a folder")
+    folder = safeload.folder(path, "MiniCPM-o 4.5 checkpoint folder")
     cfg = _read_json(folder / "config.json", "the model configuration")
     tok, tokens = _tokenizer(folder)
     dims = dims_from_config(cfg, tokens, where=str(folder / "config.json"))
     for field in TOKEN_NAMES:
-        if getattr(tokens, field) >= dims.llm.vocab:
+        if not 0 <= getattr(tokens, field) < min(dims.llm.vocab, dims.tts.text_vocab):
             raise ValueError(f"{folder / 'tokenizer.json'}: token id {getattr(tokens, field)} is outside the "
                              f"LLM vocabulary of {dims.llm.vocab}")
     return Folder(folder, dims, _weight_map(folder), tok, _bad_token_ids(folder, dims.llm.vocab))

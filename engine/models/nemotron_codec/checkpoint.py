@@ -16,16 +16,17 @@ Two folder layouts are read:
 """
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, Sequence, Tuple
 
 import torch
 
+from engine import safeload
 from engine.models import checkfiles
 
-from .config import CodecConfig, from_mapping
+from .config import LIMITS, CodecConfig, from_mapping
 from .weights import decoder_keys
 
 CODEC_FILES = ("codec_config.yaml", "codec.safetensors")
@@ -49,22 +50,18 @@ class CodecSource:
 
 
 def _layout(folder: Path) -> str:
-    if all((folder / f).is_file() for f in CODEC_FILES):
+    if all(safeload.is_file(folder / f) for f in CODEC_FILES):
         return "codec"
-    if (folder / VOICECHAT_CONFIG).is_file() and any((folder / f).is_file() for f in (VOICECHAT_WEIGHTS,
-                                                                                      VOICECHAT_INDEX)):
+    if safeload.is_file(folder / VOICECHAT_CONFIG) and any(safeload.is_file(folder / f)
+                                                          for f in (VOICECHAT_WEIGHTS, VOICECHAT_INDEX)):
         return "voicechat"
     raise ValueError(f"checkpoint folder {folder} holds neither {' + '.join(CODEC_FILES)} nor a VoiceChat "
                      f"checkpoint ({VOICECHAT_CONFIG} + {VOICECHAT_WEIGHTS} or {VOICECHAT_INDEX})")
 
 
 def _json(path: Path) -> Any:
-    try:
-        if path.stat().st_size > MAX_JSON_BYTES:
-            raise ValueError(f"{path} is larger than {MAX_JSON_BYTES >> 20} MiB: not a checkpoint's JSON")
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise ValueError(f"{path} is not readable JSON ({e.__class__.__name__})") from None
+    """The bounded JSON loader's reading (size, depth, digits, finite numbers)."""
+    return safeload.load_json(path, "the checkpoint's JSON", MAX_JSON_BYTES, want=None)
 
 
 def _at(doc: Any, keys: Sequence[str]) -> Any:
@@ -78,8 +75,9 @@ def _at(doc: Any, keys: Sequence[str]) -> Any:
 def _with_rate(cfg: CodecConfig, rate, path: Path) -> CodecConfig:
     if rate is None:
         return cfg
-    if isinstance(rate, bool) or not isinstance(rate, int) or rate <= 0:
-        raise ValueError(f"{path}: sample rate must be a positive integer, got {rate!r}")
+    lo, hi = LIMITS["sample_rate"]
+    if isinstance(rate, bool) or not isinstance(rate, int) or not lo <= rate <= hi:
+        raise ValueError(f"{path}: sample rate must be a whole number from {lo:,} to {hi:,}, got {rate!r:.40}")
     return replace(cfg, sample_rate=int(rate))
 
 
@@ -99,7 +97,7 @@ def _shard_of(folder: Path, index: Dict[str, Any], key: str) -> Path:
         raise ValueError(f"{folder / VOICECHAT_INDEX} does not list {key}: not this codec's checkpoint")
     if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
         raise ValueError(f"{folder / VOICECHAT_INDEX}: shard of {key} must be a file name in the folder, got {name!r}")
-    return folder / name
+    return safeload.inside(folder, name, str(folder / VOICECHAT_INDEX))
 
 
 def _voicechat_folder(folder: Path) -> Tuple[CodecConfig, Dict[str, Path], str]:
@@ -121,8 +119,11 @@ def _voicechat_folder(folder: Path) -> Tuple[CodecConfig, Dict[str, Path], str]:
 
 
 def read_config(folder: Path) -> CodecSource:
-    """The codec's config and where each of its decoder's tensors is; ValueError naming the file."""
+    """The codec's config and where each of its decoder's tensors is; ValueError naming the file (also
+    when the decoder it implies would not fit in this machine's memory)."""
     cfg, files, prefix = _codec_folder(folder) if _layout(folder) == "codec" else _voicechat_folder(folder)
+    need = 4 * sum(math.prod(shape) for shape in decoder_keys(cfg).values())
+    safeload.check_memory(3 * need, str(folder), "the codec decoder its configuration describes")
     return CodecSource(cfg, prefix, files)
 
 
@@ -133,7 +134,7 @@ def _check(src: CodecSource) -> None:
     for key, shape in decoder_keys(src.config).items():
         f = src.files[key]
         if f not in headers:
-            if not f.is_file():
+            if not safeload.is_file(f):
                 raise ValueError(f"{f}, named by {f.parent / VOICECHAT_INDEX}, is missing")
             headers[f] = checkfiles.safetensors_header(f)
         if headers[f].get(src.prefix + key, (None, None))[1] != shape:

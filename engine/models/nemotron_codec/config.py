@@ -117,29 +117,45 @@ def preset(size: str) -> CodecConfig:
     return PRESETS[size]
 
 
+#: the range each ``codec_config`` field may take (sane for this model family; the released codec's
+#: values sit well inside): scalar fields, then the list fields (each entry's range, the longest list)
+LIMITS: Dict[str, Tuple[int, int]] = {
+    "latent_size": (1, 8192), "n_fft": (2, 8192), "hop_length": (1, 8192), "base_hidden_size": (1, 8192),
+    "num_blocks": (0, 64), "kernel_size": (2, 63), "groups": (1, 8192), "codebook_size": (1, 1 << 20),
+    "num_quantizers": (1, 256), "wav_to_token_ratio": (1, 1 << 20), "sample_rate": (100, 384_000)}
+LIST_LIMITS: Dict[str, Tuple[int, int]] = {"channel_mult": (1, 64), "rates": (1, 64)}
+MAX_STAGES = 8
+
+
+def _list_field(name: str, v: Any, source: str) -> Tuple[int, ...]:
+    lo, hi = LIST_LIMITS[name]
+    if not isinstance(v, (list, tuple)) or not 1 <= len(v) <= MAX_STAGES or \
+            not all(isinstance(x, int) and not isinstance(x, bool) and lo <= x <= hi for x in v):
+        shown = f"a list of {len(v)}" if isinstance(v, (list, tuple)) else f"{v!r:.40}"
+        raise ValueError(f"{source}: codec_config.{name} must be a list of 1 to {MAX_STAGES} whole numbers "
+                         f"from {lo} to {hi}, got {shown}")
+    return tuple(v)
+
+
+def _scalar_field(name: str, v: Any, source: str) -> int:
+    lo, hi = LIMITS[name]
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ValueError(f"{source}: codec_config.{name} must be a whole number from {lo:,} to {hi:,}, "
+                         f"got {v!r:.40}")
+    return v
+
+
 def from_mapping(d: Dict[str, Any], source: str) -> CodecConfig:
     """A :class:`CodecConfig` from a ``codec_config`` mapping (unknown keys ignored, missing ones
-    default to the released codec's); ValueError naming ``source`` when a value is wrong."""
+    default to the released codec's); ValueError naming ``source`` when a value is wrong: not a whole
+    number (a bool, a float, a list where a number belongs), or outside :data:`LIMITS`."""
     if not isinstance(d, dict):
         raise ValueError(f"{source}: codec_config must be a mapping")
     kw: Dict[str, Any] = {}
     for f in fields(CodecConfig):
-        if f.name not in d:
-            continue
-        v = d[f.name]
-        try:
-            if f.name in ("channel_mult", "rates"):
-                if not isinstance(v, (list, tuple)) or not all(isinstance(x, int) and x > 0 for x in v):
-                    raise TypeError
-                v = tuple(int(x) for x in v)
-            else:
-                if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                    raise TypeError
-                v = int(v)
-        except TypeError:
-            raise ValueError(f"{source}: codec_config.{f.name} must be a positive integer"
-                             f"{' list' if f.name in ('channel_mult', 'rates') else ''}, got {v!r}") from None
-        kw[f.name] = v
+        if f.name in d:
+            v = d[f.name]
+            kw[f.name] = _list_field(f.name, v, source) if f.name in LIST_LIMITS else _scalar_field(f.name, v, source)
     try:
         return replace(RELEASED, **kw)
     except ValueError as e:

@@ -5,7 +5,8 @@
 feed-forward widths and the vocoder, for CPU tests and the CPU app. ``oracle`` is the size the bit-exact
 tests build the stock package at (depth and block counts shrunk, widths kept).
 
-flow.yaml is read with ``yaml.safe_load`` after its hyperpyyaml tags (``!new:``, ``!ref``, ``!name:``...)
+flow.yaml is read by the bounded safe loader (:mod:`engine.safeload`) after its hyperpyyaml tags
+(``!new:``, ``!ref``, ``!name:``...)
 are turned into plain mappings: only the constructor arguments are taken, no object is ever built.
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, Tuple
 
-import yaml
+from engine import safeload
 
 SILENCE_TOKEN = 4218
 TOKEN_RATE = 25            # speech tokens per second
@@ -115,72 +116,17 @@ def preset(size: str) -> T2WConfig:
 # one ValueError naming the file.
 
 MAX_YAML_BYTES = 1 << 20          # a released flow.yaml is ~5 KB
-MAX_YAML_ALIASES = 256
-MAX_YAML_DEPTH = 48
 MAX_FLOW_NODES = 50_000           # nodes of the resolved 'flow' entry
+MAX_REF_CHAIN = 32                # !ref inside !ref ...
 MAX_DIM = 1 << 20                 # the largest width or count a constructor argument may give
 
 
-class _TaggedLoader(yaml.SafeLoader):
-    """SafeLoader that reads hyperpyyaml tags as plain data (never constructs or imports anything)."""
-
-
-def _tagged(loader, tag_suffix, node):
-    if isinstance(node, yaml.MappingNode):
-        value = loader.construct_mapping(node, deep=True)
-    elif isinstance(node, yaml.SequenceNode):
-        value = loader.construct_sequence(node, deep=True)
-    else:
-        value = loader.construct_scalar(node)
-    return {"__tag__": tag_suffix, "args": value}
-
-
-_TaggedLoader.add_multi_constructor("!", _tagged)
-
-
-def _read_text(path: Path) -> str:
-    """The file's text, refused when it is not a regular file or larger than MAX_YAML_BYTES."""
-    if not path.is_file():
-        raise ValueError(f"{path}: not a regular file")
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_YAML_BYTES + 1)
-    except OSError as e:
-        raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
-    if len(data) > MAX_YAML_BYTES:
-        raise ValueError(f"{path}: larger than {MAX_YAML_BYTES // 1024} KiB; not a flow.yaml")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not UTF-8 text; not a flow.yaml") from None
-
-
-def _check_events(text: str, path: Path) -> None:
-    """Count aliases and nesting in the event stream, before any node is composed."""
-    aliases = depth = 0
-    for ev in yaml.parse(text, Loader=_TaggedLoader):
-        if isinstance(ev, yaml.AliasEvent):
-            aliases += 1
-            if aliases > MAX_YAML_ALIASES:
-                raise ValueError(f"{path}: more than {MAX_YAML_ALIASES} YAML aliases; not a flow.yaml")
-        elif isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-            depth += 1
-            if depth > MAX_YAML_DEPTH:
-                raise ValueError(f"{path}: nested deeper than {MAX_YAML_DEPTH} levels; not a flow.yaml")
-        elif isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-            depth -= 1
-
-
 def read_flow_yaml(path) -> Dict[str, Any]:
-    """The ``flow`` mapping of a released flow.yaml, tags kept as ``{'__tag__', 'args'}``, refs resolved."""
+    """The ``flow`` mapping of a released flow.yaml, tags kept as ``{'__tag__', 'args'}``, refs resolved.
+
+    Read through the bounded loader every YAML file goes through (:func:`engine.safeload.load_yaml`)."""
     path = Path(path)
-    text = _read_text(path)
-    try:
-        _check_events(text, path)
-        doc = yaml.load(text, Loader=_TaggedLoader)
-    except yaml.YAMLError as e:
-        reason = " ".join(str(e).split())
-        raise ValueError(f"{path}: not a readable flow.yaml ({reason})") from None
+    doc = safeload.load_yaml(path, "flow.yaml", MAX_YAML_BYTES, keep_tags=True)
     if not isinstance(doc, dict) or "flow" not in doc:
         raise ValueError(f"{path}: no top-level 'flow' entry")
     return _Resolver(doc, path).resolve(doc["flow"], ("flow",))
@@ -209,6 +155,8 @@ class _Resolver:
         key = ref[1:-1] if ref.startswith("<") and ref.endswith(">") else ref
         if key not in self.root:
             raise ValueError(f"{self.path}: !ref {ref} names no top-level entry")
+        if len(chain) > MAX_REF_CHAIN:
+            raise ValueError(f"{self.path}: !ref nested more than {MAX_REF_CHAIN} deep; not a flow.yaml")
         if key in chain:
             raise ValueError(f"{self.path}: !ref cycle {' -> '.join(chain[chain.index(key):] + (key,))}")
         return self.resolve(self.root[key], chain + (key,))
