@@ -22,6 +22,8 @@ import os
 import re
 import stat
 import sys
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -343,6 +345,27 @@ def is_file(p: Path) -> bool:
         return p.is_file()
     except OSError:
         return False
+
+
+@contextmanager
+def quiet_stderr():
+    """File descriptor 2 sent to a scratch file for the duration (a native library's panic report, which
+    it writes itself before Python sees the exception, must not reach the user's terminal)."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    try:
+        with tempfile.TemporaryFile() as scratch:
+            os.dup2(scratch.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
 
 
 # -- memory ----------------------------------------------------------------------------------------------

@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import Mapping, Optional
 
+from engine import safeload
+
 ENV = "DUPLEXCADENCE_TOKEN"
 MIN_LENGTH = 16
 
@@ -29,11 +31,10 @@ def read_token(token_file: Optional[str] = None, environ: Optional[Mapping[str, 
     env = os.environ if environ is None else environ
     if token_file:
         p = Path(token_file).expanduser()
-        try:
-            text = p.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            reason = getattr(e, "strerror", None) or str(e)
-            raise TokenError(f"cannot read the token file {p}: {reason}") from None
+        try:                                   # a regular file only (a FIFO, /dev/zero refused at once), capped
+            text = safeload.read_text(p, safeload.CAPS["token"], "the token file")
+        except safeload.FileCheckError as e:
+            raise TokenError(str(e)) from None
         lines = text.strip().splitlines()
         token = lines[0].strip() if lines else ""
         where = f"the token file {p}"

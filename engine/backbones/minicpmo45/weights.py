@@ -101,7 +101,8 @@ def _tokenizer(folder: Path):
                          "pip install -e '.[minicpmo]'") from None
     text = _tokenizer_text(tok_file)
     try:
-        tok = Tokenizer.from_str(text)
+        with safeload.quiet_stderr():
+            tok = Tokenizer.from_str(text)
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as e:        # noqa: BLE001 — its parse errors, and a panic (pyo3's PanicException)
