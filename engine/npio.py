@@ -2,6 +2,10 @@
 each, and writing decoded audio atomically (:func:`save_audio`)."""
 from __future__ import annotations
 
+import math
+import os
+import stat
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -9,17 +13,80 @@ import numpy as np
 from engine.atomic import atomic_write
 
 
-def load_array(path, what: str):
+#: the largest array a user's file may hold (a day of 25 Hz int64 tokens is 17 MB; a prompt a few MB)
+MAX_ARRAY_BYTES = 256 << 20
+#: arrays one .npz may hold
+MAX_MEMBERS = 64
+
+
+def _claimed(f, source: str) -> int:
+    """Bytes the ``.npy`` header at ``f``'s position says its array holds (the header alone is read)."""
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(f)
+        shape, _, dtype = (fmt.read_array_header_1_0(f) if version == (1, 0) else fmt.read_array_header_2_0(f))
+    except (ValueError, OSError, EOFError, SyntaxError, TypeError) as e:
+        kind = Path(source.split(" (")[0]).suffix or "NumPy"
+        raise ValueError(f"{source}: not a readable {kind} file ({' '.join(str(e).split())[:120]})") from None
+    if dtype.hasobject:
+        raise ValueError(f"{source}: holds Python objects (pickled); only plain numeric arrays are read")
+    return int(math.prod(shape)) * dtype.itemsize
+
+
+def _check_claims(p: Path, data_bytes: int, max_bytes: int) -> None:
+    """Every array's claimed size against the file (and its zip entries) and ``max_bytes``, before any
+    array is allocated."""
+    def check(claim: int, have: int, source: str) -> None:
+        if claim > max_bytes:
+            raise ValueError(f"{source} claims an array of {claim:,} bytes, more than the {max_bytes >> 20} MiB a "
+                             f"file handed in may hold")
+        if claim > have:
+            raise ValueError(f"{source} claims an array of {claim:,} bytes but holds {have:,}: the file is "
+                             f"truncated or forged")
+    with open(p, "rb") as f:
+        zipped = f.read(4) == b"PK\x03\x04"
+        if not zipped:
+            f.seek(0)
+            claim = _claimed(f, str(p))
+            check(claim, data_bytes - f.tell(), str(p))
+            return
+    try:
+        with zipfile.ZipFile(p) as z:
+            members = z.infolist()
+            if len(members) > MAX_MEMBERS:
+                raise ValueError(f"{p} holds {len(members)} arrays, more than {MAX_MEMBERS}")
+            for m in members:
+                with z.open(m) as f:
+                    claim = _claimed(f, f"{p} ({m.filename})")
+                    check(claim, m.file_size, f"{p} ({m.filename})")
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, EOFError) as e:
+        raise ValueError(f"{p}: not a readable .npz file ({e})") from None
+
+
+def load_array(path, what: str, max_bytes: int = MAX_ARRAY_BYTES):
     """``np.load`` of a ``.npy``/``.npz`` named by the user (``what``: "tokens file", "prompt file"...).
 
-    A missing file is a FileNotFoundError naming it; an unreadable one (or one that needs pickle) a
-    ValueError naming it. Never unpickles.
+    Only a regular file is opened (a FIFO or a device is refused at once); every array's header is
+    read first and an array larger than ``max_bytes`` or than the file holds is refused before it is
+    allocated. A missing file is a FileNotFoundError naming it; an unreadable one (or one that needs
+    pickle) a ValueError naming it. Never unpickles.
     """
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{what} {p} does not exist or is not a regular file")
     try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} {p} does not exist or is not a regular file") from None
+    except OSError as e:
+        raise ValueError(f"cannot read {what} {p}: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{what} {p} is not a regular file (a FIFO, a device or a folder)")
+    try:
+        _check_claims(p, st.st_size, max_bytes)
         return np.load(p, allow_pickle=False)
+    except ValueError as e:
+        if str(e).startswith(str(p)):
+            raise
+        raise ValueError(f"{p}: not a readable {p.suffix or 'NumPy'} file ({e})") from None
     except Exception as e:                                    # noqa: BLE001 — any reader failure
         raise ValueError(f"{p}: not a readable {p.suffix or 'NumPy'} file ({e})") from None
 
