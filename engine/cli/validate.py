@@ -7,7 +7,9 @@ Every check fails with one line that names the argument or the path and says wha
 * :func:`output_file` / :func:`output_folder` refuse an output that exists and is not what is
   expected (a device node, FIFO, socket, symbolic link; a file where a folder is wanted) and an
   output that is one of the inputs (same inode, so a hard link or a second spelling is caught too).
-  These checks hold for root as for anyone else: they look at the file type, not at permissions.
+  These checks hold for root as for anyone else: they look at the file type, not at permissions;
+* both refuse, before any work, an output that is a mount point (the final rename cannot replace it)
+  or whose nearest existing parent cannot be written (read-only file system, no permission).
 """
 from __future__ import annotations
 
@@ -76,6 +78,26 @@ def _same_file(a: Path, b: Path) -> bool:
     return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
+def _writable_place(p: Path, what: str) -> None:
+    """ValueError unless ``p`` can be written by the rename its writer ends with: not a mount point
+    (a rename cannot replace one), and its nearest existing parent a writable folder on a writable
+    file system (checked now, before the session, not when the session is over)."""
+    try:
+        if p.is_dir() and os.path.ismount(p):
+            raise ValueError(f"{what} {p} is a mount point: the files are moved into place by a rename, which "
+                             f"cannot replace it; name a folder inside it")
+    except OSError as e:
+        raise ValueError(f"{what} {p}: {e.strerror or e}") from None
+    parent = p.parent if str(p.parent) else Path(".")
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{what} {p}: {parent} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{what} {p}: cannot write into {parent} (read-only or no permission); name a place "
+                         f"you can write")
+
+
 def output_file(path, what: str, inputs: Iterable[Optional[str]] = (),
                 suffixes: Optional[Sequence[str]] = None) -> Path:
     """Check an output file named by the user before any work is done; ValueError with one line.
@@ -88,6 +110,7 @@ def output_file(path, what: str, inputs: Iterable[Optional[str]] = (),
     why = not_replaceable(p)
     if why:
         raise ValueError(f"{what} {p}: {why}")
+    _writable_place(p, what)
     for src in inputs:
         if src is not None and _same_file(p, Path(src)):
             raise ValueError(f"{what} {p} is the input file {src}: writing it would destroy the input")
@@ -107,6 +130,7 @@ def output_folder(path, what: str, inputs: Iterable[Optional[str]] = (), names: 
     if st is not None and not stat.S_ISDIR(st.st_mode):
         kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a folder"
         raise ValueError(f"{what} {p}: it exists and is {kind}; name a new or an existing folder")
+    _writable_place(p, what)
     for name in names:
         output_file(p / name, what, inputs)
     for src in inputs:
