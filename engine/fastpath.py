@@ -240,9 +240,10 @@ CAPTURED_ONLY = "inside captured graphs only"
 
 def production_modes(device: Union[str, torch.device], captured_only: bool = False) -> Tuple[str, ...]:
     """How production runs a path on ``device``: ``eager`` steps, and on CUDA ``graph`` (the step captured
-    once, then replayed); ``captured_only``: a path taken only while a graph is captured."""
+    once, then replayed); ``captured_only``: a path taken only while a graph is captured (none on the CPU,
+    which captures nothing: such a path never runs there)."""
     if torch.device(device).type != "cuda":
-        return ("eager",)
+        return () if captured_only else ("eager",)
     return ("graph",) if captured_only else ("eager", "graph")
 
 

@@ -216,8 +216,8 @@ def test_batched_listen_step_check_cpu(one_torch_thread, monkeypatch):
     from engine import fastpath
     fastpath.clear_cache()
     assert B.check(model, "cpu", slots=3, steps=3)[0] in B.GEMMS
-    assert "cached" in fastpath.decide("batched LISTEN (rows)", "cpu", (repr(model.args), 3, 3, 0),
-                                       lambda: (False, "not run: cached")).line()    # one check per device and dims
+    assert "cached" in fastpath.decide("batched LISTEN (rows, 3 slots)", "cpu", (repr(model.args), 3, 3, 0),
+                                       lambda: (False, "not run: cached"), code=B.CODE).line()   # one per device, dims
     exact = B.project
     monkeypatch.setattr(B, "project", lambda x, lin, gemm: torch.nextafter(exact(x, lin, gemm), x.new_tensor(1e9)))
     fastpath.clear_cache()

@@ -105,12 +105,12 @@ def test_reference_paths_check_nothing(fresh_verdicts, one_torch_thread):
 def test_checked_paths_choose_only_bit_identical_candidates(fresh_verdicts):
     calls = []
 
-    def trial(shape, path, on):
+    def trial(shape, path, on, inputs):
         calls.append((shape, path, on))
-        x = torch.arange(1.0, shape + 1.0)
+        x, = inputs
         return [x * 3 if path == "same" or not on else x * 3 + 1e-6 * x]
 
-    cp = CheckedPaths("toy", ("same", "ulp"), trial)
+    cp = CheckedPaths("toy", ("same", "ulp"), trial, lambda shape, path: [torch.arange(1.0, shape + 1.0)])
     assert cp.which(4, torch.device("cpu"), "cfg") == {"same": True, "ulp": False}
     assert cp.which(4, torch.device("cpu"), "cfg") == {"same": True, "ulp": False}
     assert len([c for c in calls if c[0] == 4]) == 5                     # same: 2 trials; ulp: 2 + the repeat

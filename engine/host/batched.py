@@ -11,6 +11,10 @@ Whether a session's bits survive this is the device's business (a GEMM over ``S`
 another kernel, with another summation order, than over one row), so :func:`check` runs it at
 start-up against the sessions' own solo steps on fresh random inputs and enables batching only
 when every output and every byte of state is identical; otherwise it says where the bits differ.
+The kernels depend on the slot count, so the check runs per count: the host checks a group's size
+when a group of that size first forms (:meth:`.groups.ListenBatcher.verdict`); a size refused steps
+each member's own graphs. On CUDA both sides run as production runs them: the sessions' own steps
+replay their captured graphs, the batched step replays the group's captured graph.
 """
 from __future__ import annotations
 
@@ -30,6 +34,8 @@ Uniform = Callable[[int, Tuple[int, int]], torch.Tensor]       # (slot, shape) -
 #: how the S slots' rows meet a weight: one GEMM of S rows, or a batched GEMM of S one-row products
 #: (the second keeps each row's summation as a one-row GEMM's on the CPU; the check decides per device)
 GEMMS = ("rows", "bmm")
+#: our code a check runs (its hash is part of the verdict's cache key)
+CODE = ("engine.host", "engine.backbones", "engine.core", "engine.fastpath")
 
 
 def project(x: torch.Tensor, lin: torch.nn.Linear, gemm: str) -> torch.Tensor:
@@ -218,14 +224,16 @@ def check(model: SpeechDecoder, device, slots: int = 3, steps: int = 4, seed: in
     """Which way of batching (see :data:`GEMMS`) keeps every session's bits here, and why / why not.
 
     Returns (gemm or None, why): the first way whose every token, next embedding and byte of state
-    equals each session's own solo steps, on random inputs at different positions. Each way is an
-    :mod:`engine.fastpath` check: cached per device, library versions and decoder dims, and off where
-    the user keeps the reference paths (``--reference-paths``).
+    equals each session's own solo steps, on random inputs at different positions, over ``slots``
+    sessions (a verdict holds for that slot count only). Each way is an :mod:`engine.fastpath` check:
+    cached per device, library versions, code, decoder dims and slot count, and off where the user keeps
+    the reference paths (``--reference-paths``).
     """
     reasons = []
     for gemm in GEMMS:
-        v = fastpath.decide(f"batched LISTEN ({gemm})", device, (repr(model.args), slots, steps, seed),
-                            lambda gemm=gemm: check_gemm(model, device, gemm, slots, steps, seed))
+        v = fastpath.decide(f"batched LISTEN ({gemm}, {slots} slots)", device,
+                            (repr(model.args), slots, steps, seed),
+                            lambda gemm=gemm: check_gemm(model, device, gemm, slots, steps, seed), code=CODE)
         if v.chosen:
             return gemm, f"{v.reason} ({gemm})"
         reasons.append(f"{gemm}: {v.reason}")

@@ -61,20 +61,30 @@ class ListenBatcher:
         self.slots = int(slots)
         self.wait_s = float(wait_s)
         self.groups: List[Group] = []
-        self._checked: Dict[int, Tuple[Optional[str], str]] = {}
+        self._checked: Dict[Tuple[int, int], Tuple[Optional[str], str]] = {}
 
     # -- eligibility ---------------------------------------------------------------------------------
-    def verdict(self, model: Optional[object]) -> Tuple[Optional[str], str]:
-        """(gemm or None, why) for a backbone decoder, checked once per model on this device."""
+    def ineligible(self, model: Optional[object]) -> Optional[str]:
+        """Why sessions of a backbone decoder cannot batch here at all (None: they can, where checked)."""
         if self.host.device.type != "cuda":
-            return None, "batched replay needs CUDA graph replay (on the CPU every second runs exclusively)"
+            return "batched replay needs CUDA graph replay (on the CPU every second runs exclusively)"
         if self.host.launch != "threads":
-            return None, "batched replay needs launch='threads' (members meet at LISTEN from their own threads)"
+            return "batched replay needs launch='threads' (members meet at LISTEN from their own threads)"
         if not isinstance(model, SpeechDecoder):
-            return None, f"the backbone's decoder ({type(model).__name__}) has no batched step"
-        key = id(model)
+            return f"the backbone's decoder ({type(model).__name__}) has no batched step"
+        return None
+
+    def verdict(self, model: Optional[object], slots: Optional[int] = None) -> Tuple[Optional[str], str]:
+        """(gemm or None, why) for a group of ``slots`` sessions (None: the most a group holds) of a backbone
+        decoder: the batched step's kernels depend on the slot count, so each count is checked on this
+        device (once per model) before a group of that size replays batched."""
+        why = self.ineligible(model)
+        if why is not None:
+            return None, why
+        n = self.slots if slots is None else int(slots)
+        key = (id(model), n)
         if key not in self._checked:
-            self._checked[key] = check(model, self.host.device, slots=min(3, self.slots))
+            self._checked[key] = check(model, self.host.device, slots=n)
         return self._checked[key]
 
     # -- membership (called under the host's exclusive gate) ----------------------------------------
@@ -82,10 +92,10 @@ class ListenBatcher:
         """Put a freshly built session in a group (its listen is routed here); returns why/why not."""
         s = hosted.session
         model = getattr(s.backbone, "model", None)
-        gemm, why = self.verdict(model)
+        why = self.ineligible(model)
         toggles = s.backbone.toggles()
-        if gemm is None or not (toggles.get("graph_replay") and toggles.get("demand_sized")):
-            return why if gemm is None else "the session does not replay graphs: it steps alone"
+        if why is not None or not (toggles.get("graph_replay") and toggles.get("demand_sized")):
+            return why or "the session does not replay graphs: it steps alone"
         group = next((g for g in self.groups if g.model is model and len(g.members) < self.slots), None)
         if group is None:
             group = Group(model)
@@ -93,8 +103,7 @@ class ListenBatcher:
         group.members.append(hosted)
         hosted.group = group
         s.backbone.listen = lambda audio, vad, _h=hosted: self.listen(_h, audio, vad)
-        self._recapture(group, gemm)
-        return why
+        return self._recapture(group)
 
     def leave(self, hosted: "HostedSession") -> None:
         group = getattr(hosted, "group", None)
@@ -105,19 +114,25 @@ class ListenBatcher:
         if not group.members:
             self.groups.remove(group)
             return
-        self._recapture(group, self._checked[id(group.model)][0])
+        self._recapture(group)
 
-    def _recapture(self, group: Group, gemm: str) -> None:
+    def _recapture(self, group: Group) -> str:
+        """The group's batched step for its members now, where the check passed at this slot count (else its
+        members step their own graphs, the reference); why / why not."""
         group.stepper = None
         if len(group.members) < 2:
-            return                                          # one member steps its own graphs
+            return "one member steps its own graphs"
+        gemm, why = self.verdict(group.model, len(group.members))
+        if gemm is None:
+            return why
         exs = [m.session.backbone.executor for m in group.members]
         rngs = [m.rng for m in group.members]
         stepper = SlotStepper(group.model, exs, rngs, self.host.device, gemm)
         if stepper.step_plans() is None:
-            return
+            return "the members' next steps differ in shape: they step alone"
         stepper.capture(torch.cuda.Stream(self.host.device))
         group.stepper = stepper
+        return why
 
     # -- one second's LISTEN ---------------------------------------------------------------------------
     def listen(self, hosted: "HostedSession", audio: torch.Tensor, vad) -> None:

@@ -60,16 +60,18 @@ class EngineHost:
         self.batcher: Optional[ListenBatcher] = ListenBatcher(self, batch_slots) if batched else None
 
     # -- batched LISTEN (opt-in) -------------------------------------------------------------------
-    def batched_check(self, cfg: SessionConfig) -> Tuple[bool, str]:
-        """Whether sessions of ``cfg`` would replay LISTEN batched here, and why (or why not).
+    def batched_check(self, cfg: SessionConfig, slots: Optional[int] = None) -> Tuple[bool, str]:
+        """Whether a group of ``slots`` sessions of ``cfg`` (None: ``batch_slots``) would replay LISTEN
+        batched here, and why (or why not).
 
-        Builds one session of ``cfg`` (its weights stay cached) and runs the start-up check: batched
-        steps against each session's own steps on random inputs, bit for bit, on this device."""
+        Builds one session of ``cfg`` (its weights stay cached) and runs the start-up check at that slot
+        count: batched steps against each session's own steps on random inputs, bit for bit, on this device
+        (a group of another size is checked at its own size when it forms)."""
         if self.batcher is None:
             return False, "batched replay is off (EngineHost(batched=True) turns it on)"
         probe = self.admit(cfg, force=True)
         try:
-            gemm, why = self.batcher.verdict(getattr(probe.session.backbone, "model", None))
+            gemm, why = self.batcher.verdict(getattr(probe.session.backbone, "model", None), slots)
         finally:
             self.remove(probe)
         return gemm is not None, why

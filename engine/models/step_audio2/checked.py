@@ -6,12 +6,17 @@ bit at one chunk length on one GPU may not at another. :class:`CheckedPaths` ask
 candidate from the same fresh random inputs, ``torch.equal`` on every output), keeps the verdicts for the
 session info, and answers which paths run for a shape.
 
-The check runs eagerly. The executor warms every graph signature up eagerly before it captures it, so the
-verdicts for captured shapes exist before the capture; a shape first met inside a capture (never, with
-the executor's warm-up) runs the reference paths rather than check there.
+The trial runs the way production runs the block: on the CPU eagerly; on CUDA both eagerly and captured
+into a CUDA graph and replayed (:func:`engine.fastpath.replayed`), since a stream steps eagerly or replays
+graphs as its toggles say. A path taken only while a graph is captured (``captured_only``: the fused
+Triton kernel, which eager steps leave to PyTorch's kernels) is tried only in a capture, and its verdict
+says so (``on (inside captured graphs only)``). The executor warms every graph signature up eagerly
+before it captures it, so the verdicts for captured shapes exist before the capture; a shape first met
+inside a capture (never, with the executor's warm-up) runs the reference paths rather than check there.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Dict, Hashable, List, Optional, Sequence
 
 import torch
@@ -19,17 +24,22 @@ import torch
 from engine import fastpath
 from engine.fastpath import Verdict
 
-#: trial(shape, path, on) -> the block's outputs (tensors) with ``path`` off (reference) or on
-Trial = Callable[[int, str, bool], List[torch.Tensor]]
+#: inputs(shape, path) -> fresh seeded random inputs on the block's device (made outside any capture)
+Inputs = Callable[[int, str], List[torch.Tensor]]
+#: trial(shape, path, on, inputs) -> the block's outputs (tensors) with ``path`` off (reference) or on;
+#: it may change its inputs in place (caches), and makes no host-to-device copies (it may be captured)
+Trial = Callable[[int, str, bool, List[torch.Tensor]], List[torch.Tensor]]
 
 
 class CheckedPaths:
     """Verdicts of one block's faster paths, per shape (e.g. the chunk's frame count)."""
 
-    def __init__(self, block: str, paths: Sequence[str], trial: Trial,
-                 not_applicable: Optional[Callable[[str, torch.device], Optional[str]]] = None):
-        self.block, self.paths, self.trial = block, tuple(paths), trial
+    def __init__(self, block: str, paths: Sequence[str], trial: Trial, inputs: Inputs,
+                 not_applicable: Optional[Callable[[str, torch.device], Optional[str]]] = None,
+                 captured_only: Optional[Callable[[str], bool]] = None):
+        self.block, self.paths, self.trial, self.inputs = block, tuple(paths), trial, inputs
         self.not_applicable = not_applicable or (lambda path, device: None)
+        self.captured_only = captured_only or (lambda path: False)
         self.checked: Dict[int, Dict[str, Verdict]] = {}
         #: True: every shape runs the reference paths, unchecked (a bench's "before", a user's choice)
         self.reference_only = False
@@ -49,12 +59,31 @@ class CheckedPaths:
                        for p in self.paths}
                 self.checked[shape] = got
                 return {p: False for p in self.paths}
-            got = {p: fastpath.self_check(f"{self.block} {p} ({shape} frames)", device, (config, shape),
-                                          lambda on, p=p: self.trial(shape, p, on),
-                                          not_applicable=self.not_applicable(p, device))
-                   for p in self.paths}
+            got = {p: self._check(shape, p, device, config) for p in self.paths}
             self.checked[shape] = got
         return {p: v.chosen for p, v in got.items()}
+
+    def _check(self, shape: int, path: str, device: torch.device, config: Hashable) -> Verdict:
+        """One path at one shape, run in each way production runs it (:func:`engine.fastpath.production_modes`)."""
+        only = self.captured_only(path)
+        modes = fastpath.production_modes(device, captured_only=only)
+        why = self.not_applicable(path, device) or (None if modes else "it runs only inside captured CUDA graphs")
+        v = fastpath.self_check(f"{self.block} {path} ({shape} frames)", device, (config, shape, modes),
+                                lambda on: self.run(shape, path, on, device, modes), not_applicable=why)
+        return replace(v, scope=fastpath.CAPTURED_ONLY) if only and v.chosen else v
+
+    def run(self, shape: int, path: str, on: bool, device: torch.device,
+            modes: Sequence[str] = ("eager",)) -> Dict[str, List[torch.Tensor]]:
+        """The trial's outputs in each of ``modes`` (``eager``; ``graph``: captured and replayed), each from
+        fresh inputs."""
+        out: Dict[str, List[torch.Tensor]] = {}
+        for mode in modes:
+            inputs = self.inputs(shape, path)
+            if mode == "graph":
+                out[mode] = fastpath.replayed(lambda: self.trial(shape, path, on, inputs), device, restore=inputs)
+            else:
+                out[mode] = self.trial(shape, path, on, inputs)
+        return out
 
     def verdicts(self) -> List[Verdict]:
         """Every verdict so far, by shape, then path."""

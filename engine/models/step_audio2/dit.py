@@ -23,6 +23,7 @@ from torch import nn
 
 from engine.fastpath import Verdict
 
+from . import fused as fused_kernels
 from .checked import CheckedPaths, streams_only
 from .config import DiTConfig
 from .fused import available as fused_available
@@ -36,6 +37,12 @@ FAST_PATHS = ("frames-major convs", "parallel lanes", "fused elementwise")
 
 def _not_applicable(path: str, device: torch.device) -> Optional[str]:
     return fused_available(device) if path == "fused elementwise" else streams_only(path, device)
+
+
+def captured_only(path: str) -> bool:
+    """Whether ``path`` runs only while a CUDA graph is captured (the fused kernel, unless ``fused.EAGER``:
+    :func:`.fused.worth_it`): then it is checked, and reported, as such."""
+    return path == "fused elementwise" and not fused_kernels.EAGER
 
 
 class TimestepEmbedder(nn.Module):
@@ -288,7 +295,8 @@ class DiT(nn.Module):
         self.mods: List[List[Modulation]] = []
         self.final_mods: list = []
         #: per chunk length (frames): the self-checks' verdicts on the faster paths (see :meth:`fast`)
-        self.checked = CheckedPaths("step-audio2 DiT", FAST_PATHS, self._trial, _not_applicable)
+        self.checked = CheckedPaths("step-audio2 DiT", FAST_PATHS, self._trial, self._trial_inputs, _not_applicable,
+                                    captured_only)
 
     def _modulation_layers(self) -> List[nn.Module]:
         return [self.t_embedder, self.final_layer.adaLN_modulation] + [b.adaLN_modulation for b in self.blocks]
@@ -320,9 +328,10 @@ class DiT(nn.Module):
 
         Each is decided once per length by :func:`engine.fastpath.self_check` (cuDNN and cuBLAS pick kernels
         per shape, layout and stream, so per length): one DiT block (block 0's weights) with the path off and
-        on, from the same fresh random input and caches, ``torch.equal`` on the output and both caches. The
-        checks run eagerly (the executor's warm-up precedes every capture); a length first met inside a
-        capture runs the reference paths.
+        on, from the same fresh random input and caches, ``torch.equal`` on the output and both caches, run as
+        production runs it (eagerly, and on CUDA also captured and replayed; the fused kernel only captured).
+        The checks run before any capture (the executor's warm-up precedes every capture); a length first met
+        inside a capture runs the reference paths.
         """
         got = self.checked.which(t, self.in_proj.weight.device, self.cfg)
         if got["frames-major convs"] and not all(blk.conv.weights_cl for blk in self.blocks):
@@ -331,18 +340,25 @@ class DiT(nn.Module):
         return got
 
     @torch.no_grad()
-    def _trial(self, t: int, path: str, on: bool) -> List[torch.Tensor]:
-        """Block 0 (and the final layer after it) over seeded random inputs and caches, ``path`` off or on (the
-        other paths off)."""
+    def _trial_inputs(self, t: int, path: str) -> List[torch.Tensor]:
+        """Seeded random input, caches and (before the constants exist) modulations for :meth:`_trial`."""
         blk, dev, c = self.blocks[0], self.in_proj.weight.device, self.cfg.hidden
         g = torch.Generator().manual_seed(1000 + t)
         x = torch.randn(2, t, c, generator=g).to(dev)
         kv = torch.randn(2, self.cfg.heads, t + 3, 2 * self.cfg.head_dim, generator=g).to(dev)
         cnn = torch.randn(2, 2 * c, blk.conv.pad, generator=g).to(dev)
-        if path == "frames-major convs" and on and not blk.conv.weights_cl:
+        if path == "frames-major convs" and not blk.conv.weights_cl:
             blk.conv.build_layouts()
-        m = self.mods[0][0] if self.mods else Modulation(*[[torch.randn(2, 1, c, generator=g).to(dev)
-                                                             for _ in range(3)] for _ in range(3)])
+        mod = [] if self.mods else [torch.randn(2, 1, c, generator=g).to(dev) for _ in range(9)]
+        return [x, kv, cnn, *mod]
+
+    @torch.no_grad()
+    def _trial(self, t: int, path: str, on: bool, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
+        """Block 0 (and the final layer after it) over :meth:`_trial_inputs`, ``path`` off or on (the other
+        paths off)."""
+        blk = self.blocks[0]
+        x, kv, cnn, *mod = inputs
+        m = self.mods[0][0] if self.mods else Modulation(mod[0:3], mod[3:6], mod[6:9])
         fused = on and path == "fused elementwise"
         out = blk(x, m, kv, cnn, frames_major=on and path == "frames-major convs",
                   lanes=on and path == "parallel lanes", fused=fused)

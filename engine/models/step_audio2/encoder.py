@@ -213,7 +213,8 @@ class UpsampleConformerEncoder(nn.Module):
         self.after_norm = nn.LayerNorm(c, eps=1e-5)
         self.register_buffer("pe", rel_position_table(c), persistent=False)
         #: per chunk length: the self-check's verdicts on the faster paths (:meth:`fast`)
-        self.checked = CheckedPaths("step-audio2 encoder", ("parallel lanes",), self._trial, streams_only)
+        self.checked = CheckedPaths("step-audio2 encoder", ("parallel lanes",), self._trial, self._trial_inputs,
+                                    streams_only)
 
     def build_constants(self) -> None:
         """Forget what was computed for other weights or another device (position projections, verdicts)."""
@@ -230,15 +231,20 @@ class UpsampleConformerEncoder(nn.Module):
         return self.checked.which(t, self.pe.device, self.cfg)
 
     @torch.no_grad()
-    def _trial(self, t: int, path: str, on: bool) -> List[torch.Tensor]:
-        """The first layer over a seeded random chunk and cache (``t`` frames each), ``path`` off or on."""
-        layer = self.layers()[0]
+    def _trial_inputs(self, t: int, path: str) -> List[torch.Tensor]:
+        """A seeded random chunk and cache (``t`` frames each) and the slot the layer writes, for :meth:`_trial`."""
         c, h = self.cfg.output_size, self.cfg.heads
         g = torch.Generator().manual_seed(3000 + t)
         x = torch.randn(1, t, c, generator=g).to(self.pe.device)
         cache = torch.randn(1, h, t, 2 * c // h, generator=g).to(self.pe.device)
-        slot = torch.empty(1, h, t, 2 * c // h, device=self.pe.device)
-        out = layer(x, self.pos_emb(2 * t), cache, slot, lanes=on and path == "parallel lanes")
+        slot = torch.zeros(1, h, t, 2 * c // h, device=self.pe.device)
+        return [x, cache, slot]
+
+    @torch.no_grad()
+    def _trial(self, t: int, path: str, on: bool, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
+        """The first layer over :meth:`_trial_inputs`, ``path`` off or on."""
+        x, cache, slot = inputs
+        out = self.layers()[0](x, self.pos_emb(2 * t), cache, slot, lanes=on and path == "parallel lanes")
         return [out, slot]
 
     def verdicts(self) -> List[Verdict]:

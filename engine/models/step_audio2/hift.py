@@ -26,6 +26,7 @@ from engine.core import STILL, Clock, Fixed, Region
 from engine.fastpath import Verdict
 
 from .config import MEL_CACHE, SOURCE_CACHE, HiFTConfig
+from . import fused as fused_kernels
 from .checked import CheckedPaths, streams_only
 from .fused import available as fused_available
 from .fused import worth_it as fused_worth_it
@@ -39,6 +40,12 @@ FAST_PATHS = ("parallel lanes", "fused elementwise")
 
 def _not_applicable(path: str, device: torch.device) -> Optional[str]:
     return fused_available(device) if path == "fused elementwise" else streams_only(path, device)
+
+
+def captured_only(path: str) -> bool:
+    """Whether ``path`` runs only while a CUDA graph is captured (the fused kernel, unless ``fused.EAGER``:
+    :func:`.fused.worth_it`): then it is checked, and reported, as such."""
+    return path == "fused elementwise" and not fused_kernels.EAGER
 
 
 def hann_periodic(n: int) -> torch.Tensor:
@@ -86,7 +93,8 @@ class HiFT(nn.Module):
         self.register_buffer("fade", torch.from_numpy(np.hamming(2 * SOURCE_CACHE)), persistent=False)
         self.envelopes: Dict[int, torch.Tensor] = {}
         #: per mel length: the self-check's verdicts on the faster paths (:meth:`fast`)
-        self.checked = CheckedPaths("step-audio2 HiFT", FAST_PATHS, self._trial, _not_applicable)
+        self.checked = CheckedPaths("step-audio2 HiFT", FAST_PATHS, self._trial, self._trial_inputs,
+                                    _not_applicable, captured_only)
 
     @torch.no_grad()
     def prepare(self) -> None:
@@ -102,11 +110,17 @@ class HiFT(nn.Module):
         return self.checked.which(frames, self.window.device, self.cfg)
 
     @torch.no_grad()
-    def _trial(self, frames: int, path: str, on: bool) -> List[torch.Tensor]:
-        """:meth:`decode` of a seeded random mel and source (no draws from the default generator)."""
+    def _trial_inputs(self, frames: int, path: str) -> List[torch.Tensor]:
+        """A seeded random mel and source for :meth:`_trial` (no draws from the default generator)."""
         g = torch.Generator().manual_seed(2000 + frames)
         mel = torch.randn(1, self.cfg.in_channels, frames, generator=g).to(self.window.device)
         s = (0.1 * torch.randn(1, 1, frames * self.upp, generator=g)).to(self.window.device)
+        return [mel, s]
+
+    @torch.no_grad()
+    def _trial(self, frames: int, path: str, on: bool, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
+        """:meth:`decode` of :meth:`_trial_inputs`, ``path`` off or on."""
+        mel, s = inputs
         return [self.decode(mel, s, lanes=on and path == "parallel lanes", fused=on and path == "fused elementwise")]
 
     def verdicts(self) -> List[Verdict]:
