@@ -5,6 +5,7 @@
   duplexcadence synth ...            decode tokens with an engine decoder tail (no GUI)
   duplexcadence run ...              headless duplex session over a wav file (no GUI)
   duplexcadence serve ...            host sessions on Ray Serve for remote clients (extra: serve)
+  duplexcadence recover JOURNAL      finish the journal a failed or killed `run` left (no GUI)
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ SUBCOMMANDS = {
     "synth": "engine.cli.synth",
     "run": "engine.cli.run",
     "serve": "engine.cli.serve",
+    "recover": "engine.cli.recover",
 }
 
 
