@@ -22,7 +22,6 @@ and exits 130 / 143; a killed process leaves the partial folder with every secon
 from __future__ import annotations
 
 import argparse
-import math
 import queue
 import shutil
 import signal
@@ -34,7 +33,7 @@ from typing import Callable, List, Tuple
 
 import numpy as np
 
-from engine.audio import AudioError, frames_of, load_mono
+from engine.audio import AudioError, InputFrames
 from engine.models import registry
 from engine.cli.validate import OneLineParser, output_file, output_folder, seconds, seed
 from engine.atomic import atomic_write
@@ -303,13 +302,26 @@ def _main(a: argparse.Namespace, stop: StopSignals) -> int:
             cfg = make_config(a)
         output_file(a.output, "--output", inputs=[a.input], suffixes=(".wav",))
         output_folder(a.log, "--log", inputs=[a.input], names=SESSION_FILES)
-        audio = load_mono(a.input, max_seconds=a.seconds)
+        frames = InputFrames(a.input, max_seconds=a.seconds)     # streamed: read second by second
     except (ValueError, AudioError) as e:
         print(f"duplexcadence run: error: {e}", file=sys.stderr)
         return 2
-    frames = frames_of(audio)
-    if a.seconds is not None:
-        frames = frames[: math.ceil(a.seconds)]
+    try:
+        return _session(a, cfg, runner, frames, stop)
+    finally:
+        frames.close()
+
+
+def _kept(journal: SessionJournal, a: argparse.Namespace) -> str:
+    """What a failed finish kept and how to recover it (the journal stays unfinished on disk)."""
+    if not journal.directory.is_dir():
+        return ""
+    return (f"; the {journal.seconds} s recorded so far are kept in {journal.directory}: once there is room, "
+            f"run `duplexcadence recover {journal.directory} --log {a.log} --output {a.output}`")
+
+
+def _session(a: argparse.Namespace, cfg: SessionConfig, runner, frames: InputFrames, stop: StopSignals) -> int:
+    """The session over ``frames``, every second into a journal, then the outputs; the exit status."""
     progress = Progress(len(frames), a.quiet)
     stop.building = False                     # the journal folder is made whole (a signal waits)
     try:
@@ -346,7 +358,9 @@ def _main(a: argparse.Namespace, stop: StopSignals) -> int:
     try:
         out, log = _finish(a, cfg, journal, signum)
     except (ExportError, AudioError) as e:
-        print(f"duplexcadence run: error: {e}", file=sys.stderr)
+        first = f"{error}; then " if error is not None and str(error) != str(e) else ""
+        print(f"duplexcadence run: error: {first}{e}{_kept(journal, a) if not journal.finished else ''}",
+              file=sys.stderr)
         return 1
     n = journal.seconds
     written = f"wrote {out} ({n} s, 24 kHz mono) and {log}/ (session.csv, session.jsonl, session.trace.json, " \
