@@ -1,13 +1,21 @@
 """Our MiniCPM-o 4.5 modules against the transformers classes the stock runtime builds them from (test-only
-oracle; the product never imports transformers): Qwen3ForCausalLM with a DynamicCache fed the way the stock
-duplex loop feeds it (embeddings in chunks, explicit positions), the TTS's LlamaModel, and a Whisper encoder
-layer. Same weights through the checkpoint's key names; float32 on the CPU, seeded random inputs."""
+oracle; the product never imports transformers), bit for bit (``torch.equal``): Qwen3ForCausalLM with a
+DynamicCache fed the way the stock duplex loop feeds it (embeddings in chunks, explicit positions; the logits of
+a feed as ``StreamDecoder.feed`` takes them: ``lm_head`` over every position, then the last), the TTS's
+LlamaModel, and a Whisper encoder layer fed like the stock's streaming encoder (a growing key/value cache).
+Same weights through the checkpoint's key names; float32 on the CPU, seeded random inputs.
+
+The stock targets transformers 4.51, whose ``WhisperSdpaAttention`` hands SDPA the plain query at SDPA's own
+scale; the installed transformers (5.x) scales the query first and calls SDPA at scale 1, another order of
+operations (other bits). The Whisper test therefore runs 4.51's attention sequence (written out below) inside
+5.x's encoder layer; the layer norms, MLP and residuals are 5.x's own."""
 from __future__ import annotations
 
 import inspect
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from engine.backbones.minicpmo45.audio import EncoderLayer
 from engine.backbones.minicpmo45.dims import preset
@@ -54,8 +62,9 @@ def test_qwen3_matches_transformers_fed_like_the_duplex_loop(one_torch_thread):
             x = torch.randn(t, d.hidden, generator=g)
             out = _run(ref, x.unsqueeze(0), torch.arange(pos, pos + t).unsqueeze(0), cache)
             h = ours(x, kv)
-            torch.testing.assert_close(h, out.hidden_states[-1][0], rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(ours.logits(h[-1]), out.logits[0, -1:].float(), rtol=1e-5, atol=1e-5)
+            assert torch.equal(h, out.hidden_states[-1][0]), f"hidden states differ after a feed of {t}"
+            # out.logits: lm_head over all t positions, as the stock's feed(..., return_logits=True)
+            assert torch.equal(ours.logits(h), out.logits[0, -1:].float()), f"logits differ after a feed of {t}"
             pos += t
 
 
@@ -80,11 +89,29 @@ def test_tts_body_matches_transformers_llama(one_torch_thread):
             x = torch.randn(t, d.hidden, generator=g)
             out = _run(ref, x.unsqueeze(0), torch.arange(pos, pos + t).unsqueeze(0), cache)
             want = ours.head_code[0](out.last_hidden_state[:, -1]).float()
-            torch.testing.assert_close(ours(x, kv), want, rtol=1e-5, atol=1e-5)
+            assert torch.equal(ours(x, kv), want), f"TTS logits differ after a feed of {t}"
             pos += t
 
 
+def _stock_whisper_attention(attn, cache: list):
+    """transformers 4.51's ``WhisperSdpaAttention.forward`` (what the stock's ``MiniCPMWhisperEncoderLayer`` runs
+    under ``attn_implementation="sdpa"``) over ``attn``'s weights, its DynamicCache a list [keys, values]:
+    each projection split into heads and made contiguous, the new keys/values appended to the cache's
+    (``torch.cat`` on the time axis), SDPA at its default scale, no mask, then ``out_proj``."""
+    def forward(hidden_states, attention_mask=None, **_):
+        b, t, _ = hidden_states.shape
+        heads = lambda y: y.view(b, -1, attn.num_heads, attn.head_dim).transpose(1, 2).contiguous()  # noqa: E731
+        q, k, v = (heads(p(hidden_states)) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+        if cache:
+            k, v = torch.cat([cache[0], k], dim=-2), torch.cat([cache[1], v], dim=-2)
+        cache[:] = [k, v]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False)
+        return attn.out_proj(o.transpose(1, 2).reshape(b, t, -1)), None
+    return forward
+
+
 def test_whisper_encoder_layer_matches_transformers(one_torch_thread):
+    """Three streaming seconds of 50 positions: each attends over the cache plus itself, as the stock encoder."""
     from transformers import WhisperConfig
     from transformers.models.whisper.modeling_whisper import WhisperEncoderLayer
     a = D.audio
@@ -95,12 +122,16 @@ def test_whisper_encoder_layer_matches_transformers(one_torch_thread):
     ours = EncoderLayer(a).eval()
     seeded_init(ours, 10, std=0.1)
     ref.load_state_dict(ours.state_dict())
-    x = torch.randn(1, 50, a.d_model, generator=torch.Generator().manual_seed(2))
-    k = torch.empty(a.heads, 50, a.head_dim)
-    v = torch.empty_like(k)
+    cache: list = []
+    ref.self_attn.forward = _stock_whisper_attention(ref.self_attn, cache)
+    extra = {"layer_head_mask": None} if "layer_head_mask" in inspect.signature(ref.forward).parameters else {}
+    k_buf, v_buf = torch.empty(a.heads, 150, a.head_dim), torch.empty(a.heads, 150, a.head_dim)
+    g = torch.Generator().manual_seed(2)
     with torch.no_grad():
-        got = ours(x, k, v, k, v)                                       # no history: attends over its own 50
-        extra = {"layer_head_mask": None} if "layer_head_mask" in inspect.signature(ref.forward).parameters else {}
-        want = ref(x, attention_mask=None, **extra)
-    want = want[0] if isinstance(want, tuple) else want
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        for n in (50, 100, 150):                                   # positions held after this second
+            x = torch.randn(1, 50, a.d_model, generator=g)
+            got = ours(x, k_buf[:, :n], v_buf[:, :n], k_buf[:, n - 50:n], v_buf[:, n - 50:n])
+            want = ref(x, attention_mask=None, **extra)
+            want = want[0] if isinstance(want, tuple) else want
+            assert torch.equal(got, want), f"encoder layer differs at {n} positions"
+    assert cache[0].shape[2] == 150 and torch.equal(cache[0][0], k_buf)           # the same keys were kept

@@ -3,7 +3,7 @@
 A plain module in the checkpoint's names (``model.embed_tokens``, ``model.layers.N``, ``model.norm``,
 ``lm_head``; stored under ``llm.``). :meth:`Qwen3.forward` takes embeddings of ``T`` new positions and
 the session's KV store and returns the final-norm hidden state of every new position; the caller asks
-for logits of the last one only (the duplex protocol never needs more).
+for the logits of the last one only (the duplex protocol never needs more), computed as the stock does.
 """
 from __future__ import annotations
 
@@ -46,6 +46,9 @@ class Qwen3(nn.Module):
         x = run_stack(self.model.layers, embeds, kv, self.d.head_dim, self.d.rope_theta)    # [1, T, hidden]
         return self.model.norm(x)[0]                                              # [T, hidden]
 
-    def logits(self, hidden_last: torch.Tensor) -> torch.Tensor:
-        """lm_head of one hidden state [hidden] -> float32 logits [1, vocab]."""
-        return self.lm_head(hidden_last.view(1, -1)).float()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits [1, vocab] of the last of a feed's hidden states [T, hidden] (or one, [hidden]).
+
+        As the stock's ``StreamDecoder.feed(..., return_logits=True)``: ``lm_head`` over every position of
+        the feed, then the last row; one row alone would be another matrix product (other bits)."""
+        return self.lm_head(hidden.reshape(1, -1, self.d.hidden))[:, -1].float()

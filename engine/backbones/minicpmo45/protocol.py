@@ -90,7 +90,7 @@ class Protocol:
             if out is not None:
                 return out
         h = self.feed(emb)
-        return h, (self.llm.logits(h[-1]) if logits else None)
+        return h, (self.llm.logits(h) if logits else None)
 
     def close_unit(self) -> None:
         """The deferred finalize of the previous unit: its terminator (if any) and ``</unit>``."""
@@ -103,7 +103,7 @@ class Protocol:
         self.close_unit()
         self.step_ids([self.d.tokens.unit], logits=False)
         h = self.feed(audio_emb.to(self.llm.lm_head.weight.dtype))
-        self.logits = self.llm.logits(h[-1])
+        self.logits = self.llm.logits(h)
         self._emit("llm_logits", self.logits)
 
     # -- THINK ------------------------------------------------------------------------------------------
