@@ -123,7 +123,10 @@ def test_loads_every_module_from_the_released_layout(folder, one_torch_thread):
     assert torch.equal(b.tts.projector_semantic.linear1.weight, w["tts.projector_semantic.linear1.weight"])
     v = w["tts.head_code.0.parametrizations.weight.original1"]
     g = w["tts.head_code.0.parametrizations.weight.original0"]
-    assert torch.allclose(b.tts.head_code[0].weight, g * v / v.norm(dim=1, keepdim=True), atol=1e-6)
+    stock_head = torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(v.shape[1], v.shape[0], bias=False))
+    stock_head.parametrizations.weight.original0.data.copy_(g)        # the stock's head: weight recomputed from g, v
+    stock_head.parametrizations.weight.original1.data.copy_(v)
+    assert torch.equal(b.tts.head_code[0].weight, stock_head.weight)
     assert not torch.equal(b.tts.head_code[0].weight, v)
     assert "checkpoint" in b.info.title and not b.info.synthetic
     # a second with real (tiny) weights and the tokenizer: the text is the tokenizer's words
