@@ -5,7 +5,7 @@ import threading
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (QApplication, QButtonGroup, QCheckBox, QComboBox, QFileDialog, QFormLayout,
                                QGridLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton,
                                QRadioButton, QVBoxLayout, QWidget)
@@ -72,6 +72,10 @@ class PathChooser(QWidget):
             path = QFileDialog.getExistingDirectory(self, "Choose a checkpoint folder", self.path())
         if path:
             self.set_path(path)
+#: the longest a model-folder check may take before the panel gives its verdict (the engine's checks are
+#: bounded to seconds; a folder on a stalled network mount is not)
+CHECK_LIMIT_S = 10.0
+
 
 
 CPU_RELEASED = ("⚠ released size on a CPU cannot keep up in real time: seconds queue up and the answer lags "
@@ -104,6 +108,8 @@ class ModelPanel(QGroupBox):
         self.status.setWordWrap(True)
         self.generation = 0
         self.checking = False
+        self._done = threading.Event()           # set when the check of the current generation answered
+        self._verdict: Tuple[int, Optional[SessionConfig], str] = (-1, None, "")   # written by the worker
         self._checked.connect(self._on_checked)
         form = QFormLayout(self)
         form.addRow("Decoder tail", self.tail)
@@ -138,30 +144,56 @@ class ModelPanel(QGroupBox):
                              voice=self.voice.path() or None, **toggles)
 
     def validate(self) -> Tuple[Optional[SessionConfig], str]:
-        """(resolved config, "") when valid, else (None, the one clear message)."""
-        try:
-            return self.config().resolved(), ""
-        except ValueError as e:
-            return None, str(e)
+        """(resolved config, "") when valid, else (None, the one clear message): the worker's verdict on
+        what the panel shows, waited for at most CHECK_LIMIT_S (the GUI thread never reads the folders)."""
+        gen, done = self.generation, self._done
+        if not done.wait(CHECK_LIMIT_S):
+            return None, self._too_slow()
+        got, cfg, err = self._verdict
+        if got != gen:
+            return None, "the model choice changed while it was being checked; try again"
+        return cfg, err
+
+    @staticmethod
+    def _too_slow() -> str:
+        return (f"checking the model folders took longer than {CHECK_LIMIT_S:.0f} s (a stalled or very slow "
+                f"disk?); choose another folder or try again")
 
     def _on_change(self, *_) -> None:
         self.backbone_checkpoint.setEnabled(self.backbone.currentData() in ("moshi", "minicpm-o-4.5"))
         self.voice.setEnabled(self.tail.currentData() == "step-audio2")
         self.generation += 1
         self.checking = True
+        self._done = threading.Event()
         self.status.setText("checking…")
         self.status.setStyleSheet("")
         gen, cfg = self.generation, self.config()
-        threading.Thread(target=self._check, args=(gen, cfg), name="model-check", daemon=True).start()
+        threading.Thread(target=self._check, args=(gen, cfg, self._done), name="model-check", daemon=True).start()
+        QTimer.singleShot(int(CHECK_LIMIT_S * 1000), lambda: self._check_timed_out(gen))
 
-    def _check(self, gen: int, cfg: SessionConfig) -> None:
+    def _check_timed_out(self, gen: int) -> None:
+        """GUI thread: the check of ``gen`` has not answered within CHECK_LIMIT_S; its late answer is ignored."""
+        if gen != self.generation or not self.checking:
+            return
+        self.generation += 1                     # whatever the stalled check says later is dropped
+        self._verdict = (self.generation, None, self._too_slow())
+        self._done = threading.Event()
+        self._done.set()
+        self._on_checked(self.generation, None, self._too_slow())
+
+    def _check(self, gen: int, cfg: SessionConfig, done: threading.Event) -> None:
         """Worker thread: the engine's verdict on the folder (it may read the files)."""
         try:
             result = (cfg.resolved(), "")
         except ValueError as e:
             result = (None, str(e))
-        except Exception as e:  # noqa: BLE001 - an unexpected failure is still one line, not a traceback
-            result = (None, f"{type(e).__name__}: {e}")
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # noqa: BLE001 - an unexpected failure (even a native library's panic,
+            result = (None, f"{type(e).__name__}: {' '.join(str(e).split())}")   # a BaseException) is one line
+        if gen == self.generation:
+            self._verdict = (gen, *result)
+        done.set()
         try:
             self._checked.emit(gen, *result)
         except RuntimeError:
