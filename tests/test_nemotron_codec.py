@@ -12,7 +12,7 @@ from engine.models.nemotron_codec import weights as W
 from engine.models.nemotron_codec.config import RELEASED, TINY, CodecConfig
 from engine.models.nemotron_codec.tail import make_tail
 
-pytestmark = [pytest.mark.oracle, pytest.mark.usefixtures("one_torch_thread"),
+pytestmark = [pytest.mark.oracle, pytest.mark.bits, pytest.mark.usefixtures("one_torch_thread"),
               pytest.mark.skipif(not peer.available(), reason="nemo-toolkit / omegaconf (test oracles) not installed")]
 
 #: configs beyond the released one: other FFT sizes and overlaps, kernels, groups, block counts, codebooks

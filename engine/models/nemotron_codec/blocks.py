@@ -19,7 +19,7 @@ benchmark) names the kinds of library call (:data:`BATCHABLE`) made once per sec
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, List, Mapping, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -35,30 +35,47 @@ BATCHABLE = frozenset({"convtr", "dwconv", "pwconv", "mean", "head", "fft"})
 ALIGN_BYTES = 512           # per-frame library inputs start 512-byte aligned, as fresh CUDA allocations do
 
 
-def frame_blocks(x: torch.Tensor) -> List[torch.Tensor]:
-    """The frames of ``x`` [n, ...] as n tensors [1, ...], each contiguous and aligned as a fresh allocation."""
+def frame_blocks(x: torch.Tensor, strides: Optional[Tuple[int, ...]] = None) -> List[torch.Tensor]:
+    """The frames of ``x`` [n, ...] as n tensors [1, ...], each starting 512-byte aligned as a fresh allocation.
+
+    ``strides``: each frame's strides (a dense layout of a [1, ...] tensor, e.g. the stock's transposed
+    latent or channels-last conv output); None: contiguous. The library's kernel (MKL's vectorized math,
+    GEMM and FFT paths on the CPU, cuDNN's algorithm on the GPU) may depend on both the layout and the
+    alignment, so a frame is handed to it exactly as the stock's per-frame call holds it."""
     n, per = x.shape[0], x[0].numel()
-    if (per * x.element_size()) % ALIGN_BYTES == 0 and x.is_contiguous():
+    shape = (1,) + tuple(x.shape[1:])
+    if strides is not None and tuple(strides) == torch.empty(shape, device="meta").stride():
+        strides = None
+    if strides is None and (per * x.element_size()) % ALIGN_BYTES == 0 and x.is_contiguous():
         return [x[f:f + 1] for f in range(n)]
     stride = -(-per * x.element_size() // ALIGN_BYTES) * ALIGN_BYTES // x.element_size()
     buf = torch.empty((n, stride), dtype=x.dtype, device=x.device)
-    buf[:, :per].copy_(x.reshape(n, per))
-    return [buf[f, :per].view((1,) + tuple(x.shape[1:])) for f in range(n)]
+    if strides is None:
+        buf[:, :per].copy_(x.reshape(n, per))
+        return [buf[f, :per].view(shape) for f in range(n)]
+    blocks = [buf[f].as_strided(shape, strides) for f in range(n)]
+    for f, b in enumerate(blocks):
+        b.copy_(x[f:f + 1])
+    return blocks
 
 
-def per_frame(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, batched: bool = False) -> torch.Tensor:
-    """``fn`` applied to each frame of ``x`` [n, ...] at the stock's per-frame shape, results stacked."""
+def per_frame(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, batched: bool = False,
+              strides: Optional[Tuple[int, ...]] = None) -> torch.Tensor:
+    """``fn`` applied to each frame of ``x`` [n, ...] at the stock's per-frame shape (and ``strides``, see
+    :func:`frame_blocks`), results stacked."""
     if batched:
         return fn(x)
-    outs = [fn(b) for b in frame_blocks(x)]
+    outs = [fn(b) for b in frame_blocks(x, strides)]
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
 
 def pointwise(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, frames: bool) -> torch.Tensor:
-    """An elementwise function over the second, or frame by frame (CPU transcendental functions)."""
+    """An elementwise function over the second, or frame by frame (CPU transcendental functions: MKL's
+    vector math takes a vectorized or a scalar path by an element's place and the array's alignment, so
+    each frame is handed over aligned as the stock's fresh per-frame tensor; ``fn`` may slice it first)."""
     if not frames:
         return fn(x)
-    outs = [fn(x[f:f + 1]) for f in range(x.shape[0])]
+    outs = [fn(b) for b in frame_blocks(x)]
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
 
@@ -141,10 +158,11 @@ class StreamingISTFT(nn.Module):
         n, _, cols = x.shape
         win, env = self.tables(x.device, cols)
         y = per_frame(lambda b: F.conv1d(b, self.proj), x, "head" in batched)           # [n, 2B, T]
-        logmag, phase = y[:, :self.bins], y[:, self.bins:]
-        mag = pointwise(lambda m: torch.exp(F.softplus(math.log(MAG_CAP) - m).neg()) * MAG_CAP, logmag, frames)
-        cos = pointwise(torch.cos, phase, frames)
-        sin = pointwise(lambda p: torch.sin(p[:, 1:-1]), phase, frames)                # DC, Nyquist: real
+        # log-magnitude | phase: views of each frame's head output, at the stock's offsets in it
+        b = self.bins
+        mag = pointwise(lambda m: torch.exp(F.softplus(math.log(MAG_CAP) - m[:, :b]).neg()) * MAG_CAP, y, frames)
+        cos = pointwise(lambda p: torch.cos(p[:, b:]), y, frames)
+        sin = pointwise(lambda p: torch.sin(p[:, b + 1:-1]), y, frames)                  # DC, Nyquist: real
         parts = torch.zeros((n, 2 * self.bins, cols), dtype=x.dtype, device=x.device)   # [n, re | im, T]
         torch.mul(mag, cos, out=parts[:, :self.bins])
         torch.mul(mag[:, 1:-1], sin, out=parts[:, self.bins + 1:2 * self.bins - 1])

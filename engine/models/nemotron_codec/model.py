@@ -16,7 +16,7 @@ per frame: neither carries state.
 """
 from __future__ import annotations
 
-from typing import Dict, FrozenSet, Iterable, List, Optional, Union
+from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -112,6 +112,23 @@ class NemotronCodecDecoder(StreamingModel):
             z = z + self.codebooks[i].index_select(0, codes[i])
         return z[:, :, None]
 
+    def upsample_second(self, x: torch.Tensor, w: torch.Tensor, layout: Optional[Tuple[int, ...]],
+                        batched: bool) -> Tuple[torch.Tensor, Optional[Tuple[int, ...]]]:
+        """One stage's transposed conv over the second; the per-frame strides its output has.
+
+        The stock's first stage takes the [1, 1, L] latent transposed (strides ``(L, 1, L)``); later stages
+        take the previous transposed conv's output layout (the ConvNeXt residual keeps it: channels-last
+        where the library returned that). Per frame, each input is handed over in ``layout``, so the
+        library picks the stock's kernel (MKL / oneDNN paths differ between layouts)."""
+        strides: List[Tuple[int, ...]] = []
+
+        def up(b: torch.Tensor) -> torch.Tensor:
+            y = torch.conv_transpose1d(b, w, stride=w.shape[-1], groups=self.cfg.groups)
+            strides.append(tuple(y.stride()))
+            return y
+        out = per_frame(up, x, batched, strides=layout)
+        return out, (None if batched else strides[0])
+
     def decode(self, state, codes: torch.Tensor) -> torch.Tensor:
         """codes [K, n] -> audio [1, n * wav_to_token_ratio] over the state handles.
 
@@ -122,9 +139,9 @@ class NemotronCodecDecoder(StreamingModel):
         kinds = self.batched_kinds()
         batch = kinds if codes.shape[1] in cfg.seconds_pattern() else frozenset()
         x = self.latents(codes)                                                      # [n, L, 1]
+        layout: Optional[Tuple[int, ...]] = (cfg.latent_size, 1, cfg.latent_size)
         for s, (w, blocks) in enumerate(zip(self.upsample, self.stages)):
-            x = per_frame(lambda b: torch.conv_transpose1d(b, w, stride=w.shape[-1], groups=cfg.groups),
-                          x, "convtr" in batch)                                     # [n, C_s, cols_s]
+            x, layout = self.upsample_second(x, w, layout, "convtr" in batch)          # [n, C_s, cols_s]
             for b, block in enumerate(blocks):
                 x = block.second(x, state.under(f"stage{s}.block{b}"), frames, batch)
         wav = self.head.second(x, state.under("istft"), frames, batch)              # [n, frame samples]
