@@ -181,10 +181,19 @@ def _node(node, expected_suffix: str, what: str, path: Path) -> Dict[str, Any]:
     return args
 
 
+#: tighter bounds than MAX_DIM for the counts that multiply a model's size (the released values: 6, 4, 16,
+#: 8 heads; the stock hard-codes heads of 64): sane for this model family, and a model that fits in memory
+COUNT_LIMITS = {"num_blocks": 64, "num_up_blocks": 64, "depth": 64, "attention_heads": 64, "num_heads": 64,
+                "head_dim": 1024, "linear_units": 1 << 16, "hidden_size": 1 << 13, "input_size": 1 << 13,
+                "output_size": 1 << 13, "in_channels": 1 << 13, "out_channels": 1 << 13, "spk_embed_dim": 1 << 13,
+                "pre_lookahead_len": 64, "up_stride": 16}
+
+
 def _int(args: Dict[str, Any], key: str, default: int, what: str, path: Path) -> int:
     v = args.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_DIM:
-        raise ValueError(f"{path}: {what}.{key} must be an integer from 1 to {MAX_DIM}, found {v!r:.40}")
+    top = COUNT_LIMITS.get(key, MAX_DIM)
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= top:
+        raise ValueError(f"{path}: {what}.{key} must be an integer from 1 to {top}, found {v!r:.40}")
     return v
 
 
@@ -211,6 +220,8 @@ def flow_config_from_yaml(path) -> FlowConfig:
         heads=_int(ea, "attention_heads", 8, e, path), linear_units=_int(ea, "linear_units", 2048, e, path),
         num_blocks=_int(ea, "num_blocks", 6, e, path), num_up_blocks=_int(ea, "num_up_blocks", 4, e, path),
         pre_lookahead=_int(ea, "pre_lookahead_len", LOOKAHEAD, e, path), up_stride=_int(ea, "up_stride", 2, e, path))
+    if enc.output_size % enc.heads:
+        raise ValueError(f"{path}: flow.encoder.attention_heads {enc.heads} must divide output_size {enc.output_size}")
     d = "flow.decoder.estimator"
     dit = DiTConfig(
         in_channels=_int(da, "in_channels", 320, d, path), out_channels=_int(da, "out_channels", 80, d, path),
