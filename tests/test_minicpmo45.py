@@ -47,6 +47,7 @@ def _session(demand: bool, flips=(), pattern=PATTERN, seed=3):
         floats.append(out.clone())
         return out
     bb.think, bb.tts.forward = spy, tts_spy
+    thinking = _spy_on_think(bb.protocol)
     outs, recs = [], []
     for k, f in enumerate(_frames(pattern)):
         if k in flips:
@@ -57,7 +58,39 @@ def _session(demand: bool, flips=(), pattern=PATTERN, seed=3):
     s.close()
     for r, end in zip(recs, s.turn_ends):
         r.turn_end = end
-    return np.concatenate(outs), recs, tokens, floats
+    return np.concatenate(outs), recs, tokens, floats, thinking
+
+
+def _spy_on_think(proto) -> list:
+    """Per second's THINK: the turn decision it got, each step's (step, token chosen, the LLM's own draws made
+    for it), and every token list fed to the LLM during THINK. A token chosen with no draw was forced."""
+    thinking: list = []
+    draws: list = []
+    sampler, choose, step_ids, decode = proto.sampler, proto._choose, proto.step_ids, proto.decode
+
+    def sampler_spy(logits):
+        draws.append(sampler(logits))
+        return draws[-1]
+
+    def choose_spy(j, turn, logits):
+        n = len(draws)
+        tok = choose(j, turn, logits)
+        thinking[-1]["steps"].append((j, tok, draws[n:]))
+        return tok
+
+    def step_spy(ids, logits):
+        if thinking and thinking[-1]["open"]:
+            thinking[-1]["fed"].append(list(ids))
+        return step_ids(ids, logits)
+
+    def decode_spy(turn):
+        thinking.append({"turn": turn, "steps": [], "fed": [], "open": True})
+        try:
+            return decode(turn)
+        finally:
+            thinking[-1]["open"] = False
+    proto.sampler, proto._choose, proto.step_ids, proto.decode = sampler_spy, choose_spy, step_spy, decode_spy
+    return thinking
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +105,7 @@ def runs():
 
 
 def test_stock_and_demand_identical_with_toggles_flipped(runs):
-    (a, ra, ta, fa), (b, rb, tb, fb) = runs
+    (a, ra, ta, fa, _), (b, rb, tb, fb, _) = runs
     assert len(fa) == len(fb) > len(ra)
     assert all(torch.equal(x, y) for x, y in zip(fa, fb))
     assert [r.demand_sized for r in rb] == [True, True, False, False, True, True, True, False, False]
@@ -85,7 +118,7 @@ def test_stock_and_demand_identical_with_toggles_flipped(runs):
 
 
 def test_listening_seconds_skip_the_tail_and_play_silence(runs):
-    out, recs, tokens, _ = runs[1]
+    out, recs, tokens, *_ = runs[1]
     assert [r.decision for r in recs] == ["listen", "listen", "listen", "speak", "speak", "listen", "speak",
                                           "listen", "listen"]
     for k, r in enumerate(recs):
@@ -103,18 +136,40 @@ def test_listening_seconds_skip_the_tail_and_play_silence(runs):
     assert [r.turn_end for r in recs] == ["", "", "", "", "", "cut", "end", "", ""]
 
 
-def test_voice_activity_turns_force_only_the_decision_token(runs):
+def test_voice_activity_policy_decides_from_speech_and_ends_replies():
     from engine.backbones.minicpmo45.turns import VoiceActivityTurns
     t = VoiceActivityTurns(reply_seconds=2)
     got = [t.decide(bool(s)) for s in [1, 1, 1, 0, 0, 0, 1, 0, 1]]
     assert [(d.forced, d.last) for d in got] == [
         ("listen", False), ("listen", False), ("listen", False), ("speak", False), ("speak", True),
         ("listen", False), ("listen", False), ("speak", True), ("listen", False)]
-    recs = runs[1][1]
-    spoken = [r.text.split() for r in recs if r.decision == "speak"]
-    ending = set(PRESETS["tiny"].tokens.chunk_terminators)
-    for words in spoken:                          # the LLM's own tokens after <|speak|> (none ends a unit)
-        assert words and all(int(w.strip("<>")) not in ending for w in words)
+
+
+def test_voice_activity_turns_force_only_the_decision_and_reply_end_tokens(runs):
+    """Forced, each second: the listen/speak decision token (step 0); in a reply's last second <|turn_eos|> at
+    the step before the unit's forced end; before listening over an open reply (barge-in) one <|turn_eos|>.
+    Every other token THINK chooses is the LLM's own draw (a drawn <|listen|> inside a reply becomes
+    <|tts_bos|>, as in the stock loop), and THINK feeds the LLM nothing else."""
+    tk, last_step = PRESETS["tiny"].tokens, PRESETS["tiny"].sampling.max_tokens_per_unit - 2
+    recs, thinking = runs[1][1], runs[1][4]
+    assert len(thinking) == len(recs) == len(PATTERN)
+    seen = {"turn_eos forced": 0, "drawn": 0, "cut": 0}
+    for k, (rec, th) in enumerate(zip(recs, thinking)):
+        turn, steps = th["turn"], th["steps"]
+        want = [(0, tk.listen if turn.forced == "listen" else tk.speak)]
+        if turn.last and any(j == last_step for j, _, _ in steps):
+            want.append((last_step, tk.turn_eos))
+        assert [(j, tok) for j, tok, drawn in steps if not drawn] == want, f"second {k}: forced tokens"
+        for j, tok, drawn in steps:
+            if drawn:                                  # one draw, kept as drawn (or listen -> tts_bos)
+                assert len(drawn) == 1 and (tok == drawn[0] or (drawn[0], tok) == (tk.listen, tk.tts_bos)), k
+        cut = [[tk.turn_eos]] if rec.turn_end == "cut" else []
+        chosen = [[tok] for _, tok, _ in steps if tok not in tk.chunk_terminators]
+        assert th["fed"] == cut + chosen, f"second {k}: THINK fed the LLM something it did not choose"
+        seen["turn_eos forced"] += len(want) - 1
+        seen["drawn"] += sum(1 for _, _, drawn in steps if drawn)
+        seen["cut"] += len(cut)
+    assert seen["turn_eos forced"] >= 1 and seen["drawn"] >= 5 and seen["cut"] == 1, seen
 
 
 def _backbone_seconds(seed: int, pattern=(1, 0, 0)):
