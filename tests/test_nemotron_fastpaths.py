@@ -14,7 +14,7 @@ from engine.models.nemotron_codec.fastpaths import ORDER, choose
 from engine.models.nemotron_codec.model import NemotronCodecDecoder
 from engine.models.nemotron_codec.tail import make_tail
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.bits, pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.fixture(autouse=True)
@@ -74,8 +74,8 @@ def test_what_the_check_takes_decodes_the_reference_bits():
 def test_a_batched_call_one_ulp_off_is_refused(monkeypatch):
     real = blocks.per_frame
 
-    def off_by_one_ulp(fn, x, batched=False):
-        y = real(fn, x, batched)
+    def off_by_one_ulp(fn, x, batched=False, **layout):
+        y = real(fn, x, batched, **layout)
         return torch.nextafter(y, torch.full_like(y, float("inf"))) if batched else y
     monkeypatch.setattr(blocks, "per_frame", off_by_one_ulp)
     m = _model()
