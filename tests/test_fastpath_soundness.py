@@ -231,9 +231,9 @@ def test_a_short_codec_second_makes_no_batched_call(monkeypatch):
     from engine.models.nemotron_codec.tail import make_tail
     real, seen = blocks.per_frame, []
 
-    def spy(fn, x, batched=False):
+    def spy(fn, x, batched=False, *args, **kwargs):
         seen.append((x.shape[0], bool(batched)))
-        return real(fn, x, batched)
+        return real(fn, x, batched, *args, **kwargs)
     monkeypatch.setattr(blocks, "per_frame", spy)
     m = _nemotron()
     m.batched = True                                   # every kind batched where it may be (given explicitly)

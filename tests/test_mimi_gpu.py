@@ -117,3 +117,20 @@ def test_self_check_chooses_only_orders_equal_to_moshi(setup):
         fastpath.force_reference(None)
     assert not any(v.chosen for v in t2.fast_paths()) and torch.equal(forced, ref)
     fastpath.clear_cache()
+
+
+def test_the_ring_wraps_past_its_250_steps_equal_to_moshi(setup):
+    # 155 frames = 310 transformer steps at 25 Hz (12.4 s): every layer's KV ring (250 steps) wraps, in graph
+    # replay with the orders the self-check chose, and a 5-frame last second is checked at 5 frames first
+    state, model = setup
+    codes = torch.randint(0, RELEASED.bins, (8, 155), generator=torch.Generator().manual_seed(31)).to(DEV)
+    assert codes.shape[1] * RELEASED.upsample_stride > RELEASED.context + 50
+    ref = _moshi(state, codes)
+    graphs, tail, stats = _tail(model, codes, lambda s: {"demand_sized": True, "graph_replay": True}, chunk=13)
+    assert stats.replayed_steps == 12 and stats.captures == 2
+    lines = [v.line() for v in tail.fast_paths()]
+    print("\n".join(lines))
+    assert any("(5-frame second)" in x for x in lines), lines
+    eager, _, _ = _tail(model, codes, lambda s: {"demand_sized": True, "graph_replay": False}, chunk=13)
+    assert ref.abs().max() > 1e-3 and ref.shape == graphs.shape == (155 * RELEASED.frame_size,)
+    assert torch.equal(eager, ref) and torch.equal(graphs, ref)
