@@ -37,6 +37,7 @@ SINGLE = "model.safetensors"
 MAX_TOKENIZER_BYTES = 32 << 20         # the released tokenizer.json is about 11 MB
 MAX_TOKENIZER_ENTRIES = 1 << 20        # vocabulary or merges (Qwen's: about 151,000 each)
 MAX_TOKEN_ID = 1 << 20
+PROBE_TEXT = "Hello, how are you today? 你好"        # encoded and decoded once when the tokenizer is read
 
 
 @dataclass
@@ -103,6 +104,7 @@ def _tokenizer(folder: Path):
     try:
         with safeload.quiet_stderr():
             tok = Tokenizer.from_str(text)
+            tok.decode(tok.encode(PROBE_TEXT).ids)          # a normalizer that panics on any text panics here
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as e:        # noqa: BLE001 — its parse errors, and a panic (pyo3's PanicException)
