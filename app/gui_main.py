@@ -2,7 +2,7 @@
 
 Interactive:  duplexcadence
 Scripted:     duplexcadence --input-file IN.wav [--output-file OUT.wav] [--seconds N] [--export DIR]
-                            [--screenshot PNG] [--model TAIL] [--backbone synthetic|moshi]
+                            [--screenshot PNG] [--model TAIL] [--backbone BACKBONE]
                             [--checkpoint PATH]
 A scripted run uses the model its flags name (defaults otherwise, never the saved settings, which it
 leaves alone), plays the WAV as the microphone at real-time pace (then silence), stops after N
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from engine.cli.validate import OneLineParser, output_file, output_folder, seconds, seed
-from engine.models import registry
+from engine import registry
 
 SCRIPT_FLAGS = ("input_file", "input_device", "seconds", "export", "screenshot", "output_file")
 SCREENSHOT_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
@@ -40,13 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--screenshot", metavar="PNG", help="save a screenshot of the window at the end")
     m = p.add_argument_group("model")
     m.add_argument("--model", dest="tail", choices=registry.tail_names(), help="decoder tail")
-    m.add_argument("--backbone", choices=["synthetic", "moshi", "minicpm-o-4.5"])
+    m.add_argument("--backbone", choices=registry.backbone_names())
     m.add_argument("--size", choices=["auto", "released", "tiny"])
     m.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     m.add_argument("--checkpoint", help="decoder tail checkpoint (" + registry.checkpoint_hints() + ")")
-    m.add_argument("--backbone-checkpoint", help="Moshi or MiniCPM-o 4.5 weights folder")
-    m.add_argument("--voice", metavar="WAV|NPZ", help="the step-audio2 tail's voice (default: the MiniCPM-o "
-                                                    "folder's assets/HT_ref_audio.wav, else synthetic)")
+    m.add_argument("--backbone-checkpoint", help="the backbone's weights folder (" + registry.folder_hints() + ")")
+    m.add_argument("--voice", metavar="WAV|NPZ", help="the voice of the " + " / ".join(registry.conditioned_tails())
+                   + " tail (default: the backbone folder's voice, else synthetic)")
     m.add_argument("--no-demand-sized", action="store_true", help="stock-sized state arenas")
     m.add_argument("--no-graph-replay", action="store_true", help="run every second eagerly")
     m.add_argument("--seed", type=seed, default=0, help="seed of the random weights and sampling (0 to 2**63-1)")

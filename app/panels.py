@@ -14,11 +14,9 @@ from app import theme
 from app.audio_io import DeviceInfo
 from app.plots import LevelMeter
 from app.viewmodel import GREEN, RED, YELLOW, EventLog, Summary
-from engine.models import registry
+from engine import registry
 from engine.session import SessionConfig
 
-BACKBONES = [("Synthetic (seeded policy, random weights)", "synthetic"), ("Moshi", "moshi"),
-             ("MiniCPM-o 4.5", "minicpm-o-4.5")]
 SIZES = [("auto", "auto"), ("released", "released"), ("tiny", "tiny")]
 
 
@@ -72,11 +70,11 @@ class PathChooser(QWidget):
             path = QFileDialog.getExistingDirectory(self, "Choose a checkpoint folder", self.path())
         if path:
             self.set_path(path)
+
+
 #: the longest a model-folder check may take before the panel gives its verdict (the engine's checks are
 #: bounded to seconds; a folder on a stalled network mount is not)
 CHECK_LIMIT_S = 10.0
-
-
 
 CPU_RELEASED = ("⚠ released size on a CPU cannot keep up in real time: seconds queue up and the answer lags "
                 "further behind — choose tiny, or run on a GPU")
@@ -95,14 +93,16 @@ class ModelPanel(QGroupBox):
         self.cuda = cuda
         self.tail = _combo([(e.title, e.name) for e in registry.tails()],
                            "the decoder tail that turns speech tokens into audio")
-        self.backbone = _combo(BACKBONES, "the model that listens and decides what to say")
+        self.backbone = _combo([(e.title, e.name) for e in registry.backbones()],
+                               "the model that listens and decides what to say")
         self.size = _combo(SIZES, "auto picks released sizes on a GPU and tiny sizes on a CPU")
         self.checkpoint = PathChooser("none: seeded random weights")
-        self.backbone_checkpoint = PathChooser("Moshi or MiniCPM-o 4.5 weights folder (optional)")
-        self.voice = PathChooser("default: the MiniCPM-o folder's voice, else synthetic",
+        self.backbone_checkpoint = PathChooser("the backbone's weights folder (optional)")
+        self.backbone_checkpoint.setToolTip(registry.folder_hints())
+        self.voice = PathChooser("default: the backbone folder's voice, else synthetic",
                                  files="Voice (*.wav *.npz);;All files (*)")
-        self.voice.setToolTip("the step-audio2 tail's voice: a recording (.wav; needs onnxruntime and the "
-                              "token2wav folder's ONNX models) or an .npz prompt")
+        self.voice.setToolTip("; ".join(f"the {e.name} tail's voice: {e.conditioning.help}"
+                                        for e in registry.tails() if e.conditioning is not None))
         self.size_note = theme.dim(QLabel(f"auto = {'released on this GPU' if cuda else 'tiny (no CUDA here)'}"))
         self.status = QLabel()
         self.status.setWordWrap(True)
@@ -160,8 +160,8 @@ class ModelPanel(QGroupBox):
                 f"disk?); choose another folder or try again")
 
     def _on_change(self, *_) -> None:
-        self.backbone_checkpoint.setEnabled(self.backbone.currentData() in ("moshi", "minicpm-o-4.5"))
-        self.voice.setEnabled(self.tail.currentData() == "step-audio2")
+        self.backbone_checkpoint.setEnabled(self.backbone.currentData() in registry.folder_backbones())
+        self.voice.setEnabled(self.tail.currentData() in registry.conditioned_tails())
         self.generation += 1
         self.checking = True
         self._done = threading.Event()
@@ -213,7 +213,7 @@ class ModelPanel(QGroupBox):
     def _show_ok(self, cfg: SessionConfig) -> None:
         weights = "checkpoint weights" if cfg.checkpoint else "seeded random weights (no real voice)"
         text = f"✓ {cfg.size} on {cfg.device}, {weights}"
-        if cfg.tail == "step-audio2":
+        if cfg.voice_origin:                     # a tail with a voice
             text += f"; voice: {Path(cfg.voice).name if cfg.voice else 'synthetic prompt'}"
         slow = cfg.size == "released" and cfg.device == "cpu"
         self.status.setText(f"{text}\n{CPU_RELEASED}" if slow else text)

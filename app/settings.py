@@ -12,18 +12,20 @@ from typing import Optional
 
 from PySide6.QtCore import QByteArray, QSettings
 
+from engine import registry
+
 ORG = APP = "DuplexCadence"
 
 
 @dataclass
 class AppSettings:
     """Everything the window remembers; field names are the QSettings keys."""
-    tail: str = "step-audio2"
-    backbone: str = "synthetic"
+    tail: str = dataclasses.field(default_factory=registry.default_tail)
+    backbone: str = dataclasses.field(default_factory=registry.default_backbone)
     size: str = "auto"
     checkpoint: str = ""
     backbone_checkpoint: str = ""
-    voice: str = ""                  # step-audio2 voice file; "" = the folder's default / synthetic
+    voice: str = ""                  # the tail's voice file; "" = the backbone folder's default / synthetic
     input_device: str = ""           # device name; "" = system default
     output_device: str = ""
     input_file: str = ""             # last WAV used as the microphone

@@ -275,8 +275,8 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
     def _show_config(self, cfg: SessionConfig, source, sink=None) -> None:
         """Make the panels show what a (scripted) session runs with (the Output picker names its
         device, or "No playback" when nothing plays)."""
-        from engine.backbones.minicpmo45.voice import choose
-        named = choose(cfg.voice, cfg.backbone_checkpoint).origin == "--voice"     # not the folder's default
+        # a voice the user named, not the backbone folder's default (an unresolved config: as given)
+        named = cfg.voice_origin == "--voice" or (bool(cfg.voice) and not cfg.voice_origin)
         self.model_panel.set_values(cfg.tail, cfg.backbone, cfg.size, cfg.checkpoint or "",
                                     cfg.backbone_checkpoint or "", cfg.voice if named else "")
         self.toggle_panel.demand.setChecked(cfg.demand_sized)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 @dataclass
 class TailInfo:
     name: str               # registry name: "step-audio2", "mimi"
-    title: str              # for people: "Step-Audio2 token2wav (MiniCPM-o 4.5)"
+    title: str              # for people: "Step-Audio2 token2wav (Step-Audio-2-mini)"
     sample_rate: int        # the decoder's own audio rate (the session resamples it to SESSION_RATE)
     token_rate: float       # speech tokens (frames) per second of audio: 25 or 12.5
     codebooks: int          # tokens per frame (1 for Step-Audio2, 8/32 for Mimi)
@@ -155,14 +155,14 @@ class EngineTail(DecoderTail):
         self.executor = ex
         self._live = ex
         # what new_turn() restores: the state right after the prompt prefill (the stock keeps such a
-        # copy too: MiniCPM-o's flow_cache_base); taken only for a backbone that speaks in turns
+        # copy too: its flow_cache_base); taken only for a backbone that speaks in turns
         self._turn_base = (ex.arena.export(), dict(ex.arena.positions)) if self.keep_turn_base else None
         self._buf = self._buf[:, :0]
         self._ended = False
 
     @torch.no_grad()
     def new_turn(self, flush: bool = True) -> np.ndarray:
-        """End the current turn of the stream and begin the next one, as MiniCPM-o's duplex loop does at
+        """End the current turn of the stream and begin the next one, as a stock duplex loop does at
         every turn end: with ``flush`` the buffered frames are decoded as the turn's last chunk (the
         returned audio); without it (the reply was cut) they are dropped. The state then goes back to
         what :meth:`start` left (the prompt prefill; graphs kept, nothing recaptured), the buffer is

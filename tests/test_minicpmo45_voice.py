@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.backbones.minicpmo45.voice import DEFAULT_VOICE, ONNX_FILES, Voice, load_voice
+from engine.backbones.minicpmo45 import DEFAULT_VOICE
+from engine.models.step_audio2.voice import ONNX_FILES, Voice, load_voice
 from engine.models.step_audio2 import prompt_audio as PA
 from engine.models.step_audio2 import weights as W
 from engine.models.step_audio2.config import preset as t2w_preset

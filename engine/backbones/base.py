@@ -33,7 +33,9 @@ class TokenFormat:
 
 @dataclass
 class BackboneInfo:
-    name: str          # "synthetic" | "moshi"
+    """What a built backbone is, for people (its registry name, a title with its sizes and weights)."""
+
+    name: str          # its registry name
     title: str         # for people
     synthetic: bool    # seeded random weights: real timing and memory, not real speech
     note: str = ""
@@ -53,7 +55,7 @@ class Thought:
 
 
 class Backbone:
-    """Base class: LISTEN + THINK of one duplex session (subclasses: synthetic, moshi)."""
+    """Base class: LISTEN + THINK of one duplex session (each registered backbone package has one)."""
 
     info: BackboneInfo
 
@@ -88,29 +90,12 @@ class Backbone:
         return None
 
 
-def speaks_in_turns(name: str) -> bool:
-    """Whether backbone ``name`` ends its replies with ``Thought.turn_end`` (its tail must keep the state
-    a turn starts from: ``EngineTail.keep_turn_base``, set before the tail starts)."""
-    return name == "minicpm-o-4.5"
-
-
 def make_backbone(name: str, fmt: TokenFormat, *, size: str, device, seed: int = 0,
                   checkpoint: Optional[str] = None, demand_sized: bool = True, graph_replay: bool = True,
                   reply_seconds: int = 4, debug: bool = False, shared: Optional[Dict[str, object]] = None) -> Backbone:
-    """Build the backbone ``name`` for a tail reading ``fmt`` (moshi is imported only here, when chosen).
-
-    ``shared``: another backbone's ``shared_weights()`` (same name, size, device, checkpoint, seed)."""
-    if name == "synthetic":
-        from .synthetic import SyntheticBackbone
-        return SyntheticBackbone(fmt, size=size, device=device, seed=seed, demand_sized=demand_sized,
-                                 graph_replay=graph_replay, reply_seconds=reply_seconds, debug=debug,
-                                 shared=shared)
-    if name == "moshi":
-        from .moshi.backbone import MoshiBackbone
-        return MoshiBackbone(fmt, size=size, device=device, seed=seed, checkpoint=checkpoint)
-    if name == "minicpm-o-4.5":
-        from .minicpmo45 import MiniCPMO45Backbone
-        return MiniCPMO45Backbone(fmt, size=size, device=device, seed=seed, checkpoint=checkpoint,
-                                  demand_sized=demand_sized, graph_replay=graph_replay,
-                                  reply_seconds=reply_seconds, debug=debug, shared=shared)
-    raise ValueError(f"unknown backbone {name!r}; choose one of: synthetic, moshi, minicpm-o-4.5")
+    """Build the registered backbone ``name`` for a tail reading ``fmt`` (its package imports what it needs
+    only now). ``shared``: another backbone's ``shared_weights()`` (same name, size, device, checkpoint, seed)."""
+    from engine import registry
+    return registry.get_backbone(name).make(fmt, size=size, device=device, seed=seed, checkpoint=checkpoint,
+                                            demand_sized=demand_sized, graph_replay=graph_replay,
+                                            reply_seconds=reply_seconds, debug=debug, shared=shared)

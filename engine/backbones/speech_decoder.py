@@ -5,7 +5,7 @@ once — here it is an engine region, a :class:`~engine.core.regions.Ring` of ``
 every step writes at ``position % context`` (a device-side offset) and attends over in full with a
 mask of the slots written so far. The shapes never change, so one CUDA graph replays every token.
 
-The ``released`` preset is MiniCPM-o 4.5's TTS decoder (Llama: hidden 768, 20 layers, 12 heads,
+The ``released`` preset has the sizes of a released duplex model's TTS decoder (Llama: hidden 768, 20 layers, 12 heads,
 FFN 3072); ``tiny`` keeps the same structure at toy width for CPUs and tests. Weights are seeded
 random: the timing and memory are real, the tokens are not speech.
 """
@@ -40,7 +40,7 @@ class DecoderArgs:
 
 
 PRESETS: Dict[str, DecoderArgs] = {
-    "released": DecoderArgs(),                                            # MiniCPM-o 4.5 TTS sizes
+    "released": DecoderArgs(),                                            # a released TTS decoder's sizes
     "tiny": DecoderArgs(dim=64, n_layers=2, n_heads=4, ffn=256, context=128),
 }
 

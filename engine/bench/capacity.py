@@ -134,14 +134,14 @@ def solo_check(host: EngineHost, cfg: SessionConfig, load: PacedLoad, sessions: 
     """Run the first ``seconds`` of some sessions again, each alone; compare bit for bit."""
     chosen = load.sessions if sessions <= 0 else _spread(load.sessions, sessions)
     checked = {}
-    from engine.models import registry
+    from engine import registry
     for d in chosen:
         n = min(seconds, len(d.audio))
         if n == 0:
             continue
         c = cfg
         shared_tail = host.weights.get(WeightsKey.tail(c))
-        tail = None if shared_tail is None else registry.get(c.tail).make_tail(
+        tail = None if shared_tail is None else registry.get_tail(c.tail).make_tail(
             size=c.size, device=c.device, seed=c.seed, checkpoint=c.checkpoint, shared=shared_tail)
         s = DuplexSession(c, tail=tail, backbone_shared=host.weights.get(WeightsKey.backbone(c)))
         s.start()
@@ -289,10 +289,9 @@ def _markdown(doc: Dict[str, object], path: Path) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="duplexcadence-bench capacity", description=__doc__.split("\n\n")[0])
-    from engine.models import registry
-    from engine.session.config import BACKBONES
-    p.add_argument("--tail", default="step-audio2", choices=registry.tail_names())
-    p.add_argument("--backbone", default="synthetic", choices=BACKBONES)
+    from engine import registry
+    p.add_argument("--tail", default=registry.default_tail(), choices=registry.tail_names())
+    p.add_argument("--backbone", default=registry.default_backbone(), choices=registry.backbone_names())
     p.add_argument("--backbone-checkpoint", default=None)
     p.add_argument("--checkpoint", default=None)
     p.add_argument("--size", default="auto", choices=["auto", "released", "tiny"])

@@ -1,7 +1,7 @@
 """`duplexcadence run`: a headless duplex session over a WAV file, with every second on the record.
 
   duplexcadence run --input IN.wav --output OUT.wav --log DIR [--model TAIL]
-                    [--backbone synthetic|moshi|minicpm-o-4.5] [--checkpoint PATH] [--backbone-checkpoint DIR]
+                    [--backbone BACKBONE] [--checkpoint PATH] [--backbone-checkpoint DIR]
                     [--voice WAV|NPZ] [--size auto|released|tiny] [--device auto|cpu|cuda] [--mode stock|demand|graphs]
                     [--realtime] [--seconds N] [--engine ws://HOST:PORT [--token-file F]]
 
@@ -34,7 +34,7 @@ from typing import Callable, List, Tuple
 import numpy as np
 
 from engine.audio import AudioError, InputFrames
-from engine.models import registry
+from engine import registry
 from engine.cli.validate import OneLineParser, output_file, output_folder, seconds, seed
 from engine.atomic import atomic_write
 from engine.session import (DuplexSession, ExportError, LiveError, LiveRunner, SessionConfig, format_summary,
@@ -45,23 +45,32 @@ from engine.stats import progress as progress_bar
 MODES = {"stock": (False, False), "demand": (True, False), "graphs": (True, True)}
 
 
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """--model, --backbone, --checkpoint, --backbone-checkpoint, --voice: choices, defaults and help texts from
+    the registry (``duplexcadence run`` and ``serve`` share them), then each backbone's own options."""
+    p.add_argument("--model", default=registry.default_tail(), choices=registry.tail_names(),
+                   help="decoder tail (SPEAK)")
+    p.add_argument("--backbone", default=registry.default_backbone(), choices=registry.backbone_names(),
+                   help="LISTEN + THINK")
+    owners = " or ".join(e.name for e in registry.backbones() if e.owns_folder is not None)
+    p.add_argument("--checkpoint", help="decoder tail weights (" + registry.checkpoint_hints() + ")"
+                   + (f"; with --backbone {owners} a backbone folder here is taken as the backbone's" if owners else ""))
+    p.add_argument("--backbone-checkpoint", help="the backbone's weights folder (" + registry.folder_hints() + ")")
+    conditioned = [e for e in registry.tails() if e.conditioning is not None]
+    p.add_argument("--voice", metavar="WAV|NPZ",
+                   help="the voice of the " + " / ".join(e.name for e in conditioned) + " tail: "
+                        + "; ".join(e.conditioning.help for e in conditioned)
+                        + "; default: the backbone folder's voice, else a synthetic prompt")
+    registry.add_options(p, registry.backbones())
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="duplexcadence run", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", required=True, help="input WAV (any rate, any channels)")
     p.add_argument("--output", required=True, help="output WAV (24 kHz mono)")
     p.add_argument("--log", required=True, help="folder for session.csv / .jsonl / .trace.json / summary.json")
-    p.add_argument("--model", default="step-audio2", choices=registry.tail_names(), help="decoder tail (SPEAK)")
-    p.add_argument("--backbone", default="synthetic", choices=["synthetic", "moshi", "minicpm-o-4.5"],
-                   help="LISTEN + THINK")
-    p.add_argument("--checkpoint", help="decoder tail weights (" + registry.checkpoint_hints() + "); with "
-                                        "--backbone moshi a folder here is taken as the Moshi weights folder")
-    p.add_argument("--backbone-checkpoint", help="Moshi weights folder (model.safetensors, Mimi, tokenizer), or "
-                   "the MiniCPM-o 4.5 folder (config.json, shards, tokenizer.json; its assets/token2wav is the tail's)")
-    p.add_argument("--voice", metavar="WAV|NPZ",
-                   help="the step-audio2 tail's voice: a recording (.wav, read with the token2wav folder's ONNX "
-                        "models; needs onnxruntime) or an .npz prompt; default: the MiniCPM-o folder's "
-                        "assets/HT_ref_audio.wav, else a synthetic prompt")
+    add_model_args(p)
     p.add_argument("--size", default="auto", choices=["auto", "released", "tiny"],
                    help="auto: released on a GPU, tiny on a CPU")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -85,8 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
 def make_config(a: argparse.Namespace) -> SessionConfig:
     demand, graphs = MODES[a.mode]
     ckpt, bb_ckpt = a.checkpoint, a.backbone_checkpoint
-    if a.backbone in ("moshi", "minicpm-o-4.5") and bb_ckpt is None and ckpt and Path(ckpt).is_dir() \
-            and (a.backbone == "moshi" or (Path(ckpt) / "config.json").is_file()):
+    owns = registry.get_backbone(a.backbone).owns_folder
+    if bb_ckpt is None and ckpt and owns is not None and owns(ckpt):     # a backbone folder given as --checkpoint
         ckpt, bb_ckpt = None, ckpt
     cfg = SessionConfig(tail=a.model, backbone=a.backbone, size=a.size, device=a.device, checkpoint=ckpt,
                         backbone_checkpoint=bb_ckpt, demand_sized=demand, graph_replay=graphs, seed=a.seed,

@@ -1,30 +1,32 @@
 """`duplexcadence serve`: host live sessions on Ray Serve for remote clients (the app, `run --engine`).
 
   duplexcadence serve [--host 127.0.0.1] [--port 8765] [--token-file F] [--address RAY_ADDRESS]
-                      [--replicas N | --autoscale [--max-replicas M]] [--sessions-per-replica K]
+                      [--replicas N | --autoscale [--max-replicas M]] [--sessions-per-replica K] [--drain-seconds S]
                       [--model ...] [--backbone ...] [--checkpoint ...] [--size ...] [--device ...] [--mode ...]
 
 Starts a local Ray when no --address is given (or joins the cluster at RAY_ADDRESS). One replica
 per GPU of the cluster hosts up to K sessions; clients connect to ws://HOST:PORT/session with
 ``Authorization: Bearer TOKEN`` (the token from --token-file or $DUPLEXCADENCE_TOKEN; required).
-Listening beyond localhost: put TLS in front (see the README). Ctrl-C drains: no new sessions,
-live ones run to their end; a second Ctrl-C stops at once.
+Listening beyond localhost: put TLS in front (see the README). A local Ray is locked down: every
+one of its ports listens on 127.0.0.1 only and its token authentication is on (engine/serve/lockdown.py);
+only the session endpoint listens on --host. Ctrl-C or SIGTERM drains: no new sessions, live ones
+run on for up to --drain-seconds, then are closed with a message; a second signal stops at once.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
 from typing import List, Optional
 
 from engine.cli.run import MODES, make_config
 from engine.cli.validate import OneLineParser
-from engine.models import registry
+from engine import registry
 
+from engine.serve import drain, lockdown
 from engine.serve.auth import ENV, TokenError, read_token
 
 PROG = "duplexcadence serve"
+DRAIN_SECONDS = 300.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,12 +45,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "headroom (default: 32 on a GPU, 2 on a CPU)")
     p.add_argument("--drain-timeout", type=float, default=3600.0,
                    help="seconds a replica being scaled down or stopped waits for its live sessions (default 3600)")
+    p.add_argument("--drain-seconds", type=float, default=DRAIN_SECONDS,
+                   help="at Ctrl-C or SIGTERM, how long live sessions may run on before they are closed "
+                        f"(default {DRAIN_SECONDS:g})")
     p.add_argument("--cpus-per-replica", type=float, default=1.0)
-    p.add_argument("--model", default="step-audio2", choices=registry.tail_names(), help="decoder tail (SPEAK)")
-    p.add_argument("--backbone", default="synthetic", choices=["synthetic", "moshi", "minicpm-o-4.5"],
+    p.add_argument("--model", default=registry.default_tail(), choices=registry.tail_names(),
+                   help="decoder tail (SPEAK)")
+    p.add_argument("--backbone", default=registry.default_backbone(), choices=registry.backbone_names(),
                    help="LISTEN + THINK")
     p.add_argument("--checkpoint", help="decoder tail weights on the serving machines (folder or .safetensors)")
-    p.add_argument("--backbone-checkpoint", help="Moshi weights folder on the serving machines")
+    p.add_argument("--backbone-checkpoint", help="the backbone's weights folder on the serving machines ("
+                                                 + registry.folder_hints() + ")")
     p.add_argument("--size", default="auto", choices=["auto", "released", "tiny"])
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--mode", default="graphs", choices=list(MODES),
@@ -74,7 +81,9 @@ def _check_args(a: argparse.Namespace) -> Optional[str]:
         return "--max-replicas goes with --autoscale"
     if a.drain_timeout < 0 or a.cpu_threads < 0 or a.cpus_per_replica < 0:
         return "--drain-timeout, --cpu-threads and --cpus-per-replica cannot be negative"
-    return None
+    if not 0 <= a.drain_seconds <= 86400:
+        return f"--drain-seconds must be from 0 to 86400, got {a.drain_seconds:g}"
+    return lockdown.check_host(a.host, a.port)
 
 
 def model_config(a: argparse.Namespace) -> dict:
@@ -115,31 +124,39 @@ def main(argv: Optional[List[str]] = None) -> int:
         model_config(a)
     except (TokenError, ValueError, ImportError) as e:
         return _fail(str(e))
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")   # no network beyond the cluster
+    lockdown.lock_environment(local=not a.address)      # before Ray is imported: it reads these at import
     try:
         import ray
         from ray import serve
     except ImportError:
         return _fail("Ray Serve is not installed: pip install 'duplexcadence[serve]'")
+    if not lockdown.ray_version_ok(ray.__version__):
+        return _fail(f"Ray {ray.__version__} is too old: its token authentication is needed (Ray >= "
+                     f"{'.'.join(map(str, lockdown.MIN_RAY))}): pip install -U 'duplexcadence[serve]'")
     import logging
     logging.getLogger("ray.serve").setLevel(logging.WARNING)   # our own lines say what runs where
     from engine.serve.deployment import build_app
     try:
-        ray.init(address=a.address, include_dashboard=False, log_to_driver=False, logging_level="WARNING",
-                 configure_logging=True)
+        with drain.shielded_from_sigint():
+            ray.init(**lockdown.init_options(a.address))
     except Exception as e:  # noqa: BLE001 - a wrong address, a Ray that will not start
-        return _fail(f"cannot start or join Ray{' at ' + a.address if a.address else ''}: {str(e).splitlines()[0]}", 1)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        hint = f" — {lockdown.join_hint(a.address)}" if a.address and "token" in first.lower() else ""
+        return _fail(f"cannot start or join Ray{' at ' + a.address if a.address else ''}: {first}{hint}", 1)
     try:
         spec = plan(a, float(ray.cluster_resources().get("GPU", 0)))
         spec.token = token
+        drain.publish(None)                              # a drain left by an earlier server does not count
         # the proxy runs on the head only: clients connect to the address given here, replicas anywhere
-        serve.start(proxy_location="HeadOnly", http_options={"host": a.host, "port": a.port})
-        serve.run(build_app(spec), name="duplexcadence", route_prefix="/", blocking=False)
+        with drain.shielded_from_sigint():
+            serve.start(proxy_location="HeadOnly", http_options={"host": a.host, "port": a.port})
+            serve.run(build_app(spec), name="duplexcadence", route_prefix="/", blocking=False)
     except Exception as e:  # noqa: BLE001 - port in use, not enough GPUs for the replicas, ...
         ray.shutdown()
         return _fail(str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__, 1)
-    _announce(a, spec)
-    return _wait(serve, ray)
+    with drain.DrainSignals() as signals:
+        _announce(a, spec)
+        return _wait(serve, ray, signals, a.drain_seconds)
 
 
 def _announce(a: argparse.Namespace, spec) -> None:
@@ -152,23 +169,29 @@ def _announce(a: argparse.Namespace, spec) -> None:
     if a.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"NOTE: listening on {a.host}: put TLS in front (a reverse proxy, see the README); the token "
               "travels in every handshake", file=sys.stderr, flush=True)
-    print("Ctrl-C drains (live sessions run to their end); a second Ctrl-C stops at once", flush=True)
+    print(f"Ctrl-C or SIGTERM drains (live sessions run on for up to {a.drain_seconds:g} s); a second one stops "
+          "at once", flush=True)
 
 
-def _wait(serve, ray) -> int:
+def _wait(serve, ray, signals: drain.DrainSignals, grace_s: float) -> int:
+    """Serve until a signal, drain, then stop Serve and Ray (a second signal: at once)."""
+    signals.wait()
+    say = (lambda line: print(line, flush=True))
     try:
-        while True:
-            time.sleep(1.0)
-    except KeyboardInterrupt:
-        pass
-    print("draining: no new sessions; waiting for live sessions to end (Ctrl-C again to stop now)", flush=True)
-    try:
-        serve.shutdown()
-    except KeyboardInterrupt:
-        print("stopping now: live sessions are cut off", flush=True)
+        if drain.drain(signals, grace_s, drain.replica_sessions, say):
+            _stop_serve(serve, signals)
     finally:
         ray.shutdown()
     return 0
+
+
+def _stop_serve(serve, signals: drain.DrainSignals) -> None:
+    """Serve's own shutdown, unless a second signal comes first (the sessions are closed by now)."""
+    import threading
+    t = threading.Thread(target=serve.shutdown, name="serve-shutdown", daemon=True)
+    t.start()
+    while t.is_alive() and not signals.now.is_set():
+        t.join(0.5)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from engine.cli.validate import OneLineParser, count, output_file, seed
-from engine.models import registry
+from engine import registry
 from engine.npio import AUDIO_SUFFIXES
 
 
@@ -26,12 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference-paths", action="store_true",
                    help="no self-checked faster path: the decoder's reference path only (also "
                         "$DUPLEXCADENCE_REFERENCE_PATHS=1)")
-    g = p.add_argument_group("step-audio2")
-    g.add_argument("--prompt", help="voice prompt: .npz (prompt_tokens, prompt_mel, speaker_embedding) or .wav")
-    g.add_argument("--tokens", help="1-D int .npy of 25 Hz speech tokens")
-    g = p.add_argument_group("mimi")
-    g.add_argument("--codes", help="int .npy (codebooks x frames)")
-    g.add_argument("--num-codebooks", type=count, default=None, help="codebooks to decode (8 Moshi, 32 CSM)")
+    registry.add_options(p, registry.tails(), checks={"file": None, "count": count})   # each model's own
     return p
 
 
@@ -49,7 +44,7 @@ def main(argv=None) -> int:
         print(f"duplexcadence synth: model {a.model!r} has no synth command", file=sys.stderr)
         return 2
     try:
-        output_file(a.out, "--out", inputs=[getattr(a, k, None) for k in ("tokens", "codes", "prompt", "checkpoint")],
+        output_file(a.out, "--out", inputs=[getattr(a, k, None) for k in registry.file_options(registry.tails()) + ("checkpoint",)],
                     suffixes=AUDIO_SUFFIXES)
         return int(entry.synth(a) or 0)
     except (OSError, ValueError, KeyError) as e:                # FileNotFoundError and WavError included

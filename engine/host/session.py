@@ -87,8 +87,8 @@ class HostedSession:
             found = [cache.get(k) for k in keys]
             tail = None
             if found[0] is not None:
-                from engine.models import registry
-                tail = registry.get(c.tail).make_tail(size=c.size, device=str(self.device), seed=c.seed,
+                from engine import registry
+                tail = registry.get_tail(c.tail).make_tail(size=c.size, device=str(self.device), seed=c.seed,
                                                       checkpoint=c.checkpoint, shared=found[0])
             s = DuplexSession(c, tail=tail, backbone_shared=found[1])
             s.start()

@@ -17,7 +17,7 @@ from torch import nn
 
 from engine.core import (Clock, Fixed, PrefixWindow, Region, Ring, SessionSpec, StateView, StepPlan,
                          StreamingModel, make_plan)
-from engine.models.registry import ModelEntry, register
+from engine.registry import ModelEntry, register
 
 
 class ToyStreamer(StreamingModel):

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
+from pathlib import Path
+from typing import Optional, Tuple
 
-BACKBONES = ("synthetic", "moshi", "minicpm-o-4.5")
+from engine import registry
+
 SIZES = ("auto", "released", "tiny")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -23,12 +25,15 @@ class SessionConfig:
     the CPU otherwise. On the CPU the session leaves one core to audio I/O and the GUI
     (``cpu_threads=0``); small per-token ops gain nothing from more threads, and threads that
     compete for cores make every second slower. ``checkpoint`` is the decoder tail's (each decoder checks its own by content:
-    ``registry.resolve_checkpoint``), ``backbone_checkpoint`` the Moshi weights
-    folder. The toggles can change between any two seconds without changing one output sample.
+    ``registry.resolve_checkpoint``), ``backbone_checkpoint`` the backbone's weights folder (checked by its
+    package). ``voice`` is what the tail needs beyond its weights (its :class:`~engine.registry.Conditioning`),
+    chosen here once: the file given, else the backbone folder's default voice, else None (a seeded synthetic
+    prompt); ``voice_origin`` says which. The toggles can change between any two seconds without changing
+    one output sample. ``tail`` / ``backbone`` default to the registry's first ones.
     """
 
-    tail: str = "step-audio2"
-    backbone: str = "synthetic"
+    tail: str = dataclasses.field(default_factory=registry.default_tail)
+    backbone: str = dataclasses.field(default_factory=registry.default_backbone)
     size: str = "auto"
     device: str = "auto"
     checkpoint: Optional[str] = None
@@ -38,18 +43,17 @@ class SessionConfig:
     seed: int = 0
     reply_seconds: int = 4          # synthetic policy: longest answer, in seconds
     debug: bool = False             # executor address checks at every replay
-    voice: Optional[str] = None     # step-audio2 voice prompt (.wav / .npz); None: a MiniCPM-o folder's
-                                    # assets/HT_ref_audio.wav, else the synthetic prompt (engine/backbones/minicpmo45/voice.py)
+    voice: Optional[str] = None     # the tail's voice file; resolved: the one chosen (None: synthetic prompt)
+    voice_origin: str = ""          # resolved: "--voice" | "checkpoint default" | "synthetic" ("" without a voice)
     cpu_threads: int = 0            # torch threads on the CPU; 0 = auto: all cores but one (audio, GUI)
 
     def replace(self, **changes) -> "SessionConfig":
         return dataclasses.replace(self, **changes)
 
     def resolved(self) -> "SessionConfig":
-        """A copy with ``size``/``device`` made concrete; raises ValueError with one clear message."""
-        from engine.models import registry     # the only list of decoder tails
+        """A copy with ``size``/``device``/checkpoints/voice made concrete; ValueError with one clear message."""
         _check_choice("tail", self.tail, registry.tail_names())
-        _check_choice("backbone", self.backbone, BACKBONES)
+        _check_choice("backbone", self.backbone, registry.backbone_names())
         _check_choice("size", self.size, SIZES)
         _check_choice("device", self.device, DEVICES)
         cuda = _cuda_available()
@@ -61,44 +65,39 @@ class SessionConfig:
             raise ValueError(f"cpu_threads must be 0 (auto) or positive, got {self.cpu_threads}")
         if int(self.reply_seconds) < 1:
             raise ValueError(f"reply_seconds must be at least 1, got {self.reply_seconds}")
+        registry.get_backbone(self.backbone).check_tail(self.tail)
         checkpoint = registry.resolve_checkpoint(self.tail, self.checkpoint)   # checked by the decoder
-        backbone_ckpt = None
-        if self.backbone == "moshi":
-            if self.tail != "mimi":
-                raise ValueError("the moshi backbone speaks Mimi codes: use it with the 'mimi' tail")
-            from engine.backbones.moshi.files import validate_folder
-            files = validate_folder(self.backbone_checkpoint)
-            backbone_ckpt = str(files.folder)
-            if checkpoint is None and files.standard_mimi and size == "released":
-                checkpoint = str(files.mimi)     # the released Mimi: our decoder reads the same weights
-        elif self.backbone == "minicpm-o-4.5":
-            if self.tail != "step-audio2":
-                raise ValueError("the minicpm-o-4.5 backbone speaks Step-Audio2 tokens: use it with the "
-                                 "'step-audio2' tail")
-            if self.backbone_checkpoint:
-                from engine.backbones.minicpmo45.weights import open_folder
-                folder = open_folder(self.backbone_checkpoint)       # one clear error for a broken folder
-                backbone_ckpt = str(folder.path)
-                if checkpoint is None and folder.token2wav is not None:
-                    checkpoint = registry.resolve_checkpoint(self.tail, str(folder.token2wav))
-        elif self.backbone_checkpoint is not None:
-            raise ValueError("the synthetic backbone has no weights to load: backbone_checkpoint is for "
-                             "'moshi' and 'minicpm-o-4.5'")
-        voice = self._voice(checkpoint, backbone_ckpt if self.backbone == "minicpm-o-4.5" else None)
-        return self.replace(size=size, device=device, checkpoint=checkpoint, backbone_checkpoint=backbone_ckpt,
-                            voice=voice)
+        folder = registry.open_backbone_folder(self.backbone, self.backbone_checkpoint, size)
+        if checkpoint is None and folder is not None and folder.tail_checkpoint:
+            checkpoint = registry.resolve_checkpoint(self.tail, folder.tail_checkpoint)
+        voice, origin = self._voice(checkpoint, folder.voice if folder is not None else None)
+        return self.replace(size=size, device=device, checkpoint=checkpoint,
+                            backbone_checkpoint=folder.path if folder is not None else None,
+                            voice=voice, voice_origin=origin)
 
-    def _voice(self, checkpoint: Optional[str], minicpm_folder: Optional[str]) -> Optional[str]:
-        """The voice file (checked), or None for the synthetic prompt; only the step-audio2 tail has one."""
-        if self.tail != "step-audio2":
+    def _voice(self, checkpoint: Optional[str], default: Optional[str]) -> Tuple[Optional[str], str]:
+        """(the voice file, checked, or None for the synthetic prompt; how it was chosen): the file asked
+        for, else the backbone folder's ``default``; only a tail that declares a conditioning has one."""
+        cond = registry.get_tail(self.tail).conditioning
+        if cond is None:
             if self.voice:
-                raise ValueError(f"a voice prompt is for the step-audio2 tail; the {self.tail} tail has none")
-            return None
-        from engine.backbones.minicpmo45.voice import check_voice, choose
-        v = choose(self.voice, minicpm_folder)
-        if v.path is not None:
-            check_voice(v.path, checkpoint)
-        return v.path
+                tails = " or ".join(registry.conditioned_tails()) or "no"
+                raise ValueError(f"a voice prompt is for the {tails} tail; the {self.tail} tail has none")
+            return None, ""
+        if self.voice:
+            path = str(Path(self.voice).expanduser())
+            is_default = default is not None and Path(path).resolve() == Path(default).resolve()
+            origin = "checkpoint default" if is_default else "--voice"
+        else:
+            path, origin = default, "checkpoint default" if default else "synthetic"
+        if path is not None:
+            cond.check(path, checkpoint)
+        return path, origin
+
+    def voice_label(self) -> str:
+        """The (resolved) voice for people; "" when the tail takes none."""
+        cond = registry.get_tail(self.tail).conditioning
+        return cond.describe(self.voice, self.voice_origin) if cond is not None else ""
 
 
 def _check_choice(what: str, value, choices) -> None:

@@ -46,7 +46,7 @@ class SecondRecord:
     user_speech: bool = False     # voice activity detected in the input second
     backlog: int = 0              # frames still waiting when this second finished
     text: str = ""                # text the backbone produced (Moshi with a tokenizer), else ""
-    tail_skipped: bool = False    # the backbone listened and the decoder tail did not run (MiniCPM-o 4.5)
+    tail_skipped: bool = False    # the backbone listened and the decoder tail did not run (listen_skips_tail)
     mic_to_speaker_ms: float = 0.0  # the app playing to a device: end of this input second -> its answer
     #                                 starts playing (0: not measured; a real delay is never 0)
 

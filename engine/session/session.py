@@ -21,9 +21,8 @@ import numpy as np
 import torch
 
 from engine.audio import SESSION_RATE
-from engine.backbones import Backbone, TokenFormat, make_backbone
-from engine.backbones.base import speaks_in_turns
-from engine.backbones.minicpmo45.voice import choose as choose_voice, load_voice
+from engine import registry
+from engine.backbones import Backbone, TokenFormat
 from engine.core.toggles import Toggles, requested
 from engine.tail import DecoderTail
 
@@ -132,8 +131,7 @@ class DuplexSession:
         self._started = False
         self._info: Optional[Dict[str, object]] = None
         self._turn_flush = False                     # a reply ended: its last chunk runs next second
-        self.voice = choose_voice(self.cfg.voice, self.cfg.backbone_checkpoint
-                                  if self.cfg.backbone == "minicpm-o-4.5" else None)
+        self.parts = registry.get_backbone(self.cfg.backbone)     # the backbone's traits
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -143,13 +141,12 @@ class DuplexSession:
             torch.set_num_threads(cpu_threads(c.cpu_threads))
         torch.manual_seed(c.seed)
         if self.tail is None:
-            from engine.models import registry
-            voice = {}
-            if c.tail == "step-audio2":          # the voice prompt (a file's errors name the file)
-                voice["prompt"] = load_voice(self.voice, c.checkpoint, c.seed)
-            self.tail = registry.get(c.tail).make_tail(size=c.size, device=str(self.device), seed=c.seed,
-                                                      checkpoint=c.checkpoint, **voice)
-        if speaks_in_turns(c.backbone):
+            entry, extra = registry.get_tail(c.tail), {}
+            if entry.conditioning is not None:   # the voice the config chose (a file's errors name the file)
+                extra[entry.conditioning.keyword] = entry.conditioning.load(c.voice, c.checkpoint, c.seed)
+            self.tail = entry.make_tail(size=c.size, device=str(self.device), seed=c.seed,
+                                        checkpoint=c.checkpoint, **extra)
+        if self.parts.speaks_in_turns:
             self.tail.keep_turn_base = True     # the tail starts each turn afresh (DecoderTail.new_turn)
         graphs = self._graphs_ok(c.graph_replay)
         self.tail.set_toggles(demand_sized=c.demand_sized, graph_replay=graphs)
@@ -157,11 +154,11 @@ class DuplexSession:
         ti = self.tail.info
         self.fmt = TokenFormat(ti.codebooks, ti.vocab, ti.token_rate)
         self.to_session_rate = RateConverter(ti.sample_rate, RATE)
-        self.backbone = make_backbone(c.backbone, self.fmt, size=c.size, device=self.device, seed=c.seed,
-                                      checkpoint=c.backbone_checkpoint,
-                                      demand_sized=c.demand_sized, graph_replay=graphs,
-                                      reply_seconds=c.reply_seconds, debug=c.debug,
-                                      shared=self._backbone_shared)
+        self.backbone = self.parts.make(self.fmt, size=c.size, device=self.device, seed=c.seed,
+                                        checkpoint=c.backbone_checkpoint,
+                                        demand_sized=c.demand_sized, graph_replay=graphs,
+                                        reply_seconds=c.reply_seconds, debug=c.debug,
+                                        shared=self._backbone_shared)
         self.backbone.start()
         # graph captures restore the RNG they used; seeding here makes second 0 start identically
         # whichever toggles the session was built with
@@ -203,7 +200,7 @@ class DuplexSession:
                     ("synthetic backbone: its speech tokens are random, so the checkpoint's voice says no words "
                      "(the moshi backbone holds a conversation)") if bi and bi.synthetic else "",
             "device": str(self.device), "size": self.cfg.size,
-            "voice": self.voice.label if self.cfg.tail == "step-audio2" else "",
+            "voice": self.cfg.voice_label(),
             "fast_paths": [v.line() for v in self.tail.fast_paths()] if self.tail is not None else [],
         }
 
@@ -290,10 +287,10 @@ class DuplexSession:
     def _speak(self, thought, frames: int) -> Tuple[np.ndarray, bool]:
         """SPEAK: the tail decodes the second's tokens; returns (audio, whether the tail was skipped).
 
-        A backbone with ``listen_skips_tail`` (MiniCPM-o 4.5: a listening second runs no TTS and no
-        token2wav) hands over its speaking tokens as they are (a reply's silence prefix and lookahead
+        A backbone whose entry says ``listen_skips_tail`` (a listening second runs no backbone decoder and
+        no tail) hands over its speaking tokens as they are (a reply's silence prefix and lookahead
         included) and skips the tail while it listens: the second plays silence."""
-        if getattr(self.backbone, "listen_skips_tail", False):
+        if self.parts.listen_skips_tail:
             audio = np.zeros(0, dtype=np.float32) if thought.tokens is None else self.tail.push(thought.tokens)
             if thought.turn_end == "end" and self.toggles()["demand_sized"]:
                 # the engine's schedule: the turn's last chunk (audio that plays only after this second's

@@ -1,5 +1,44 @@
-"""MiniCPM-o 4.5 as a duplex backbone: streaming audio encoder -> Qwen3 LLM -> TTS (-> Step-Audio2 tail)."""
+"""MiniCPM-o 4.5 as a duplex backbone: streaming audio encoder -> Qwen3 LLM -> TTS (-> Step-Audio2 tail).
+
+Registers ``minicpm-o-4.5``: it speaks Step-Audio2 tokens, ends its replies in turns, runs no tail while
+it listens; its released folder (checked by content) brings the tail's token2wav weights and the default
+voice (``assets/HT_ref_audio.wav``).
+"""
+from pathlib import Path
+from typing import Optional
+
+from engine.registry import BackboneEntry, BackboneFolder, register_backbone
+
 from .backbone import MiniCPMO45Backbone
 from .dims import PRESETS, Dims, preset
 
-__all__ = ["MiniCPMO45Backbone", "PRESETS", "Dims", "preset"]
+NAME = "minicpm-o-4.5"
+DEFAULT_VOICE = Path("assets") / "HT_ref_audio.wav"     # the released folder's default voice
+
+
+def default_voice(folder) -> Optional[Path]:
+    """The released folder's default voice, if the folder has it."""
+    p = Path(folder) / DEFAULT_VOICE
+    return p if p.is_file() else None
+
+
+def open_folder(path: str, size: str) -> BackboneFolder:
+    """The released folder checked by content (one clear error for a broken one), with what it brings."""
+    from .weights import open_folder as open_released
+    folder = open_released(path)
+    voice = default_voice(folder.path)
+    return BackboneFolder(str(folder.path), tail_checkpoint=str(folder.token2wav) if folder.token2wav else None,
+                          voice=str(voice) if voice else None)
+
+
+def _owns(path: str) -> bool:
+    return Path(path).is_dir() and (Path(path) / "config.json").is_file()
+
+
+register_backbone(BackboneEntry(
+    name=NAME, title="MiniCPM-o 4.5", make=MiniCPMO45Backbone, tails=("step-audio2",),
+    speaks="Step-Audio2 tokens", speaks_in_turns=True, listen_skips_tail=True, open_folder=open_folder,
+    folder_hint="MiniCPM-o 4.5 folder (config.json, shards, tokenizer.json; its assets/token2wav is the tail's)",
+    owns_folder=_owns, order=20))
+
+__all__ = ["MiniCPMO45Backbone", "PRESETS", "Dims", "preset", "DEFAULT_VOICE", "default_voice", "open_folder"]

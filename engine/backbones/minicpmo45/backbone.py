@@ -2,7 +2,7 @@
 
 LISTEN = audio encoder (an engine model on the executor) + the LLM prefill of ``<unit>`` and 10 audio
 tokens; THINK = the LLM's decode steps + the TTS's 26 steps; SPEAK = token2wav (the session's tail).
-A listening second runs neither the TTS nor token2wav (``listen_skips_tail``): the session plays
+A listening second runs neither the TTS nor token2wav (its registry entry's ``listen_skips_tail``): the session plays
 silence. Speaking seconds hand the tail their 25 codes, every reply's first second behind 3 silence
 tokens (4218). Turns end as in the stock duplex loop (``_reset_token2wav_for_new_turn``): a reply's
 last second says ``turn_end="end"`` (the tail decodes what it holds as the turn's last chunk, then goes
@@ -48,8 +48,6 @@ TTS_TOKENS_PER_SECOND = 45     # worst case: 19 text + audio BOS + 25 codes fed 
 
 class MiniCPMO45Backbone(Backbone):
     """MiniCPM-o 4.5 (audio encoder, Qwen3 LLM, TTS) on released or seeded random weights."""
-
-    listen_skips_tail = True
 
     def __init__(self, fmt: TokenFormat, *, size: str, device, seed: int = 0, checkpoint: Optional[str] = None,
                  demand_sized: bool = True, graph_replay: bool = True, reply_seconds: int = 4,

@@ -1,13 +1,13 @@
 """The embedded default backbone: a voice-activity duplex policy and a real AR speech-token decoder.
 
 Honest about what it is: the decoder (:mod:`engine.backbones.speech_decoder`) has seeded random
-weights, so its tokens are not speech — but it runs the same work as MiniCPM-o 4.5's TTS stage at
-the released size, so the timing and the memory are real.
+weights, so its tokens are not speech — but it runs the same work as a released duplex model's TTS stage
+at the released size, so the timing and the memory are real.
 
 Per second:
 * LISTEN — a voice-activity decision (:class:`~engine.vad.EnergyVAD`, done by the session)
   and the second's audio as 10 embeddings (log-mel of ten 100 ms windows, projected to the
-  decoder width; a stand-in for MiniCPM-o's 10 audio tokens per second) prefilled into the decoder,
+  decoder width; a stand-in for a duplex model's 10 audio tokens per second) prefilled into the decoder,
   one engine step each, so the decoder's context holds what the user said;
 * THINK — the :class:`~engine.vad.TurnPolicy` decides; when it speaks, the decoder
   generates the second's frames plus one boundary token (25 + 1 for Step-Audio2), one step each.

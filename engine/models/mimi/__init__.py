@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from engine.core import make_plan
-from engine.models.registry import ModelEntry, register
+from engine.registry import ModelEntry, Option, register
 from engine.npio import load_array, save_audio
 
 from . import weights as W
@@ -88,6 +88,8 @@ register(ModelEntry(name="mimi", title="Mimi decoder (Moshi, Hibiki, Sesame CSM)
                     architecture="split RVQ + x2 upsample + 8-layer ring-KV transformer + causal SEANet",
                     plan=plan, make_tail=make_tail, synth=synth, resolve_checkpoint=resolve_checkpoint,
                     checkpoint_hint="Mimi .safetensors (tokenizer-e351c8d8-checkpoint125.safetensors)", order=10,
+                    options=(Option("--codes", "int .npy (codebooks x frames)", kind="file"),
+                             Option("--num-codebooks", "codebooks to decode (8 Moshi, 32 CSM)", kind="count")),
                     bench=("engine.bench.mimi", "Mimi decoder: moshi eager / moshi graphs vs our modes (GPU)")))
 
 __all__ = ["MimiConfig", "MimiDecoder", "MimiTail", "build_model", "make_tail", "plan", "synth"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from engine.core import make_plan
-from engine.models.registry import ModelEntry, register
+from engine.registry import ModelEntry, Option, register
 
 from .config import CodecConfig, preset
 from .model import NemotronCodecDecoder
@@ -38,6 +38,7 @@ register(ModelEntry(name=NAME, title=TITLE,
                     architecture="31 residual codebooks + 3 x [transposed conv, 3 causal ConvNeXt] + iSTFT head",
                     plan=plan, make_tail=make_tail, synth=_synth, resolve_checkpoint=resolve_checkpoint,
                     checkpoint_hint="codec folder (codec_config.yaml + codec.safetensors) or VoiceChat folder",
+                    options=(Option("--codes", "int .npy (codebooks x frames)", kind="file"),),
                     order=20,
                     bench=("engine.bench.nemotron_codec",
                            "Nemotron codec: nemo's per-frame cached and window decodes vs our modes (GPU)")))

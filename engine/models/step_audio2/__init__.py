@@ -1,7 +1,8 @@
-"""Step-Audio2 token2wav (MiniCPM-o 4.5, Step-Audio-2-mini) on the engine.
+"""Step-Audio2 token2wav (Step-Audio-2-mini) on the engine.
 
 Registers ``step-audio2``: ``plan(size=, steps=, prompt_seconds=6)``, ``make_tail(size=, device=, seed=,
-checkpoint=, prompt=)`` and ``synth(args)`` for ``duplexcadence synth``.
+checkpoint=, prompt=)``, ``synth(args)`` for ``duplexcadence synth`` (with its own options) and its
+conditioning, the voice prompt (:mod:`.voice`).
 """
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from typing import Optional
 import torch
 
 from engine.core import make_plan
-from engine.models.registry import ModelEntry, register
+from engine.registry import ModelEntry, Option, register
 
 from .config import TOKEN_RATE, preset
 from .model import StepAudio2Token2Wav
+from .voice import CONDITIONING
 
 
 def plan(size: str = "released", steps: Optional[int] = None, prompt_seconds: float = 6.0, **_):
@@ -60,9 +62,13 @@ def resolve_checkpoint(path: str) -> str:
     return str(folder)
 
 
-register(ModelEntry(name="step-audio2", title="Step-Audio2 token2wav (MiniCPM-o 4.5, Step-Audio-2-mini)",
+register(ModelEntry(name="step-audio2", title="Step-Audio2 token2wav (Step-Audio-2-mini)",
                     architecture="conformer encoder + DiT flow matching (10 Euler steps, CFG) + HiFT vocoder",
                     plan=plan, make_tail=make_tail, synth=_synth, resolve_checkpoint=resolve_checkpoint,
                     checkpoint_hint="token2wav folder (flow.yaml, flow.pt, hift.pt)",
+                    conditioning=CONDITIONING,
+                    options=(Option("--prompt", "voice prompt: .npz (prompt_tokens, prompt_mel, speaker_embedding) "
+                                    "or .wav", kind="file"),
+                             Option("--tokens", "1-D int .npy of 25 Hz speech tokens", kind="file")),
                     order=0,
                     bench=("engine.bench.step_audio2", "Step-Audio2 token2wav: stock package vs our three modes (GPU)")))

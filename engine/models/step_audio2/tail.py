@@ -31,7 +31,7 @@ class StepAudio2Tail(EngineTail):
     def __init__(self, model: StepAudio2Token2Wav, prompt: Prompt, size: str, synthetic: bool,
                  mode: str = "graphs"):
         self.prompt = prompt.to(model.device)
-        info = TailInfo(name="step-audio2", title="Step-Audio2 token2wav (MiniCPM-o 4.5, Step-Audio-2-mini)",
+        info = TailInfo(name="step-audio2", title="Step-Audio2 token2wav (Step-Audio-2-mini)",
                         sample_rate=SAMPLE_RATE, token_rate=float(TOKEN_RATE), codebooks=1,
                         vocab=model.cfg.flow.vocab_size, size=size, synthetic_weights=synthetic)
         if model.device.type == "cuda":

@@ -1,11 +1,12 @@
-"""The voice token2wav speaks with: a MiniCPM-o 4.5 folder's default voice, a WAV the user names, or the
-seeded synthetic prompt.
+"""The voice token2wav speaks with: a WAV or ``.npz`` the user names, a backbone folder's default voice, or
+the seeded synthetic prompt. The Step-Audio2 tail declares it as its :class:`~engine.registry.Conditioning`
+(:data:`CONDITIONING`): the session config chooses it once, when it is resolved.
 
 As the stock duplex loop prepares it (``set_stream_cache(prompt_wav)``), a voice is a recording: its
 speech tokens (``speech_tokenizer_v2_25hz.onnx``), its 24 kHz mel and its speaker x-vector
 (``campplus.onnx``), both ONNX models from the checkpoint's ``assets/token2wav/`` run by onnxruntime
 (the ``onnx`` extra); the front-end is :mod:`engine.models.step_audio2.prompt_audio`. An ``.npz`` holding
-those three arrays needs neither. The released folder's default voice is ``assets/HT_ref_audio.wav``.
+those three arrays needs neither.
 
 :func:`check_voice` finds every problem it can before anything is built (one ``ValueError`` naming the
 file); :func:`load_voice` turns the file into the tail's prompt and names the file in any error the
@@ -17,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-DEFAULT_VOICE = Path("assets") / "HT_ref_audio.wav"
+from engine.registry import Conditioning
+
 ONNX_FILES = ("speech_tokenizer_v2_25hz.onnx", "campplus.onnx")
 MIN_SECONDS = 0.5                # shorter gives the speech tokenizer almost nothing to read
 MAX_SECONDS = 30.0               # the flow keeps every prompt frame in its caches (2 frames a token)
@@ -29,33 +31,13 @@ class Voice:
     """Which voice a session speaks with: ``path`` (None: the synthetic prompt) and how it was chosen."""
 
     path: Optional[str]
-    origin: str                   # "--voice" | "checkpoint default" | "synthetic"
+    origin: str                   # "--voice" | "checkpoint default" | "synthetic" (see SessionConfig.voice_origin)
 
     @property
     def label(self) -> str:
         if self.path is None:
             return "synthetic voice prompt (seeded random tokens, mel and x-vector: not a voice)"
         return f"{Path(self.path).name} ({self.origin})"
-
-
-def default_voice(folder) -> Optional[Path]:
-    """The released folder's default voice, if the folder has it."""
-    p = Path(folder) / DEFAULT_VOICE
-    return p if p.is_file() else None
-
-
-def choose(voice: Optional[str], minicpm_folder: Optional[str]) -> Voice:
-    """The voice a session uses: ``voice`` when given, else a MiniCPM-o folder's default, else synthetic."""
-    if voice:
-        path = Path(voice).expanduser()
-        default = default_voice(minicpm_folder) if minicpm_folder else None
-        is_default = default is not None and path.resolve() == default.resolve()
-        return Voice(str(path), "checkpoint default" if is_default else "--voice")
-    if minicpm_folder:
-        p = default_voice(minicpm_folder)
-        if p is not None:
-            return Voice(str(p), "checkpoint default")
-    return Voice(None, "synthetic")
 
 
 def check_voice(path: str, token2wav: Optional[str]) -> None:
@@ -75,7 +57,7 @@ def check_voice(path: str, token2wav: Optional[str]) -> None:
     _check_recording(p)
     if not token2wav:
         raise ValueError(f"voice file {p}: a recording needs the token2wav folder's ONNX models "
-                         f"({', '.join(ONNX_FILES)}): give the MiniCPM-o folder or --checkpoint")
+                         f"({', '.join(ONNX_FILES)}): give the backbone folder or --checkpoint")
     for name in ONNX_FILES:
         if not (Path(token2wav) / name).is_file():
             raise ValueError(f"voice file {p} needs {Path(token2wav) / name}, which is missing")
@@ -118,3 +100,18 @@ def load_voice(voice: Voice, token2wav: Optional[str], seed: int = 0):
     except Exception as e:                        # onnxruntime's own exception types (bad model file...)
         raise ValueError(f"voice file {voice.path} could not be turned into a voice prompt: "
                          f"{type(e).__name__}: {e}") from None
+
+
+def describe(path: Optional[str], origin: str) -> str:
+    """The voice for people (the session's info)."""
+    return Voice(path, origin).label
+
+
+def load(path: Optional[str], token2wav: Optional[str], seed: int = 0):
+    """The tail's prompt for the voice file ``path`` (None: the synthetic prompt)."""
+    return load_voice(Voice(path, "--voice" if path else "synthetic"), token2wav, seed)
+
+
+CONDITIONING = Conditioning(keyword="prompt", check=check_voice, load=load, describe=describe,
+                            help="a recording (.wav, read with the token2wav folder's ONNX models; needs "
+                                 "onnxruntime) or an .npz prompt (prompt_tokens, prompt_mel, speaker_embedding)")

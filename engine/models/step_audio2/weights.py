@@ -1,6 +1,6 @@
 """Weights for the Step-Audio2 tail: seeded random (released or tiny dims) or the released checkpoint folder.
 
-Checkpoint folder layout (as released with Step-Audio-2-mini / MiniCPM-o 4.5's token2wav):
+Checkpoint folder layout (as released with Step-Audio-2-mini's token2wav):
 ``flow.yaml`` (constructor arguments, read safely, see :mod:`.config`), ``flow.pt`` and ``hift.pt``
 (plain state dicts, loaded with ``weights_only=True``; hift.pt's keys may carry a ``generator.`` prefix and
 old-style ``weight_g``/``weight_v`` weight norm). A missing or mismatched file is one clear error naming it.

@@ -1,0 +1,323 @@
+"""The registry of engine parts: the only list of decoder tails (and the toy test model) and of backbones.
+
+Each part is a package that registers one frozen entry when imported: decoders a :class:`ModelEntry`
+(packages and modules under ``engine/models/``), backbones a :class:`BackboneEntry` (packages under
+``engine/backbones/``). :func:`load_all` imports every one of them by itself (``pkgutil``), plus the
+packages in each folder of ``$DUPLEXCADENCE_PARTS`` (``os.pathsep``-separated) or of
+:func:`add_search_path`: adding a part is adding a package, nothing else.
+
+What a part *is* is declared on its entry and read here, in one place (vLLM's model registry): which
+tails a backbone pairs with, whether it speaks in turns or skips the tail while listening, how a
+checkpoint is checked by content, what a backbone's folder brings along (a tail checkpoint, a default
+voice), what a tail needs beyond its weights (:class:`Conditioning`), the command-line options a part adds.
+Everything that names parts takes the names, titles and defaults from here: the session config, the
+host, the serve layer, the CLIs, the benches and the app.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+import sys
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple, Union
+
+#: modules of engine/models that are not models
+NOT_MODELS = ("registry", "checkfiles")
+#: where extra part packages may live (folders holding packages), besides engine/models and engine/backbones
+ENV_PATHS = "DUPLEXCADENCE_PARTS"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One command-line option a part adds, as data: the command that reads it turns ``kind`` into its own
+    argument check ("file": a file it reads, "count": a positive whole number, "text": as given)."""
+
+    flag: str                                  # "--codes"
+    help: str
+    kind: str = "text"
+    default: object = None
+    metavar: Optional[str] = None
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+    def add_to(self, group, checks: Dict[str, Callable[[str], object]]) -> None:
+        kw = {"help": self.help, "default": self.default}
+        if checks.get(self.kind) is not None:
+            kw["type"] = checks[self.kind]
+        if self.metavar is not None:
+            kw["metavar"] = self.metavar
+        group.add_argument(self.flag, **kw)
+
+
+@dataclass(frozen=True)
+class Conditioning:
+    """What a tail needs beyond its weights (the Step-Audio2 voice prompt), chosen once, when a session's
+    config is resolved, from ``SessionConfig.voice`` or the backbone folder's default; the resolved config
+    carries the choice (``voice``, ``voice_origin``) and the shared-weights key includes it."""
+
+    keyword: str                                              # make_tail's keyword: "prompt"
+    check: Callable[[str, Optional[str]], None]               # check(file, tail checkpoint): one ValueError
+    load: Callable[[Optional[str], Optional[str], int], object]   # load(file or None, checkpoint, seed)
+    describe: Callable[[Optional[str], str], str]             # describe(file or None, origin) for people
+    help: str                                                 # what a file is, for help texts
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One registered model: what it is called, how to plan, build, check and benchmark it."""
+
+    name: str                                   # "step-audio2", "mimi", "toy"
+    title: str                                  # for people
+    architecture: str                           # "flow-matching DiT + HiFT", "Mimi SEANet", ...
+    plan: Callable[..., object]                 # plan(size="released", **session) -> Plan
+    #: make_tail(size=, device=, seed=, checkpoint=, shared=, [conditioning.keyword]=) -> DecoderTail
+    make_tail: Optional[Callable[..., object]] = None
+    synth: Optional[Callable[[object], int]] = None      # synth(argparse.Namespace) -> exit code
+    options: Tuple[Option, ...] = ()            # the options its synth command reads
+    #: resolve_checkpoint(path) -> the path make_tail takes; ValueError (one line) when the contents are wrong
+    resolve_checkpoint: Optional[Callable[[str], str]] = None
+    checkpoint_hint: str = ""                   # what to choose: "folder with flow.yaml, flow.pt, hift.pt"
+    conditioning: Optional[Conditioning] = None
+    bench: Optional[Tuple[str, str]] = None     # (module with main(argv) -> int, one-line description)
+    order: int = 50                             # listing order (the first tail is the default)
+
+    @property
+    def is_tail(self) -> bool:
+        return self.make_tail is not None
+
+
+@dataclass(frozen=True)
+class BackboneFolder:
+    """A backbone's weights folder, checked by content, and what it brings for the rest of the session."""
+
+    path: str
+    tail_checkpoint: Optional[str] = None       # the tail's weights the folder holds (used when none is given)
+    voice: Optional[str] = None                 # the folder's default voice (a tail's conditioning)
+
+
+@dataclass(frozen=True)
+class BackboneEntry:
+    """One registered backbone (LISTEN + THINK) and its traits, declared here and read nowhere else."""
+
+    name: str                                   # "synthetic", "moshi", ...
+    title: str                                  # for people (the app's picker)
+    #: make(fmt, size=, device=, seed=, checkpoint=, demand_sized=, graph_replay=, reply_seconds=, debug=,
+    #: shared=) -> Backbone; the package imports heavy dependencies only inside it
+    make: Callable[..., object]
+    tails: Tuple[str, ...] = ()                 # the tails whose tokens it speaks (empty: any tail)
+    speaks: str = ""                            # those tokens in words, for the pairing error
+    speaks_in_turns: bool = False               # ends replies with Thought.turn_end (tail keeps a turn base)
+    listen_skips_tail: bool = False             # a listening second runs no tail (the second plays silence)
+    #: open_folder(path, size) -> BackboneFolder; one ValueError when the contents are wrong
+    open_folder: Optional[Callable[[str, str], BackboneFolder]] = None
+    needs_folder: bool = False                  # no seeded random weights without a folder
+    folder_hint: str = ""                       # "weights folder (model.safetensors, Mimi, tokenizer)"
+    #: owns_folder(path): a folder given as the *tail* checkpoint is really this backbone's
+    owns_folder: Optional[Callable[[str], bool]] = None
+    options: Tuple[Option, ...] = ()            # options it adds to the commands that build sessions
+    order: int = 50                             # listing order (the first backbone is the default)
+
+    def check_tail(self, tail: str) -> None:
+        """ValueError (one line) when ``tail`` cannot read this backbone's tokens."""
+        if self.tails and tail not in self.tails:
+            choices = " or ".join(repr(t) for t in self.tails)
+            raise ValueError(f"the {self.name} backbone speaks {self.speaks or 'other tokens'}: use it with the "
+                             f"{choices} tail")
+
+
+Entry = Union[ModelEntry, BackboneEntry]
+_MODELS: Dict[str, ModelEntry] = {}
+_BACKBONES: Dict[str, BackboneEntry] = {}
+_extra: List[str] = []
+_loaded = False
+
+
+def register(entry: ModelEntry) -> ModelEntry:
+    """Register a decoder (called by its package on import)."""
+    _MODELS[entry.name] = entry
+    return entry
+
+
+def register_backbone(entry: BackboneEntry) -> BackboneEntry:
+    """Register a backbone (called by its package on import)."""
+    _BACKBONES[entry.name] = entry
+    return entry
+
+
+def add_search_path(folder: str) -> None:
+    """Also discover the part packages in ``folder`` (tests, plug-ins); takes effect at the next listing."""
+    global _loaded
+    folder = str(folder)
+    if folder not in _extra:
+        _extra.append(folder)
+        _loaded = False
+
+
+def _import(mod: str) -> None:
+    try:
+        importlib.import_module(mod)
+    except ModuleNotFoundError as e:
+        if e.name != mod:                  # a real missing dependency inside the package: say so
+            raise
+
+
+def _search_paths() -> List[str]:
+    env = [p for p in os.environ.get(ENV_PATHS, "").split(os.pathsep) if p]
+    return _extra + [p for p in env if p not in _extra]
+
+
+def load_all() -> None:
+    """Import every part package once (and those of search paths added since)."""
+    global _loaded
+    if _loaded:
+        return
+    import engine.backbones
+    import engine.models
+    for m in sorted(pkgutil.iter_modules(engine.models.__path__), key=lambda m: m.name):
+        if m.name not in NOT_MODELS:
+            _import(f"engine.models.{m.name}")
+    for m in sorted(pkgutil.iter_modules(engine.backbones.__path__), key=lambda m: m.name):
+        if m.ispkg:                        # modules beside the packages (base, policy) are shared code
+            _import(f"engine.backbones.{m.name}")
+    for folder in _search_paths():
+        if folder not in sys.path:
+            sys.path.append(folder)
+        for m in sorted(pkgutil.iter_modules([folder]), key=lambda m: m.name):
+            if m.ispkg:
+                _import(m.name)
+    _loaded = True
+
+
+# -- decoders ----------------------------------------------------------------------------------------------
+def _listed() -> List[ModelEntry]:
+    load_all()
+    return sorted(_MODELS.values(), key=lambda e: (e.order, e.name))
+
+
+def names() -> List[str]:
+    return [e.name for e in _listed()]
+
+
+def get(name: str) -> ModelEntry:
+    load_all()
+    if name not in _MODELS:
+        raise KeyError(f"unknown model {name!r}; registered models: {', '.join(_MODELS) or 'none'}")
+    return _MODELS[name]
+
+
+def tails() -> List[ModelEntry]:
+    """The decoder tails a session can run, in listing order."""
+    return [e for e in _listed() if e.is_tail]
+
+
+def tail_names() -> Tuple[str, ...]:
+    return tuple(e.name for e in tails())
+
+
+def default_tail() -> str:
+    """The tail a session runs unless told otherwise: the first in listing order."""
+    return tail_names()[0]
+
+
+def get_tail(name: str) -> ModelEntry:
+    """The tail called ``name``; ValueError naming the choices otherwise."""
+    load_all()
+    e = _MODELS.get(name)
+    if e is None or not e.is_tail:
+        raise ValueError(f"unknown tail {name!r}; choose one of: {', '.join(tail_names())}")
+    return e
+
+
+def resolve_checkpoint(tail: str, path: Optional[str]) -> Optional[str]:
+    """The checkpoint path ``tail`` will load (None for seeded random weights), checked by content."""
+    if path is None or str(path).strip() == "":
+        return None
+    e = get_tail(tail)
+    if e.resolve_checkpoint is None:
+        raise ValueError(f"the {e.title} takes no checkpoint")
+    return e.resolve_checkpoint(str(path))
+
+
+def checkpoint_hints() -> str:
+    """What each tail's checkpoint is, for help texts: "step-audio2: token2wav folder (...); mimi: ..."."""
+    return "; ".join(f"{e.name}: {e.checkpoint_hint}" for e in tails() if e.checkpoint_hint)
+
+
+def conditioned_tails() -> Tuple[str, ...]:
+    """The tails that take a voice (a :class:`Conditioning`)."""
+    return tuple(e.name for e in tails() if e.conditioning is not None)
+
+
+def benchmarks() -> Dict[str, Tuple[str, str]]:
+    """``duplexcadence-bench`` commands the registered models bring: name -> (module, description)."""
+    return {e.name: e.bench for e in _listed() if e.bench is not None}
+
+
+# -- backbones ---------------------------------------------------------------------------------------------
+def backbones() -> List[BackboneEntry]:
+    """The backbones a session can run, in listing order."""
+    load_all()
+    return sorted(_BACKBONES.values(), key=lambda e: (e.order, e.name))
+
+
+def backbone_names() -> Tuple[str, ...]:
+    return tuple(e.name for e in backbones())
+
+
+def default_backbone() -> str:
+    return backbone_names()[0]
+
+
+def get_backbone(name: str) -> BackboneEntry:
+    """The backbone called ``name``; ValueError naming the choices otherwise."""
+    load_all()
+    e = _BACKBONES.get(name)
+    if e is None:
+        raise ValueError(f"unknown backbone {name!r}; choose one of: {', '.join(backbone_names())}")
+    return e
+
+
+def folder_backbones() -> Tuple[str, ...]:
+    """The backbones that load a weights folder."""
+    return tuple(e.name for e in backbones() if e.open_folder is not None)
+
+
+def folder_hints() -> str:
+    """What each backbone's weights folder is, for help texts."""
+    return "; ".join(f"{e.name}: {e.folder_hint}" for e in backbones() if e.folder_hint)
+
+
+def open_backbone_folder(name: str, path: Optional[str], size: str) -> Optional[BackboneFolder]:
+    """Backbone ``name``'s folder checked by content (None: seeded random weights); one ValueError."""
+    e = get_backbone(name)
+    if e.open_folder is None:
+        if path is not None:
+            raise ValueError(f"the {name} backbone has no weights to load: a backbone folder is for "
+                             + " and ".join(repr(n) for n in folder_backbones()))
+        return None
+    if not path and not e.needs_folder:
+        return None
+    return e.open_folder(path, size)
+
+
+# -- command lines -----------------------------------------------------------------------------------------
+def add_options(parser, entries: List[Entry], checks: Optional[Dict[str, Callable[[str], object]]] = None) -> None:
+    """Each entry's own options, in a group named after it; a flag an earlier entry added is shared.
+    ``checks``: the command's argument checks by :attr:`Option.kind`."""
+    seen = set()
+    for e in entries:
+        fresh = [o for o in e.options if o.flag not in seen]
+        if not fresh:
+            continue
+        group = parser.add_argument_group(e.name)
+        for o in fresh:
+            o.add_to(group, checks or {})
+            seen.add(o.flag)
+
+
+def file_options(entries: List[Entry]) -> Tuple[str, ...]:
+    """The argparse destinations of the entries' options that name files the command reads."""
+    return tuple(dict.fromkeys(o.dest for e in entries for o in e.options if o.kind == "file"))
