@@ -7,8 +7,12 @@ to its heuristics on this GPU with this cuDNN / cuBLAS: exact on one machine, a 
 the next. Such a path is therefore never assumed. At start-up the engine runs a short trial at
 the real shapes on the real device, the reference path and the candidate on the same fresh random
 inputs (the caller makes them: never zeros), and enables the candidate only when every output
-tensor is ``torch.equal`` to the reference's. The verdict (chosen or refused, and why) is cached
-for the process per (path, device name, torch / CUDA / cuDNN / cuBLAS versions, model config),
+tensor is ``torch.equal`` to the reference's. The trial runs the way production runs the path: on
+CUDA eagerly and captured into a CUDA graph and replayed (:func:`production_modes`, :func:`replayed`).
+A verdict holds for the shapes it was tried at: callers check each shape a path runs at (a short last
+second, a group's size) before it runs there. The verdict (chosen or refused, and why) is cached for the
+process per :func:`cache_key` (path and shape, device name, SM count and MIG slice, torch / CUDA / cuDNN /
+cuBLAS / Triton versions, the CPU's instruction set, model config, and a hash of our code the trial runs),
 optionally on disk (``DUPLEXCADENCE_FASTPATH_CACHE``), and goes into the session info.
 
 Usage (one call per path)::
@@ -97,7 +101,8 @@ def environment(device: Union[str, torch.device]) -> Dict[str, str]:
                    sm_count=str(props.multi_processor_count), mig=_mig_profile(props),
                    memory=str(props.total_memory),
                    cuda=str(torch.version.cuda), cudnn=str(torch.backends.cudnn.version()),
-                   cublas=_cublas_version(), tf32=f"{torch.backends.cuda.matmul.allow_tf32}/"
+                   cublas=_cublas_version(), blas=str(torch.backends.cuda.preferred_blas_library()),
+                   tf32=f"{torch.backends.cuda.matmul.allow_tf32}/"
                                                    f"{torch.backends.cudnn.allow_tf32}",
                    cudnn_benchmark=str(torch.backends.cudnn.benchmark),
                    cudnn_deterministic=str(torch.backends.cudnn.deterministic))
@@ -135,12 +140,36 @@ def _cpu_capability() -> str:
 
 
 def _cublas_version() -> str:
-    """cuBLAS's own version where torch exposes it, else the CUDA toolkit it ships with."""
+    """cuBLAS's own version: where torch exposes it, else asked of the libcublas this process loaded
+    (``cublasGetProperty``), else the CUDA toolkit it ships with."""
     getter = getattr(torch._C, "_cuda_getCublasVersion", None) or getattr(torch.cuda, "get_cublas_version", None)
     try:
-        return str(getter()) if getter is not None else f"cuda {torch.version.cuda}"
+        if getter is not None:
+            return str(getter())
+        return _loaded_cublas_version() or f"cuda {torch.version.cuda}"
     except Exception:                      # a build without it: the toolkit version stands in
         return f"cuda {torch.version.cuda}"
+
+
+def _loaded_cublas_version() -> Optional[str]:
+    """``major.minor.patch`` of the libcublas mapped into this process (Linux), or None."""
+    import ctypes
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    paths = sorted({line.split()[-1] for line in maps.splitlines()
+                    if "/libcublas.so" in line and "libcublasLt" not in line})
+    if not paths:
+        return None
+    lib = ctypes.CDLL(paths[0])
+    parts = []
+    for prop in (0, 1, 2):                 # MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
+        v = ctypes.c_int()
+        if lib.cublasGetProperty(prop, ctypes.byref(v)) != 0:
+            return None
+        parts.append(str(v.value))
+    return ".".join(parts)
 
 
 _code_hashes: Dict[Tuple[str, ...], str] = {}

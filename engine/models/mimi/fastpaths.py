@@ -145,6 +145,7 @@ def choose(model: MimiDecoder, device, num_codebooks: int = 8, check_cpu: bool =
     cfg = model.cfg
     codes = trial_codes(model, num_codebooks, dev)
     modes = fastpath.production_modes(dev)
+    key = (cfg, cfg.seconds_pattern(), num_codebooks)          # the config, the shapes tried (frames, codebooks)
     reference: Dict[str, Dict[str, Dict[str, torch.Tensor]]] = {}     # decoded once, when a check first needs it
 
     def trial(candidate: Dict[str, bool]):
@@ -172,11 +173,11 @@ def choose(model: MimiDecoder, device, num_codebooks: int = 8, check_cpu: bool =
         steps = max(cfg.seconds_pattern()) * cfg.upsample_stride
         if why is None and flag == "batch_attention" and cfg.context < steps:
             why = f"the ring ({cfg.context} steps) is shorter than a second ({steps} steps)"
-        v = fastpath.self_check(f"mimi {path}", dev, cfg, trial(_candidate(path)), not_applicable=why)
+        v = fastpath.self_check(f"mimi {path}", dev, key, trial(_candidate(path)), not_applicable=why)
         verdicts.append(_named(v, path))
         chosen[flag] = v.chosen
     verdicts += _combine(model, chosen, lambda path, flags: fastpath.self_check(
-        f"mimi {path}", dev, cfg, trial(dict(REFERENCE, layer_major=True, **flags))))
+        f"mimi {path}", dev, key, trial(dict(REFERENCE, layer_major=True, **flags))))
     model.chosen = dict(chosen)
     model.chosen_at = {n: dict(chosen) for n in cfg.seconds_pattern()}
     model.check_frames = shape_check(model, dev, num_codebooks, chosen, verdicts)

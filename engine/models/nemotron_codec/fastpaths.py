@@ -114,7 +114,8 @@ def choose(model: NemotronCodecDecoder, device, check_cpu: bool = False) -> List
 
     def check(kinds: FrozenSet[str], why=None) -> Verdict:
         name = path_name(kinds)
-        v = fastpath.self_check(f"nemotron-codec {name}", dev, model.cfg, trial(kinds), not_applicable=why)
+        v = fastpath.self_check(f"nemotron-codec {name}", dev, (model.cfg, model.cfg.seconds_pattern()),
+                                trial(kinds), not_applicable=why)
         return Verdict(name, v.chosen, v.reason, v.max_abs_diff, v.cached)
 
     why = None if dev.type == "cuda" or check_cpu else \
