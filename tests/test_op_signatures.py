@@ -6,7 +6,14 @@ round both alike. Models are built outside the recording: only the decodes are c
 import pytest
 import torch
 
+import stock_mimi
+import test_mimi as MT
 import test_nemotron_codec as NC
+from engine.models.mimi import weights as MW
+from engine.models.mimi.config import RELEASED as MIMI_RELEASED
+from engine.models.mimi.config import TINY as MIMI_TINY
+from engine.models.mimi.model import MimiDecoder
+from engine.models.mimi.tail import MimiTail
 from engine.models.nemotron_codec import peer as nemo
 from engine.models.nemotron_codec import weights as NW
 from engine.models.nemotron_codec.config import RELEASED
@@ -14,6 +21,7 @@ from engine.models.nemotron_codec.tail import make_tail
 from op_signatures import assert_same_calls, record
 
 pytestmark = [pytest.mark.oracle, pytest.mark.bits, pytest.mark.usefixtures("one_torch_thread")]
+need_moshi = pytest.mark.skipif(not stock_mimi.available(), reason="moshi/einops (test oracles) not installed")
 need_nemo = pytest.mark.skipif(not nemo.available(), reason="nemo-toolkit / omegaconf (test oracles) not installed")
 
 
@@ -51,4 +59,37 @@ def test_nemotron_codec_released_size_issues_nemos_library_calls():
     got, ref, ours, peer = _nemotron_both(RELEASED, NW.random_state(RELEASED, seed=1), NC._codes(RELEASED, 14, seed=2),
                                           [14])
     assert_same_calls(ours, peer)
+    assert torch.equal(got, ref)
+
+
+def _mimi_both(cfg, k, frames, seed, **toggles):
+    """(our audio, moshi's, our call signatures, moshi's) for ``frames`` random frames of ``k`` codebooks."""
+    state = MW.random_state(cfg, seed=seed)
+    codes = MT._codes(cfg, k, frames, seed=100 + seed)
+    mimi = stock_mimi.build(cfg, state, num_codebooks=k)
+    tail = MimiTail(MimiDecoder(cfg).load_moshi_state(state), "cpu", k, size="test", **toggles)
+
+    def ours():
+        tail.start()
+        return torch.cat([torch.from_numpy(tail.push(codes[:, :5])), torch.from_numpy(tail.push(codes[:, 5:])),
+                          torch.from_numpy(tail.flush())])
+    ref, peer_calls = record(lambda: stock_mimi.stream_decode(mimi, codes).reshape(-1))
+    got, our_calls = record(ours)
+    return got, ref, our_calls, peer_calls
+
+
+@need_moshi
+@pytest.mark.parametrize("k,demand", [(8, True), (32, False)], ids=["8-demand", "32-stock"])
+def test_mimi_issues_moshis_library_calls(k, demand):
+    # the bit tests' streams: seconds of 12 and 13 frames, a ring that wraps, a short last second flushed.
+    # moshi recomputes the RoPE table in every layer, ours once per frame: the same calls, other counts.
+    got, ref, ours, peer = _mimi_both(MIMI_TINY, k, 30, seed=k, demand_sized=demand)
+    assert_same_calls(ours, peer, counts=False)
+    assert torch.equal(got, ref)
+
+
+@need_moshi
+def test_mimi_released_size_issues_moshis_library_calls():
+    got, ref, ours, peer = _mimi_both(MIMI_RELEASED, 32, 14, seed=1)
+    assert_same_calls(ours, peer, counts=False)
     assert torch.equal(got, ref)

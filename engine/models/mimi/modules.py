@@ -14,9 +14,10 @@ its holder gives it, and reads them by those names; the holder mounts them under
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -65,6 +66,18 @@ def causal_conv_tr(x: torch.Tensor, partial: torch.Tensor, weight, bias, stride:
 
 
 # -- split RVQ ----------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def part_strides(books: int, dim: int) -> Tuple[int, ...]:
+    """Strides of moshi's one-frame latent part: a 0-d zero plus ``books`` codebook vectors [1, 1, dim], each
+    transposed to [1, dim, 1]. TensorIterator's layout rules decide them (one vector keeps the transposed
+    strides, two or more give contiguous ones), so the same additions run on the meta device to find them."""
+    vec = torch.empty(1, 1, dim, device="meta").transpose(1, 2)
+    acc = torch.zeros((), device="meta")
+    for _ in range(books):
+        acc = acc + vec
+    return tuple(acc.stride())
+
+
 class SplitRVQ(nn.Module):
     """Codes -> latent: sum of codebook vectors (semantic, then acoustic), each part projected 1x1."""
 
@@ -76,8 +89,9 @@ class SplitRVQ(nn.Module):
         self.proj_rest = _param((cfg.dimension, cfg.codebook_dim, 1))
         self.register_buffer("zero", torch.zeros(()))
 
-    def latents(self, codes: torch.Tensor) -> List[torch.Tensor]:
-        """codes [K, n] -> per part [1, n, dim]: ((0 + e0) + e1) + ... in moshi's order (exact per element)."""
+    def latents(self, codes: torch.Tensor) -> List[Tuple[torch.Tensor, int]]:
+        """codes [K, n] -> per part ([1, n, dim], its codebook count): ((0 + e0) + e1) + ... in moshi's
+        order (exact per element)."""
         parts = [(0, self.n_sem), (self.n_sem, codes.shape[0])]
         out = []
         for lo, hi in parts:
@@ -86,14 +100,22 @@ class SplitRVQ(nn.Module):
             acc = self.zero
             for j in range(lo, hi):
                 acc = acc + F.embedding(codes[j].view(1, -1), self.codebooks[j])   # [1, n, dim]
-            out.append(acc)
+            out.append((acc, hi - lo))
         return out
 
-    def frame(self, lat: List[torch.Tensor], f: int) -> torch.Tensor:
-        """Latent of frame ``f``: [1, D, 1] (moshi decodes one frame, T = 1)."""
-        y = F.conv1d(lat[0][:, f:f + 1].transpose(1, 2), self.proj_first)
-        if len(lat) > 1:
-            y += F.conv1d(lat[1][:, f:f + 1].transpose(1, 2), self.proj_rest)
+    def frame(self, lat: List[Tuple[torch.Tensor, int]], f: int) -> torch.Tensor:
+        """Latent of frame ``f``: [1, D, 1] (moshi decodes one frame, T = 1). Each part's projection takes a
+        fresh [1, dim, 1] tensor in the layout moshi's one-frame part has (:func:`part_strides`): the
+        library's choice of conv kernel follows the input's layout."""
+        y = None
+        for (acc, books), w in zip(lat, (self.proj_first, self.proj_rest)):
+            x = acc[:, f:f + 1].transpose(1, 2)                                      # [1, dim, 1]
+            x = torch.empty_strided(x.shape, part_strides(books, x.shape[1]), dtype=x.dtype,
+                                    device=x.device).copy_(x)
+            if y is None:
+                y = F.conv1d(x, w)
+            else:
+                y += F.conv1d(x, w)
         return y
 
 
@@ -178,7 +200,7 @@ class MimiTransformer(nn.Module):
 
     def frame(self, x: torch.Tensor, caches: List[torch.Tensor], tables: SecondTables, f: int) -> torch.Tensor:
         """x: [1, D, T] -> [1, D, T] for frame ``f`` of the second."""
-        ang = tables.angles[f]                                                  # [1, 1, T, Dh/2]
+        ang = tables.angles[f].clone()                # [1, 1, T, Dh/2], 64-byte aligned as moshi's fresh angles
         rot = torch.stack([torch.cos(ang), torch.sin(ang)], dim=-1)
         mask = tables.mask[f:f + 1, None]                                       # [1, 1, T, cap]
         y = x.transpose(1, 2)
