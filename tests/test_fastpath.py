@@ -107,6 +107,8 @@ def test_key_names_device_libraries_and_config():
     k1 = fastpath.cache_key("p", "cpu", ("cfg", 1))
     assert k1 != fastpath.cache_key("p", "cpu", ("cfg", 2)) != fastpath.cache_key("p2", "cpu", ("cfg", 2))
     assert json.loads(k1)["env"]["torch"] == torch.__version__
+    assert json.loads(k1)["code"] == fastpath.code_hash(())                 # no code named: the empty hash
+    assert json.loads(fastpath.cache_key("p", "cpu", ("cfg", 1), ["engine.core"]))["code"] != json.loads(k1)["code"]
 
 
 def test_disk_cache_survives_the_process_cache(tmp_path, monkeypatch):
@@ -131,6 +133,9 @@ def test_verdict_line_and_dict():
     v = Verdict("batched convs", True, "bit-identical to the reference (2 tensors, 10 values)", 0.0)
     assert v.line() == "batched convs: on — bit-identical to the reference (2 tensors, 10 values)"
     assert v.as_dict()["chosen"] is True and fastpath.lines([v]) == [v.line()]
+    where = Verdict("fused elementwise", True, "bit-identical", 0.0, scope=fastpath.CAPTURED_ONLY)
+    assert where.line() == "fused elementwise: on (inside captured graphs only) — bit-identical"
+    assert Verdict("p", False, "max abs diff 1e-07", scope=fastpath.CAPTURED_ONLY).line() == "p: off — max abs diff 1e-07"
 
 
 def test_decide_for_checks_that_compare_on_their_own():

@@ -34,9 +34,11 @@ def exact_math(fresh_fastpath):
 def test_the_key_names_this_gpu():
     env = fastpath.environment(DEV)
     props = torch.cuda.get_device_properties(DEV)
-    assert env["sm_count"] == str(props.multi_processor_count) and env["mig"] in ("none", "MIG") or "MIG" in env["mig"]
-    assert env["triton"] != "" and env["cudnn"] != "None"
     print(env)
+    assert env["sm_count"] == str(props.multi_processor_count)
+    assert env["mig"] == "none" or env["mig"].startswith("MIG")
+    assert env["triton"] != "absent" and env["cudnn"] != "None"
+    assert env["cublas"].count(".") == 2 and not env["cublas"].startswith("cuda"), env["cublas"]   # cuBLAS's own
 
 
 @pytest.mark.parametrize("size", ["tiny", "released"])
