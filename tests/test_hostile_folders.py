@@ -106,6 +106,10 @@ def wav(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def minicpm(tmp_path_factory) -> Path:
+    return build_minicpm(tmp_path_factory)
+
+
+def build_minicpm(tmp_path_factory) -> Path:
     """A sound tiny MiniCPM-o 4.5 folder in the released layout (the cases copy and break it)."""
     pytest.importorskip("tokenizers")
     from safetensors.torch import save_file
