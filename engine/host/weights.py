@@ -1,7 +1,8 @@
 """Weights loaded once per host and shared by every session that runs the same model.
 
 A key names what fixes the weights: which part (tail or backbone), the model's name, its size, the
-device, the checkpoint and the seed of random weights. The first session of a key builds its
+device, the checkpoint, the seed of random weights and what the tail is conditioned on (its voice: the
+shared modules hold the voice prompt, so two voices are two keys). The first session of a key builds its
 models the usual way; the host then asks them for their shareable modules (``shared_weights()``:
 read-only while streaming) and keeps them here; the next sessions of that key are built around
 them (``make_tail(shared=...)`` / ``make_backbone(shared=...)``) and load nothing. Everything
@@ -20,7 +21,8 @@ from engine.session import SessionConfig
 
 @dataclass(frozen=True)
 class WeightsKey:
-    """What fixes a model's weights: part ("tail" | "backbone"), name, size, device, checkpoint, seed."""
+    """What fixes a model's weights: part ("tail" | "backbone"), name, size, device, checkpoint, seed, and
+    the tail's conditioning (the voice file the resolved config chose; None: none, or the seeded prompt)."""
 
     part: str
     name: str
@@ -28,10 +30,11 @@ class WeightsKey:
     device: str
     checkpoint: Optional[str]
     seed: int
+    conditioning: Optional[str] = None
 
     @classmethod
     def tail(cls, cfg: SessionConfig) -> "WeightsKey":
-        return cls("tail", cfg.tail, cfg.size, cfg.device, cfg.checkpoint, int(cfg.seed))
+        return cls("tail", cfg.tail, cfg.size, cfg.device, cfg.checkpoint, int(cfg.seed), cfg.voice)
 
     @classmethod
     def backbone(cls, cfg: SessionConfig) -> "WeightsKey":
@@ -39,7 +42,8 @@ class WeightsKey:
 
     def label(self) -> str:
         src = self.checkpoint or f"seed {self.seed}"
-        return f"{self.part} {self.name} {self.size} on {self.device} ({src})"
+        voice = f", voice {self.conditioning}" if self.conditioning else ""
+        return f"{self.part} {self.name} {self.size} on {self.device} ({src}{voice})"
 
 
 def _tensors(value, depth: int = 0):
