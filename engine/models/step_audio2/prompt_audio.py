@@ -49,17 +49,20 @@ def _mel_to_hz(m):
 
 
 def slaney_mel(sr: int, n_fft: int, n_mels: int, fmin: float = 0.0, fmax=None) -> np.ndarray:
-    """(n_mels, 1 + n_fft/2) triangular filters on the Slaney mel scale, area-normalised (librosa's default)."""
+    """(n_mels, 1 + n_fft/2) triangular filters on the Slaney mel scale, area-normalised (librosa's default).
+
+    Bit for bit librosa's: the triangles are computed in float64 and stored as float32 rows, then scaled
+    by their float64 area normalisation in place (a float64 product rounded to float32 once more)."""
     fmax = sr / 2 if fmax is None else fmax
-    fft = np.linspace(0, sr / 2, 1 + n_fft // 2)
+    fft = np.fft.rfftfreq(n_fft, d=1.0 / sr)
     mel_f = _mel_to_hz(np.linspace(_hz_to_mel(fmin), _hz_to_mel(fmax), n_mels + 2))
     fdiff = np.diff(mel_f)
     ramps = np.subtract.outer(mel_f, fft)
-    w = np.zeros((n_mels, fft.size))
+    w = np.zeros((n_mels, fft.size), dtype=np.float32)
     for i in range(n_mels):
         w[i] = np.maximum(0, np.minimum(-ramps[i] / fdiff[i], ramps[i + 2] / fdiff[i + 1]))
     w *= (2.0 / (mel_f[2:n_mels + 2] - mel_f[:n_mels]))[:, None]
-    return w.astype(np.float32)
+    return w
 
 
 def kaldi_mel(n_bins: int, n_fft: int, sr: int, low: float = 20.0, high: float = 0.0) -> np.ndarray:
