@@ -304,7 +304,7 @@ def _main(a: argparse.Namespace, stop: StopSignals) -> int:
     try:
         runner = None
         if a.engine:                                   # the session runs on a server (engine/serve)
-            from engine.serve.headless import make_runner, remote_config
+            from engine.cli.remote import make_runner, remote_config
             cfg = remote_config(a)
             runner = make_runner(a, cfg)
         else:
@@ -345,7 +345,7 @@ def _session(a: argparse.Namespace, cfg: SessionConfig, runner, frames: InputFra
     error = None
     try:
         if runner is not None:
-            from engine.serve.headless import run_remote
+            from engine.cli.remote import run_remote
             run_remote(runner, frames, progress, journal, stop, a.realtime)
         else:
             (run_realtime if a.realtime else run_fast)(cfg, frames, progress, journal, stop)

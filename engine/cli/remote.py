@@ -15,8 +15,8 @@ import numpy as np
 
 from engine.session import SessionConfig
 
-from .auth import read_token
-from .client import RemoteRunner
+from engine.serve.auth import read_token
+from engine.serve.client import RemoteRunner
 
 
 def remote_config(a: argparse.Namespace) -> SessionConfig:
