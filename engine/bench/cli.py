@@ -13,6 +13,7 @@ COMMANDS = {
     "session": ("engine.bench.session", "duplex session: per-second totals and misses, stock vs optimized"),
     "capacity": ("engine.bench.capacity", "sessions one device keeps on time, per mode (engine host)"),
     "serve-capacity": ("engine.bench.serve_capacity", "sessions a Ray Serve deployment keeps on time, per replica count"),
+    "echo": ("engine.bench.echo", "the loop without headphones: echo cancellation and barge-in, on vs off"),
 }
 
 

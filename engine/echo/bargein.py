@@ -1,0 +1,127 @@
+"""Barge-in in a blink: a voice-onset detector on short frames of the echo-cancelled microphone, and the
+ducking decision it drives (the app ducks playback at once; the engine follows at its next second).
+
+:class:`BargeInDetector` reads 20 ms frames. A frame is voiced above ``max(abs_db, floor + margin_db)``
+(the floor follows quiet frames: down at once, up slowly); ``onset_frames`` voiced frames in a row make the
+user *talking*, and ``quiet_s`` of unvoiced frames end the talk (pauses between words do not). While the
+user talks and the model's speech is playing, the detector fires once per talk: a :class:`BargeIn` comes
+back and :attr:`BargeInDetector.ducked` turns True. The caller silences playback while ``ducked`` and tells
+the detector which engine seconds' speech it plays (:meth:`BargeInDetector.allows`): speech the engine made
+from input up to the second the user started in is dropped; the first later second releases the duck (the
+engine heard the user by then and answers with silence, or with its reply once the user stops).
+No Qt here: the app's frame pump calls it from its worker thread.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import List, Optional
+
+import numpy as np
+
+#: the interrupt sensitivity presets the app offers: (abs_db, margin_db)
+SENSITIVITY = {"low": (-32.0, 18.0), "normal": (-40.0, 14.0), "high": (-48.0, 10.0)}
+
+
+@dataclass
+class BargeIn:
+    """One barge-in: where it fired and where the user's talk began (samples of the detector's input)."""
+
+    fired_at: int          # the sample after the frame that fired
+    onset_at: int          # the first sample of the talk's first voiced frame
+    second: int            # the input second the talk began in (the engine's frame index)
+
+    def latency_ms(self, rate: int) -> float:
+        """Detection latency: talk onset to firing."""
+        return (self.fired_at - self.onset_at) * 1000.0 / rate
+
+
+class BargeInDetector:
+    """Short-frame voice onsets on the echo-cancelled microphone -> barge-ins and ducking.
+
+    ``push(chunk, playing)``: microphone samples (any chunk size; frames carry over) and whether the model's
+    speech is playing now; returns the barge-ins fired. ``ducked``: playback must be silent. ``allows(k)``:
+    whether the speech the engine made from input second ``k`` may play (it releases the duck for ``k``
+    after the talk's second). ``sensitivity`` picks a preset of :data:`SENSITIVITY`.
+    """
+
+    def __init__(self, rate: int, frame_ms: float = 20.0, onset_frames: int = 2, quiet_s: float = 0.5,
+                 sensitivity: str = "normal", abs_db: Optional[float] = None, margin_db: Optional[float] = None):
+        if sensitivity not in SENSITIVITY:
+            raise ValueError(f"unknown interrupt sensitivity {sensitivity!r}; choose one of: {', '.join(SENSITIVITY)}")
+        self.rate = int(rate)
+        self.win = max(1, int(round(self.rate * frame_ms / 1000.0)))
+        preset = SENSITIVITY[sensitivity]
+        self.abs_db = preset[0] if abs_db is None else float(abs_db)
+        self.margin_db = preset[1] if margin_db is None else float(margin_db)
+        self.onset_frames = int(onset_frames)
+        self.quiet_frames = max(1, int(round(quiet_s * self.rate / self.win)))
+        self.floor_db = -70.0
+        self.pos = 0                   # samples consumed (whole frames)
+        self.talking = False           # the user is talking (onset confirmed, not yet quiet_s of quiet)
+        self.ducked = False
+        self.fired: List[BargeIn] = []
+        self._carry = np.zeros(0, dtype=np.float32)
+        self._run = 0                  # voiced frames in a row
+        self._quiet = self.quiet_frames
+        self._onset_at = 0
+        self._talk_fired = False
+        self._duck_second = -1
+
+    def set_sensitivity(self, sensitivity: str) -> None:
+        """Change the thresholds to a preset of :data:`SENSITIVITY` (from the next frame)."""
+        if sensitivity not in SENSITIVITY:
+            raise ValueError(f"unknown interrupt sensitivity {sensitivity!r}; choose one of: {', '.join(SENSITIVITY)}")
+        self.abs_db, self.margin_db = SENSITIVITY[sensitivity]
+
+    def threshold_db(self) -> float:
+        return max(self.abs_db, self.floor_db + self.margin_db)
+
+    def push(self, chunk: np.ndarray, playing: bool) -> List[BargeIn]:
+        """Feed microphone samples; ``playing``: the model's speech is playing. Returns barge-ins fired."""
+        x = np.concatenate([self._carry, np.asarray(chunk, dtype=np.float32).reshape(-1)])
+        n = x.size // self.win
+        self._carry = x[n * self.win:]
+        out = []
+        for i in range(n):
+            w = x[i * self.win:(i + 1) * self.win].astype(np.float64)
+            hit = self._frame(10.0 * math.log10(float(np.mean(w * w)) + 1e-12), bool(playing))
+            if hit is not None:
+                out.append(hit)
+        self.fired.extend(out)
+        return out
+
+    def _frame(self, db: float, playing: bool) -> Optional[BargeIn]:
+        start, self.pos = self.pos, self.pos + self.win
+        voiced = db > self.threshold_db()
+        if voiced:
+            if self._run == 0:
+                self._candidate = start
+            self._run += 1
+            self._quiet = 0
+            if not self.talking and self._run >= self.onset_frames:
+                self.talking, self._talk_fired, self._onset_at = True, False, self._candidate
+        else:
+            self._run = 0
+            self._quiet += 1
+            if self._quiet >= self.quiet_frames:
+                self.talking = False
+            # the floor follows quiet frames down at once and up slowly (speech is not noise)
+            self.floor_db = db if db < self.floor_db else self.floor_db + 0.02 * (db - self.floor_db)
+        if self.talking and playing and not self._talk_fired and not self.ducked:
+            self._talk_fired = True
+            return self._duck(BargeIn(self.pos, self._onset_at, self._onset_at // self.rate))
+        return None
+
+    def _duck(self, b: BargeIn) -> BargeIn:
+        self.ducked = True
+        self._duck_second = max(self._duck_second, b.second)
+        return b
+
+    def allows(self, second: int) -> bool:
+        """Whether the engine's speech made from input second ``second`` may play. While ducked, speech from
+        the talk's second or earlier is dropped; a later second releases the duck (the engine has heard the
+        user)."""
+        if self.ducked and second > self._duck_second:
+            self.ducked = False
+        return not self.ducked

@@ -1,0 +1,264 @@
+"""Acoustic echo cancellation in the audio path: WebRTC's AEC3 through ``livekit``'s audio processing module.
+
+The speaker's sound comes back through the microphone. :class:`EchoCanceller` is fed the exact signal the
+speaker plays (:meth:`EchoCanceller.far`) and the microphone (:meth:`EchoCanceller.near`), and returns the
+microphone with the model's voice removed. The processor is ``livekit.rtc.AudioProcessingModule`` (WebRTC's
+AEC3 with noise suppression and a high-pass filter; chosen by measurement, see docs/echo.md). It takes 10 ms
+frames of int16: this class cuts any chunk sizes into 10 ms frames (carrying the remainder to the next call),
+converts float32 to int16 and back, and resamples with soxr where a rate has no whole 10 ms frame (22.05 kHz,
+11.025 kHz): every rate that is a multiple of 100 Hz (16, 24, 32, 44.1, 48 kHz) goes to the module as it is,
+which avoids soxr's round trip (up to 67 ms at its HQ setting, measured; the module resamples internally).
+
+``near`` returns exactly as many samples as it was given: the output runs one 10 ms frame (less one sample)
+behind the input, whatever the chunk sizes, and the same samples in give the same samples out bit for bit.
+Disabled, it passes the input through untouched. No Qt here.
+"""
+from __future__ import annotations
+
+import collections
+import math
+import time
+from typing import Deque, Optional, Tuple
+
+import numpy as np
+
+#: far-end frames louder than this (dBFS) count as the model speaking, for :meth:`EchoCanceller.suppression_db`
+FAR_ACTIVE_DB = -50.0
+#: far-end audio kept waiting for its microphone frames at most (seconds); older far audio is dropped
+FAR_MAX_S = 1.0
+#: the recent far-active 10 ms frames :meth:`EchoCanceller.suppression_db` looks at (3 s)
+SUPPRESSION_FRAMES = 300
+#: the rate a rate without whole 10 ms frames is resampled to
+FALLBACK_RATE = 16000
+#: AEC3 holds back the near end while its filter converges (about 0.6 s of far-end speech, measured): for this
+#: long of far-end activity a microphone frame clearly louder than anything the speaker played lately is the
+#: user talking over it, and passes as it is (see :meth:`EchoCanceller._initial_bypass`)
+INITIAL_S = 1.0
+#: how much louder than the loudest recent far-end frame (dB); recent: the reported delay plus 300 ms
+BYPASS_MARGIN_DB = 3.0
+BYPASS_ABS_DB = -40.0
+FAR_WINDOW_MS = 300.0
+#: the share of the reported delay handed to AEC3 as its stream delay. Measured (docs/echo.md): AEC3's own
+#: delay estimator found every path of 30-250 ms with a hint of 0, while a hint at or above the true delay
+#: cost up to 20 dB of ERLE and let echo through at the start of replies; 0 is the default for that reason
+DELAY_HINT_FRACTION = 0.0
+
+
+class EchoUnavailable(RuntimeError):
+    """Echo cancellation cannot run here (the message says what to install, or to turn it off)."""
+
+
+def _db(power: float) -> float:
+    return 10.0 * math.log10(power) if power > 1e-20 else -200.0
+
+
+class LivekitProcessor:
+    """WebRTC's audio processing module as ``livekit`` ships it: AEC3, noise suppression, high-pass filter
+    (automatic gain control off: it would change the level the voice-activity decisions read)."""
+
+    name = "livekit.rtc.AudioProcessingModule (WebRTC AEC3 + NS + HPF)"
+
+    def __init__(self, rate: int, noise_suppression: bool = True):
+        try:
+            from livekit import rtc
+        except ImportError as e:
+            raise EchoUnavailable(f"echo cancellation needs the livekit package ({e}); install it with "
+                                  f"pip install 'livekit>=1.0,<2', or turn echo cancellation off") from None
+        self._rtc = rtc
+        self.rate = int(rate)
+        self.frame = self.rate // 100
+        self.apm = rtc.AudioProcessingModule(echo_cancellation=True, noise_suppression=noise_suppression,
+                                             high_pass_filter=True, auto_gain_control=False)
+        self.delay_ms = 0
+
+    def set_delay_ms(self, ms: int) -> None:
+        self.delay_ms = int(ms)
+
+    def _frame(self, x: np.ndarray):
+        return self._rtc.AudioFrame(bytearray(x.tobytes()), self.rate, 1, self.frame)
+
+    def reverse(self, x: np.ndarray) -> None:
+        """One 10 ms int16 frame of what the speaker plays."""
+        self.apm.process_reverse_stream(self._frame(x))
+
+    def capture(self, x: np.ndarray) -> np.ndarray:
+        """One 10 ms int16 frame of the microphone -> the same frame with the echo removed."""
+        f = self._frame(x)
+        self.apm.set_stream_delay_ms(self.delay_ms)     # WebRTC reads the delay with every capture frame
+        self.apm.process_stream(f)
+        return np.frombuffer(f.data, dtype=np.int16).copy()
+
+
+def _to_int16(x: np.ndarray) -> np.ndarray:
+    return (np.clip(x, -1.0, 32767.0 / 32768.0) * 32768.0).round().astype(np.int16)
+
+
+class _Resampler:
+    """soxr's streaming resampler, or nothing when the rates agree."""
+
+    def __init__(self, rate_in: int, rate_out: int):
+        self.stream = None
+        if rate_in != rate_out:
+            import soxr
+            self.stream = soxr.ResampleStream(rate_in, rate_out, 1, dtype="float32", quality="HQ")
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return x if self.stream is None else self.stream.resample_chunk(x)
+
+
+class EchoCanceller:
+    """The microphone with the speaker's sound removed (WebRTC AEC3), float32 in and out at ``rate``.
+
+    ``far(chunk)``: what the speaker plays, as it is played (call it before the microphone samples of the
+    same moment). ``near(chunk)``: microphone samples -> as many cleaned samples (10 ms behind). ``set_delay_ms``:
+    the speaker-to-microphone latency the audio layer reports (output + input latency): it sizes the window
+    of the initial-phase bypass, and ``hint_fraction`` of it goes to AEC3 as its stream delay (0 by default:
+    AEC3 estimates the delay itself, which measured best).
+    ``suppression_db()``: near-in vs near-out energy over the recent frames while the far end was active.
+    ``enabled`` may change at any time; disabled, ``near`` returns its input as it is.
+    """
+
+    def __init__(self, rate: int, enabled: bool = True, delay_ms: float = 0.0, noise_suppression: bool = True,
+                 processor=None, hint_fraction: float = DELAY_HINT_FRACTION):
+        self.rate = int(rate)
+        if self.rate < 8000:
+            raise ValueError(f"echo cancellation needs audio at 8 kHz or more; got {self.rate} Hz")
+        self.proc_rate = self.rate if self.rate % 100 == 0 else FALLBACK_RATE
+        self._processor = processor
+        self._ns = noise_suppression
+        self.frame = self.proc_rate // 100
+        self.far_dropped = 0          # far samples (processor rate) dropped: far audio with no microphone
+        self.far_missing = 0          # microphone frames processed with no far audio (played as silence)
+        self._delay_ms = float(delay_ms)
+        self.hint_fraction = float(hint_fraction)
+        self._recent: Deque[Tuple[float, float]] = collections.deque(maxlen=SUPPRESSION_FRAMES)
+        self._far_db: Deque[float] = collections.deque(maxlen=1)
+        self.far_active_s = 0.0       # seconds of far-end activity the processor has seen
+        self.bypassed = 0             # initial-phase frames passed as they were (the user over the speaker)
+        self.cpu_s = 0.0              # wall seconds spent in the processor
+        self.audio_s = 0.0            # seconds of microphone audio it processed
+        self._enabled = False
+        self.enabled = enabled
+
+    # -- settings ----------------------------------------------------------------------------------------
+    @property
+    def enabled(self) -> bool:
+        return self._enabled
+
+    @enabled.setter
+    def enabled(self, on: bool) -> None:
+        on = bool(on)
+        if on and self._processor is None:
+            self._processor = LivekitProcessor(self.proc_rate, self._ns)
+        if on and not self._enabled:
+            self._reset_streams()
+        self._enabled = on
+
+    @property
+    def processor_name(self) -> str:
+        return getattr(self._processor, "name", type(self._processor).__name__) if self._processor else "off"
+
+    def set_delay_ms(self, ms: float) -> None:
+        """The speaker-to-microphone latency the audio layer reports (ms, >= 0)."""
+        if not math.isfinite(ms) or ms < 0:
+            raise ValueError(f"the echo delay is a latency in ms (0 or more); got {ms}")
+        self._delay_ms = float(ms)
+        frames = int(math.ceil((ms + FAR_WINDOW_MS) / 10.0))
+        self._far_db = collections.deque(list(self._far_db)[-frames:], maxlen=frames)
+        if self._processor is not None:
+            self._processor.set_delay_ms(int(round(ms * self.hint_fraction)))
+
+    @property
+    def delay_ms(self) -> float:
+        """The speaker-to-microphone latency last reported (ms)."""
+        return self._delay_ms
+
+    def _reset_streams(self) -> None:
+        self._to_proc_far = _Resampler(self.rate, self.proc_rate)
+        self._to_proc_near = _Resampler(self.rate, self.proc_rate)
+        self._from_proc = _Resampler(self.proc_rate, self.rate)
+        self._far = np.zeros(0, dtype=np.float32)
+        self._near = np.zeros(0, dtype=np.float32)
+        # the output runs a frame (less one sample, at the caller's rate) behind, so every call can answer
+        self._out = np.zeros(max(0, math.ceil(self.frame * self.rate / self.proc_rate) - 1), dtype=np.float32)
+        if self.proc_rate != self.rate:
+            self._out = np.zeros(self._out.size + self.rate // 20, dtype=np.float32)   # soxr's own delay
+        self.set_delay_ms(self._delay_ms)
+
+    # -- audio ---------------------------------------------------------------------------------------------
+    def far(self, chunk: np.ndarray) -> None:
+        """What the speaker plays now (float32 mono at ``rate``)."""
+        if not self._enabled:
+            return
+        x = self._to_proc_far(np.ascontiguousarray(chunk, dtype=np.float32).reshape(-1))
+        self._far = np.concatenate([self._far, x])
+        over = self._far.size - int(FAR_MAX_S * self.proc_rate)
+        if over > 0:
+            self._far, self.far_dropped = self._far[over:], self.far_dropped + over
+
+    def near(self, chunk: np.ndarray) -> np.ndarray:
+        """Microphone samples -> the same number of samples with the echo removed (float32)."""
+        x = np.ascontiguousarray(chunk, dtype=np.float32).reshape(-1)
+        if not self._enabled:
+            return x
+        t0 = time.perf_counter()
+        self._near = np.concatenate([self._near, self._to_proc_near(x)])
+        n = self._near.size // self.frame
+        cleaned = [self._frame(self._near[i * self.frame:(i + 1) * self.frame]) for i in range(n)]
+        self._near = self._near[n * self.frame:]
+        if cleaned:
+            self._out = np.concatenate([self._out, self._from_proc(np.concatenate(cleaned))])
+        out = np.zeros(x.size, dtype=np.float32)
+        take = min(x.size, self._out.size)
+        out[x.size - take:] = self._out[:take]          # short only while soxr fills (fallback rates)
+        self._out = self._out[take:]
+        self.cpu_s += time.perf_counter() - t0
+        self.audio_s += x.size / self.rate
+        return out
+
+    def _frame(self, near: np.ndarray) -> np.ndarray:
+        f = self.frame
+        if self._far.size >= f:
+            far, self._far = self._far[:f], self._far[f:]
+        else:
+            far, self._far = np.zeros(f, dtype=np.float32), np.zeros(0, dtype=np.float32)
+            self.far_missing += 1
+        self._processor.reverse(_to_int16(far))
+        out = self._processor.capture(_to_int16(near)).astype(np.float32) / np.float32(32768.0)
+        far_db = _db(float(np.mean(np.square(far, dtype=np.float64))))
+        self._far_db.append(far_db)
+        if far_db > FAR_ACTIVE_DB:
+            self.far_active_s += 0.01
+            self._recent.append((float(np.sum(np.square(near, dtype=np.float64))),
+                                 float(np.sum(np.square(out, dtype=np.float64)))))
+        return self._initial_bypass(near, out)
+
+    def _initial_bypass(self, near: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """While AEC3 converges (the first :data:`INITIAL_S` of far-end activity) it suppresses the near end
+        whole, the user's voice included. Then a microphone frame :data:`BYPASS_MARGIN_DB` louder than the
+        loudest far-end frame of the last 400 ms (the echo path attenuates: it is never that loud) is the
+        user talking over the speaker, and passes as it is. Recent: the reported delay plus 300 ms."""
+        if self.far_active_s >= INITIAL_S:
+            return out
+        far_max = max(self._far_db, default=-200.0)
+        if far_max <= FAR_ACTIVE_DB:
+            return out
+        near_db = _db(float(np.mean(np.square(near, dtype=np.float64))))
+        if near_db > max(BYPASS_ABS_DB, far_max + BYPASS_MARGIN_DB):
+            self.bypassed += 1
+            return near.copy()
+        return out
+
+    # -- readouts -------------------------------------------------------------------------------------------
+    def suppression_db(self) -> Optional[float]:
+        """Echo suppression over the recent frames while the far end was active: 10 log10(near-in / near-out
+        energy), dB; None before any such frame (or while disabled)."""
+        if not self._enabled or not self._recent:
+            return None
+        e_in = sum(a for a, _ in self._recent)
+        e_out = sum(b for _, b in self._recent)
+        return _db(e_in) - _db(max(e_out, 1e-20))
+
+    def cost(self) -> float:
+        """The processor's wall time as a share of the audio it processed (0.01 = 1 % of real time)."""
+        return self.cpu_s / self.audio_s if self.audio_s > 0 else 0.0
