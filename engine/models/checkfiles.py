@@ -74,7 +74,7 @@ def safetensors_header(path) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
     except OSError as e:
         raise ValueError(f"cannot read {p}: {e.strerror or e}") from None
     try:
-        meta = safeload.parse_json(raw, f"the header of {p}")
+        meta = safeload.parse_json(raw, "its header")
     except safeload.FileCheckError as e:
         raise ValueError(f"{p} is not a safetensors file ({e})") from None
     if not isinstance(meta, dict):

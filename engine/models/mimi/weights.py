@@ -113,6 +113,14 @@ def load_checkpoint(path: str, cfg: MimiConfig) -> Dict[str, torch.Tensor]:
         raise ValueError(f"Mimi checkpoint must be a .safetensors file (moshi's layout), got {path}")
     from safetensors import SafetensorError
     from safetensors.torch import load_file
+
+    from engine.models.checkfiles import safetensors_header
+    header = safetensors_header(path)              # dtypes, shapes and offsets checked before anything is read
+    want = decoder_keys(cfg)
+    wrong = [k for k, shape in want.items() if k in header and header[k][1] != tuple(shape)]
+    if wrong:
+        raise ValueError(f"{path} is not a Mimi decoder of these dims: {wrong[0]} is {header[wrong[0]][1]}, "
+                         f"expected {tuple(want[wrong[0]])}")
     try:
         state = load_file(path, device="cpu")
     except (SafetensorError, OSError) as e:
