@@ -21,7 +21,7 @@ from engine.atomic import atomic_write
 from .records import SecondRecord
 
 STAGES = (("LISTEN", "listen_ms"), ("THINK", "think_ms"), ("SPEAK", "speak_ms"))
-TRACKS = {1: "seconds", 2: "stages", 3: "queue wait", 4: "deadline"}
+TRACKS = {1: "seconds", 2: "stages", 3: "queue wait", 4: "deadline", 5: "audio path"}
 
 
 class ExportError(OSError):
@@ -77,7 +77,17 @@ def trace_events(records: Sequence[SecondRecord]) -> List[Dict[str, object]]:
             events.append({"name": f"missed by {r.late_ms:.0f} ms", "cat": "deadline", "ph": "i", "s": "t",
                            "pid": 1, "tid": 4, "ts": round(start + r.total_ms * 1000.0, 3),
                            "args": {"index": r.index, "late_ms": round(r.late_ms, 3)}})
+        events += _audio_path_events(r, start)
     return events
+
+
+def _audio_path_events(r: SecondRecord, start_us: float) -> List[Dict[str, object]]:
+    """Instant events on the "audio path" track: this second's barge-ins, playback gaps and dropped speech."""
+    marks = [("barge-in", r.barge_ins, {"latency_ms": round(r.barge_in_latency_ms, 3)}),
+             ("playback gap", r.playback_gaps, {"gap_ms": round(r.playback_gap_ms, 3)}),
+             ("dropped speech", int(r.dropped_speech_ms > 0), {"dropped_ms": round(r.dropped_speech_ms, 3)})]
+    return [{"name": name, "cat": "audio", "ph": "i", "s": "t", "pid": 1, "tid": 5, "ts": round(start_us, 3),
+             "args": {"index": r.index, "count": int(n), **args}} for name, n, args in marks if n]
 
 
 def to_trace(records: Sequence[SecondRecord], metadata: Dict[str, object] = None) -> str:

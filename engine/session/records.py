@@ -49,6 +49,13 @@ class SecondRecord:
     tail_skipped: bool = False    # the backbone listened and the decoder tail did not run (listen_skips_tail)
     mic_to_speaker_ms: float = 0.0  # the app playing to a device: end of this input second -> its answer
     #                                 starts playing (0: not measured; a real delay is never 0)
+    # the audio path around the engine (engine/echo): the app and `duplexcadence-bench echo` fill these; 0 = none
+    barge_ins: int = 0            # barge-ins fired in this second (the user talked over the model's speech)
+    barge_in_latency_ms: float = 0.0  # the user's onset -> the model's playback stopping (this second's barge-in)
+    playback_gaps: int = 0        # times the speaker's queue ran dry in this second
+    playback_gap_ms: float = 0.0  # the silence those gaps played
+    echo_suppression_db: float = 0.0  # echo suppression while the model spoke (0: not measured or cancellation off)
+    dropped_speech_ms: float = 0.0  # late speech dropped to keep the delay bounded (engine/echo/queues.py)
 
     def to_dict(self) -> Dict[str, object]:
         """A plain, JSON-safe dict (floats rounded to microseconds / 1e-6)."""
