@@ -5,7 +5,7 @@ import torch
 
 import stock_mimi
 from engine.models.mimi import weights as W
-from engine.models.mimi.config import RELEASED, TINY
+from engine.models.mimi.config import RELEASED, TINY, with_context
 from engine.models.mimi.model import MimiDecoder
 from engine.models.mimi.tail import MimiTail
 
@@ -41,6 +41,22 @@ def test_tiny_equals_moshi_ring_wraps(k):
     assert tail.executor.k == 4 and tail.executor.stats.eager_steps == 1
     assert ours.shape == ref.shape == (40 * TINY.frame_size,)
     assert torch.equal(ours, ref)
+
+
+def test_the_released_ring_of_250_steps_wraps_and_equals_moshi():
+    """The released context (250 steps at 25 Hz: 10 s) at tiny widths. 150 frames are 300 steps: from frame
+    125 on every new key/value overwrites the oldest slot and the attention window slides over the wrap;
+    every sample equals moshi's RingKVCache decode, with the demand arena and with the stock one."""
+    cfg = with_context(TINY, RELEASED.context)
+    assert cfg.context == 250 and cfg.upsample_stride == 2
+    state = W.random_state(cfg, seed=9)
+    codes = _codes(cfg, 8, 150, seed=10)
+    ref = stock_mimi.stream_decode(stock_mimi.build(cfg, state, num_codebooks=8), codes).reshape(-1)
+    for demand in (True, False):
+        ours, tail = _ours_by_tail(cfg, state, codes, [150], demand_sized=demand)
+        assert ours.shape == ref.shape == (150 * cfg.frame_size,)
+        assert torch.equal(ours[:125 * cfg.frame_size], ref[:125 * cfg.frame_size]), "before the wrap"
+        assert torch.equal(ours, ref), f"after the ring wrapped (demand_sized={demand})"
 
 
 def test_stock_arena_equals_demand_arena_and_moshi_tiny():
