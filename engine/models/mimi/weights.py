@@ -115,7 +115,12 @@ def load_checkpoint(path: str, cfg: MimiConfig) -> Dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     from engine.models.checkfiles import safetensors_header
-    header = safetensors_header(path)              # dtypes, shapes and offsets checked before anything is read
+    try:                                           # dtypes, shapes and offsets checked before anything is read
+        header = safetensors_header(path)
+    except ValueError as e:
+        msg = str(e)
+        reason = "it " + msg[len(path):].strip() if msg.startswith(path) else msg
+        raise ValueError(f"cannot read {path} as safetensors: {reason}") from None
     want = decoder_keys(cfg)
     wrong = [k for k, shape in want.items() if k in header and header[k][1] != tuple(shape)]
     if wrong:
