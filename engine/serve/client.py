@@ -9,12 +9,21 @@ runs the same :class:`~engine.session.DuplexSession`; records and audio arrive b
 Nothing here needs Ray: the client is the ``websockets`` package only. If the server goes away
 mid-session the results queue gets one :class:`ServerLost` (a LiveError) and everything received
 before stays with the caller.
+
+The server is not trusted: a message is at most :data:`protocol.MAX_SERVER_MESSAGE` bytes (larger
+ones close the connection before they are read whole), every result is checked before use (header,
+record, the next index in order, exactly one second of finite float32 audio), the session must be
+ready within ``ready_timeout`` and each second sent must come back within ``second_timeout``. A
+server that breaks any of these ends the session with one :class:`ServerLost` line; every second
+received before is kept. The client also keeps its own side of the bound: at most
+:data:`SEND_AHEAD` seconds are sent ahead of the results (back-pressure; the rest wait here).
 """
 from __future__ import annotations
 
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -29,6 +38,12 @@ from . import protocol as P
 log = logging.getLogger("engine.serve.client")
 
 _STOP = object()
+#: seconds sent whose results have not come back, at most (the server refuses beyond protocol.MAX_AHEAD)
+SEND_AHEAD = P.MAX_AHEAD // 2
+#: longest wait for one second's result while seconds are outstanding, and for the session to be ready
+SECOND_TIMEOUT_S = 30.0
+READY_TIMEOUT_S = 960.0
+POLL_S = 0.25
 
 
 @dataclass
@@ -60,14 +75,18 @@ class RemoteRunner:
     """A live session on a remote server, used like :class:`engine.session.LiveRunner`."""
 
     def __init__(self, cfg: SessionConfig, url: str, token: str, connect_timeout: float = 15.0,
-                 leave: Sequence[str] = ()):
+                 leave: Sequence[str] = (), second_timeout: Optional[float] = None,
+                 ready_timeout: Optional[float] = None):
         """``leave``: config fields the server decides (e.g. ``graph_replay`` from a client without CUDA,
-        whose own switch for it is greyed out)."""
+        whose own switch for it is greyed out). ``second_timeout`` / ``ready_timeout``: the deadlines
+        (default :data:`SECOND_TIMEOUT_S` / :data:`READY_TIMEOUT_S`)."""
         self.cfg = cfg
         self.leave = tuple(leave)
         self.url, self.where = P.session_url(url)
         self.token = token
         self.connect_timeout = float(connect_timeout)
+        self.second_timeout = float(SECOND_TIMEOUT_S if second_timeout is None else second_timeout)
+        self.ready_timeout = float(READY_TIMEOUT_S if ready_timeout is None else ready_timeout)
         self.results: "queue.Queue" = queue.Queue()
         self.session: Optional[RemoteSession] = None
         self.ready = threading.Event()
@@ -81,6 +100,9 @@ class RemoteRunner:
         self._lock = threading.Lock()
         self._submitted = 0
         self._received = 0
+        self._sent = 0                         # frames on the wire (the send loop's count)
+        self._room = threading.Condition(self._lock)
+        self._waiting_since: Optional[float] = None   # when the oldest outstanding second was sent
 
     # -- caller side (never blocks on the network) --------------------------------------------------
     def start(self) -> None:
@@ -146,8 +168,8 @@ class RemoteRunner:
         from websockets.sync.client import connect
         try:
             self._ws = connect(self.url, additional_headers=auth.auth_headers(self.token),
-                               open_timeout=self.connect_timeout, close_timeout=5, max_size=None,
-                               ping_interval=20, ping_timeout=60).__enter__()   # (websockets >= 17 wants it)
+                               open_timeout=self.connect_timeout, close_timeout=5, max_size=P.MAX_SERVER_MESSAGE,
+                               max_queue=4, ping_interval=20, ping_timeout=60).__enter__()  # (websockets >= 17)
         except InvalidStatus as e:
             status = e.response.status_code
             raise _Refused(f"the engine server at {self.where} refused the connection (HTTP {status}"
@@ -157,17 +179,27 @@ class RemoteRunner:
         except ConnectionClosed:
             pass                                 # refused at once: the reason is still there to read
         try:
-            first = P.decode(self._ws.recv(timeout=None))
+            first = P.decode(self._ws.recv(timeout=self.ready_timeout))
         except ConnectionClosed as e:
             raise _Refused(f"the engine server at {self.where} closed the connection before the session "
                            f"started ({_close_text(e)})") from None
+        except TimeoutError:
+            raise _Refused(f"the engine server at {self.where} did not start the session within "
+                           f"{self.ready_timeout:g} s; nothing was sent") from None
+        except P.ProtocolError as e:
+            raise _Refused(f"the engine server at {self.where} answered with what this client cannot read ({e}); "
+                           "client and server must be the same version") from None
         if first["type"] == "refused":
-            raise _Refused(f"the engine server at {self.where} refused the session: {first.get('message')}")
+            raise _Refused(f"the engine server at {self.where} refused the session: {_text(first.get('message'))}")
         if first["type"] == "error":
-            raise _Refused(f"cannot start the session on {self.where}: {first.get('message')}")
+            raise _Refused(f"cannot start the session on {self.where}: {_text(first.get('message'))}")
         if first["type"] != "ready":
-            raise _Refused(f"the engine server at {self.where} answered {first['type']!r} instead of 'ready'")
-        self.session = RemoteSession(first.get("info") or {}, str(first.get("replica", "")),
+            raise _Refused(f"the engine server at {self.where} answered {_text(first['type'], 40)!r} "
+                           "instead of 'ready'")
+        if not _info_ok(first.get("info")):
+            raise _Refused(f"the engine server at {self.where} sent a 'ready' without the session's info "
+                           "(tail, backbone, device, size); client and server must be the same version")
+        self.session = RemoteSession(first["info"], str(first.get("replica", "")),
                                      str(first.get("node", "")), str(first.get("actor", "")))
         self.ready.set()
 
@@ -183,16 +215,37 @@ class RemoteRunner:
             item = self._out.get()
             if item is _STOP:
                 return
+            if isinstance(item, bytes) and not self._wait_for_room():
+                return
             try:
                 self._ws.send(item)
-            except (ConnectionClosed, OSError, RuntimeError):
+            except (ConnectionClosed, OSError, RuntimeError, TypeError):
                 return                           # the receiver reports what happened
+
+    def _wait_for_room(self) -> bool:
+        """Back-pressure: at most :data:`SEND_AHEAD` seconds on the wire without their result; then
+        count this one as sent (False when the session has ended meanwhile)."""
+        with self._room:
+            while self._sent - self._received >= SEND_AHEAD and self._running:
+                self._room.wait(POLL_S)
+            if not self._running:
+                return False
+            if self._sent == self._received:
+                self._waiting_since = time.monotonic()
+            self._sent += 1
+            return True
 
     def _receive_loop(self) -> None:
         from websockets.exceptions import ConnectionClosed
         while True:
             try:
-                msg = self._ws.recv()
+                msg = self._ws.recv(timeout=POLL_S)
+            except TimeoutError:
+                stalled = self._stalled()
+                if stalled:
+                    self._lose(stalled, kind="stopped answering")
+                    return
+                continue
             except ConnectionClosed as e:
                 if not self._ended:
                     self._lose(_close_text(e))
@@ -203,27 +256,41 @@ class RemoteRunner:
                     continue
                 ctl = P.decode(msg)
             except P.ProtocolError as e:
-                self._ended = True
-                self.results.put(LiveError(f"the engine server at {self.where} sent what this client cannot "
-                                           f"read ({e}); client and server must be the same version"))
+                self._lose(f"{e}", kind="sent what this client cannot use")
                 return
             if ctl["type"] == "end":
                 self._ended = True
             elif ctl["type"] == "error":
                 self._ended = True
-                self.results.put(LiveError(f"the engine server stopped the session: {ctl.get('message')}"))
+                n = len(self.session.records)
+                self.results.put(LiveError(f"the engine server stopped the session: {_text(ctl.get('message'))} "
+                                           f"({_kept(n)})"))
+
+    def _stalled(self) -> Optional[str]:
+        """Why the session counts as stalled (a second outstanding past its deadline), or None."""
+        with self._lock:
+            since = self._waiting_since if self._sent > self._received else None
+        if since is not None and time.monotonic() - since > self.second_timeout:
+            return f"no result for {self.second_timeout:g} s while seconds were waiting for one"
+        return None
 
     def _on_result(self, res: LiveResult) -> None:
-        with self._lock:
+        with self._room:
+            if res.record.index != self._received or self._received >= self._sent:
+                due = "was due" if self._received < self._sent else "was not sent yet"
+                raise P.ProtocolError(f"a result for second {res.record.index} came where second "
+                                      f"{self._received} {due}")
             self._received += 1
+            self._waiting_since = time.monotonic()
+            self._room.notify_all()
         self.session.records.append(res.record)
         self.results.put(res)
 
-    def _lose(self, detail: str) -> None:
+    def _lose(self, detail: str, kind: str = "went away") -> None:
         n = len(self.session.records) if self.session is not None else 0
-        kept = f"the {n} second{'s' if n != 1 else ''} received so far {'are' if n != 1 else 'is'} kept"
-        self.lost = ServerLost(f"the engine server at {self.where} went away after {n} s of this session "
-                               f"({detail}); {kept} — reconnect to start a new session", seconds=n)
+        self._ended = True
+        self.lost = ServerLost(f"the engine server at {self.where} {kind} after {n} s of this session "
+                               f"({_text(detail)}); {_kept(n)} — reconnect to start a new session", seconds=n)
         log.warning(self.lost.message)
         self.results.put(self.lost)
 
@@ -242,11 +309,33 @@ class _Refused(Exception):
 
 def _close_text(e) -> str:
     """Why a connection closed, in words (the server's reason when it gave one)."""
-    rcvd = getattr(e, "rcvd", None)
+    rcvd, sent = getattr(e, "rcvd", None), getattr(e, "sent", None)
+    if sent is not None and sent.code == 1009:
+        return f"it sent a message over this client's limit of {P.MAX_SERVER_MESSAGE} bytes"
     if rcvd is None:
         return "the connection dropped without a close message"
-    reason = f": {rcvd.reason}" if rcvd.reason else ""
+    reason = f": {_text(rcvd.reason)}" if rcvd.reason else ""
     return f"closed with code {rcvd.code}{reason}"
+
+
+def _info_ok(info) -> bool:
+    """Whether a 'ready' message's info has what a caller prints, of the right types."""
+    if not isinstance(info, dict):
+        return False
+    named = all(isinstance(info.get(k), str) for k in ("tail_title", "backbone_title", "device", "size"))
+    paths = info.get("fast_paths") or []
+    return named and isinstance(paths, list) and all(isinstance(x, str) for x in paths)
+
+
+def _kept(n: int) -> str:
+    return f"the {n} second{'s' if n != 1 else ''} received so far {'are' if n != 1 else 'is'} kept"
+
+
+def _text(value, limit: int = 300) -> str:
+    """A server's text, as one printable line of bounded length."""
+    text = " ".join(str(value).split())
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _why(e: BaseException) -> str:

@@ -6,9 +6,10 @@ it for its whole life, so the connection is the session's affinity; :class:`Head
 places new connections on the replica with the most deadline headroom.
 
 Serve's defaults that matter here, and what we set instead:
-  * ``max_ongoing_requests`` (default 5) counts every open WebSocket. We set it to the session
-    limit plus :data:`REFUSAL_SLACK`, so a full replica still takes a connection to *refuse* it
-    with a message instead of leaving the client queued without a word.
+  * ``max_ongoing_requests`` (default 5) counts every open WebSocket, also one that has not said
+    hello yet. We set it to the session limit plus :data:`REFUSAL_SLACK` (64), so connections that
+    never say hello (each refused after ``pump.HELLO_TIMEOUT_S``) do not keep other clients queued,
+    and a full replica still takes a connection to *refuse* it with a message.
   * ``graceful_shutdown_timeout_s`` (default 20 s) is how long a replica being scaled down waits
     for its open requests. We set it to the drain timeout (default an hour): scale-down stops
     placing sessions on the replica and waits for its live sessions to end.
@@ -16,28 +17,29 @@ Serve's defaults that matter here, and what we set instead:
 """
 import asyncio
 import logging
-import queue
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Optional
 
 import ray
 from fastapi import FastAPI, WebSocket
 from ray import serve
-from starlette.websockets import WebSocketDisconnect, WebSocketState
+from starlette.websockets import WebSocketDisconnect
 
 from engine.host import HostFull
-from engine.session import LiveError, LiveResult, SessionConfig
+from engine.session import LiveError, SessionConfig
 
-from . import auth
+from . import auth, drain
 from . import protocol as P
 from .hosting import ModelMismatch, SessionHost
+from .pump import (HELLO_TIMEOUT_S, Connection, ResultsQueue, give_back, limit_arenas, receive_hello,
+                   send_close)
 
 log = logging.getLogger("engine.serve")
 
-REFUSAL_SLACK = 2              # connections beyond the session limit that are taken only to refuse them
-HELLO_TIMEOUT_S = 30.0
+REFUSAL_SLACK = 64             # connections beyond the session limit: still saying hello, or taken to be refused
 BUILD_TIMEOUT_S = 900.0        # building released weights on a busy GPU can take minutes
-IDLE_CHECK_S = 0.25            # a session's sender looks at its runner this often even without results
+DRAIN_POLL_S = 0.5             # how often a replica looks whether the server drains
 
 
 @dataclass
@@ -60,119 +62,9 @@ class ServeSpec:
         return SessionConfig(**self.config)
 
 
-# The helpers come before the class: Serve serializes the class when it is decorated, with the
-# module globals that exist at that moment.
-
-
-async def _receive(ws: WebSocket, runner, stopping: asyncio.Event, drain: list, sender: asyncio.Task) -> None:
-    """Frames and control messages from the client until it stops or leaves."""
-    while not sender.done():
-        recv = asyncio.ensure_future(ws.receive())
-        done, _ = await asyncio.wait({recv, sender}, return_when=asyncio.FIRST_COMPLETED)
-        if recv not in done:
-            recv.cancel()
-            return
-        msg = recv.result()
-        if msg["type"] == "websocket.disconnect":
-            return
-        try:
-            if msg.get("bytes") is not None:
-                runner.submit(P.unpack_frame(msg["bytes"]))
-                continue
-            ctl = P.decode(msg.get("text") or "")
-            if ctl["type"] == "toggles":
-                runner.set_toggles(demand_sized=ctl.get("demand_sized"), graph_replay=ctl.get("graph_replay"))
-            elif ctl["type"] == "stop":
-                drain[0] = bool(ctl.get("drain", False))
-                stopping.set()
-                await asyncio.to_thread(runner.stop, 3600.0 if drain[0] else 30.0, drain[0])
-                await sender
-                return
-            else:
-                raise P.ProtocolError(f"unknown message type {ctl['type']!r}")
-        except ValueError as e:               # ProtocolError or a bad frame: the session ends
-            await _send_close(ws, P.encode("error", message=f"the server stopped the session: {e}"),
-                              P.CLOSE_BAD_REQUEST)
-            return
-
-
-class ResultsQueue(queue.Queue):
-    """A runner's results queue that wakes the session's sender on the event loop at every put: no
-    polling, so dozens of sessions on a replica cost its loop nothing between their seconds."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        super().__init__()
-        self.loop = loop
-        self.ready = asyncio.Event()
-
-    def put(self, item, block: bool = True, timeout: Optional[float] = None) -> None:
-        super().put(item, block, timeout)
-        try:
-            self.loop.call_soon_threadsafe(self.ready.set)
-        except RuntimeError:                   # the loop is closed: the replica is going away
-            pass
-
-
-async def _send_results(ws: WebSocket, runner, stopping: asyncio.Event) -> None:
-    """Each finished second to the client as soon as it is there; ``end`` after a stop."""
-    sent = 0
-    wake: Optional[asyncio.Event] = getattr(runner.results, "ready", None)
-    while True:
-        item = _get(runner.results)
-        if item is None:
-            if not runner.running and (stopping.is_set() or runner.results.empty()):
-                item = _get(runner.results)
-                if item is None:
-                    if stopping.is_set():
-                        await _send_close(ws, P.encode("end", seconds=sent), P.CLOSE_NORMAL)
-                    else:
-                        await _send_close(ws, P.encode("error", message="the session stopped"), 1011)
-                    return
-            else:
-                await _wait(wake, IDLE_CHECK_S)
-                continue
-        if isinstance(item, LiveResult):
-            await ws.send_bytes(P.pack_result(item))
-            sent += 1
-        elif isinstance(item, LiveError):
-            await _send_close(ws, P.encode("error", message=item.message), 1011)
-            return
-
-
-async def _wait(wake: Optional[asyncio.Event], timeout: float) -> None:
-    """Until the next result is put (or ``timeout``: the runner may have stopped without one)."""
-    if wake is None:
-        await asyncio.sleep(0.004)
-        return
-    try:
-        await asyncio.wait_for(wake.wait(), timeout)
-    except asyncio.TimeoutError:
-        pass
-    wake.clear()
-
-
-def _get(q: "queue.Queue"):
-    try:
-        return q.get_nowait()
-    except queue.Empty:
-        return None
-
-
-async def _send_close(ws: WebSocket, text: str, code: int) -> None:
-    """``text`` (a JSON message), then a close with ``code`` and a short reason."""
-    if ws.application_state == WebSocketState.CONNECTED:
-        reason = str(P.decode(text).get("message", ""))
-        reason = reason.encode("utf-8")[:120].decode("utf-8", "ignore")   # a close reason holds 123 bytes
-        try:
-            await ws.send_text(text)
-            await ws.close(code=code, reason=reason)
-        except (RuntimeError, WebSocketDisconnect, OSError):
-            pass
-
-
 async def _refuse(ws: WebSocket, code: int, message: str) -> None:
     log.info("refused a session: %s", message)
-    await _send_close(ws, P.encode("refused", message=message, code=code), code)
+    await send_close(ws, P.encode("refused", message=message, code=code), code)
 
 
 api = FastAPI(title="DuplexCadence", docs_url=None, redoc_url=None, openapi_url=None)
@@ -186,6 +78,7 @@ class SessionReplica:
     """One replica: a session host on its GPU and the WebSocket endpoint that feeds it."""
 
     def __init__(self, spec: Dict[str, Any]):
+        limit_arenas()                         # before any session's thread allocates (see pump.ARENAS)
         self.spec = ServeSpec(**spec)
         self.token = self.spec.token
         self.host = SessionHost(self.spec.session_config(), self.spec.max_sessions)
@@ -208,6 +101,31 @@ class SessionReplica:
         if host is not None:
             host.close_all()
 
+    # -- draining --------------------------------------------------------------------------
+    def _drain_state(self) -> asyncio.Event:
+        """The event set when the server's drain grace period has ended (its watcher starts with the
+        first connection, on this replica's event loop)."""
+        if getattr(self, "_cut", None) is None:
+            self._cut = asyncio.Event()
+            self._drain_until: Optional[float] = None
+            self._watcher = asyncio.get_running_loop().create_task(self._watch_drain())
+        return self._cut
+
+    async def _watch_drain(self) -> None:
+        while not self._cut.is_set():
+            until = await asyncio.to_thread(drain.deadline)
+            self._drain_until = until
+            if until is not None and time.time() >= until:
+                self._cut.set()
+                return
+            await asyncio.sleep(DRAIN_POLL_S)
+
+    async def _draining(self) -> bool:
+        self._drain_state()
+        if self._drain_until is None:              # a drain that began since the last look counts too
+            self._drain_until = await asyncio.to_thread(drain.deadline)
+        return self._drain_until is not None
+
     # -- the session endpoint ---------------------------------------------------------------
     @api.websocket(P.PATH)
     async def session(self, ws: WebSocket) -> None:
@@ -216,9 +134,11 @@ class SessionReplica:
         if refusal:
             await _refuse(ws, P.CLOSE_UNAUTHORIZED, refusal)
             return
+        if await self._draining():
+            await _refuse(ws, P.CLOSE_SHUTDOWN, "the server is shutting down: no new sessions")
+            return
         try:
-            asked = P.read_hello(await asyncio.wait_for(ws.receive_text(), HELLO_TIMEOUT_S))
-            cfg = self.host.config_for(asked)
+            cfg = self.host.config_for(P.read_hello(await receive_hello(ws)))
         except asyncio.TimeoutError:
             await _refuse(ws, P.CLOSE_BAD_REQUEST, f"no hello within {HELLO_TIMEOUT_S:.0f} s")
             return
@@ -236,33 +156,28 @@ class SessionReplica:
             await _refuse(ws, P.CLOSE_FULL, f"the cluster is full: {e} (on the replica with the most headroom) — "
                                             "try again later or add a GPU replica")
             return
-        drain = [False]
+        conn = Connection(ws, runner, self._drain_state())
         try:
-            await self._run(ws, runner, drain)
+            await self._run(conn)
         finally:
-            await asyncio.to_thread(self.host.release, runner, drain[0])
+            await asyncio.to_thread(self.host.release, runner, conn.drain)
+            del conn, runner
+            await asyncio.to_thread(give_back)
 
-    async def _run(self, ws: WebSocket, runner, drain: list) -> None:
+    async def _run(self, conn: Connection) -> None:
+        runner, ws = conn.runner, conn.ws
         built = await asyncio.to_thread(runner.ready.wait, BUILD_TIMEOUT_S)
         if not built or runner.session is None:
-            item = _get(runner.results)
+            try:
+                item = runner.results.get_nowait()
+            except Exception:  # noqa: BLE001 - nothing posted: not built in time
+                item = None
             message = item.message if isinstance(item, LiveError) else "the session was not built in time"
-            await _send_close(ws, P.encode("error", message=message), 1011)
+            await send_close(ws, P.encode("error", message=message), 1011)
             return
         await ws.send_text(P.encode("ready", info=dict(runner.session.info), replica=self.replica,
                                     node=self.node, actor=self.actor))
-        stopping = asyncio.Event()
-        sender = asyncio.create_task(_send_results(ws, runner, stopping))
-        try:
-            await _receive(ws, runner, stopping, drain, sender)
-        finally:
-            if not sender.done():
-                if not stopping.is_set():          # the client left: nothing more to send
-                    sender.cancel()
-                try:
-                    await sender
-                except (asyncio.CancelledError, Exception):  # noqa: BLE001 - the socket may be gone
-                    pass
+        await conn.run()
 
 
 def deployment_options(spec: ServeSpec) -> Dict[str, Any]:

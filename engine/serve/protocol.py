@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import struct
 from typing import Any, Dict, Tuple
 from urllib.parse import urlsplit
@@ -47,7 +48,17 @@ CLOSE_UNAUTHORIZED = 4401
 CLOSE_BAD_REQUEST = 4400
 CLOSE_CONFLICT = 4409          # the client asked for a model this server does not serve
 CLOSE_FULL = 4503              # every replica is at its session limit
-CLOSE_SHUTDOWN = 4504          # the replica is shutting down
+CLOSE_SHUTDOWN = 4504          # the replica is shutting down (its drain grace period ended)
+CLOSE_TOO_FAST = 4429          # the client sent more than MAX_AHEAD seconds ahead of its session
+
+#: seconds of audio a client may have sent whose results have not come back (server: refused beyond)
+MAX_AHEAD = 32
+#: the largest control (text) message either side sends
+MAX_TEXT_BYTES = 16 * 1024
+#: the largest JSON header of a result (a record is well under 4 KiB)
+MAX_HEADER_BYTES = 64 * 1024
+#: the largest message a client accepts from a server (a result: header + one second of audio)
+MAX_SERVER_MESSAGE = 4 + MAX_HEADER_BYTES + FRAME_BYTES
 
 _HEADER = struct.Struct("<I")  # length of the JSON header that precedes a result's audio
 
@@ -63,13 +74,29 @@ def encode(kind: str, **fields: Any) -> str:
 
 def decode(text: str) -> Dict[str, Any]:
     """A text message as a dict with a ``type``; ProtocolError otherwise."""
+    if not isinstance(text, str):
+        raise ProtocolError("a control message is text")
+    if len(text) > MAX_TEXT_BYTES:
+        raise ProtocolError(f"a text message of {len(text)} characters is over the limit of {MAX_TEXT_BYTES}")
     try:
         msg = json.loads(text)
-    except (TypeError, ValueError) as e:
-        raise ProtocolError(f"a text message is not JSON: {e}") from None
+    except (TypeError, ValueError, RecursionError) as e:
+        raise ProtocolError(f"a text message is not JSON: {_first_line(e)}") from None
     if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
         raise ProtocolError("a text message is a JSON object with a string 'type'")
     return msg
+
+
+def flag(msg: Dict[str, Any], key: str):
+    """``msg[key]`` when it is true, false or absent/null; ProtocolError for anything else."""
+    value = msg.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise ProtocolError(f"{key} must be true, false or null, got {str(value)[:40]!r}")
+    return value
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0][:200]
 
 
 def hello(config: Dict[str, Any]) -> str:
@@ -120,18 +147,50 @@ def pack_result(res: LiveResult) -> bytes:
 
 
 def unpack_result(data: bytes) -> LiveResult:
-    """The :class:`LiveResult` of a binary server message (record and audio bit for bit)."""
+    """The :class:`LiveResult` of a binary server message (record and audio bit for bit).
+
+    Checked before anything is used (the server is not trusted): the header's length and JSON, the
+    record's fields, and the audio: exactly one second of finite float32 samples.
+    """
     if len(data) < _HEADER.size:
         raise ProtocolError("a result message is shorter than its header")
     (n,) = _HEADER.unpack_from(data)
+    if n > MAX_HEADER_BYTES or _HEADER.size + n > len(data):
+        raise ProtocolError(f"a result's header claims {n} bytes (at most {MAX_HEADER_BYTES}, within the message)")
     head = data[_HEADER.size:_HEADER.size + n]
     try:
         meta = json.loads(head.decode("utf-8"))
         rec = SecondRecord(**meta["record"])
-    except (ValueError, KeyError, TypeError) as e:
-        raise ProtocolError(f"a result's header cannot be read: {e}") from None
-    audio = np.frombuffer(data[_HEADER.size + n:], dtype="<f4").astype(np.float32)
-    return LiveResult(rec, audio, bool(meta.get("keeps_up", True)), str(meta.get("notice", "")))
+        keeps_up, notice = meta.get("keeps_up", True), meta.get("notice", "")
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+        raise ProtocolError(f"a result's header cannot be read: {_first_line(e)}") from None
+    _check_record(rec)
+    if not isinstance(notice, str) or len(notice) > 1000:
+        raise ProtocolError("a result's notice is not a short text")
+    body = len(data) - _HEADER.size - n
+    if body != FRAME_BYTES:
+        raise ProtocolError(f"a result's audio is {body} bytes; one second of 24 kHz float32 is {FRAME_BYTES}")
+    audio = np.frombuffer(data, dtype="<f4", count=RATE, offset=_HEADER.size + n).astype(np.float32)
+    if not np.isfinite(audio).all():
+        raise ProtocolError("a result's audio holds NaN or infinite samples")
+    return LiveResult(rec, audio, bool(keeps_up), notice)
+
+
+_KINDS = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+
+
+def _check_record(rec: SecondRecord) -> None:
+    """Every field of a received record has its declared type (a number where a number belongs,
+    finite; short text): what the caller prints and writes is then safe to format."""
+    for f in dataclasses.fields(rec):
+        value = getattr(rec, f.name)
+        kinds = _KINDS.get(f.type if isinstance(f.type, str) else getattr(f.type, "__name__", ""), ())
+        wrong = (not isinstance(value, kinds) or (isinstance(value, bool) and f.type != "bool")
+                 or (isinstance(value, float) and not math.isfinite(value))
+                 or (isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2 ** 63)
+                 or (isinstance(value, str) and len(value) > 10_000))
+        if kinds and wrong:
+            raise ProtocolError(f"a result's record field {f.name} is {str(value)[:40]!r}, not a valid {f.type}")
 
 
 def session_url(url: str) -> Tuple[str, str]:
