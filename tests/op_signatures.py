@@ -12,8 +12,8 @@ they get the same bits from any CPU's kernels; a test asserting that fails on ev
 
 Recorded (:data:`FAMILIES`): matrix products, convolutions, FFTs, MKL's vector-math unary functions,
 ATen's vectorized transcendental activations and reductions (the lane a value lands in depends on the
-shape). Not recorded: plain elementwise arithmetic (+, -, *, /, pow(x, 2) == x * x: one rounding per element whatever the
-layout), copies, views, and ATen's scalar loops (``col2im``/fold: a fixed summation order per element).
+shape). Not recorded: plain elementwise arithmetic (+, -, *, /, pow(x, 2) == x * x: one rounding per element
+whatever the layout), copies, views, and ATen's scalar loops (``col2im``/fold: a fixed summation order per element).
 """
 from __future__ import annotations
 
@@ -72,6 +72,13 @@ class OpRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+            # under inference mode ops such as conv1d / linear / matmul reach the mode before their
+            # decomposition (with autograd on they arrive decomposed): decompose them here, alike for both
+            with self:
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
         name = func.overloadpacket.__name__
         if name in self.ops:
             self.calls.append((name, _arg_signature(tuple(args)),

@@ -269,7 +269,7 @@ def _assert_the_rule(m, verdicts, codes):
             keeps = _same(out, ref)
             assert v.chosen == keeps and v.reason.startswith("bit-identical" if keeps else "max abs diff"), v
             assert (v.max_abs_diff > 0) != keeps, v
-        got = FP.decode_trial(m, codes, **m.chosen)                          # the combination taken, as the tail runs it
+        got = FP.decode_trial(m, codes, **m.chosen)                          # the combination taken
         assert _same(got, ref)
 
 

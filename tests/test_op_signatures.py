@@ -93,3 +93,4 @@ def test_mimi_released_size_issues_moshis_library_calls():
     got, ref, ours, peer = _mimi_both(MIMI_RELEASED, 32, 14, seed=1)
     assert_same_calls(ours, peer, counts=False)
     assert torch.equal(got, ref)
+
