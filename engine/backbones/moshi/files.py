@@ -15,10 +15,11 @@ as it is):
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
+
+from engine import safeload
 
 MOSHI_NAME = "model.safetensors"
 MIMI_NAME = "tokenizer-e351c8d8-checkpoint125.safetensors"
@@ -44,13 +45,11 @@ class MoshiFiles:
 
 
 def _read_json(path: Path, what: str) -> dict:
+    """The bounded JSON loader's reading (size, depth, digits, finite numbers; engine/safeload.py)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{what} {path} is not readable JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{what} {path} must hold a JSON object")
-    return data
+        return safeload.load_json(path, what)
+    except safeload.FileCheckError as e:
+        raise ValueError(str(e).replace(" is not valid JSON", " is not readable JSON", 1)) from None
 
 
 def _need(folder: Path, name, what: str, safetensors: bool = False) -> Path:
@@ -59,13 +58,13 @@ def _need(folder: Path, name, what: str, safetensors: bool = False) -> Path:
     ``weights_only``, which runs whatever code a pickle carries)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"config.json in {folder}: the file name for {what} must be a string, got {name!r:.40}")
-    p = folder / name
     if Path(name).is_absolute() or ".." in Path(name).parts:
         raise ValueError(f"config.json in {folder}: {what} must be a file inside the folder, got {name!r}")
+    p = safeload.inside(folder, name, f"config.json in {folder}")
     if safetensors and p.suffix.lower() not in WEIGHT_SUFFIXES:
         raise ValueError(f"config.json in {folder} names {name} for {what}: only .safetensors weights are loaded "
                          f"(a pickled .pt/.bin file can run code when loaded)")
-    if not p.is_file():
+    if not safeload.is_file(p):
         raise ValueError(f"Moshi weights folder {folder} lacks {name} ({what})")
     return p
 
@@ -74,10 +73,8 @@ def validate_folder(folder) -> MoshiFiles:
     """Check a Moshi weights folder and name its files; ValueError with one clear message if wrong."""
     if folder is None:
         raise ValueError("the moshi backbone needs its weights folder (model.safetensors, Mimi, text tokenizer)")
-    f = Path(folder).expanduser()
-    if not f.is_dir():
-        raise ValueError(f"Moshi weights folder {f} does not exist or is not a folder")
-    raw = _read_json(f / "config.json", "Moshi config") if (f / "config.json").is_file() else None
+    f = safeload.folder(folder, "Moshi weights folder")
+    raw = _read_json(f / "config.json", "Moshi config") if safeload.is_file(f / "config.json") else None
     lm_config = dict(raw) if raw is not None else None
     names = {"moshi_name": MOSHI_NAME, "mimi_name": MIMI_NAME, "tokenizer_name": TOKENIZER_NAME,
              "mimi_config_name": None, "lm_gen_config": {}}
