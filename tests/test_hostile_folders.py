@@ -286,16 +286,28 @@ def test_a_hostile_folder_is_one_line(tmp_path, wav, minicpm, baseline, kind, ca
     assert_refused(r, baseline, MESSAGES[(kind, case)], out, before, snapshot(folder))
 
 
-def test_a_folder_without_execute_permission_is_one_line(tmp_path, wav, minicpm, baseline):
+NOEXEC = {"minicpm": ["--backbone", "minicpm-o-4.5", "--model", "step-audio2", "--backbone-checkpoint"],
+          "moshi": ["--backbone", "moshi", "--model", "mimi", "--backbone-checkpoint"],
+          "codec": ["--model", "nemotron-codec", "--checkpoint"], "token2wav": ["--model", "step-audio2", "--checkpoint"]}
+
+
+@pytest.mark.parametrize("kind", sorted(NOEXEC))
+def test_a_folder_without_execute_permission_is_one_line(tmp_path, wav, minicpm, baseline, kind):
     p = tmp_path / "noexec"
-    shutil.copytree(minicpm, p)
+    if kind == "minicpm":
+        shutil.copytree(minicpm, p)
+    else:
+        p.mkdir()
+        names = {"moshi": ["model.safetensors", "tokenizer-e351c8d8-checkpoint125.safetensors"],
+                 "codec": ["codec_config.yaml", "codec.safetensors"], "token2wav": ["flow.yaml", "flow.pt", "hift.pt"]}
+        for name in names[kind]:
+            (p / name).write_bytes(b"")
     out = tmp_path / "out"
     out.mkdir()
     before = snapshot(p)
     p.chmod(0o600)
     try:
-        r = run_cli(_run_args(wav, out) + ["--backbone", "minicpm-o-4.5", "--model", "step-audio2",
-                                           "--backbone-checkpoint", p], tmp_path / "scratch", drop_dac=True)
+        r = run_cli(_run_args(wav, out) + NOEXEC[kind] + [p], tmp_path / "scratch", drop_dac=True)
     finally:
         p.chmod(0o755)
     line = assert_refused(r, baseline, "permission denied", out, before, snapshot(p))
