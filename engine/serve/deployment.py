@@ -29,7 +29,7 @@ from starlette.websockets import WebSocketDisconnect
 from engine.host import HostFull
 from engine.session import LiveError, SessionConfig
 
-from . import auth, drain
+from . import auth, drain, lockdown
 from . import protocol as P
 from .hosting import ModelMismatch, SessionHost
 from .pump import (HELLO_TIMEOUT_S, Connection, ResultsQueue, give_back, limit_arenas, receive_hello,
@@ -79,6 +79,7 @@ class SessionReplica:
 
     def __init__(self, spec: Dict[str, Any]):
         limit_arenas()                         # before any session's thread allocates (see pump.ARENAS)
+        lockdown.bind_replica_grpc_to_node()   # before Serve starts the replica's own gRPC server
         self.spec = ServeSpec(**spec)
         self.token = self.spec.token
         self.host = SessionHost(self.spec.session_config(), self.spec.max_sessions)

@@ -98,6 +98,36 @@ def init_options(address: Optional[str]) -> Dict[str, Any]:
     return opts
 
 
+def bind_replica_grpc_to_node() -> bool:
+    """Keep a Serve replica's own gRPC server on this node's address (loopback for a local Ray).
+
+    Ray Serve 2.60 starts, in every replica, an inter-deployment gRPC server on ``[::]:0``: every
+    interface, whatever the node's address, with no setting to change it. Called in the replica
+    before Serve starts that server, this rebinds it to the node's IP (where Serve's callers reach
+    it anyway). Returns whether the rebinding is in place.
+    """
+    try:
+        import ray
+        from ray.serve._private import replica as serve_replica
+    except ImportError:
+        return False
+    original = getattr(serve_replica, "add_port_to_grpc_server", None)
+    if original is None:
+        return False
+    if getattr(original, "bound_to_node", False):
+        return True
+    ip = ray.util.get_node_ip_address()
+    host = f"[{ip}]" if ":" in ip else ip
+
+    def add_port(server, address: str):
+        if address.startswith("[::]:") or address.startswith("0.0.0.0:"):
+            address = f"{host}:{address.rsplit(':', 1)[1]}"
+        return original(server, address)
+    add_port.bound_to_node = True
+    serve_replica.add_port_to_grpc_server = add_port
+    return True
+
+
 def join_hint(address: str) -> str:
     """What to do when joining ``address`` fails on authentication."""
     return (f"the Ray cluster at {address} needs its token: set RAY_AUTH_TOKEN_PATH to the cluster's token file "
