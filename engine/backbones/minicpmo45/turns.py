@@ -42,7 +42,8 @@ class ModelTurns:
 
 
 class VoiceActivityTurns:
-    """Decision token forced from voice activity (labelled: not the model's own turn-taking)."""
+    """The decision token, and ``<|turn_eos|>`` at a reply's end, forced from voice activity (labelled: not the
+    model's own turn-taking)."""
 
     label = "voice-activity"
 
