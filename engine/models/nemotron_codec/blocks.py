@@ -1,9 +1,11 @@
 """Streaming blocks of the codec decoder, each declaring its own state under a prefix (reusable).
 
 A step holds a whole second of frames in *frame-major* layout ``[n, C, t]``: frame ``f``'s ``[C, t]``
-columns are one contiguous block, laid out exactly as the stock per-frame call holds them. What the
-stock computes with a library call whose kernel depends on the shape (convolutions, reductions over
-channels, the FFT) runs once per frame on that frame's block, at the stock's shape; what is computed
+columns are one contiguous block. What the stock computes with a library call whose kernel depends on
+the shape (convolutions, reductions over channels, the FFT, MKL's vector math) runs once per frame on
+that frame's block, at the stock's shape, strides and 64-byte alignment (:func:`frame_blocks`: MKL's
+AVX-512 kernels round by layout and alignment; ``tests/test_op_signatures.py`` compares every such call
+with nemo's); what is computed
 element by element runs once per second over all frames, where its bits cannot depend on how many
 elements there are (CUDA). On the CPU a transcendental function (exp, erf, cos, rsqrt) may take a
 vectorized or a scalar path depending on an element's place in the tensor, so there
