@@ -20,6 +20,7 @@ import os
 import pkgutil
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
 #: modules of engine/models that are not models
@@ -174,12 +175,11 @@ def load_all() -> None:
     global _loaded
     if _loaded:
         return
-    import engine.backbones
-    import engine.models
-    for m in sorted(pkgutil.iter_modules(engine.models.__path__), key=lambda m: m.name):
+    here = Path(__file__).parent                  # read as folders: the registry imports no part package itself
+    for m in sorted(pkgutil.iter_modules([str(here / "models")]), key=lambda m: m.name):
         if m.name not in NOT_MODELS:
             _import(f"engine.models.{m.name}")
-    for m in sorted(pkgutil.iter_modules(engine.backbones.__path__), key=lambda m: m.name):
+    for m in sorted(pkgutil.iter_modules([str(here / "backbones")]), key=lambda m: m.name):
         if m.ispkg:                        # modules beside the packages (base, policy) are shared code
             _import(f"engine.backbones.{m.name}")
     for folder in _search_paths():

@@ -29,7 +29,7 @@ from typing import Dict, List, Optional
 
 from engine.bench.capacity import session_inputs
 from engine.bench.report import Bars, Figure, markdown, write_all
-from engine.cli.run import MODES
+from engine.core.toggles import MODES, Toggles
 from engine.cli.validate import OneLineParser
 from engine.host.drive import PacedLoad, Window
 from engine.serve.client import RemoteRunner
@@ -165,9 +165,9 @@ def main(argv=None) -> int:
               "'duplexcadence[serve]'", file=sys.stderr)
         return 2
     from engine.serve.deployment import ServeSpec, build_app
-    demand, graphs = MODES[a.mode]
+    t = Toggles.from_mode(a.mode)
     cfg = SessionConfig(tail=a.tail, backbone=a.backbone, size=a.size, device=a.device, seed=a.seed,
-                        demand_sized=demand, graph_replay=graphs)
+                        demand_sized=t.demand_sized, graph_replay=t.graph_replay)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

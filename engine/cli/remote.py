@@ -13,6 +13,8 @@ from typing import List
 
 import numpy as np
 
+from engine.core.toggles import Toggles
+from engine.cli.feed import Interrupted, announce, feed, take
 from engine.session import SessionConfig
 
 from engine.serve.auth import read_token
@@ -22,16 +24,15 @@ from engine.serve.client import RemoteRunner
 def remote_config(a: argparse.Namespace) -> SessionConfig:
     """What the client asks of the server: the model names, seed and toggles (nothing resolved here:
     the server owns weights, size and device). Local checkpoint paths make no sense remotely."""
-    from engine.cli.run import MODES
     if a.checkpoint or a.backbone_checkpoint:
         raise ValueError("--checkpoint and --backbone-checkpoint name the server's weights: give them to "
                          "`duplexcadence serve`, not to a client with --engine")
     if getattr(a, "voice", None):
         raise ValueError("--voice names a file for the server's tail: not with --engine (the server's "
                          "checkpoint default voice is used)")
-    demand, graphs = MODES[a.mode]
+    t = Toggles.from_mode(a.mode)
     return SessionConfig(tail=a.model, backbone=a.backbone, size=a.size, device=a.device,
-                         demand_sized=demand, graph_replay=graphs, seed=a.seed)
+                         demand_sized=t.demand_sized, graph_replay=t.graph_replay, seed=a.seed)
 
 
 def make_runner(a: argparse.Namespace, cfg: SessionConfig) -> RemoteRunner:
@@ -41,7 +42,6 @@ def make_runner(a: argparse.Namespace, cfg: SessionConfig) -> RemoteRunner:
 
 def run_remote(runner: RemoteRunner, frames: List[np.ndarray], progress, journal, stop, realtime: bool) -> None:
     """Feed ``frames`` to the remote session and journal each second as it comes back."""
-    from engine.cli.run import Interrupted, _take, announce, feed
     runner.start()
     try:
         while not runner.ready.wait(0.1):
@@ -51,7 +51,7 @@ def run_remote(runner: RemoteRunner, frames: List[np.ndarray], progress, journal
         raise
     stop.building = False
     if runner.session is None:
-        _take(runner.results.get(), frames, journal, progress)     # the refusal, as a RuntimeError
+        take(runner.results.get(), frames, journal, progress)     # the refusal, as a RuntimeError
         return
     announce(runner.session.info)
     pace = (lambda elapsed, done: int(elapsed) + 1) if realtime else (lambda elapsed, done: done + 1)

@@ -22,14 +22,11 @@ and exits 130 / 143; a killed process leaves the partial folder with every secon
 from __future__ import annotations
 
 import argparse
-import queue
 import shutil
 import signal
 import sys
-import threading
-import time
 from pathlib import Path
-from typing import Callable, List, Tuple
+from typing import List, Tuple
 
 import numpy as np
 
@@ -37,12 +34,11 @@ from engine.audio import AudioError, InputFrames
 from engine import registry
 from engine.cli.validate import OneLineParser, output_file, output_folder, seconds, seed
 from engine.atomic import atomic_write
-from engine.session import (DuplexSession, ExportError, LiveError, LiveRunner, SessionConfig, format_summary,
+from engine.session import (DuplexSession, ExportError, LiveRunner, SessionConfig, format_summary,
                             summarize)
 from engine.session.journal import OUTPUT_WAV, SESSION_FILES, SessionJournal, fresh_folder, publish
-from engine.stats import progress as progress_bar
-
-MODES = {"stock": (False, False), "demand": (True, False), "graphs": (True, True)}
+from engine.cli.feed import Interrupted, Progress, StopSignals, announce, feed
+from engine.core.toggles import MODES, Toggles
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -92,90 +88,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def make_config(a: argparse.Namespace) -> SessionConfig:
-    demand, graphs = MODES[a.mode]
+    t = Toggles.from_mode(a.mode)
     ckpt, bb_ckpt = a.checkpoint, a.backbone_checkpoint
     owns = registry.get_backbone(a.backbone).owns_folder
     if bb_ckpt is None and ckpt and owns is not None and owns(ckpt):     # a backbone folder given as --checkpoint
         ckpt, bb_ckpt = None, ckpt
     cfg = SessionConfig(tail=a.model, backbone=a.backbone, size=a.size, device=a.device, checkpoint=ckpt,
-                        backbone_checkpoint=bb_ckpt, demand_sized=demand, graph_replay=graphs, seed=a.seed,
+                        backbone_checkpoint=bb_ckpt, demand_sized=t.demand_sized, graph_replay=t.graph_replay, seed=a.seed,
                         voice=getattr(a, "voice", None))
     return cfg.resolved()
-
-
-class Progress:
-    """Seconds done as a progress bar on stderr (tqdm, refreshed every 10 s when stderr is not a terminal), with
-    the last second's time and decision, and how late it was when it missed."""
-
-    def __init__(self, total: int, quiet: bool = False):
-        self.total, self.quiet = total, quiet
-        self.bar = None                     # drawn from the first second on (after the session's own messages)
-        self.done = 0
-
-    def update(self, done: int, rec) -> None:
-        if self.bar is None:
-            self.bar = progress_bar(self.total, desc="session", unit="s", quiet=self.quiet,
-                                    mininterval=0.5 if sys.stderr.isatty() else 10.0)
-        late = f"  MISSED by {rec.late_ms:.0f} ms" if rec.missed else ""
-        self.bar.set_postfix_str(f"last {rec.total_ms:6.1f} ms {rec.decision}{late}", refresh=False)
-        self.bar.update(done - self.done)
-        self.done = done
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-def announce(info: dict) -> None:
-    """Say what runs (and, loudly, when the weights are synthetic)."""
-    print(f"session: {info['tail_title']} <- {info['backbone_title']} on {info['device']} ({info['size']})",
-          file=sys.stderr)
-    if info.get("voice"):
-        print(f"voice: {info['voice']}", file=sys.stderr)
-    if info.get("note"):
-        print(f"NOTE: {info['note']}", file=sys.stderr)
-    for line in info.get("fast_paths") or []:
-        print(f"fast path: {line}", file=sys.stderr)
-
-
-class Interrupted(Exception):
-    """SIGINT or SIGTERM arrived while the session was being built (nothing to keep yet)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-class StopSignals:
-    """SIGINT and SIGTERM stop the session at the next second boundary (while it is built: at once).
-
-    Used as a context manager; the previous handlers come back on exit. ``signum`` is the first
-    signal received (0: none).
-    """
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self):
-        self.signum = 0
-        self.building = True
-        self._old = {}
-
-    def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            for s in self.SIGNALS:
-                self._old[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, h in self._old.items():
-            signal.signal(s, h)
-
-    def _handle(self, signum, frame) -> None:
-        if not self.signum:
-            self.signum = signum
-        if self.building:
-            self.building = False            # once: a second signal must not break the clean-up
-            raise Interrupted(signum)
 
 
 def run_fast(cfg: SessionConfig, frames: List[np.ndarray], progress: Progress, journal: SessionJournal,
@@ -219,37 +140,6 @@ def run_realtime(cfg: SessionConfig, frames: List[np.ndarray], progress: Progres
         runner.stop(timeout=60.0)
         if runner.session is not None:
             runner.session.close()
-
-
-def feed(runner, frames: List[np.ndarray], progress: Progress, journal: SessionJournal, stop: StopSignals,
-         due: Callable[[float, int], int], ended: str) -> None:
-    """Submit ``frames`` to a started runner as ``due(elapsed_s, seconds_done)`` allows (frame k at t0 + k s
-    in real time) and journal each second as it comes back; at a stop signal, the second in progress is kept.
-    ``ended``: the message when the runner stops before the end of the input."""
-    t0 = time.perf_counter()
-    submitted = 0
-    while journal.seconds < len(frames) and not stop.signum:
-        while submitted < min(due(time.perf_counter() - t0, journal.seconds), len(frames)):
-            runner.submit(frames[submitted])
-            submitted += 1
-        try:
-            item = runner.results.get(timeout=0.02)
-        except queue.Empty:
-            if not runner.running and runner.results.empty():
-                raise RuntimeError(ended)
-            continue
-        _take(item, frames, journal, progress)
-    runner.stop(timeout=60.0)                    # finishes the second in progress
-    while not runner.results.empty():
-        _take(runner.results.get_nowait(), frames, journal, progress)
-
-
-def _take(item, frames: List[np.ndarray], journal: SessionJournal, progress: Progress) -> None:
-    if isinstance(item, LiveError):
-        raise RuntimeError(item.message)
-    rec = item.record
-    journal.append(rec, frames[rec.index], item.audio)
-    progress.update(journal.seconds, rec)
 
 
 def _copy_wav(src: Path, dest) -> Path:

@@ -69,6 +69,36 @@ class Prompt:
         return Prompt(self.tokens.to(device), self.mel.to(device), self.spk.to(device))
 
 
+def fit_mel(tokens: torch.Tensor, mel: torch.Tensor) -> torch.Tensor:
+    """(1, frames, 80) -> (1, 2n, 80): replicate-pad or cut, as the stock's ``_prepare_prompt``."""
+    want = 2 * tokens.shape[1]
+    have = mel.shape[1]
+    if have < want:
+        return torch.nn.functional.pad(mel, (0, 0, 0, want - have), mode="replicate")
+    return mel[:, :want].contiguous()
+
+
+def make_prompt(tokens, mel, spk, vocab: int = 6561, source: str = "prompt") -> Prompt:
+    """A checked :class:`Prompt` from arrays (an .npz's, or the ONNX front-end's); ValueError naming ``source``."""
+    tokens = torch.as_tensor(np.asarray(tokens)).reshape(1, -1)
+    mel = torch.as_tensor(np.asarray(mel, dtype=np.float32))
+    spk = torch.as_tensor(np.asarray(spk, dtype=np.float32)).reshape(1, -1)
+    if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise ValueError(f"{source}: prompt_tokens must be integers")
+    tokens = tokens.long()
+    if tokens.shape[1] == 0:
+        raise ValueError(f"{source}: prompt_tokens is empty")
+    if tokens.min() < 0 or tokens.max() >= vocab:
+        raise ValueError(f"{source}: prompt_tokens must be in [0, {vocab})")
+    if mel.dim() != 2 or mel.shape[1] != 80 or mel.shape[0] == 0:
+        raise ValueError(f"{source}: prompt_mel must be (frames, 80), got {tuple(mel.shape)}")
+    if spk.shape[1] != 192:
+        raise ValueError(f"{source}: speaker_embedding must have 192 values, got {spk.shape[1]}")
+    if not (torch.isfinite(mel).all() and torch.isfinite(spk).all()):
+        raise ValueError(f"{source}: prompt_mel / speaker_embedding contain NaN or inf")
+    return Prompt(tokens, fit_mel(tokens, mel.unsqueeze(0)), spk)
+
+
 class Session:
     """Runs chunks of one stream; ``steps=None`` is an open-ended live session (see :meth:`finish`)."""
 
