@@ -94,6 +94,11 @@ def test_the_folders_default_voice_is_the_prompt(released, onnx_stand_in, one_to
     s.start()
     want = PA.prompt_from_wav(released / DEFAULT_VOICE, released / "assets" / "token2wav")
     assert _same_prompt(s.tail.prompt, want) and want.tokens.shape[1] == 32     # 1.3 s: 32 tokens
+    x, sr = PA.read_wav(released / DEFAULT_VOICE)          # the front end's values reach the prompt, not only shapes
+    assert torch.equal(s.tail.prompt.mel[0], PA.prompt_mel_24k(PA.resample(x, sr, 24000))[:64])
+    fb = PA.kaldi_fbank(PA.resample(x, sr, 16000))
+    fb = (fb - fb.mean(dim=0, keepdim=True)).numpy()        # the stand-in speaker model: each bin's spread
+    assert torch.equal(s.tail.prompt.spk[0], torch.from_numpy(np.resize(fb.std(axis=0), 192).astype(np.float32)))
     assert s.info["voice"] == "HT_ref_audio.wav (checkpoint default)" and not s.info["synthetic"]
     out, rec = s.process(np.zeros(24000, np.float32))       # the session runs (the model's own turns)
     assert out.shape == (24000,) and (rec.decision == "listen") == (not np.any(out))
