@@ -196,11 +196,12 @@ def test_listed_by_the_registry_for_every_front_end():
 
 def test_name_appears_nowhere_else_in_the_product():
     allowed = {ROOT / "engine" / "models" / "nemotron_codec"}
+    bench = ROOT / "engine" / "bench" / "nemotron_codec.py"                 # the model's benchmark (issue 22)
     hits = []
     for folder in ("engine", "app", "packaging"):
         for f in (ROOT / folder).rglob("*"):
             if f.is_file() and f.suffix in (".py", ".spec", ".sh", ".toml", ".cfg", ".desktop") and \
-                    not any(a in f.parents for a in allowed):
+                    f != bench and not any(a in f.parents for a in allowed):
                 text = f.read_text(errors="ignore").lower()
                 if "nemotron" in text or "ear_tts" in text:
                     hits.append(str(f.relative_to(ROOT)))
