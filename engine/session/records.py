@@ -56,6 +56,12 @@ class SecondRecord:
     playback_gap_ms: float = 0.0  # the silence those gaps played
     echo_suppression_db: float = 0.0  # echo suppression while the model spoke (0: not measured or cancellation off)
     dropped_speech_ms: float = 0.0  # late speech dropped to keep the delay bounded (engine/echo/queues.py)
+    # the user's controls (engine/session/controls.py and the app): what was in effect, what was asked
+    force_listen: bool = False    # the model was held to listening this second (it may not start speaking)
+    echo_cancellation: bool = False  # the app cancelled the speaker's echo from the microphone
+    barge_in_sensitivity: str = ""  # the app's interrupt sensitivity (low / normal / high; "" = none)
+    playback_delay_s: float = 0.0  # the playback delay (buffer) the speaker's queue kept
+    requests: str = ""            # toggle and control requests made during this second ("; "-joined)
 
     def to_dict(self) -> Dict[str, object]:
         """A plain, JSON-safe dict (floats rounded to microseconds / 1e-6)."""
