@@ -22,7 +22,7 @@ import numpy as np
 import soxr
 
 from engine.audio import SESSION_RATE
-from engine.wavio import read_wav
+from engine.wavio import WavError, open_audio
 
 #: the engine's audio rate (one-second frames of 24,000 samples)
 ENGINE_RATE = SESSION_RATE
@@ -353,29 +353,46 @@ class SilentInput(_PacedInput):
 
 
 class FileInput(_PacedInput):
-    """A WAV file played as the microphone at real-time pace, then silence (``finished`` turns True)."""
+    """A WAV file played as the microphone at real-time pace, then silence (``finished`` turns True).
+
+    Streamed: each block is read and mixed down as it is played (engine.wavio's reader), so a 6-hour
+    file costs what a second costs. A bad sample further in (NaN) ends the file there and becomes the
+    source's ``failure`` (one line, as a vanished device's)."""
 
     def __init__(self, path, speed: float = 1.0, max_seconds: Optional[float] = None):
-        samples, rate = read_wav(path, max_seconds=max_seconds, need_audio=True)   # only what will be played
-        super().__init__(rate, speed)
+        reader = open_audio(path)                                   # WavError (one line) if unreadable
+        total = reader.frames if max_seconds is None else min(reader.frames, math.ceil(max_seconds * reader.rate))
+        if total == 0:
+            reader.close()
+            raise WavError(f"{reader.path} holds no audio samples")
+        super().__init__(reader.rate, speed)
         self.path = str(path)
         self.label = f"file {path}"
-        self.samples = samples
+        self.total = int(total)                   # samples that will be played (only what will be played)
+        self._reader = reader
         self._pos = 0
 
     @property
     def finished(self) -> bool:
-        return self._pos >= len(self.samples)
+        return self._pos >= self.total
 
     @property
     def duration_s(self) -> float:
-        return len(self.samples) / self.rate
+        return self.total / self.rate
 
     def _block(self, n: int) -> np.ndarray:
         out = np.zeros(n, dtype=np.float32)
-        take = self.samples[self._pos:self._pos + n]
-        out[:len(take)] = take
+        take = max(0, min(n, self.total - self._pos))
+        if take:
+            try:
+                block = self._reader.read(take)
+            except WavError as e:
+                self.failure, block = str(e), np.zeros((0, 1), dtype=np.float32)
+                self.total = self._pos              # the file ends where it went bad
+            out[:len(block)] = block.mean(axis=1) if block.shape[1] > 1 else block[:, 0]
         self._pos += n
+        if self._pos >= self.total:
+            self._reader.close()
         return out
 
 

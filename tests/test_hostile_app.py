@@ -152,6 +152,21 @@ def test_input_frames_stream_a_six_hour_file(tmp_path):
     frames.close()
 
 
+def test_the_apps_file_input_streams_a_six_hour_file(tmp_path):
+    from app.audio_io import FileInput
+    from engine.wavio import read_wav
+    path = _six_hours(tmp_path / "six.wav")
+    tracemalloc.start()
+    src = FileInput(path)
+    blocks = [src._block(4800) for _ in range(30)]              # 6 s, as the pacing thread asks
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert src.duration_s == 6 * 3600 and not src.finished and peak < 64 * MB
+    assert np.array_equal(np.concatenate(blocks)[:5 * 24000], read_wav(path, max_seconds=5)[0])
+    short = FileInput(path, max_seconds=0.5)
+    assert not short._block(24000)[12000:].any() and short.finished
+
+
 def test_run_streams_a_six_hour_input_without_seconds(tmp_path):
     """`run` over a 6-hour WAV with no --seconds: RSS stays bounded while it runs; Ctrl-C keeps what was done."""
     wav = _six_hours(tmp_path / "six.wav")
