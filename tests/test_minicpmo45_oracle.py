@@ -93,11 +93,12 @@ def test_tts_body_matches_transformers_llama(one_torch_thread):
             pos += t
 
 
-def _stock_whisper_attention(attn, cache: list):
+def _stock_whisper_attention(attn, cache: list, outputs: int):
     """transformers 4.51's ``WhisperSdpaAttention.forward`` (what the stock's ``MiniCPMWhisperEncoderLayer`` runs
     under ``attn_implementation="sdpa"``) over ``attn``'s weights, its DynamicCache a list [keys, values]:
     each projection split into heads and made contiguous, the new keys/values appended to the cache's
-    (``torch.cat`` on the time axis), SDPA at its default scale, no mask, then ``out_proj``."""
+    (``torch.cat`` on the time axis), SDPA at its default scale, no mask, then ``out_proj``. ``outputs``: how many
+    values the installed encoder layer unpacks (3 in transformers 4.x, 2 in 5.x)."""
     def forward(hidden_states, attention_mask=None, **_):
         b, t, _ = hidden_states.shape
         heads = lambda y: y.view(b, -1, attn.num_heads, attn.head_dim).transpose(1, 2).contiguous()  # noqa: E731
@@ -106,7 +107,7 @@ def _stock_whisper_attention(attn, cache: list):
             k, v = torch.cat([cache[0], k], dim=-2), torch.cat([cache[1], v], dim=-2)
         cache[:] = [k, v]
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False)
-        return attn.out_proj(o.transpose(1, 2).reshape(b, t, -1)), None
+        return (attn.out_proj(o.transpose(1, 2).reshape(b, t, -1)),) + (None,) * (outputs - 1)
     return forward
 
 
@@ -123,8 +124,9 @@ def test_whisper_encoder_layer_matches_transformers(one_torch_thread):
     seeded_init(ours, 10, std=0.1)
     ref.load_state_dict(ours.state_dict())
     cache: list = []
-    ref.self_attn.forward = _stock_whisper_attention(ref.self_attn, cache)
-    extra = {"layer_head_mask": None} if "layer_head_mask" in inspect.signature(ref.forward).parameters else {}
+    v4 = "layer_head_mask" in inspect.signature(ref.forward).parameters          # transformers 4.x's layer
+    ref.self_attn.forward = _stock_whisper_attention(ref.self_attn, cache, outputs=3 if v4 else 2)
+    extra = {"layer_head_mask": None} if v4 else {}
     k_buf, v_buf = torch.empty(a.heads, 150, a.head_dim), torch.empty(a.heads, 150, a.head_dim)
     g = torch.Generator().manual_seed(2)
     with torch.no_grad():
