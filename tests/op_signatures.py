@@ -10,6 +10,12 @@ tensor argument its shape, strides, dtype and address modulo 64 bytes, plus the 
 decodes whose signature multisets are equal hand each library kernel exactly the same problems, so
 they get the same bits from any CPU's kernels; a test asserting that fails on every machine.
 
+Ops arrive at the recorder as the dispatcher hands them over: with autograd on (``no_grad`` included)
+composite ops such as ``conv1d``, ``linear`` and ``matmul`` arrive decomposed into the kernels that run
+(``convolution``, ``addmm``, ``mm``, ``bmm``); under ``inference_mode`` they arrive whole. Record both
+sides in the same mode (re-decomposing them here would not be faithful: ``matmul``'s choice between
+``mm`` and ``bmm`` then differs from the real run's).
+
 Recorded (:data:`FAMILIES`): matrix products, convolutions, FFTs, MKL's vector-math unary functions,
 ATen's vectorized transcendental activations and reductions (the lane a value lands in depends on the
 shape). Not recorded: plain elementwise arithmetic (+, -, *, /, pow(x, 2) == x * x: one rounding per element
@@ -72,13 +78,6 @@ class OpRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
-            # under inference mode ops such as conv1d / linear / matmul reach the mode before their
-            # decomposition (with autograd on they arrive decomposed): decompose them here, alike for both
-            with self:
-                out = func.decompose(*args, **kwargs)
-            if out is not NotImplemented:
-                return out
         name = func.overloadpacket.__name__
         if name in self.ops:
             self.calls.append((name, _arg_signature(tuple(args)),
