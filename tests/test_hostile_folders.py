@@ -225,6 +225,14 @@ MIMI_CASES = {
 }
 
 
+MOSHI_CASES = {
+    "zero heads": ('{"dim": 64, "num_heads": 0}', "num_heads must be a whole number from 1"),
+    "a width of 10^9": ('{"dim": 1000000000}', "dim must be a whole number from 0 to 1,048,576"),
+    "more weights than memory": ('{"dim": 32768, "num_heads": 32, "num_layers": 256}', "more than the"),
+    "nested config.json": ('{"a":' * DEEP + "1" + "}" * DEEP, "nested 100,000 levels deep"),
+}
+
+
 def _case_folder(tmp: Path, kind: str, case: str, minicpm: Optional[Path] = None) -> tuple:
     """(the run arguments naming the broken folder or file, the folder to snapshot)."""
     if kind == "minicpm":
@@ -232,6 +240,13 @@ def _case_folder(tmp: Path, kind: str, case: str, minicpm: Optional[Path] = None
         shutil.copytree(minicpm, p)
         MINICPM_CASES[case][0](p)
         return ["--backbone", "minicpm-o-4.5", "--model", "step-audio2", "--backbone-checkpoint", p], p
+    if kind == "moshi":
+        p = tmp / "moshi"
+        p.mkdir()
+        (p / "config.json").write_text(MOSHI_CASES[case][0])
+        for name in ("model.safetensors", "tokenizer-e351c8d8-checkpoint125.safetensors"):
+            (p / name).write_bytes(_safetensors(b"{}"))
+        return ["--backbone", "moshi", "--model", "mimi", "--backbone-checkpoint", p], p
     if kind == "codec":
         p = tmp / "codec"
         p.mkdir()
@@ -252,10 +267,12 @@ def _case_folder(tmp: Path, kind: str, case: str, minicpm: Optional[Path] = None
 
 
 ALL_CASES = ([("minicpm", c) for c in MINICPM_CASES] + [("codec", c) for c in CODEC_CASES]
-             + [("mimi", c) for c in MIMI_CASES] + [("flow", "flow.yaml nested 100,000 deep")])
+             + [("mimi", c) for c in MIMI_CASES] + [("moshi", c) for c in MOSHI_CASES]
+             + [("flow", "flow.yaml nested 100,000 deep")])
 MESSAGES = {("minicpm", c): m for c, (_, m) in MINICPM_CASES.items()}
 MESSAGES.update({("codec", c): m for c, (_, m) in CODEC_CASES.items()})
 MESSAGES.update({("mimi", c): m for c, (_, m) in MIMI_CASES.items()})
+MESSAGES.update({("moshi", c): m for c, (_, m) in MOSHI_CASES.items()})
 MESSAGES[("flow", "flow.yaml nested 100,000 deep")] = "nested deeper than 64 levels"
 
 

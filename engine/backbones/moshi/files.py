@@ -69,6 +69,29 @@ def _need(folder: Path, name, what: str, safetensors: bool = False) -> Path:
     return p
 
 
+#: the largest whole number an LM constructor argument may be (widths, cards, layer counts, contexts)
+MAX_LM_INT = 1 << 20
+
+
+def check_lm_config(cfg: dict, where: str) -> None:
+    """Types and ranges of the LM's constructor arguments (whole numbers from 0 to MAX_LM_INT, not bools
+    where a number belongs; heads dividing the width), and the weights they imply within this machine's
+    memory; one ValueError naming ``where`` and the field."""
+    for k, v in cfg.items():
+        if isinstance(v, int) and not isinstance(v, bool) and not 0 <= v <= MAX_LM_INT:
+            raise ValueError(f"{where}: {k} must be a whole number from 0 to {MAX_LM_INT:,}, found {v!r:.40}")
+    i = safeload.integer
+    dim, heads = i(cfg, "dim", where, 1, 1 << 15, 4096), i(cfg, "num_heads", where, 1, 256, 32)
+    layers = i(cfg, "num_layers", where, 1, 256, 32)
+    if dim % heads:
+        raise ValueError(f"{where}: num_heads {heads} must divide dim {dim}")
+    ddim, dlayers = i(cfg, "depformer_dim", where, 1, 1 << 15, 1024), i(cfg, "depformer_num_layers", where, 1, 256, 6)
+    cards = i(cfg, "card", where, 1, MAX_LM_INT, 2048) + i(cfg, "text_card", where, 1, MAX_LM_INT, 32000)
+    n_q = i(cfg, "n_q", where, 1, 64, 16)
+    weights = 12 * dim * dim * layers + 12 * ddim * ddim * dlayers * n_q + cards * (dim + ddim) * (n_q + 1)
+    safeload.check_memory(2 * weights, where, f"an LM of about {weights / 1e9:,.1f} billion weights")
+
+
 def validate_folder(folder) -> MoshiFiles:
     """Check a Moshi weights folder and name its files; ValueError with one clear message if wrong."""
     if folder is None:
@@ -83,6 +106,7 @@ def validate_folder(folder) -> MoshiFiles:
             names[key] = lm_config.pop(key, names[key])
         for key in ("model_type", "model_id", "lora_name", "tts_config", "stt_config"):
             lm_config.pop(key, None)
+        check_lm_config(lm_config, f"{f / 'config.json'}")
     lm = _need(f, names["moshi_name"], "the LM weights", safetensors=True)
     mimi = _need(f, names["mimi_name"], "the Mimi weights", safetensors=True)
     if not isinstance(names["tokenizer_name"], str) or Path(names["tokenizer_name"]).is_absolute() \
