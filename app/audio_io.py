@@ -22,6 +22,7 @@ import numpy as np
 import soxr
 
 from engine.audio import SESSION_RATE
+from engine.echo import PlaybackQueue
 from engine.wavio import WavError, open_audio
 
 #: the engine's audio rate (one-second frames of 24,000 samples)
@@ -180,7 +181,14 @@ class DeviceInfo:
 
     @property
     def label(self) -> str:
-        return f"{self.name} ({self.hostapi}, {self.rate / 1000:g} kHz)"
+        friendly = READABLE.get(self.name.lower())
+        name = f"{friendly} ({self.name})" if friendly else self.name
+        return f"{name} ({self.hostapi}, {self.rate / 1000:g} kHz)"
+
+
+#: ALSA's plugin devices that route through the sound server, named for people
+READABLE = {"pulse": "PulseAudio / PipeWire", "pipewire": "PipeWire", "default": "System default",
+            "sysdefault": "ALSA system default", "jack": "JACK"}
 
 
 def sounddevice_module():
@@ -203,6 +211,8 @@ def list_devices() -> Tuple[List[DeviceInfo], List[DeviceInfo]]:
         raise AudioUnavailable(f"cannot list audio devices: {e}") from None
     infos = [DeviceInfo(int(d["index"]), str(d["name"]), apis[d["hostapi"]], int(d["max_input_channels"]),
                         int(d["max_output_channels"]), int(round(d["default_samplerate"]))) for d in devs]
+    first = lambda d: (d.name.lower() not in READABLE, d.index)      # noqa: E731 - the sound server's first
+    infos.sort(key=first)
     return [d for d in infos if d.inputs > 0], [d for d in infos if d.outputs > 0]
 
 
@@ -270,6 +280,14 @@ class _PortAudioStream:
             self._stream.start()
         except Exception as e:
             raise AudioUnavailable(f"cannot open {self.direction} device '{self.device.name}': {e}") from None
+
+    @property
+    def latency_s(self) -> float:
+        """The latency PortAudio reports for the open stream (seconds; 0 before it opens)."""
+        try:
+            return float(self._stream.latency) if self._stream is not None else 0.0
+        except (AttributeError, TypeError, ValueError):
+            return 0.0
 
     def stop(self) -> None:
         self._stopping = True
@@ -397,15 +415,18 @@ class FileInput(_PacedInput):
 
 
 class DeviceOutput(_PortAudioStream):
-    """A PortAudio output device at its native rate; the callback plays ``ring`` or zeros."""
+    """A PortAudio output device at its native rate. The callback pops exactly what the device needs
+    from the bounded :class:`engine.echo.PlaybackQueue` (zeros where it ran dry) and copies what it
+    wrote into ``played``: the far-end signal the echo canceller reads (on the pump's thread)."""
 
     direction = "output"
 
-    def __init__(self, device: DeviceInfo, seconds: float = 30.0):
+    def __init__(self, device: DeviceInfo, delay_s: float = 0.0):
         self.device = device
         self.label = device.name
         self.rate = device.rate
-        self.ring = RingBuffer(int(device.rate * seconds))
+        self.queue = PlaybackQueue(device.rate, delay_s)
+        self.played = RingBuffer(int(device.rate * 2.0))
         self.xruns = 0
         self.failure: Optional[str] = None
         self._stream = None
@@ -414,13 +435,14 @@ class DeviceOutput(_PortAudioStream):
     def _callback(self, outdata, frames, when, status) -> None:
         if status.output_underflow:
             self.xruns += 1
-        n = self.ring.read_into(outdata[:, 0])
-        outdata[n:, 0] = 0.0                 # nothing queued: play silence
+        outdata[:, 0] = self.queue.pop(frames)       # copies only: a bounded queue, zeros when dry
+        self.played.write(outdata[:, 0])
 
 
 
 class Playback:
-    """The model's 24 kHz speech on its way to a sink: resampled to the sink's rate, flushable.
+    """The model's 24 kHz speech on its way to a sink: resampled to the sink's rate into its bounded
+    :class:`engine.echo.PlaybackQueue` (late speech is dropped there, counted), flushable.
 
     It remembers the level of every 20 ms of what it queued, so it can say how much of the queue
     is real speech (:meth:`speech_queued_s`: queued silence is not the model speaking) and how
@@ -439,12 +461,16 @@ class Playback:
         self._pushed = 0                                    # samples (sink rate) ever queued
         self._pieces: Deque[Tuple[int, float]] = collections.deque()   # (end sample, level dBFS)
 
-    def push(self, audio: np.ndarray) -> float:
-        """Queue one piece of model audio; returns the seconds that were queued ahead of it."""
+    def _queued(self) -> int:
+        return int(round(self.sink.queue.queued_s() * self.sink.rate))
+
+    def push(self, audio: np.ndarray, second: int = -1) -> float:
+        """Queue one piece of model audio (of input second ``second``); returns the seconds queued ahead
+        of it (after any late audio the queue dropped to stay bounded)."""
         with self._lock:
-            ahead = len(self.sink.ring) / self.sink.rate
             y = self._rs.process(audio)
-            self.sink.ring.write(y)
+            self.sink.queue.push(y, second)
+            ahead = max(0.0, self.sink.queue.queued_s() - len(y) / self.sink.rate)
             piece = max(1, int(self.PIECE_S * self.sink.rate))
             for i in range(0, len(y), piece):
                 self._pieces.append((self._pushed + min(len(y), i + piece), block_db(y[i:i + piece])))
@@ -453,11 +479,11 @@ class Playback:
 
     def queued_s(self) -> float:
         """Seconds of audio waiting to be played (speech and silence)."""
-        return len(self.sink.ring) / self.sink.rate
+        return self.sink.queue.queued_s()
 
     def _played_to(self) -> int:
         """Drop the pieces already played; returns the sample position playing now."""
-        pos = self._pushed - len(self.sink.ring)
+        pos = self._pushed - self._queued()
         while self._pieces and self._pieces[0][0] <= pos:
             self._pieces.popleft()
         return pos
@@ -482,7 +508,7 @@ class Playback:
     def flush(self) -> float:
         """Drop all queued playback (barge-in); returns the seconds dropped."""
         with self._lock:
-            n = self.sink.ring.clear()
+            n = self.sink.queue.flush()
             self._rs.reset()
             self._pushed = self._pushed - n
             self._pieces.clear()

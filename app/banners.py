@@ -1,8 +1,7 @@
-"""Banners that float over the top of a widget, so showing one never moves the layout below it.
+"""Banners above the plots, in the layout: showing one makes room for it and never covers a plot.
 
 Each banner is a word-wrapped :class:`QLabel` with a coloured background; a click dismisses it.
-:class:`BannerStack` is a child of its ``host`` (not in the host's layout): it covers the host's
-top edge, as tall as its visible banners, and follows the host's size.
+:class:`BannerStack` is a column of them that the window places in its layout above the plots.
 """
 from __future__ import annotations
 
@@ -33,18 +32,16 @@ class Banner(QLabel):
 
 
 class BannerStack(QWidget):
-    """Banners over the top of ``host``; the host's layout never changes when one shows or hides."""
+    """Banners in a column of their own, placed in the layout above the plots: showing one moves the plots
+    down, it never covers them (``host`` is kept for callers that pass it; the stack is not its overlay)."""
 
-    MARGIN = 6
-
-    def __init__(self, host: QWidget):
+    def __init__(self, host: QWidget = None):
         super().__init__(host)
         self.host = host
         self.banners: List[Banner] = []
         self._lay = QVBoxLayout(self)
         self._lay.setContentsMargins(0, 0, 0, 0)
         self._lay.setSpacing(4)
-        host.installEventFilter(self)
         self.hide()
 
     def add(self, colour: str) -> Banner:
@@ -55,21 +52,10 @@ class BannerStack(QWidget):
         return banner
 
     def eventFilter(self, obj: QObject, event: QEvent) -> bool:
-        kind = event.type()
-        if (obj is self.host and kind == QEvent.Resize) or (obj in self.banners and kind in (QEvent.ShowToParent,
-                                                                                          QEvent.HideToParent)):
+        if obj in self.banners and event.type() in (QEvent.ShowToParent, QEvent.HideToParent):
             self.place()
         return False
 
     def place(self) -> None:
-        """Cover the host's top edge with the visible banners (or hide when none is shown)."""
-        shown = [b for b in self.banners if not b.isHidden()]
-        if not shown:
-            self.hide()
-            return
-        width = max(100, self.host.width() - 2 * self.MARGIN)
-        height = sum(b.heightForWidth(width) if b.hasHeightForWidth() else b.sizeHint().height() for b in shown)
-        height += self._lay.spacing() * (len(shown) - 1)
-        self.setGeometry(self.MARGIN, self.MARGIN, width, height)
-        self.show()
-        self.raise_()
+        """Shown while any banner is (the layout makes room for it)."""
+        self.setVisible(any(not b.isHidden() for b in self.banners))

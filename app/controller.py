@@ -32,14 +32,42 @@ from app.audio_io import ENGINE_RATE, InputSource, Playback, SilentInput
 from app.lifecycle import THREAD_FAILURES, new_journal, sessions_root
 from app.monitor import AudioMonitor
 from app.pump import FramePump
+from app.transcript import TRANSCRIPT, transcript_text
 from engine.atomic import atomic_write
+from engine.core.toggles import Toggles
 from engine.session import ExportError, LiveError, LiveResult, LiveRunner, SessionConfig
+from engine.session.controls import Controls, ControlledSession
 from engine.session.export import to_csv, to_trace
-from engine.session.journal import (CSV, INPUT_WAV, OUTPUT_WAV, RECORDS, TRACE, SessionJournal, export_folder,
-                                    export_journal)
+from engine.session.journal import (CSV, INPUT_WAV, OUTPUT_WAV, RECORDS, SESSION_FILES, TRACE, SessionJournal,
+                                    export_folder)
 from engine.wavio import WavError, read_wav, write_wav
 
 IDLE, STARTING, RUNNING, DRAINING, STOPPING = "idle", "starting", "running", "draining", "stopping"
+#: input seconds that may wait for the engine; a new one beyond this is dropped (counted): no backlog grows
+MAX_INPUT_BACKLOG = 2
+#: the playback delay (buffer) a session starts with, seconds
+DEFAULT_DELAY_S = 0.5
+
+
+def controlled_runner(cfg: SessionConfig) -> LiveRunner:
+    """The app's embedded runner: sessions that follow the user's controls (force-listen)."""
+    return LiveRunner(cfg, session_factory=ControlledSession)
+
+
+class UserControls:
+    """What the user set for the session's audio path and turns (the GUI thread's copy)."""
+
+    def __init__(self) -> None:
+        self.echo = True
+        self.sensitivity = "normal"
+        self.delay_s = DEFAULT_DELAY_S
+        self.force_listen = False
+
+
+def _rows_of(path: Path) -> List[dict]:
+    """The records of a JSON Lines file as dicts (the transcript of a finished journal)."""
+    import json
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 class SessionController(QObject):
@@ -58,7 +86,8 @@ class SessionController(QObject):
                  poll_ms: int = 40, parent=None, journal_root=None):
         super().__init__(parent)
         self.journal_root = Path(journal_root) if journal_root is not None else None
-        self._factory = runner_factory or LiveRunner
+        self.scripted = False                        # scripted runs journal apart (sessions_root(scripted=True))
+        self._factory = runner_factory or controlled_runner
         self._timer = QTimer(self)
         self._timer.setInterval(poll_ms)
         self._timer.timeout.connect(self._tick)
@@ -78,6 +107,18 @@ class SessionController(QObject):
         self._notice_shown = False
         self._push_to_talk = False
         self.monitor = AudioMonitor()                # waveforms and mic-to-speaker delay (app/monitor.py)
+        self._previous = ([], None, {})              # the last session, kept while a new one starts
+        self.failed_start = False                    # the last Start failed before any second: view kept
+        self.controls = UserControls()               # in effect (the records say so from the next second)
+        self._asked: Dict[str, object] = {}          # asked, taken when the next second comes in
+        self._requests: List[str] = []               # requests made since the last record (into it)
+        self._frame_no = 0                           # frames the pump handed over (dropped ones included)
+        self.input_dropped = 0                       # input seconds dropped: the engine was behind
+        self._last_counts = None                     # the playback queue's counts at the last record
+        self._last_barge_ins = 0
+        self._heard_no: collections.deque = collections.deque()   # pump frame number of each heard second
+        self.totals = {"gap_events": 0, "gap_ms": 0.0, "dropped_speech_ms": 0.0, "input_dropped": 0,
+                       "ducked_s": 0.0}
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self, cfg: SessionConfig, source: InputSource, sink=None, max_seconds: Optional[int] = None) -> None:
@@ -91,14 +132,20 @@ class SessionController(QObject):
         """
         if self.state != IDLE:
             raise RuntimeError("a session is already running; stop it first")
+        self.failed_start = False
+        root = self.journal_root or sessions_root(scripted=self.scripted)
+        journal = new_journal(root, {"config": dict(vars(cfg))})  # ExportError
+        self._previous = (self.records, self.journal, self.session_info)   # kept if this start fails
         self.records = []
         self._notice_shown = False
         self.session_info = {}
         self.failure = None
         self._heard.clear()
-        self._submitted = 0
+        self._heard_no.clear()
+        self._submitted = self._frame_no = self.input_dropped = 0
+        self._last_counts, self._last_barge_ins, self._asked, self._requests = None, 0, {}, []
+        self.totals = dict.fromkeys(self.totals, 0)
         THREAD_FAILURES.clear()
-        journal = new_journal(self.journal_root or sessions_root(), {"config": dict(vars(cfg))})  # ExportError
         try:
             if not source.deferred:
                 source.start()
@@ -121,25 +168,47 @@ class SessionController(QObject):
             self.runner = None
             self._halt_audio()
             self.journal.discard()
-            self.journal = None
+            self.records, self.journal, self.session_info = self._previous
             raise
-        self.pump = FramePump(source, self._submit, Playback(sink) if sink is not None else None,
-                              max_frames=max_seconds)
+        u = self.controls
+        self.pump = FramePump(source, self._submit, self._playback(sink), sensitivity=u.sensitivity,
+                              max_frames=max_seconds, echo=u.echo)
         self.pump.push_to_talk = self._push_to_talk
         self.pump.accepting = False
         self.monitor.clear()
         self.pump.on_block, self.pump.on_frame = self.monitor.on_block, self.monitor.on_frame
+        self.pump.on_played = self.monitor.on_played
+        if u.force_listen:
+            self._ask_engine_controls()
         self.pump.start()
         self._set_state(STARTING)
         self.event.emit("session", f"starting: {cfg.tail} tail, {cfg.backbone} backbone, size {cfg.size}, "
                                    f"input {source.label}, output {sink.label if sink else 'none'}")
         self._timer.start()
 
+    def _playback(self, sink) -> Optional[Playback]:
+        if sink is None:
+            return None
+        sink.queue.set_delay(self.controls.delay_s)
+        return Playback(sink)
+
     def _submit(self, frame: np.ndarray) -> None:
-        """Frame-pump thread: keep the second until its answer comes, hand it to the engine (never blocks)."""
+        """Frame-pump thread: keep the second until its answer comes, hand it to the engine (never blocks).
+        With MAX_INPUT_BACKLOG seconds already waiting the new second is dropped (counted): a slow engine
+        never builds a backlog of input."""
+        no, self._frame_no = self._frame_no, self._frame_no + 1
+        if self.runner.backlog() >= MAX_INPUT_BACKLOG:
+            self.input_dropped += 1
+            return
         self._heard.append(np.array(frame, dtype=np.float32, copy=True))
+        self._heard_no.append(no)
         self._submitted += 1
         self.runner.submit(frame)
+
+    @property
+    def frames_in(self) -> int:
+        """Input seconds the pump handed over (those dropped for the bound included)."""
+        return self._frame_no
 
     @property
     def submitted(self) -> int:
@@ -155,6 +224,8 @@ class SessionController(QObject):
         if self.source.deferred:
             self.source.start()
         self.pump.accepting = True
+        if self.controls.force_listen:
+            self._ask_engine_controls()
         self.session_info = dict(self.runner.session.info)
         self._set_state(RUNNING)
         self.info.emit(dict(self.session_info))
@@ -214,12 +285,60 @@ class SessionController(QObject):
             self.state_changed.emit(state)
 
     # -- controls (GUI thread) -------------------------------------------------------------
-    def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
+    def set_toggles(self, toggles: Toggles) -> None:
         """Forward to the runner; the records show them from the next second on."""
         if self.runner is not None and self.state in (STARTING, RUNNING):
-            self.runner.set_toggles(demand_sized=demand_sized, graph_replay=graph_replay)
-            self.event.emit("toggle", f"requested demand_sized={demand_sized} graph_replay={graph_replay} "
-                                      "(from the next second)")
+            self.runner.set_toggles(toggles)
+            self.event.emit("toggle", f"requested demand_sized={toggles.demand_sized} "
+                                      f"graph_replay={toggles.graph_replay} (from the next second)")
+
+    def set_echo(self, on: bool) -> None:
+        self._ask("echo", bool(on), f"echo cancellation {'on' if on else 'off'}")
+
+    def set_sensitivity(self, sensitivity: str) -> None:
+        self._ask("sensitivity", sensitivity, f"interrupt sensitivity {sensitivity}")
+
+    def set_delay(self, delay_s: float) -> None:
+        self._ask("delay_s", float(delay_s), f"playback delay {delay_s:.1f} s")
+
+    def set_force_listen(self, on: bool) -> None:
+        self._ask("force_listen", bool(on), f"force-listen {'on' if on else 'off'}")
+
+    def _ask(self, name: str, value, text: str) -> None:
+        """A control from the GUI: in effect from the next second (before a session: for the next one)."""
+        if self.state not in (STARTING, RUNNING):
+            setattr(self.controls, name, value)
+            return
+        self._asked[name] = value
+        self._requests.append(text)
+        self.event.emit("toggle", f"requested {text} (from the next second)")
+        if name == "force_listen":
+            self._ask_engine_controls(value)
+
+    def _ask_engine_controls(self, force_listen: Optional[bool] = None) -> None:
+        """Hand force-listen to the engine's session (it takes it at its next second)."""
+        on = self.controls.force_listen if force_listen is None else force_listen
+        session = getattr(self.runner, "session", None)
+        if session is not None and hasattr(session, "set_controls"):
+            session.set_controls(Controls(force_listen=on))
+        elif self.runner is not None and self.state == RUNNING:
+            self.event.emit("warning", "force-listen needs the embedded engine; this session's engine "
+                                       "does not take it")
+
+    def _take_asked(self) -> None:
+        """The next second came in: the controls asked for are in effect from it."""
+        asked, self._asked = self._asked, {}
+        for name, value in asked.items():
+            setattr(self.controls, name, value)
+        pump = self.pump
+        if pump is None:
+            return
+        if "echo" in asked:
+            pump.echo_wanted = self.controls.echo
+        if "sensitivity" in asked:
+            pump.set_sensitivity(self.controls.sensitivity)
+        if "delay_s" in asked and pump.playback is not None:
+            pump.playback.sink.queue.set_delay(self.controls.delay_s)
 
     def set_push_to_talk(self, enabled: bool) -> None:
         self._push_to_talk = bool(enabled)
@@ -247,7 +366,7 @@ class SessionController(QObject):
         if sink is not None:
             sink.start()
         old, self.sink = self.sink, sink
-        self.pump.playback = Playback(sink) if sink is not None else None
+        self.pump.playback = self._playback(sink)
         if old is not None:
             old.stop()
 
@@ -280,6 +399,8 @@ class SessionController(QObject):
             self.stopped.emit()
 
     def _finish_journal(self) -> None:
+        if self.journal is None or self.journal.finished:
+            return
         try:
             self.journal.finish(metadata=dict(self.session_info))
         except ExportError as e:
@@ -307,6 +428,10 @@ class SessionController(QObject):
             if isinstance(item, LiveResult):
                 self._on_result(item)
             elif isinstance(item, LiveError):
+                if not self.records and self.state == STARTING and self._previous[1] is not None:
+                    self.journal.discard()           # nothing heard: the last session stays the one shown
+                    self.records, self.journal, self.session_info = self._previous
+                    self.failed_start = True
                 self.fail(item.message)
 
     def _on_result(self, res: LiveResult) -> None:
@@ -318,20 +443,58 @@ class SessionController(QObject):
         audio = np.asarray(res.audio, dtype=np.float32)
         self.records.append(rec)
         heard = self._heard.popleft() if self._heard else np.zeros(ENGINE_RATE, dtype=np.float32)
+        frame_no = self._heard_no.popleft() if self._heard_no else rec.index
         pump = self.pump
         pump.model_speaking = rec.decision == "speak"
+        self._take_asked()
         ahead = None
         if pump.playback is not None and self.state == RUNNING:
-            ahead = pump.playback.push(audio)
+            if pump.allows(frame_no):
+                ahead = pump.playback.push(audio, frame_no)
+            else:                                 # made before the engine heard the barge-in: not played
+                self.totals["ducked_s"] += len(audio) / ENGINE_RATE
+                ahead = pump.playback.queued_s()
         delay = self.monitor.on_answer(rec.index, audio, ENGINE_RATE, ahead)
         if ahead is not None and delay == delay:         # played on a device and measured: into the records
             rec.mic_to_speaker_ms = round(delay, 3)
+        self._fill_audio_path(rec)
         try:
             self.journal.append(rec, heard, audio)
         except ExportError as e:
             self.fail(f"{e}; the session stopped")
         self.notice.emit(notice)
         self.record.emit(rec)
+
+    def _fill_audio_path(self, rec) -> None:
+        """The audio path's readouts since the last second go into this second's record."""
+        pump, u = self.pump, self.controls
+        rec.echo_cancellation = bool(pump.canceller is not None and pump.canceller.enabled)
+        rec.barge_in_sensitivity = u.sensitivity
+        rec.requests = "; ".join(self._requests)
+        self._requests = []
+        rec.barge_ins = pump.barge_ins - self._last_barge_ins
+        if rec.barge_ins:
+            rec.barge_in_latency_ms = round(pump.barge_in_ms[-1], 3)
+        self._last_barge_ins = pump.barge_ins
+        if rec.echo_cancellation and pump.far_db > -200:
+            sup = pump.canceller.suppression_db()
+            rec.echo_suppression_db = round(sup, 3) if sup is not None and rec.decision == "speak" else 0.0
+        pb = pump.playback
+        if pb is None:
+            return
+        rec.playback_delay_s = pb.sink.queue.delay_s
+        counts = pb.sink.queue.counts.as_ms(pb.sink.rate)
+        last = self._last_counts or dict.fromkeys(counts, 0.0)
+        rec.playback_gaps = int(counts["gap_events"] - last["gap_events"])
+        rec.playback_gap_ms = round(counts["gap_ms"] - last["gap_ms"], 3)
+        rec.dropped_speech_ms = round(counts["dropped_speech_ms"] - last["dropped_speech_ms"], 3)
+        self._last_counts = counts
+        self.totals["gap_events"] += rec.playback_gaps
+        self.totals["gap_ms"] += rec.playback_gap_ms
+        self.totals["dropped_speech_ms"] += rec.dropped_speech_ms
+        if rec.dropped_speech_ms:
+            self.event.emit("late", f"dropped {rec.dropped_speech_ms:.0f} ms of late speech to keep the delay "
+                                    f"at {pb.sink.queue.delay_s:.1f} s (+1 s at most)")
 
     def _check_devices(self) -> None:
         failure = self.source.check()
@@ -351,7 +514,12 @@ class SessionController(QObject):
 
     def _emit_meters(self) -> None:
         pump, src, sink = self.pump, self.source, self.sink
+        self.totals["input_dropped"] = self.input_dropped
         self.meters.emit({
+            "totals": dict(self.totals),
+            "echo": bool(pump.canceller is not None and pump.canceller.enabled),
+            "echo_error": pump.echo_error,
+            "starting": self.state == STARTING,
             "level_db": pump.level_db,
             "mic_open": pump.talking or not pump.push_to_talk,
             "xruns": src.xruns + src.ring.overflows + (sink.xruns if sink is not None else 0),
@@ -395,17 +563,23 @@ class SessionController(QObject):
         j = self.journal
         if j is None:
             raise ExportError(f"cannot export to {directory}: no session yet")
-        if j.finished:
-            paths = export_journal(j.directory, directory)
-        else:
-            records, meta = list(j.records), dict(self.session_info)
+        records, meta = list(j.records), dict(self.session_info)
+        rows = [r.to_dict() for r in records] if not j.finished else None
 
-            def fill(tmp: Path) -> None:
+        def fill(tmp: Path) -> None:
+            if j.finished:
+                for name in SESSION_FILES:
+                    if (j.directory / name).is_file():
+                        shutil.copyfile(j.directory / name, tmp / name)
+            else:
                 for name in (RECORDS, INPUT_WAV, OUTPUT_WAV):
                     shutil.copyfile(j.directory / name, tmp / name)
                 (tmp / CSV).write_text(to_csv(records), encoding="utf-8")
                 (tmp / TRACE).write_text(to_trace(records, meta), encoding="utf-8")
-            paths = export_folder(directory, fill)
+            lines = rows if rows is not None else _rows_of(tmp / RECORDS)
+            (tmp / TRANSCRIPT).write_text(transcript_text(lines), encoding="utf-8")
+        paths = export_folder(directory, fill)
+        paths["transcript"] = Path(directory).expanduser() / TRANSCRIPT
         self.event.emit("export", f"wrote {len(paths)} files to {directory}")
         return paths
 

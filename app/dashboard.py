@@ -65,6 +65,52 @@ class ScopePlot(pg.PlotWidget):
         self.getPlotItem().setXRange(-span, 0.0, padding=0)
 
 
+class SpectrogramPlot(pg.PlotWidget):
+    """Spectrograms of the last seconds: the microphone (as the engine hears it, echo-cancelled) above, the
+    model's speech (as it played) below; 0-8 kHz each, numpy rfft of only the new hops (app/monitor.py)."""
+
+    FLOOR_DB, TOP_DB = -100.0, -20.0
+
+    def __init__(self, monitor: Optional[AudioMonitor] = None, parent=None):
+        super().__init__(parent)
+        self.monitor = monitor
+        self.setMinimumHeight(110)
+        self.setToolTip("Spectrograms of the last seconds: the microphone as the engine hears it (top, after echo "
+                        "cancellation)\nand the model's speech as it played (bottom); 0-8 kHz each.")
+        item = self.getPlotItem()
+        item.setTitle("Spectrogram: microphone (top) and the model's speech (bottom)", size="10pt")
+        item.setMenuEnabled(False)
+        item.getViewBox().setMouseEnabled(x=False, y=False)
+        item.setLabel("bottom", "seconds ago")
+        item.setLabel("left", "kHz")
+        item.getAxis("left").setTicks([[(0, "0"), (4, "4"), (8, "8|0"), (12, "4"), (16, "8")]])
+        lut = pg.colormap.get("viridis").getLookupTable(nPts=256)
+        self.images = []
+        for _ in range(2):
+            img = pg.ImageItem(axisOrder="row-major")
+            img.setLookupTable(lut)
+            item.addItem(img)
+            self.images.append(img)
+        item.addItem(pg.InfiniteLine(pos=8, angle=0, pen=pg.mkPen("#ffffff", width=1)))
+        item.setYRange(0, 16, padding=0)
+        theme.apply_plot(self)
+        self.refresh()
+
+    def draw(self, mic: np.ndarray, speech: np.ndarray, span_s: float) -> None:
+        """Draw two [frames, bins] dB images over the last ``span_s`` seconds."""
+        for img, spec, y0 in ((self.images[0], mic, 8.0), (self.images[1], speech, 0.0)):
+            img.setImage(spec.T, levels=(self.FLOOR_DB, self.TOP_DB), autoLevels=False)
+            img.setRect(-span_s, y0, span_s, 8.0)
+        self.getPlotItem().setXRange(-span_s, 0.0, padding=0)
+
+    def refresh(self) -> None:
+        """Redraw from the monitor (call from the GUI timer; only new hops are transformed)."""
+        if self.monitor is None:
+            return
+        mic, speech = self.monitor.spectra.images()
+        self.draw(mic, speech, self.monitor.spectra.span_s)
+
+
 class StatsPanel(QWidget):
     """p50 / p99 per stage and of the total, and a histogram of the second's total."""
 

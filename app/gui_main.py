@@ -261,6 +261,7 @@ def _script(a: argparse.Namespace, app, bridge) -> int:
         return 2
     window = MainWindow(settings=open_qsettings(a.settings))
     window.persist_settings = False
+    window.controller.scripted = True    # journals apart: demos never push out the user's sessions
     window.close_policy = "keep"         # closing the window ends the run like the end of the input
     window.show()
     run = ScriptedRun(window, a)

@@ -1,10 +1,11 @@
 """How the app's sessions live and end: where journals go, threads that die, and Unix signals.
 
 * ``sessions_root()`` — the folder of session journals: ``$DUPLEXCADENCE_SESSIONS`` or
-  ``<AppDataLocation>/sessions`` (``~/.local/share/DuplexCadence/sessions`` on Linux). Each
-  session journals into its own subfolder; the newest ``KEEP_FINISHED`` finished ones are kept
-  (so a stopped session can still be exported), older finished ones are removed when a new
-  session starts; unfinished ones are left for the window to offer to recover.
+  ``~/.local/share/DuplexCadence/sessions`` (``$XDG_DATA_HOME``; the generic data folder elsewhere),
+  scripted runs in its ``scripted/`` subfolder. Each session journals into its own subfolder; the
+  newest ``KEEP_FINISHED`` finished ones of each kind are kept for ``KEEP_DAYS`` days at most (so a
+  stopped session can still be exported or reopened from File → Recent sessions), older ones are
+  removed when a new session starts; unfinished ones are left for the window to offer to recover.
 * ``install_thread_guard()`` — an uncaught exception in any Python thread (an audio thread, the
   pump, the engine) or one PortAudio reports from its callback becomes one line in
   ``THREAD_FAILURES``; the session controller stops the session with it. No traceback is printed.
@@ -25,7 +26,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Deque, Dict, Optional
+from typing import Deque, Dict, List, Optional
 
 from PySide6.QtCore import QObject, QSocketNotifier, QStandardPaths, Signal
 from PySide6.QtWidgets import QFileDialog, QMessageBox
@@ -33,30 +34,60 @@ from PySide6.QtWidgets import QFileDialog, QMessageBox
 from engine.session import ExportError
 from engine.session.journal import MARKER, SessionJournal, export_journal, fresh_folder, recover, unfinished_journals
 
-KEEP_FINISHED = 5
+#: finished sessions kept (interactive and scripted runs each their own count) and for how long at most
+KEEP_FINISHED = 20
+KEEP_DAYS = 30
+#: scripted runs (demos, tests, screenshots) journal apart, so they never push out the user's sessions
+SCRIPTED = "scripted"
 #: one line per thread that died since the session started (read by the controller's timer)
 THREAD_FAILURES: Deque[str] = collections.deque(maxlen=100)
 
 
-def sessions_root() -> Path:
-    """Where the app keeps session journals."""
+def sessions_root(scripted: bool = False) -> Path:
+    """Where the app keeps session journals: ``$DUPLEXCADENCE_SESSIONS``, else
+    ``$XDG_DATA_HOME/DuplexCadence/sessions`` (``~/.local/share/DuplexCadence/sessions`` on Linux; the
+    platform's generic data folder elsewhere); scripted runs in its ``scripted/`` subfolder."""
     env = os.environ.get("DUPLEXCADENCE_SESSIONS")
     if env:
-        return Path(env).expanduser()
-    base = QStandardPaths.writableLocation(QStandardPaths.AppDataLocation)
-    return Path(base or Path.home() / ".local" / "share" / "DuplexCadence") / "sessions"
+        root = Path(env).expanduser()
+    else:
+        base = QStandardPaths.writableLocation(QStandardPaths.GenericDataLocation)
+        root = Path(base or Path.home() / ".local" / "share") / "DuplexCadence" / "sessions"
+    return root / SCRIPTED if scripted else root
 
 
-def prune_finished(root: Path, keep: int = KEEP_FINISHED) -> None:
-    """Remove all but the newest ``keep`` finished journals under ``root`` (never unfinished ones)."""
+def finished_sessions(root: Path) -> List[Path]:
+    """Finished journals directly under ``root``, newest first."""
     try:
-        done = [d for d in root.iterdir() if d.is_dir() and not (d / MARKER).exists()
+        done = [d for d in Path(root).iterdir() if d.is_dir() and not (d / MARKER).exists()
                 and (d / "session.jsonl").exists()]
+        done.sort(key=lambda d: d.stat().st_mtime, reverse=True)
     except OSError:
-        return
-    done.sort(key=lambda d: d.stat().st_mtime, reverse=True)
-    for d in done[keep:]:
-        shutil.rmtree(d, ignore_errors=True)
+        return []
+    return done
+
+
+def recent_sessions(limit: int = 10) -> List[Path]:
+    """The newest finished sessions, interactive and scripted, for File → Recent sessions."""
+    both = finished_sessions(sessions_root()) + finished_sessions(sessions_root(scripted=True))
+    try:
+        both.sort(key=lambda d: d.stat().st_mtime, reverse=True)
+    except OSError:
+        pass
+    return both[:limit]
+
+
+def prune_finished(root: Path, keep: int = KEEP_FINISHED, max_age_days: float = KEEP_DAYS) -> None:
+    """Remove finished journals under ``root`` beyond the newest ``keep`` or older than ``max_age_days``
+    (never unfinished ones, never the ``scripted/`` folder: it is pruned on its own)."""
+    now = time.time()
+    for i, d in enumerate(finished_sessions(root)):
+        try:
+            old = now - d.stat().st_mtime > max_age_days * 86400.0
+        except OSError:
+            continue
+        if i >= keep or old:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def new_journal(root: Path, metadata: Dict[str, object]) -> SessionJournal:

@@ -70,6 +70,91 @@ class Envelope:
         return (want - c_now) * self.col_s, lo, hi
 
 
+#: the spectrogram's rate, FFT size and hop (16 kHz: 0-8 kHz shown; 32 ms windows, 16 ms hops)
+SPEC_RATE, SPEC_N, SPEC_HOP = 16000, 512, 256
+
+
+class _Tail:
+    """The last ``n`` samples of a stream at SPEC_RATE (resampled on the caller's thread), thread-safe."""
+
+    def __init__(self, n: int):
+        self.buf = np.zeros(n, dtype=np.float32)
+        self.total = 0
+        self._rs = None
+        self._rate = None
+        self._lock = threading.Lock()
+
+    def add(self, x: np.ndarray, rate: int) -> None:
+        if rate != self._rate:
+            from app.audio_io import StreamResampler
+            self._rs, self._rate = StreamResampler(rate, SPEC_RATE), rate
+        y = self._rs.process(x)[-len(self.buf):]
+        with self._lock:
+            self.buf = np.roll(self.buf, -len(y))
+            if len(y):
+                self.buf[-len(y):] = y
+            self.total += len(y)
+
+    def copy(self) -> np.ndarray:
+        with self._lock:
+            return self.buf.copy()
+
+
+def spectrogram(x: np.ndarray, n: int = SPEC_N, hop: int = SPEC_HOP, floor_db: float = -100.0) -> np.ndarray:
+    """[frames, n // 2 + 1] power in dB of Hann-windowed frames of ``x`` (numpy rfft, cheap: ~0.3 ms/s)."""
+    frames = 1 + max(0, (len(x) - n) // hop)
+    idx = np.arange(n)[None, :] + hop * np.arange(frames)[:, None]
+    seg = x[idx] * np.hanning(n).astype(np.float32)
+    p = np.abs(np.fft.rfft(seg, axis=1)) ** 2 / (n * 0.375 * n / 4)
+    return np.maximum(10.0 * np.log10(p + 1e-20), floor_db).astype(np.float32)
+
+
+class _Rolling:
+    """A stream's spectrogram over its last ``frames`` hops, updated with only the hops that are new."""
+
+    def __init__(self, tail: _Tail, frames: int):
+        self.tail = tail
+        self.image = np.full((frames, SPEC_N // 2 + 1), -100.0, dtype=np.float32)
+        self.done = 0                          # samples of the stream already transformed (whole hops)
+
+    def update(self) -> np.ndarray:
+        with self.tail._lock:
+            total, buf = self.tail.total, self.tail.buf
+            hops = min((total - self.done) // SPEC_HOP, len(self.image))
+            need = (hops - 1) * SPEC_HOP + SPEC_N if hops > 0 else 0
+            end = len(buf) - (total - self.done - hops * SPEC_HOP)
+            x = buf[max(0, end - need):end].copy() if hops > 0 and end >= need else None
+        if x is None:
+            self.done = total - (total - self.done) % SPEC_HOP if hops > 0 else self.done
+            return self.image
+        new = spectrogram(x)
+        self.image = np.concatenate([self.image[len(new):], new])
+        self.done += hops * SPEC_HOP
+        return self.image
+
+
+class Spectra:
+    """The last ``span_s`` of the microphone (as the engine hears it) and of the model's speech (as it
+    played), for the spectrogram; :meth:`images` transforms only what is new since the last call."""
+
+    def __init__(self, span_s: float = SCOPE_SPAN_S):
+        self.span_s = float(span_s)
+        self.mic = _Tail(int(span_s * SPEC_RATE))
+        self.speech = _Tail(int(span_s * SPEC_RATE))
+        frames = int(span_s * SPEC_RATE) // SPEC_HOP
+        self._rolls = (_Rolling(self.mic, frames), _Rolling(self.speech, frames))
+
+    def add_mic(self, x: np.ndarray, rate: int) -> None:
+        self.mic.add(np.asarray(x, dtype=np.float32).reshape(-1), rate)
+
+    def add_speech(self, x: np.ndarray, rate: int) -> None:
+        self.speech.add(np.asarray(x, dtype=np.float32).reshape(-1), rate)
+
+    def images(self) -> Tuple[np.ndarray, np.ndarray]:
+        """(microphone, speech) spectrograms [frames, bins] in dB, the newest hop last."""
+        return self._rolls[0].update(), self._rolls[1].update()
+
+
 class AudioMonitor:
     """Input/output envelopes and the mic-to-speaker delay per second (see the module docstring)."""
 
@@ -77,6 +162,7 @@ class AudioMonitor:
         self.clock = clock
         self.mic = Envelope(span_s)
         self.speech = Envelope(span_s)
+        self.spectra = Spectra(span_s)
         self._captured: Dict[int, float] = {}        # frame index -> wall time its last sample arrived
         self.delay_ms: Dict[int, float] = {}         # second index -> mic-to-speaker delay
         self.playing = False                         # the latest answer went to an output device
@@ -88,11 +174,19 @@ class AudioMonitor:
             self.delay_ms.clear()
         self.mic = Envelope(self.mic.span_cols * self.mic.col_s)
         self.speech = Envelope(self.speech.span_cols * self.speech.col_s)
+        self.spectra = Spectra(self.spectra.span_s)
 
     # -- the frame pump's thread -----------------------------------------------------------
     def on_block(self, block: np.ndarray, rate: int) -> None:
         """A block of input that just arrived (it ends now)."""
         self.mic.add(self.clock() - len(block) / float(rate), block, rate)
+        self.spectra.add_mic(block, rate)
+
+    def on_played(self, block: np.ndarray, rate: int) -> None:
+        """What the speaker's callback played (drained on the pump's thread): what was actually heard, so
+        speech dropped as late or by a barge-in is never drawn."""
+        self.speech.add(self.clock() - len(block) / float(rate), block, rate)
+        self.spectra.add_speech(block, rate)
 
     def on_frame(self, index: int) -> None:
         """Frame ``index`` is complete and goes to the engine now."""
@@ -106,7 +200,9 @@ class AudioMonitor:
         now = self.clock()
         starts = now + (queued_ahead_s or 0.0)
         self.playing = queued_ahead_s is not None
-        self.speech.add(starts, audio, rate)
+        if not self.playing:                         # no device: drawn when ready (a device draws what it played)
+            self.speech.add(starts, audio, rate)
+            self.spectra.add_speech(audio, rate)
         with self._lock:
             captured = self._captured.pop(index, None)
             if captured is None:

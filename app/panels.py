@@ -1,11 +1,13 @@
 """The window's side panels: model choice, audio devices, engine toggles, summary row, event log."""
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 from typing import List, Optional, Tuple
 
 from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import (QApplication, QButtonGroup, QCheckBox, QComboBox, QFileDialog, QFormLayout,
                                QGridLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton,
                                QRadioButton, QVBoxLayout, QWidget)
@@ -409,8 +411,15 @@ class SummaryRow(QWidget):
                                   "font-weight: bold;")
 
 
+def _shape(text: str) -> str:
+    """A line's shape: its text with the numbers taken out (repeated lines of one shape collapse)."""
+    return re.sub(r"[-+]?\d[\d.,]*", "#", text)
+
+
 class EventLogPanel(QWidget):
-    """Timestamped events with "Copy as JSON"."""
+    """Timestamped events with "Copy as JSON"; filtered by kind, repeated lines collapsed ("×14")."""
+
+    ALL = "all kinds"
 
     def __init__(self, log: EventLog, parent=None):
         super().__init__(parent)
@@ -419,19 +428,61 @@ class EventLogPanel(QWidget):
         self.view.setReadOnly(True)
         self.view.setMaximumBlockCount(2000)
         self.view.setLineWrapMode(QPlainTextEdit.WidgetWidth)
+        self.kinds = QComboBox()
+        self.kinds.addItem(self.ALL, "")
+        self.kinds.setToolTip("show the events of one kind")
+        self.kinds.currentIndexChanged.connect(lambda _: self._redraw())
+        self.entries: List[list] = []            # [kind, shape, count, line] per shown line (collapsed)
         copy = QPushButton("Copy as JSON")
         copy.clicked.connect(self.copy_json)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(2, 2, 2, 2)
         lay.addWidget(self.view, 1)
         row = QHBoxLayout()
+        row.addWidget(QLabel("Show"))
+        row.addWidget(self.kinds)
         row.addStretch(1)
         row.addWidget(copy)
         lay.addLayout(row)
 
     def add(self, kind: str, text: str, data: Optional[dict] = None) -> None:
         ev = self.log.add(kind, text, data)
-        self.view.appendPlainText(ev.line())
+        if self.kinds.findData(kind) < 0:
+            self.kinds.addItem(kind, kind)
+        shape = _shape(text)
+        last = self.entries[-1] if self.entries else None
+        if last is not None and last[0] == kind and last[1] == shape:
+            last[2] += 1
+            last[3] = f"{ev.line()}  ×{last[2]}"
+            if self._shown(kind):
+                self._replace_last(last[3])
+            return
+        self.entries.append([kind, shape, 1, ev.line()])
+        del self.entries[:-2000]
+        if self._shown(kind):
+            self.view.appendPlainText(ev.line())
+
+    def collapse_reset(self) -> None:
+        """A new session: its first repeated line starts a new count."""
+        if self.entries:
+            self.entries[-1][1] = None
+
+    def _shown(self, kind: str) -> bool:
+        want = self.kinds.currentData()
+        return not want or want == kind
+
+    def _replace_last(self, line: str) -> None:
+        cursor = self.view.textCursor()
+        cursor.movePosition(QTextCursor.End)
+        cursor.select(QTextCursor.BlockUnderCursor if self.view.blockCount() > 1 else QTextCursor.Document)
+        cursor.removeSelectedText()
+        self.view.appendPlainText(line)
+
+    def _redraw(self) -> None:
+        self.view.setPlainText("\n".join(e[3] for e in self.entries if self._shown(e[0])))
+
+    def text_lines(self) -> List[str]:
+        return self.view.toPlainText().splitlines()
 
     def copy_json(self) -> str:
         text = self.log.to_json()

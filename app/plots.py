@@ -41,7 +41,9 @@ def _style(plot: pg.PlotItem, title: str, ylabel: str) -> None:
 
 
 def toggle_label(change: dict) -> str:
-    """The marker text for a toggle change: what is on from that second."""
+    """The marker text for a toggle or control change: what changed from that second."""
+    if change.get("label"):
+        return change["label"]
     on = [n for n, k in (("demand", "demand_sized"), ("graphs", "graph_replay")) if change[k]]
     return "+".join(on) if on else "stock-like"
 

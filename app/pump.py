@@ -1,27 +1,36 @@
 """The frame pump: the worker thread between the microphone ring and the engine.
 
-It waits on the input source's ring, applies the push-to-talk gate, measures the input level,
-detects barge-in (the user starts talking while model *speech* is queued — queued silence does not
-count — after at least ``BARGE_IN_QUIET_S`` of quiet, so pauses between words are not new onsets:
-the queued playback is flushed), resamples to 24 kHz with a streaming resampler, cuts one-second frames and hands each
-to ``submit`` (``LiveRunner.submit``, which never blocks). No Qt here: the controller polls the
-pump's counters from a GUI timer.
+It waits on the input source's ring, applies the push-to-talk gate, measures the input level, resamples
+to 24 kHz with a streaming resampler, and then works on the engine's rate:
+
+* **echo cancellation** (:class:`engine.echo.EchoCanceller`, WebRTC AEC3): first the far end — exactly
+  what the output callback wrote to the speaker (``sink.played``, drained here, resampled to 24 kHz) —
+  then the microphone, which comes back with the speaker's sound removed. The canceller is told the
+  speaker-to-microphone latency the audio layer reports (both streams' ``latency``);
+* **barge-in in a blink** (:class:`engine.echo.BargeInDetector` on 20 ms frames of the cleaned
+  microphone): the moment the user's speech starts over the model's speech, the queued playback is
+  flushed (the speaker falls silent within the device's own latency) and speech the engine made from
+  input up to that second is not played (:meth:`FramePump.allows`); the engine follows at its next second;
+* one-second frames of the cleaned microphone go to ``submit`` (``LiveRunner.submit``, never blocking).
+
+No Qt here: the controller polls the pump's counters from a GUI timer. The audio callbacks only copy.
 """
 from __future__ import annotations
 
 import collections
 import threading
-from typing import Callable, Deque, Optional
+from typing import Callable, Deque, List, Optional
 
 import numpy as np
 
 from app.audio_io import (ENGINE_RATE, SILENCE_DB, FrameAssembler, InputSource, Playback, StreamResampler,
                           block_db as level_db)
+from engine.echo import BargeInDetector, EchoCanceller, EchoUnavailable
 
-#: input level (dBFS) above which a rising edge counts as the user starting to talk
-BARGE_IN_DB = -35.0
-#: quiet (seconds) the user must leave before a new rising edge counts: gaps between words do not
-BARGE_IN_QUIET_S = 0.5
+#: the interrupt sensitivity a session starts with (engine/echo/bargein.py SENSITIVITY)
+DEFAULT_SENSITIVITY = "normal"
+#: far-end (played) level above which the model counts as speaking now (dBFS)
+PLAYING_DB = -45.0
 
 
 class FramePump(threading.Thread):
@@ -32,8 +41,8 @@ class FramePump(threading.Thread):
     """
 
     def __init__(self, source: InputSource, submit: Callable[[np.ndarray], None],
-                 playback: Optional[Playback] = None, barge_in_db: float = BARGE_IN_DB,
-                 max_frames: Optional[int] = None):
+                 playback: Optional[Playback] = None, sensitivity: str = DEFAULT_SENSITIVITY,
+                 max_frames: Optional[int] = None, echo: bool = True):
         super().__init__(name="frame-pump", daemon=True)
         self._submit = submit
         self._source = source
@@ -42,10 +51,8 @@ class FramePump(threading.Thread):
         self._halt = threading.Event()
         self._resampler = StreamResampler(source.rate, ENGINE_RATE)
         self._frames = FrameAssembler(ENGINE_RATE)
-        self.playback = playback
         self.max_frames = max_frames     # stop submitting after this many frames (scripted runs)
         self.accepting = True            # False until the session is built: input is only metered
-        self.barge_in_db = barge_in_db
         self.push_to_talk = False        # True: the mic is muted unless ``talking``
         self.talking = False             # Space held (push-to-talk)
         self.model_speaking = False      # the latest second's decision was "speak" (shown, not used to flush)
@@ -54,10 +61,57 @@ class FramePump(threading.Thread):
         self.error: Optional[str] = None  # set when the worker died (what broke, one line)
         self.events: Deque[tuple] = collections.deque(maxlen=1000)
         self.barge_ins = 0
-        self._was_voiced = False
-        self._quiet_s = float("inf")     # seconds of unvoiced input since the last voiced block
-        self.on_block: Optional[Callable[[np.ndarray, int], None]] = None   # (gated block, rate): the scope
+        self.barge_in_ms: Deque[float] = collections.deque(maxlen=1000)   # latency of each, for the records
+        self.echo_wanted = bool(echo)    # the user's toggle; on only while a speaker plays (nothing to cancel)
+        self.echo_error: Optional[str] = None
+        self.detector = BargeInDetector(ENGINE_RATE, sensitivity=sensitivity)
+        self._sensitivity: Optional[str] = None   # a change asked from the GUI, taken on this thread
+        self._detector_lock = threading.Lock()
+        self.canceller: Optional[EchoCanceller] = None
+        self._far_rs: Optional[StreamResampler] = None
+        self.far_db = SILENCE_DB         # the level the speaker played last
+        self.playback = playback
+        self.on_block: Optional[Callable[[np.ndarray, int], None]] = None   # (cleaned block, rate): the scope
+        self.on_played: Optional[Callable[[np.ndarray, int], None]] = None  # (played block, rate): the scope
         self.on_frame: Optional[Callable[[int], None]] = None               # (frame index) at submit: latency
+
+    @property
+    def playback(self) -> Optional[Playback]:
+        return self._playback
+
+    @playback.setter
+    def playback(self, pb: Optional[Playback]) -> None:
+        self._playback = pb
+        sink = getattr(pb, "sink", None)
+        self._far_rs = StreamResampler(sink.rate, ENGINE_RATE) if sink is not None else None
+
+    def _echo_on(self) -> bool:
+        """Cancellation runs while wanted and a speaker plays (the canceller is built on first use)."""
+        if not self.echo_wanted or self._playback is None or self.echo_error:
+            if self.canceller is not None:
+                self.canceller.enabled = False
+            return False
+        if self.canceller is None:
+            try:
+                self.canceller = EchoCanceller(ENGINE_RATE)
+            except EchoUnavailable as e:
+                self.echo_error = str(e)
+                self.events.append(("echo", str(e)))
+                return False
+        self.canceller.enabled = True
+        self.canceller.set_delay_ms(self.device_latency_ms())
+        return True
+
+    def device_latency_ms(self) -> float:
+        """Speaker-to-microphone latency the audio layer reports: output plus input stream latency."""
+        sink = getattr(self._playback, "sink", None)
+        out = getattr(sink, "latency_s", 0.0) if sink is not None else 0.0
+        return 1000.0 * (float(out or 0.0) + float(getattr(self._source, "latency_s", 0.0) or 0.0))
+
+    def set_sensitivity(self, sensitivity: str) -> None:
+        """The interrupt sensitivity (engine/echo SENSITIVITY), from the pump's next block."""
+        with self._detector_lock:
+            self._sensitivity = sensitivity
 
     # -- control (any thread) ------------------------------------------------------------
     @property
@@ -106,15 +160,20 @@ class FramePump(threading.Thread):
     def process(self, block: np.ndarray) -> None:
         """Handle one block of native-rate samples (called on the worker thread; tests call it)."""
         self.level_db = level_db(block)
+        far = self._drain_far()
         if not self.accepting:
             return
         gate_open = self.talking or not self.push_to_talk
         if not gate_open:
             block = np.zeros_like(block)
-        self._barge_in(gate_open and self.level_db > self.barge_in_db, len(block) / self._source.rate)
+        x = self._resampler.process(block)
+        if self._echo_on():
+            self.canceller.far(far)
+            x = self.canceller.near(x)
+        self._detect(x)
         if self.on_block is not None:
-            self.on_block(block, self._source.rate)
-        for frame in self._frames.push(self._resampler.process(block)):
+            self.on_block(x, ENGINE_RATE)
+        for frame in self._frames.push(x):
             if self.done:
                 break
             if self.on_frame is not None:
@@ -122,21 +181,52 @@ class FramePump(threading.Thread):
             self._submit(frame)
             self.submitted += 1
 
-    def _barge_in(self, voiced: bool, block_s: float) -> None:
-        """A rising edge after enough quiet, while real speech is queued, flushes the playback."""
-        onset = voiced and not self._was_voiced and self._quiet_s >= BARGE_IN_QUIET_S
-        self._was_voiced = voiced
-        self._quiet_s = 0.0 if voiced else self._quiet_s + block_s
-        if onset:
-            self._flush_speech("user started talking")
+    def _drain_far(self) -> np.ndarray:
+        """What the speaker played since the last block, at 24 kHz (empty without a speaker)."""
+        pb = self._playback
+        sink = getattr(pb, "sink", None)
+        played = getattr(sink, "played", None)
+        if played is None or self._far_rs is None:
+            return np.zeros(0, dtype=np.float32)
+        y = played.read()
+        if len(y):
+            self.far_db = level_db(y)
+            if self.on_played is not None:
+                self.on_played(y, sink.rate)
+        return self._far_rs.process(y)
 
-    def _flush_speech(self, why: str) -> None:
-        pb = self.playback
-        if pb is None or pb.speech_queued_s() <= 0:
+    def playing(self) -> bool:
+        """The model's speech is playing now (or queued to play)."""
+        pb = self._playback
+        return pb is not None and (self.far_db > PLAYING_DB or pb.speech_queued_s() > 0)
+
+    def _detect(self, x: np.ndarray) -> None:
+        with self._detector_lock:
+            if self._sensitivity is not None:
+                self.detector.set_sensitivity(self._sensitivity)
+                self._sensitivity = None
+            hits = self.detector.push(x, self.playing())
+        for b in hits:
+            self._flush_speech("user started talking", b.latency_ms(ENGINE_RATE))
+
+    def allows(self, frame_no: int) -> bool:
+        """Whether the engine's speech made from input frame ``frame_no`` may play (after a barge-in, the
+        seconds up to the user's onset are dropped; a later second releases the duck)."""
+        with self._detector_lock:
+            return self.detector.allows(frame_no)
+
+    def _flush_speech(self, why: str, detect_ms: float = 0.0) -> None:
+        pb = self._playback
+        if pb is None or (pb.speech_queued_s() <= 0 and self.far_db <= PLAYING_DB):
             return                       # nothing but silence queued: the model is not speaking
         dropped = pb.flush()
+        sink_latency = 1000.0 * float(getattr(pb.sink, "latency_s", 0.0) or 0.0)
+        src_latency = 1000.0 * float(getattr(self._source, "latency_s", 0.0) or 0.0)
+        latency = detect_ms + sink_latency + src_latency
         self.barge_ins += 1
-        self.events.append(("barge-in", f"{why}: flushed {dropped:.2f} s of playback"))
+        self.barge_in_ms.append(latency)
+        self.events.append(("barge-in", f"{why}: flushed {dropped:.2f} s of playback; silent "
+                                        f"{latency:.0f} ms after the onset"))
 
     def press_talk(self, pressed: bool) -> None:
         """Push-to-talk key state. Pressing (a key-down edge, not a repeat) while the model speaks is a
@@ -145,4 +235,3 @@ class FramePump(threading.Thread):
         self.talking = bool(pressed)
         if edge and self.push_to_talk:
             self._flush_speech("push-to-talk pressed")
-

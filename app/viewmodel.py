@@ -162,14 +162,59 @@ class SessionSeries:
         return s
 
     def mode_changes(self) -> List[dict]:
-        """Seconds at which the engine toggles in effect changed (for the event log)."""
+        """Seconds at which the engine toggles or the user's controls in effect changed (for the plots' marks
+        and the event log): each with ``label``, what changed ("demand+graphs", "force-listen on", "echo off",
+        "interrupt high", "delay 1.5 s")."""
         out, prev = [], None
         for r in self.rows:
-            cur = (r["demand_sized"], r["graph_replay"])
+            cur = tuple(r.get(k, d) for k, d in MODE_KEYS)
             if prev is not None and cur != prev:
-                out.append({"index": r["index"], "demand_sized": cur[0], "graph_replay": cur[1]})
+                change = {"index": r["index"], **{k: v for (k, _), v in zip(MODE_KEYS, cur)}}
+                change["label"] = _change_label(dict(zip([k for k, _ in MODE_KEYS], prev)), change)
+                out.append(change)
             prev = cur
         return out
+
+
+#: what a mark on the plots follows: the engine toggles, then the user's controls (key, default)
+MODE_KEYS = (("demand_sized", True), ("graph_replay", False), ("force_listen", False),
+             ("echo_cancellation", False), ("barge_in_sensitivity", ""), ("playback_delay_s", 0.0))
+
+
+def _change_label(before: dict, after: dict) -> str:
+    parts = []
+    if (before["demand_sized"], before["graph_replay"]) != (after["demand_sized"], after["graph_replay"]):
+        on = [n for n, k in (("demand", "demand_sized"), ("graphs", "graph_replay")) if after[k]]
+        parts.append("+".join(on) if on else "stock-like")
+    if before["force_listen"] != after["force_listen"]:
+        parts.append(f"force-listen {'on' if after['force_listen'] else 'off'}")
+    if before["echo_cancellation"] != after["echo_cancellation"]:
+        parts.append(f"echo {'on' if after['echo_cancellation'] else 'off'}")
+    if before["barge_in_sensitivity"] != after["barge_in_sensitivity"] and before["barge_in_sensitivity"]:
+        parts.append(f"interrupt {after['barge_in_sensitivity']}")
+    if before["playback_delay_s"] != after["playback_delay_s"] and before["playback_delay_s"]:
+        parts.append(f"delay {after['playback_delay_s']:.1f} s")
+    return ", ".join(parts) or "mode"
+
+
+def keep_up_advice(info: Dict[str, object], cuda: bool) -> str:
+    """What would actually help this session keep up, from its info (device, size, graphs, faster paths)."""
+    device, size = str(info.get("device", "")), str(info.get("size", ""))
+    tips = []
+    if device.startswith("cpu"):
+        tips.append("run on a GPU (this session runs on the CPU" + (", which has no CUDA graphs)" if not cuda
+                                                                     else "; a GPU is available here)"))
+        if size != "tiny":
+            tips.append("choose the tiny size")
+    elif size != "tiny":
+        tips.append("choose a smaller size")
+    if device.startswith("cuda") and not info.get("graph_replay", True):
+        tips.append("turn exact-shape graph replay on")
+    paths = [str(p) for p in info.get("fast_paths") or []]
+    if any("forced" in p or "reference" in p for p in paths):
+        tips.append("let the decoders use their self-checked faster paths (no --reference-paths)")
+    tips.append("close other programs using the " + ("GPU" if device.startswith("cuda") else "CPU"))
+    return "What would help here: " + "; ".join(tips) + "."
 
 
 @dataclass

@@ -7,23 +7,26 @@ from typing import Callable, Dict, Optional
 from PySide6.QtCore import QSettings, Qt, QTimer
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import (QApplication, QFileDialog, QFrame, QHBoxLayout, QLabel, QMainWindow,
-                               QPlainTextEdit, QPushButton, QScrollArea, QSplitter, QTabWidget, QVBoxLayout,
+                               QPushButton, QScrollArea, QSplitter, QTabWidget, QVBoxLayout,
                                QWidget)
 
 from app import controller as ctl
 from app import theme
 from app.audio_io import AudioUnavailable, DeviceInput, DeviceOutput, FileInput, list_devices
 from app.banners import BannerStack
-from app.dashboard import ScopePlot, StatsPanel
+from app.dashboard import ScopePlot, SpectrogramPlot, StatsPanel
 from app.engine_panel import EnginePanel
 from app.panels import DevicePanel, EventLogPanel, ModelPanel, SummaryRow, TogglePanel
 from app.plots import MemoryPlot, TimingPlot
+from app.readouts import ConversationPanel, ReadoutRow
+from app.transcript import TranscriptView
 from app.settings import AppSettings, load_settings, open_qsettings, save_settings
-from app.viewmodel import YELLOW, EventLog, SessionSeries
+from app.viewmodel import YELLOW, EventLog, SessionSeries, keep_up_advice
 from app.lifecycle import SessionDialogs
 from app.window_actions import KEYS, PTT_RELEASE_MS, WindowActions
 from engine.wavio import WavError
 from engine.paths import asset
+from engine.core.toggles import Toggles
 from engine.session import ExportError, SessionConfig
 
 SYNTHETIC_BANNER = ("Synthetic weights: timing and memory are real; the voice is not speech — "
@@ -108,29 +111,39 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         self.stats = StatsPanel()
         self.summary_row = SummaryRow()
         self.events = EventLogPanel(self.log)
-        self.transcript = QPlainTextEdit()
-        self.transcript.setReadOnly(True)
-        self.transcript.setPlaceholderText("Text the backbone produces appears here (the synthetic backbone "
-                                           "produces none).")
+        self.transcript = TranscriptView()
+        self.readouts = ReadoutRow()
+        self.spectrogram = SpectrogramPlot(self.controller.monitor)
+        self.conversation = ConversationPanel()
         tabs = QTabWidget()
         tabs.addTab(self.events, "Events")
         tabs.addTab(self.stats, "Stage statistics")
-        tabs.addTab(self.transcript, "Model text")
         self.tabs = tabs
         left = QWidget()
         lcol = QVBoxLayout(left)
         lcol.setContentsMargins(0, 0, 0, 0)
-        for w in (self.model_panel, self.device_panel, self.toggle_panel, self.engine_panel):
+        for w in (self.model_panel, self.device_panel, self.conversation, self.toggle_panel, self.engine_panel):
             lcol.addWidget(w)
         lcol.addWidget(tabs, 1)
-        right = QWidget()
-        rcol = QVBoxLayout(right)
+        plots = QWidget()
+        rcol = QVBoxLayout(plots)
         rcol.setContentsMargins(0, 0, 0, 0)
+        self.banners = BannerStack()             # in the layout above the plots: a banner never covers one
+        rcol.addWidget(self.banners)
         rcol.addWidget(self.timing_plot, 3)
         rcol.addWidget(self.summary_row)
-        rcol.addWidget(self.scope, 2)
+        rcol.addWidget(self.readouts)
+        sound = QSplitter(Qt.Horizontal)
+        sound.addWidget(self.scope)
+        sound.addWidget(self.spectrogram)
+        rcol.addWidget(sound, 2)
         rcol.addWidget(self.memory_plot, 2)
-        self.banners = BannerStack(right)        # banners float over the plots: the layout never moves
+        right = QSplitter(Qt.Horizontal)          # the transcript scrolls beside the plots
+        right.addWidget(plots)
+        right.addWidget(self.transcript)
+        right.setStretchFactor(0, 3)
+        right.setStretchFactor(1, 1)
+        right.setSizes([760, 260])
         self.synthetic_banner = self.banners.add(YELLOW)
         self.synthetic_banner.setText(SYNTHETIC_BANNER)
         self.keepup_banner = self.banners.add("#f9c784")
@@ -145,7 +158,7 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         split.addWidget(scroll)
         split.addWidget(right)
         split.setStretchFactor(1, 1)
-        split.setSizes([440, 1000])
+        split.setSizes([400, 1040])
         central = QWidget()
         col = QVBoxLayout(central)
         col.addLayout(top)
@@ -170,7 +183,13 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         self.device_panel.push_to_talk_changed.connect(c.set_push_to_talk)
         self.device_panel.input_changed.connect(self.on_input_changed)
         self.device_panel.output_changed.connect(self.on_output_changed)
+        self.device_panel.output_changed.connect(self._output_hint)
         self.model_panel.changed.connect(self.on_model_changed)
+        cp = self.conversation
+        cp.echo_changed.connect(self.on_echo)
+        cp.force_listen_changed.connect(c.set_force_listen)
+        cp.sensitivity_changed.connect(c.set_sensitivity)
+        cp.delay_changed.connect(c.set_delay)
         self.engine_panel.reconnect.connect(self.start_session)
         QApplication.instance().installEventFilter(self)
 
@@ -258,19 +277,34 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         if show_config:
             self._show_config(cfg, source, sink)
         self._started_model = self.model_panel.config()      # what the panel showed when this session began
-        self.series.clear()
-        self.transcript.clear()
-        self._last_toggles = None
         self.message_banner.hide()
         self.keepup_banner.hide()
-        self.synthetic_banner.setVisible(cfg.checkpoint is None)
+        self._fresh_view = False          # the last session's view stays until this one's first second
+        self._output_hint()
         try:
             self.controller.start(cfg, source, sink, max_seconds=max_seconds)
         except (AudioUnavailable, ExportError) as e:
             self.show_message("error", str(e))
             return False
-        self.refresh()
+        self.synthetic_banner.setVisible(cfg.checkpoint is None)
         return True
+
+    def _clear_view(self) -> None:
+        """The new session's first second: the plots, transcript and readouts start afresh."""
+        self._fresh_view = True
+        self.series.clear()
+        self.transcript.show_rows([])
+        self.readouts.reset()
+        self._last_toggles = None
+        self.events.collapse_reset()
+
+    def _output_hint(self, *_) -> None:
+        kind, dev = self.device_panel.selected_output()
+        self.conversation.show_output(dev.name if kind == "device" else None)
+
+    def on_echo(self, on: bool) -> None:
+        self.controller.set_echo(on)
+        self.conversation.update_hint()
 
     def _show_config(self, cfg: SessionConfig, source, sink=None) -> None:
         """Make the panels show what a (scripted) session runs with (the Output picker names its
@@ -288,7 +322,7 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         self.device_panel.show_output(sink.device.name if isinstance(sink, DeviceOutput) else None)
 
     def on_toggles(self, demand: bool, graphs: bool) -> None:
-        self.controller.set_toggles(demand_sized=demand, graph_replay=graphs)
+        self.controller.set_toggles(Toggles(demand_sized=demand, graph_replay=graphs))
 
     def on_model_changed(self) -> None:
         """The panel's (asynchronous) check is done: say when a change made during a session applies."""
@@ -313,20 +347,23 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
 
     # -- slots: results ------------------------------------------------------------------------
     def on_record(self, rec) -> None:
+        if not getattr(self, "_fresh_view", True):
+            self._clear_view()
         row = self.series.add(rec)
         delay = self.controller.monitor.delay_for(row["index"])
         if delay is not None:
             row["mic_to_speaker_ms"] = round(delay, 3)
             row["answer_plays"] = self.controller.monitor.playing
-        toggles = (row["demand_sized"], row["graph_replay"])
-        if self._last_toggles is not None and toggles != self._last_toggles:
-            self.events.add("toggle", f"in effect from second {row['index']}: demand_sized={toggles[0]} "
-                                      f"graph_replay={toggles[1]}")
-        self._last_toggles = toggles
+        changes = self.series.mode_changes()
+        if changes and changes[-1]["index"] == row["index"]:
+            self.events.add("toggle", f"in effect from second {row['index']}: {changes[-1]['label']}")
         if row["missed"]:
             self.events.add("late", f"second {row['index']} missed the deadline by {row['late_ms']:.0f} ms")
-        if row.get("text"):
-            self.transcript.insertPlainText(str(row["text"]))
+        if row.get("barge_ins"):
+            self.events.add("barge-in", f"second {row['index']}: {row['barge_ins']} barge-in(s), playback silent "
+                                        f"{row.get('barge_in_latency_ms', 0):.0f} ms after the onset")
+        self.transcript.show_rows(self.series.rows)
+        self.readouts.show_row(row, self.controller.totals)
         self._show_state(row["decision"] if self.controller.state == ctl.RUNNING else self.controller.state)
         self.refresh()
 
@@ -336,14 +373,15 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         self.summary_row.show_summary(self.series.summary())
         n = min(len(self.series), STATS_WINDOW_S)
         self.stats.show_stats(self.series.window(STATS_WINDOW_S), note=f"over the last {n} s" if n else "")
-        self.export_button.setEnabled(len(self.series) > 0)
-        self.export_action.setEnabled(len(self.series) > 0)
+        can = len(self.series) > 0 and self.controller.journal is not None
+        self.export_button.setEnabled(can)
+        self.export_action.setEnabled(can)
 
     def on_notice(self, text: str) -> None:
         """The engine's "cannot keep up" line, refreshed every second; hidden once it keeps up."""
         if text and self.controller.state in (ctl.STARTING, ctl.RUNNING, ctl.DRAINING):
-            self.keepup_banner.setText(f"⚠ {text}. Playback lags behind; use a smaller size, a GPU, or "
-                                       "turn optimizations on.")
+            advice = keep_up_advice(self.controller.session_info, self.cuda)
+            self.keepup_banner.setText(f"⚠ {text}. Late speech is dropped to keep the delay bounded. {advice}")
             self.keepup_banner.show()
         else:
             self.keepup_banner.hide()
@@ -360,8 +398,10 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
             self.session_label.setText(self.session_label.text() + f" · faster paths: {', '.join(on) or 'none'}")
         self.session_label.setToolTip("Faster paths (start-up self-check against the reference path):\n"
                                       + "\n".join(paths) if paths else "")
-        for line in paths:
-            self.events.add("session", f"fast path: {line}", {"fast_path": line})
+        if paths:                          # one line: the details are in its data and the label's tooltip
+            off = len(paths) - len(on)
+            self.events.add("session", f"faster paths: {len(on)} on ({', '.join(on) or 'none'}), {off} off or "
+                                       "not applicable (see the tooltip)", {"fast_paths": list(paths)})
 
     def on_state(self, state: str) -> None:
         busy = state != ctl.IDLE
@@ -370,6 +410,12 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         stoppable = state in (ctl.STARTING, ctl.RUNNING, ctl.DRAINING)
         self.stop_button.setEnabled(stoppable)
         self.stop_action.setEnabled(stoppable)
+        if state == ctl.STARTING:
+            self._starting_said = False
+            self._echo_warned = False
+        if state == ctl.IDLE:
+            self.refresh()                        # a failed Start kept the last session: its Export stays
+            self.add_recent_session()
         if state in (ctl.STOPPING, ctl.IDLE):
             self.keepup_banner.hide()             # stale once the session stops
             self.backlog_label.setText("")
@@ -381,6 +427,17 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         self.backlog_label.setText(f"queued: {m.get('backlog', 0)} s in · {m.get('playback_s', 0.0):.1f} s out · "
                                    f"barge-ins {m.get('barge_ins', 0)}")
         self.scope.refresh()
+        self._ticks = getattr(self, "_ticks", 0) + 1
+        if self._ticks % 5 == 0:                 # the spectrogram: only its new hops, 5 times a second
+            self.spectrogram.refresh()
+        if m.get("echo_error") and not getattr(self, "_echo_warned", False):
+            self._echo_warned = True
+            self.show_message("warning", m["echo_error"])
+        if m.get("starting") and m.get("level_db", -120.0) > -40.0 and not getattr(self, "_starting_said", False):
+            self._starting_said = True           # speech while the model loads is not heard: say so
+            self.events.add("session", "the model is still loading: what you say now is not heard; talk once "
+                                       "the state reads LISTENING")
+            self.state_label.setText("STARTING… (not listening yet)")
 
     def _progress(self, key: str) -> str:
         """What stopping or finishing is waiting for: the second in progress."""
@@ -405,7 +462,7 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
 
     # -- export --------------------------------------------------------------------------------
     def export_dialog(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self, "Export the session into…", self.settings.export_dir)
+        folder = self.choose_export_folder("Export the session into…")
         if folder:
             self.settings.export_dir = folder
             self.export_to(folder)

@@ -7,6 +7,8 @@ for push-to-talk with key autorepeat ignored; plots re-themed when the palette c
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from PySide6.QtCore import QEvent, Qt
 from PySide6.QtGui import QAction, QKeyEvent, QKeySequence
 from PySide6.QtWidgets import QApplication, QFileDialog, QLineEdit
@@ -17,6 +19,12 @@ from app import theme
 KEYS = {"start": "Ctrl+R", "stop": "Ctrl+.", "export": "Ctrl+E", "open": "Ctrl+O", "beside": "Ctrl+Shift+O"}
 #: a Space release followed this soon by a press is key autorepeat, not the user letting go
 PTT_RELEASE_MS = 120
+
+
+def export_target(text: str) -> str:
+    """What an export dialog's answer names: an existing folder, or a new one to create ("" for none)."""
+    text = (text or "").strip()
+    return str(Path(text).expanduser()) if text else ""
 
 
 class WindowActions:
@@ -43,12 +51,45 @@ class WindowActions:
         file_menu = self.menuBar().addMenu("&File")
         file_menu.addAction(self.open_action)
         file_menu.addAction(self.beside_action)
+        self.recent_menu = file_menu.addMenu("Recent sessions")
+        self.recent_menu.setToolTip("the sessions kept in the app's session folder (newest first)")
+        self.recent_menu.aboutToShow.connect(self.fill_recent_menu)
+        self.fill_recent_menu()
         file_menu.addAction(self.export_action)
         file_menu.addSeparator()
         file_menu.addAction(QAction("Quit", self, shortcut=QKeySequence.Quit, triggered=self.close))
         session_menu = self.menuBar().addMenu("&Session")
         session_menu.addAction(self.start_action)
         session_menu.addAction(self.stop_action)
+
+    def fill_recent_menu(self) -> list:
+        """File → Recent sessions: the newest kept sessions (interactive and scripted), each opens a replay."""
+        from app.lifecycle import recent_sessions
+        self.recent_menu.clear()
+        folders = recent_sessions()
+        for folder in folders:
+            tag = " (scripted)" if folder.parent.name == "scripted" else ""
+            self.recent_menu.addAction(f"{folder.name}{tag}", lambda f=folder: self.open_session(f))
+        if not folders:
+            self.recent_menu.addAction("(no finished sessions yet)").setEnabled(False)
+        return folders
+
+    def add_recent_session(self) -> None:
+        """A session ended: the menu lists it next time it opens (it is refilled then)."""
+        self.fill_recent_menu()
+
+    def choose_export_folder(self, title: str) -> str:
+        """A folder for an export; a typed name of a folder that does not exist yet is accepted (the export
+        creates it). "" when cancelled."""
+        dialog = QFileDialog(self, title, self.settings.export_dir)
+        dialog.setFileMode(QFileDialog.AnyFile)          # AnyFile: a new name may be typed
+        dialog.setOption(QFileDialog.ShowDirsOnly, True)
+        dialog.setOption(QFileDialog.DontUseNativeDialog, True)
+        dialog.setAcceptMode(QFileDialog.AcceptSave)
+        dialog.setLabelText(QFileDialog.Accept, "Export here")
+        if not dialog.exec():
+            return ""
+        return export_target(dialog.selectedFiles()[0] if dialog.selectedFiles() else "")
 
     # -- replay ---------------------------------------------------------------------------------
     def open_session_dialog(self, beside: bool = False) -> None:

@@ -7,14 +7,18 @@ import numpy as np
 import pytest
 
 from app.audio_io import ENGINE_RATE, SILENCE_DB, Playback, RingBuffer
-from app.monitor import AudioMonitor, Envelope
-from app.pump import BARGE_IN_QUIET_S, FramePump
+from app.monitor import AudioMonitor, Envelope, Spectra
+from app.pump import FramePump
+from engine.echo import PlaybackQueue
+
+BARGE_IN_QUIET_S = 0.5
 
 
 class _Sink:
-    def __init__(self, rate: int):
+    def __init__(self, rate: int, delay_s: float = 10.0):
         self.rate = rate
-        self.ring = RingBuffer(rate * 10)
+        self.queue = PlaybackQueue(rate, delay_s)
+        self.played = RingBuffer(rate * 2)
 
 
 def noise(n: int, scale: float = 0.3, seed: int = 0) -> np.ndarray:
@@ -35,7 +39,7 @@ def test_playback_knows_how_much_queued_audio_is_speech():
     ahead = pb.push(noise(ENGINE_RATE // 2, 0.1))                    # half a second of speech after it
     assert ahead == pytest.approx(1.0, abs=0.02)
     assert pb.speech_queued_s() == pytest.approx(0.5, abs=0.03)
-    sink.ring.read(int(1.2 * ENGINE_RATE))                                 # 1.2 s played: into the speech
+    sink.queue.pop(int(1.2 * ENGINE_RATE))                                 # 1.2 s played: into the speech
     assert pb.speech_queued_s() == pytest.approx(0.3, abs=0.03)
     assert pb.playing_level_db() == pytest.approx(-20.0, abs=1.5)
     assert pb.flush() == pytest.approx(0.3, abs=0.03)
@@ -50,7 +54,7 @@ def test_playback_knows_how_much_queued_audio_is_speech():
 def _pump():
     src = types.SimpleNamespace(rate=ENGINE_RATE, ring=RingBuffer(ENGINE_RATE * 4), label="test")
     pb = Playback(_Sink(ENGINE_RATE))
-    return FramePump(src, lambda f: None, pb), pb
+    return FramePump(src, lambda f: None, pb, echo=False), pb
 
 
 def test_queued_silence_is_not_the_model_speaking():
@@ -68,7 +72,9 @@ def test_pauses_between_words_are_not_new_barge_ins():
     pb.push(noise(ENGINE_RATE, 0.1))                 # the model is talking
     feed(pump, noise(4800, 0.3))                     # onset: one barge-in
     assert pump.barge_ins == 1 and pb.queued_s() == 0
-    assert pump.events[-1] == ("barge-in", "user started talking: flushed 1.00 s of playback")
+    assert pump.events[-1][1].startswith("user started talking: flushed 1.00 s of playback; silent ")
+    assert not pump.allows(1)                        # speech made from the onset's second: not played
+    assert pump.allows(2)                            # the engine heard the user: its next second plays
     pb.push(noise(ENGINE_RATE, 0.1, seed=1))         # the model speaks again
     gap = int(0.5 * BARGE_IN_QUIET_S * ENGINE_RATE)
     feed(pump, np.r_[noise(gap, 0.001), noise(4800, 0.3)])   # a short pause between words
@@ -112,7 +118,9 @@ def test_mic_to_speaker_delay():
     now[0] = 100.3                                   # its answer is ready 300 ms later ...
     delay = mon.on_answer(0, noise(ENGINE_RATE, 0.1), ENGINE_RATE, queued_ahead_s=0.5)   # ... behind 0.5 s
     assert delay == pytest.approx(800.0) and mon.delay_for(0) == pytest.approx(800.0) and mon.playing
-    now[0] = 101.0                                   # its speech plays from t=100.8, not from when it was ready
+    now[0] = 101.0                                   # queued for a device: drawn only as it plays
+    assert not mon.speech.view(now[0])[2].any()
+    mon.on_played(noise(int(0.2 * ENGINE_RATE), 0.1), ENGINE_RATE)   # the callback played 0.2 s until now
     t, lo, hi = mon.speech.view(now[0])
     assert hi[t < -0.22].max() == 0 and hi[t > -0.18].max() > 0.2
     mon.on_frame(1)
@@ -120,3 +128,30 @@ def test_mic_to_speaker_delay():
     assert mon.on_answer(1, noise(ENGINE_RATE, 0.1), ENGINE_RATE, None) == pytest.approx(300.0)
     assert not mon.playing
     assert np.isnan(mon.on_answer(7, noise(10), ENGINE_RATE, None)) and mon.delay_for(7) is None
+
+
+def test_the_sound_view_shows_only_what_played():
+    """Speech dropped (late, or by a barge-in) never reaches the callback, so it is never drawn; speech that
+    plays long after it was made (playback far behind) is drawn when it plays."""
+    now = [50.0]
+    mon = AudioMonitor(clock=lambda: now[0])
+    for k in range(8):                               # 8 s of answers queued far ahead (playback 6 s behind)
+        mon.on_frame(k)
+        mon.on_answer(k, noise(ENGINE_RATE, 0.1), ENGINE_RATE, queued_ahead_s=6.0 + k)
+    assert not mon.speech.view(now[0])[2].any()      # nothing played yet: nothing drawn
+    mon.on_played(noise(ENGINE_RATE // 2, 0.1), ENGINE_RATE)
+    assert mon.speech.view(now[0])[2][-11:-1].min() > 0.05
+
+
+def test_spectrogram_transforms_only_new_hops():
+    sp = Spectra(2.0)
+    tone = (0.3 * np.sin(2 * np.pi * 1000 * np.arange(ENGINE_RATE) / ENGINE_RATE)).astype(np.float32)
+    sp.add_mic(tone, ENGINE_RATE)
+    mic, speech = sp.images()
+    assert mic.shape == speech.shape == (125, 257)
+    assert int(np.argmax(mic[-1])) == 32 and mic[-1].max() > -30     # 1 kHz = bin 32 of 512 at 16 kHz
+    assert speech.max() == -100.0                                   # the model said nothing
+    before = sp._rolls[0].done
+    sp.add_mic(np.zeros(2400, np.float32), ENGINE_RATE)              # 0.1 s of silence: a few new hops
+    mic2, _ = sp.images()
+    assert sp._rolls[0].done - before <= 1600 + 256 and mic2[-1].max() < mic[-1].max()

@@ -75,9 +75,15 @@ def test_live_session_from_wav(qtbot, tmp_path, speech_wav):
     assert len(gaps) > 100 and gaps.max() < 0.020 + 0.100, f"timer late by {gaps.max() - 0.020:.3f} s"
     # export
     paths = w.export_to(tmp_path / "export")
-    assert set(paths) == {"csv", "jsonl", "trace", "input_wav", "output_wav"}
+    assert set(paths) == {"csv", "jsonl", "trace", "input_wav", "output_wav", "transcript"}
     with open(paths["csv"]) as f:
         rows = list(csv.DictReader(f))
+    for col in ("barge_ins", "barge_in_latency_ms", "playback_gaps", "playback_gap_ms", "echo_suppression_db",
+                "dropped_speech_ms", "force_listen", "echo_cancellation", "barge_in_sensitivity", "requests"):
+        assert col in rows[0], col
+    assert rows[-1]["barge_in_sensitivity"] == "normal"
+    text = Path(paths["transcript"]).read_text()
+    assert "user speaking" in text and w.transcript.toPlainText().splitlines()[0] in text
     assert len(rows) == n and rows[-1]["index"] == str(n - 1)
     assert len(Path(paths["jsonl"]).read_text().splitlines()) == n
     assert json.loads(Path(paths["trace"]).read_text())
@@ -106,6 +112,27 @@ def test_session_that_cannot_start_shows_one_message(qtbot, tmp_path, speech_wav
     assert w.message_banner.isVisible()
     assert w.message_banner.text() == "cannot start the session: out of memory"
     assert w.start_button.isEnabled() and not w.stop_button.isEnabled()
+
+
+def test_failed_start_keeps_the_last_session_and_its_export(qtbot, tmp_path, speech_wav):
+    """A Start that fails keeps the previous session's plots, transcript and Export."""
+    runners = iter([lambda cfg: SlowRunner(cfg, work_s=0.01), FailingRunner])
+    w = make_window(qtbot, tmp_path, lambda cfg: next(runners)(cfg))
+    assert w.start_with(TINY, FileInput(speech_wav, speed=4.0))
+    qtbot.waitUntil(lambda: len(w.controller.records) >= 3, timeout=10000)
+    stop(qtbot, w)
+    n = len(w.series)
+    assert w.export_button.isEnabled()
+    assert w.start_with(TINY, FileInput(speech_wav))
+    qtbot.waitUntil(lambda: w.controller.state == ctl.IDLE and w.controller.failure is not None, timeout=10000)
+    assert w.message_banner.text() == "cannot start the session: out of memory"
+    assert len(w.series) == n and len(w.timing_plot.bars["listen"].opts["x"]) == n
+    assert w.export_button.isEnabled() and w.controller.failed_start
+    assert set(w.export_to(tmp_path / "kept")) >= {"csv", "transcript"}
+    assert len((tmp_path / "kept" / "session.jsonl").read_text().splitlines()) == len(w.controller.records)
+    y = w.timing_plot.mapTo(w, w.timing_plot.rect().topLeft()).y()
+    banner = w.message_banner.mapTo(w, w.message_banner.rect().bottomLeft()).y()
+    assert banner < y                                    # the banner sits above the plots, never over them
 
 
 def test_vanishing_device_keeps_the_session_running(qtbot, tmp_path, speech_wav):

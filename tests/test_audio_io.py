@@ -177,11 +177,12 @@ def test_device_callbacks_only_copy(monkeypatch):
     src._callback(block, 256, None, ok)
     src._callback(block, 256, None, bad)
     assert src.xruns == 1 and np.array_equal(src.ring.read(), np.concatenate([block[:, 0]] * 2))
-    sink.ring.write(block[:100, 0])
+    sink.queue.push(block[:100, 0])
     out = np.full((256, 1), 7.0, dtype=np.float32)
     sink._callback(out, 256, None, bad)
     assert sink.xruns == 1
     assert np.array_equal(out[:100, 0], block[:100, 0]) and not out[100:].any()
+    assert np.array_equal(sink.played.read(), out[:, 0])          # the far end: exactly what was played
 
 
 def test_find_device_by_name_index_and_substring():
@@ -220,15 +221,17 @@ def test_level_db():
 
 class _Sink:
     def __init__(self, rate):
+        from engine.echo import PlaybackQueue
         self.rate = rate
-        self.ring = RingBuffer(rate * 10)
+        self.queue = PlaybackQueue(rate, 10.0)
+        self.played = RingBuffer(rate * 2)
 
 
 def test_pump_frames_gate_and_barge_in():
     src = types.SimpleNamespace(rate=ENGINE_RATE, ring=RingBuffer(ENGINE_RATE * 4), label="test")
     submitted = []
     playback = Playback(_Sink(44100))
-    pump = FramePump(src, submitted.append, playback)
+    pump = FramePump(src, submitted.append, playback, echo=False)
 
     def feed(x):
         for i in range(0, len(x), 480):
@@ -241,13 +244,13 @@ def test_pump_frames_gate_and_barge_in():
     playback.push(noise(ENGINE_RATE))                # the model is talking
     pump.model_speaking = True
     assert playback.queued_s() > 0.9
-    feed(loud[:480])                                 # the user starts talking: barge-in
+    feed(loud[:1440])                                # the user starts talking: barge-in within 60 ms
     assert pump.barge_ins == 1 and playback.queued_s() == 0
     assert pump.events[-1][0] == "barge-in"
     pump.push_to_talk = True                         # push-to-talk with the key up: muted
-    feed(loud[480:])
+    feed(loud[1440:])
     assert len(submitted) == 2
-    assert np.array_equal(submitted[1][:480], loud[:480]) and not submitted[1][480:].any()
+    assert np.array_equal(submitted[1][:1440], loud[:1440]) and not submitted[1][1440:].any()
     assert pump.level_db > -20                       # the meter still shows the (muted) mic
     pump.press_talk(True)                            # key down: the mic is open
     feed(loud2)
