@@ -33,17 +33,30 @@ $(STAMP): pyproject.toml tests/oracle-requirements.txt
 
 venv: sysdeps $(STAMP)
 
+# The stock-loop oracle's own venv (transformers 4.51 + the minicpmo sdist), used only by
+# tests/test_minicpmo45_stock_loop.py through tests/stock_loop/run_stock.py.
+STOCK_VENV := .venv-stock
+STOCK_STAMP := $(STOCK_VENV)/.installed
+
+$(STOCK_STAMP): tests/stock-loop-requirements.txt
+	@test -x $(STOCK_VENV)/bin/python || $(PY) -m venv $(STOCK_VENV)
+	$(STOCK_VENV)/bin/python -m pip install -q --upgrade pip
+	$(STOCK_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	$(STOCK_VENV)/bin/python -m pip install -q -r tests/stock-loop-requirements.txt
+	$(STOCK_VENV)/bin/python -m pip install -q --no-deps minicpmo==0.1.2
+	@touch $(STOCK_STAMP)
+
 run: venv
 	$(VENV)/bin/duplexcadence
 
-test: venv
+test: venv $(STOCK_STAMP)
 	QT_QPA_PLATFORM=offscreen $(VPY) -m pytest -q
 
 bench: venv
 	$(VENV)/bin/duplexcadence-bench --help
 
 clean:
-	rm -rf $(VENV) build dist .pytest_cache
+	rm -rf $(VENV) $(STOCK_VENV) build dist .pytest_cache
 
 # Packaging (issue 7): a PyInstaller one-folder bundle + tarball in dist/, built against the torch in .venv
 # (the CPU build here and in CI; see README "Packaging" for the CUDA variant). Not part of `make test`.

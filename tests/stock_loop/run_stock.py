@@ -1,0 +1,386 @@
+"""MiniCPM-o 4.5's own duplex loop (MiniCPM-o-Demo at 28b60cf), run over a WAV second by second (test oracle).
+
+Runs in the stock venv (``.venv-stock``: transformers 4.51, the ``minicpmo`` sdist's Step-Audio2 token2wav),
+never in the product's. It imports the demo's ``MiniCPMO45`` package in place from ``--oracle`` and drives a
+session as the demo's worker does for its duplex page:
+
+* the model: ``MiniCPMO`` built from the folder's config.json, every tensor loaded from its safetensors
+  shards, then ``init_unified`` with the worker's duplex config (``force_listen_count`` 3, sampling 0.7 /
+  top-k 20 / top-p 0.8); float32 on the CPU (the demo casts to bfloat16; ``--bf16`` does too);
+* the processor: ``MiniCPMOProcessor`` with the demo's ``MiniCPMAAudioProcessor`` (Whisper features with the
+  dynamic ``max - 8`` floor) and the folder's tokenizer;
+* ``prepare`` as ``DuplexView.prepare`` calls it: the default preset's system prompt (``--system-prompt``),
+  the LLM's reference audio = the folder's ``assets/HT_ref_audio.wav`` (librosa at 16 kHz), token2wav's
+  prompt = the precomputed features of ``--voice`` (the folder has no speech tokenizer / campplus ONNX: the
+  stock's ``_prepare_prompt`` is replaced by those tensors; ``s3tokenizer`` / ``onnxruntime`` / ``torchaudio``
+  are stubbed because nothing else of theirs runs);
+* ``torch.manual_seed(S)`` immediately before ``prepare``; the flow's noise buffer is
+  ``torch.randn(1, 80, 30000, generator=torch.Generator().manual_seed(S))``;
+* every second: ``duplex_prefill`` of 16,000 samples, ``duplex_generate`` (the page's ``length_penalty`` 1.05,
+  ``force_listen`` from ``--force-listen`` seconds), ``duplex_finalize``.
+
+Per second it saves ``second_NNNN.pt``: audio features, encoder output (the LLM-width audio tokens), every
+LLM logits row the loop takes, the unit's token ids, every TTS logits row, the codes, each token2wav call's
+float waveform (before the int16 step) and the returned waveform; ``prepare.pt`` holds the prompt's ids and
+the reference audio's embeddings. Usage::
+
+    .venv-stock/bin/python tests/stock_loop/run_stock.py --folder F --wav in.wav --out DIR --seed S
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import importlib.machinery
+import importlib.util
+import io
+import json
+import os
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import torch
+
+STUBBED = ("onnxruntime", "torchaudio", "torchaudio.compliance", "torchaudio.compliance.kaldi", "s3tokenizer")
+PRESET = "assets/presets/audio_duplex"
+PAGE_LENGTH_PENALTY = 1.05          # static/audio-duplex: the page sends config.length_penalty 1.05
+FORCE_LISTEN_COUNT = 3              # worker's DuplexConfig default, handed to init_unified
+
+
+class _Stub(types.ModuleType):
+    def __getattr__(self, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+
+        def unavailable(*a, **kw):
+            raise RuntimeError(f"{self.__name__}.{attr} is stubbed in the stock-loop oracle")
+        return unavailable
+
+
+def _stub_modules() -> None:
+    for name in STUBBED:
+        if name in sys.modules:
+            continue
+        m = _Stub(name)
+        m.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        m.__path__ = []
+        sys.modules[name] = m
+        parent, _, child = name.rpartition(".")
+        if parent in sys.modules:
+            setattr(sys.modules[parent], child, m)
+
+
+def default_system_prompt(oracle: Path) -> str:
+    """The duplex page's default preset (lowest ``order``) system prompt."""
+    import yaml
+    presets = [yaml.safe_load(p.read_text(encoding="utf-8")) for p in sorted((oracle / PRESET).glob("*.yaml"))]
+    return min(presets, key=lambda p: p.get("order", 1 << 30))["system_prompt"]
+
+
+class _Token2wavOnCpu:
+    """Step-Audio2 ``Token2wav`` as the stock builds it, on the CPU: its ``.cuda()`` calls and ``device='cuda'``
+    literals go to the CPU; the voice prompt is the given tensors."""
+
+    def __init__(self, model_dir: str, voice: dict, seed: int):
+        import stepaudio2.token2wav as t2w_mod
+        self.mod = t2w_mod
+        t2w_mod.s3tokenizer = types.SimpleNamespace(load_model=lambda path: _Null())
+        t2w_mod.onnxruntime = types.SimpleNamespace(
+            SessionOptions=lambda: types.SimpleNamespace(), GraphOptimizationLevel=types.SimpleNamespace(
+                ORT_ENABLE_ALL=None), InferenceSession=lambda *a, **kw: None)
+        t2w_mod.torch = _CpuTorch()
+        t2w_mod.HiFTGenerator = _hift_at_checkpoint_width(Path(model_dir) / "hift.pt")
+        with _cuda_is_cpu():
+            t2w = t2w_mod.Token2wav(model_dir, float16=False, n_timesteps=10)
+        t2w.flow.decoder.rand_noise = torch.randn(1, 80, 30000, generator=torch.Generator().manual_seed(seed))
+        ptok = torch.as_tensor(voice["prompt_tokens"]).reshape(1, -1).to(torch.int32)
+        pmel = torch.as_tensor(voice["prompt_mel"]).reshape(1, -1, 80).float()
+        pmel = torch.nn.functional.pad(pmel, (0, 0, 0, ptok.shape[1] * t2w.flow.up_rate - pmel.shape[1]),
+                                       mode="replicate")
+        spk = torch.as_tensor(voice["speaker_embedding"]).reshape(1, -1).float()
+        cache = (ptok, torch.tensor([ptok.shape[1]], dtype=torch.int32), spk, pmel,
+                 torch.tensor([pmel.shape[1]], dtype=torch.int32))
+        t2w._prepare_prompt = lambda wav: cache
+        self.t2w = t2w
+
+
+def _hift_at_checkpoint_width(path: Path):
+    """The stock ``HiFTGenerator()`` (released widths) at the widths of the folder's hift.pt (tiny folders)."""
+    from stepaudio2.flashcosyvoice.modules.hifigan import ConvRNNF0Predictor, HiFTGenerator
+    sd = torch.load(str(path), map_location="cpu", weights_only=True)
+    base = int(sd["generator.conv_pre.bias"].shape[0])
+    cond = int(sd["generator.f0_predictor.condnet.0.bias"].shape[0])
+    return lambda: HiFTGenerator(base_channels=base,
+                                 f0_predictor=ConvRNNF0Predictor(num_class=1, in_channels=80, cond_channels=cond))
+
+
+class _Null:
+    def cuda(self):
+        return self
+
+    def eval(self):
+        return self
+
+
+class _CpuTorch(types.ModuleType):
+    """``torch`` as token2wav.py sees it: ``device='cuda'`` literals are the CPU."""
+
+    def __init__(self):
+        super().__init__("torch")
+
+    def __getattr__(self, name):
+        attr = getattr(torch, name)
+        if name in ("tensor", "zeros", "ones"):
+            def on_cpu(*a, **kw):
+                if kw.get("device") == "cuda":
+                    kw["device"] = "cpu"
+                return attr(*a, **kw)
+            return on_cpu
+        return attr
+
+
+@contextlib.contextmanager
+def _cuda_is_cpu():
+    saved = torch.nn.Module.cuda, torch.Tensor.cuda
+    torch.nn.Module.cuda = lambda self, *a, **kw: self
+    torch.Tensor.cuda = lambda self, *a, **kw: self
+    try:
+        yield
+    finally:
+        torch.nn.Module.cuda, torch.Tensor.cuda = saved
+
+
+def _load_state(folder: Path) -> dict:
+    from safetensors.torch import load_file
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    state = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        state.update(load_file(str(folder / shard)))
+    return state
+
+
+def build(oracle: Path, folder: Path, voice: dict, seed: int, bf16: bool):
+    """The stock model, processor and duplex capability over ``folder``."""
+    sys.path.insert(0, str(oracle))
+    _stub_modules()
+    import stepaudio2  # noqa: F401  (the sdist's package, with the stubs above in place)
+    from MiniCPMO45 import modeling_minicpmo_unified as M
+    from MiniCPMO45.configuration_minicpmo import MiniCPMOConfig
+    from MiniCPMO45.processing_minicpmo import MiniCPMAAudioProcessor, MiniCPMOProcessor, MiniCPMVImageProcessor
+    from MiniCPMO45.tokenization_minicpmo_fast import MiniCPMOTokenizerFast
+    from transformers import PreTrainedTokenizerFast
+
+    cfg_dict = json.loads((folder / "config.json").read_text())
+    config = MiniCPMOConfig(**cfg_dict)
+    config._attn_implementation = "sdpa"
+    config._name_or_path = str(folder)
+    model = M.MiniCPMO(config)
+    missing, unexpected = model.load_state_dict(_load_state(folder), strict=False)
+    missing = [k for k in missing if "rotary_emb" not in k]
+    if missing or unexpected:
+        raise SystemExit(f"stock model and folder disagree: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    model = (model.bfloat16() if bf16 else model.float()).eval()
+
+    tk_cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    base = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), eos_token=tk_cfg["eos_token"],
+                                   bos_token=tk_cfg["bos_token"], unk_token=tk_cfg["unk_token"],
+                                   pad_token=tk_cfg["pad_token"])
+    base.bad_token_ids = list(tk_cfg.get("bad_token_ids", []))
+    del MiniCPMOTokenizerFast      # the released class is a Qwen2 BPE; ours is character level, same ids
+    audio = MiniCPMAAudioProcessor(feature_size=config.audio_config.num_mel_bins, sampling_rate=16000,
+                                   hop_length=160, chunk_length=30, n_fft=400, padding_value=0.0)
+    model.processor = MiniCPMOProcessor(image_processor=MiniCPMVImageProcessor(), audio_processor=audio, tokenizer=base)
+
+    state = {"t2w": None}
+
+    def init_token2wav(streaming=False, model_dir=None, enable_float16=False, n_timesteps=5):
+        state["t2w"] = _Token2wavOnCpu(str(folder / "assets" / "token2wav"), voice, seed)
+        model.tts.audio_tokenizer = state["t2w"].t2w
+        return model.tts.audio_tokenizer
+
+    model.init_token2wav = init_token2wav
+    model.init_unified(duplex_config={"force_listen_count": FORCE_LISTEN_COUNT}, device="cpu")
+    return model, M
+
+
+class Recorder:
+    """Per-second capture of every stage through wrappers and hooks on the stock objects.
+
+    ``feeds``: every LLM feed in order as (token ids or None, embeddings, logits asked for);
+    ``*_rng``: the global CPU generator's state just before each draw (LLM decode, TTS step, token2wav call),
+    so one stage can be replayed alone on the stock's own inputs."""
+
+    def __init__(self, model):
+        self.model, self.d = model, model.duplex
+        self.rec: dict = {}
+        self.last_float = None
+        self._ids: dict = {}
+        _float_speech(self, model.tts.audio_tokenizer)
+        dec = self.d.decoder
+        self._wrap(model.processor, "process_audio_streaming", self._features)
+        self._wrap(model, "get_audio_embedding_streaming", self._encoder)
+        self._wrap(model, "get_audio_embedding", self._ref_encoder)
+        self._wrap(dec, "embed_token", self._embedded)
+        self._wrap(dec, "embed_tokens", self._embedded)
+        self._wrap(dec, "feed", self._feed, before=self._feed_in)
+        self._wrap(dec, "decode", self._decode, before=self._decode_in)
+        self._wrap(self.d, "_convert_results_to_tts_input", self._condition)
+        self._wrap(model.tts, "generate_chunk", self._codes, before=self._tts_in)
+        self._wrap(model.tts.audio_tokenizer, "stream", self._stream,
+                   before=lambda a, kw: self._add("t2w_rng", torch.get_rng_state()))
+        model.tts.head_code[0].register_forward_hook(self._tts_logits)
+
+    def _wrap(self, obj, name, after, before=None):
+        inner = getattr(obj, name)
+
+        def wrapped(*a, **kw):
+            if before is not None:
+                before(a, kw)
+            out = inner(*a, **kw)
+            after(out, a, kw)
+            return out
+        setattr(obj, name, wrapped)
+
+    def _add(self, key, t):
+        if isinstance(t, torch.Tensor):
+            t = t.detach().clone()
+            t = t.float() if t.is_floating_point() else t
+        self.rec.setdefault(key, []).append(t)
+
+    def _features(self, out, a, kw):
+        if out is not None:
+            self._add("audio_features", out.audio_features)
+
+    def _encoder(self, out, a, kw):
+        self._add("encoder", torch.cat([t for g in out for t in g], dim=0))
+
+    def _ref_encoder(self, out, a, kw):
+        self._add("ref_encoder", torch.cat([t for g in out for t in g], dim=0))
+
+    def _embedded(self, out, a, kw):
+        ids = a[0] if a else kw.get("token_ids", kw.get("tid"))
+        self._ids[id(out)] = [int(ids)] if isinstance(ids, int) else [int(i) for i in ids]
+
+    def _feed_in(self, a, kw):
+        emb = a[0] if a else kw["embeds"]
+        self._add("feeds", (self._ids.pop(id(emb), None), emb.detach().float().clone(),
+                            bool(kw.get("return_logits", len(a) > 1 and a[1]))))
+
+    def _feed(self, out, a, kw):
+        if out is not None:
+            self._add("llm_logits", out[0])
+
+    def _decode_in(self, a, kw):
+        self._add("llm_rng", torch.get_rng_state())
+        self._add("llm_decode_in", a[0] if a else kw["logits"])
+
+    def _decode(self, out, a, kw):
+        self._add("llm_sampled", int(out.view(-1)[0]))
+
+    def _condition(self, out, a, kw):
+        self._add("tts_condition", out[0])
+
+    def _tts_in(self, a, kw):
+        self._add("tts_call", {k: (int(v) if k in ("min_new_tokens", "max_new_token", "text_start_pos") else None)
+                               for k, v in kw.items() if k in ("min_new_tokens", "max_new_token", "text_start_pos")})
+
+    def _tts_logits(self, m, a, out):
+        self._add("tts_rng", torch.get_rng_state())
+        self._add("tts_logits", out[0, -1:])
+
+    def _codes(self, out, a, kw):
+        self._add("codes", out[0][0, :, 0])
+
+    def _stream(self, out, a, kw):
+        self._add("t2w_tokens", torch.tensor(a[0], dtype=torch.long))
+        self._add("t2w_last", bool(kw.get("last_chunk", False)))
+        self._add("speech", torch.from_numpy(self.last_float).view(-1))
+
+    def take(self) -> dict:
+        rec, self.rec = self.rec, {}
+        return rec
+
+
+def _float_speech(rec, t2w) -> None:
+    """token2wav's float waveform of each call (the stock returns int16 PCM bytes)."""
+    stream = t2w.stream
+
+    def with_float(tokens, prompt_wav, last_chunk=False, return_waveform=False):
+        wav = stream(tokens, prompt_wav, last_chunk=last_chunk, return_waveform=True)
+        rec.last_float = np.asarray(wav, dtype=np.float32).copy()
+        if return_waveform:
+            return wav
+        pcm = (np.clip(wav, -1.0, 1.0) * 32767.0).astype("<i2")
+        return pcm.tobytes()
+    t2w.stream = with_float
+
+
+def run(args) -> None:
+    import librosa
+    import soundfile as sf
+    torch.set_num_threads(1)
+    oracle, folder, out = Path(args.oracle), Path(args.folder), Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    voice = dict(np.load(args.voice or folder / "voice.npz"))
+    with contextlib.redirect_stdout(io.StringIO()):
+        model, _ = build(oracle, folder, voice, args.seed, args.bf16)
+    rec = Recorder(model)
+
+    system_prompt = args.system_prompt if args.system_prompt is not None else default_system_prompt(oracle)
+    ref, _ = librosa.load(str(folder / "assets" / "HT_ref_audio.wav"), sr=16000, mono=True)
+    prefix = f"<|im_start|>system\n{system_prompt}\n<|audio_start|>"
+    suffix = "<|audio_end|><|im_end|>"
+    torch.manual_seed(args.seed)
+    with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+        model.duplex_prepare(prefix_system_prompt=prefix, suffix_system_prompt=suffix, ref_audio=ref,
+                             prompt_wav_path=str(folder / "assets" / "HT_ref_audio.wav"))
+    prep = rec.take()
+    prep.update(prefix_ids=model.duplex.tokenizer.encode(prefix, add_special_tokens=False),
+                suffix_ids=model.duplex.tokenizer.encode(suffix, add_special_tokens=False),
+                system_prompt=system_prompt, ref_audio=torch.from_numpy(ref))
+    torch.save(prep, out / "prepare.pt")
+
+    wav, sr = sf.read(args.wav, dtype="float32", always_2d=True)
+    if sr != 16000:
+        raise SystemExit(f"{args.wav}: the stock loop takes 16 kHz input, this is {sr} Hz")
+    wav = wav.mean(axis=1).astype(np.float32)
+    forced = {int(s) for s in args.force_listen.split(",") if s} if args.force_listen else set()
+    seconds = len(wav) // 16000 if args.seconds is None else args.seconds
+    for s in range(seconds):
+        chunk = wav[s * 16000:(s + 1) * 16000]
+        with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+            model.duplex_prefill(audio_waveform=chunk)
+            res = model.duplex_generate(decode_mode="sampling", temperature=0.7, top_k=20, top_p=0.8,
+                                        listen_prob_scale=1.0, listen_top_k=None, text_repetition_penalty=1.05,
+                                        text_repetition_window_size=512, length_penalty=PAGE_LENGTH_PENALTY,
+                                        force_listen_override=s in forced)
+            model.duplex_finalize()
+        r = rec.take()
+        r.update(second=s, is_listen=bool(res["is_listen"]), end_of_turn=bool(res["end_of_turn"]),
+                 text=res["text"], waveform=torch.from_numpy(np.asarray(res["audio_waveform"], np.float32)),
+                 total_ids=list(model.duplex.total_ids))
+        torch.save(r, out / f"second_{s:04d}.pt")
+        print(f"{s:4d} {'LISTEN' if r['is_listen'] else 'SPEAK '} eot={int(r['end_of_turn'])} "
+              f"codes={sum(len(c) for c in r.get('codes', []))} t2w_calls={len(r.get('speech', []))}", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--oracle", default=str(Path(__file__).resolve().parents[3] / "shared" / "oracles" /
+                                           "MiniCPM-o-Demo-28b60cf"))
+    p.add_argument("--folder", required=True)
+    p.add_argument("--wav", required=True, help="16 kHz input")
+    p.add_argument("--out", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seconds", type=int, default=None)
+    p.add_argument("--voice", default=None, help="token2wav prompt features (.npz); default FOLDER/voice.npz")
+    p.add_argument("--system-prompt", default=None)
+    p.add_argument("--force-listen", default="", help="comma-separated seconds sent with force_listen (barge-in)")
+    p.add_argument("--bf16", action="store_true")
+    run(p.parse_args())
+
+
+if __name__ == "__main__":
+    main()
