@@ -118,6 +118,16 @@ class WeightsCache:
         """Per key: bytes on the device and how many sessions reused it."""
         return {k.label(): {"bytes": self.bytes(k), "reused": self._hits.get(k, 0)} for k in self.keys()}
 
+    def retain(self, keep) -> int:
+        """Drop every entry whose key is not in ``keep`` (its modules are freed once no session holds
+        them); returns how many were dropped."""
+        with self._lock:
+            gone = [k for k in self._entries if k not in keep]
+            for k in gone:
+                del self._entries[k]
+                self._hits.pop(k, None)
+        return len(gone)
+
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()

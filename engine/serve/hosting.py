@@ -19,6 +19,7 @@ import time
 from typing import Any, Dict, Optional
 
 from engine.host import EngineHost, HostedRunner
+from engine.host.weights import WeightsKey
 from engine.session import SessionConfig
 
 MEASURE_WAIT_S = 20.0        # longest a new session waits for the host to finish measuring
@@ -101,8 +102,20 @@ class SessionHost:
 
     def release(self, runner: HostedRunner, drain: bool = False, timeout: float = 10.0) -> None:
         """Stop a session (the second in progress finishes; with ``drain`` every queued one too); the
-        runner leaves the host by itself when it has stopped."""
+        runner leaves the host by itself when it has stopped. Then the shared weights no live session
+        uses any more are dropped (:meth:`forget_unused_weights`)."""
         runner.stop(timeout=timeout, drain=drain)
+        self.forget_unused_weights()
+
+    def forget_unused_weights(self) -> int:
+        """Drop the shared weights that no live session uses, except the served model's own (the
+        server's seed). A client may choose its seed, and random weights depend on it: each seed's
+        weights were kept for the replica's life (~110 MB per session of tiny Step-Audio2 on a CPU,
+        each with a new seed). Returns how many entries were dropped."""
+        keep = {WeightsKey.tail(self.base), WeightsKey.backbone(self.base)}
+        for s in self.engine.sessions():
+            keep |= {WeightsKey.tail(s.cfg), WeightsKey.backbone(s.cfg)}
+        return self.engine.weights.retain(keep)
 
     def close_all(self) -> None:
         """Stop every session (the replica is going away)."""

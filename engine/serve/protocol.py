@@ -17,6 +17,11 @@ Server -> client
   * text ``{"type": "error", "message": str}``: the session failed (it has stopped);
   * text ``{"type": "end", "seconds": int}`` after a stop, then a normal close.
 
+Bounds (neither side trusts the other): a text message is at most :data:`MAX_TEXT_BYTES`, a frame
+exactly :data:`FRAME_BYTES`, a result at most :data:`MAX_SERVER_MESSAGE`; a client may be at most
+:data:`MAX_AHEAD` seconds ahead of its results (beyond: ``error`` and close :data:`CLOSE_TOO_FAST`);
+a draining server closes a live session at the end of its grace period (:data:`CLOSE_SHUTDOWN`).
+
 Bits: audio travels as raw float32 and each record as JSON with Python's shortest round-trip float
 repr, so a record and its audio arrive exactly as the server's session made them.
 """
