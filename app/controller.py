@@ -28,7 +28,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from app.audio_io import ENGINE_RATE, InputSource, Playback, SilentInput
+from app.audio_io import ENGINE_RATE, FileInput, InputSource, Playback, SilentInput
 from app.lifecycle import THREAD_FAILURES, new_journal, sessions_root
 from app.monitor import AudioMonitor
 from app.pump import FramePump
@@ -87,6 +87,7 @@ class SessionController(QObject):
         super().__init__(parent)
         self.journal_root = Path(journal_root) if journal_root is not None else None
         self.scripted = False                        # scripted runs journal apart (sessions_root(scripted=True))
+        self._bounded = True
         self._factory = runner_factory or controlled_runner
         self._timer = QTimer(self)
         self._timer.setInterval(poll_ms)
@@ -160,6 +161,8 @@ class SessionController(QObject):
             raise
         self.source, self.sink = source, sink
         self.journal = journal
+        # a live input drops a second rather than build a backlog; a file (a scripted run) keeps every second
+        self._bounded = not isinstance(source, FileInput)
         gc.freeze()          # see _on_ready: keep full collections off the live path
         try:
             self.runner = self._factory(cfg)
@@ -195,9 +198,10 @@ class SessionController(QObject):
     def _submit(self, frame: np.ndarray) -> None:
         """Frame-pump thread: keep the second until its answer comes, hand it to the engine (never blocks).
         With MAX_INPUT_BACKLOG seconds already waiting the new second is dropped (counted): a slow engine
-        never builds a backlog of input."""
+        never builds a backlog of live input (a WAV file's seconds are all kept: scripted runs process every
+        second of their input)."""
         no, self._frame_no = self._frame_no, self._frame_no + 1
-        if self.runner.backlog() >= MAX_INPUT_BACKLOG:
+        if self._bounded and self.runner.backlog() >= MAX_INPUT_BACKLOG:
             self.input_dropped += 1
             return
         self._heard.append(np.array(frame, dtype=np.float32, copy=True))
@@ -464,6 +468,17 @@ class SessionController(QObject):
             self.fail(f"{e}; the session stopped")
         self.notice.emit(notice)
         self.record.emit(rec)
+
+    def echo_state(self) -> str:
+        """"on", "off" (the user's toggle) or "no speaker" (wanted, but nothing plays: nothing to cancel)."""
+        pump = self.pump
+        if pump is None:
+            return "on" if self.controls.echo else "off"
+        if pump.echo_error:
+            return "unavailable"
+        if not pump.echo_wanted:
+            return "off"
+        return "on" if pump.playback is not None else "no speaker"
 
     def _fill_audio_path(self, rec) -> None:
         """The audio path's readouts since the last second go into this second's record."""

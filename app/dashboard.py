@@ -42,7 +42,7 @@ class ScopePlot(pg.PlotWidget):
                         "gate)\nand of the model's speech, drawn where it plays: the gap between your turn and "
                         "its answer\nis the delay you hear.")
         item = self.getPlotItem()
-        item.setTitle("Sound: microphone (top) and the model's speech (bottom)", size="10pt")
+        item.setTitle("Sound: mic (top), model (bottom)", size="10pt")
         item.setMenuEnabled(False)
         item.getViewBox().setMouseEnabled(x=False, y=False)
         item.hideAxis("left")
@@ -78,7 +78,7 @@ class SpectrogramPlot(pg.PlotWidget):
         self.setToolTip("Spectrograms of the last seconds: the microphone as the engine hears it (top, after echo "
                         "cancellation)\nand the model's speech as it played (bottom); 0-8 kHz each.")
         item = self.getPlotItem()
-        item.setTitle("Spectrogram: microphone (top) and the model's speech (bottom)", size="10pt")
+        item.setTitle("Spectrogram: mic (top), model (bottom)", size="10pt")
         item.setMenuEnabled(False)
         item.getViewBox().setMouseEnabled(x=False, y=False)
         item.setLabel("bottom", "seconds ago")

@@ -3,7 +3,7 @@
 Interactive:  duplexcadence
 Scripted:     duplexcadence --input-file IN.wav [--output-file OUT.wav] [--seconds N] [--export DIR]
                             [--screenshot PNG] [--model TAIL] [--backbone BACKBONE]
-                            [--checkpoint PATH]
+                            [--checkpoint PATH] [--simulate-echo DELAY_MS:GAIN_DB]
 A scripted run uses the model its flags name (defaults otherwise, never the saved settings, which it
 leaves alone), plays the WAV as the microphone at real-time pace (then silence), stops after N
 seconds of input (default: the file's length), lets every one of those seconds finish, writes the
@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--input-device", metavar="NAME", help="use this audio input device (name or index)")
     s.add_argument("--output-device", metavar="NAME", help="play the model's speech on this device")
     s.add_argument("--output-file", metavar="OUT.wav", help="write the model's speech (24 kHz) here")
+    s.add_argument("--simulate-echo", metavar="DELAY_MS:GAIN_DB",
+                   help="play the model's speech into a simulated speaker whose echo comes back into the input "
+                        "file's microphone (e.g. 120:-10): a laptop without headphones, no device needed")
     s.add_argument("--seconds", type=seconds,
                    help="stop after N seconds of input (default: the input file's length; at most 24 h)")
     s.add_argument("--export", metavar="DIR", help="write CSV, JSON Lines, trace and WAVs of the session here")
@@ -187,6 +190,13 @@ def _audio(a: argparse.Namespace):
     from app.audio_io import DeviceInput, DeviceOutput, FileInput, find_device, list_devices
     check_outputs(a)
     source = sink = None
+    if a.simulate_echo is not None:
+        from app.loopback import LoopbackInput, parse_echo
+        if not a.input_file or a.output_device is not None or a.input_device is not None:
+            raise ValueError("--simulate-echo needs --input-file and no audio device (it is the room)")
+        delay, gain = parse_echo(a.simulate_echo)
+        source = LoopbackInput(a.input_file, delay, gain, seed=a.seed, max_seconds=a.seconds)
+        return source, source.sink
     if a.input_file:
         source = FileInput(a.input_file, max_seconds=a.seconds)
     if a.input_device is not None or a.output_device is not None:

@@ -61,9 +61,10 @@ class ReadoutRow(QWidget):
         self._barge = (0, None)
         self.show_row(None)
 
-    def show_row(self, row: Optional[dict], totals: Optional[dict] = None, rows=None) -> None:
+    def show_row(self, row: Optional[dict], totals: Optional[dict] = None, rows=None,
+                 echo: Optional[str] = None) -> None:
         """The latest second's ``row`` (None: no data) and the session's ``totals`` (live: the controller's;
-        a replay: computed from ``rows``)."""
+        a replay: computed from ``rows``); ``echo``: the canceller's state ("on", "off", "no speaker")."""
         if rows is not None:
             totals = session_totals(rows)
         t = totals or {}
@@ -87,7 +88,8 @@ class ReadoutRow(QWidget):
                   GREEN if not gaps else YELLOW if gap_ms < 100 else RED)
         sup = float(row.get("echo_suppression_db", 0.0))
         on = bool(row.get("echo_cancellation"))
-        self._set("echo", f"echo −{sup:.0f} dB" if sup > 0 else ("echo on" if on else "echo off"),
+        state = echo or ("on" if on else "off")
+        self._set("echo", f"echo −{sup:.0f} dB" if sup > 0 else f"echo {state}",
                   GREY if not on else GREEN if sup >= 20 or not sup else YELLOW)
         dropped = float(t.get("dropped_speech_ms", 0.0)) / 1000.0
         lost_in = int(t.get("input_dropped", 0))

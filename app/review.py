@@ -3,8 +3,9 @@
 :class:`SessionView` shows one :class:`~app.replay.LoadedSession`: its summary chips, the timing
 plot over the whole session (drag and wheel to browse), per-stage statistics with the histogram,
 state memory and the recorded microphone and speech. :class:`CompareWindow` holds one view, or
-two side by side with their timing and histogram axes linked and a line comparing their totals
-(e.g. a stock-like run against an optimized one).
+two side by side with all their axes linked (timing, memory, recording, histogram) and a line saying
+which side is slower and by how much (e.g. a stock-like run against an optimized one). Each view has its
+whole-session chips, the audio-path readouts, the transcript, and a Play button for its recorded audio.
 """
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ from typing import List, Optional
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QFileDialog, QLabel, QMainWindow, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QMainWindow, QSplitter, QVBoxLayout, QWidget
 
 from app import theme
 from app.banners import BannerStack
 from app.dashboard import MIC_COLOUR, SPEECH_COLOUR, StatsPanel
 from app.panels import SummaryRow
 from app.plots import MemoryPlot, TimingPlot
+from app.readouts import ReadoutRow
+from app.replay_audio import ReplayPlayer
+from app.transcript import TranscriptView
 from app.replay import LoadedSession, ReplayError, envelope, load_session
 from app.viewmodel import SessionSeries
 
@@ -64,7 +68,12 @@ class SessionView(QWidget):
         self.title.setWordWrap(True)
         self.title.setToolTip(str(session.folder))
         self.summary_row = SummaryRow()
-        self.summary_row.show_summary(self.series.summary(window_s=n))
+        self.summary_row.show_summary(self.series.whole_summary())
+        self.readouts = ReadoutRow()
+        self.readouts.show_row(self.series.rows[-1] if n else None, rows=self.series.rows)
+        self.transcript = TranscriptView()
+        self.transcript.show_rows(self.series.rows)
+        self.player = ReplayPlayer(session)
         self.timing_plot = TimingPlot(visible_s=max(1, n))
         self.timing_plot.getPlotItem().getViewBox().setMouseEnabled(x=True, y=False)
         self.timing_plot.update_from(self.series)
@@ -74,24 +83,48 @@ class SessionView(QWidget):
         self.memory_plot.visible_s = max(1, n)
         self.memory_plot.update_from(self.series)
         self.recording = RecordingPlot(session)
+        self.cursor = pg.InfiniteLine(pos=0.0, angle=90, pen=pg.mkPen("#e17c05", width=1.5))
+        self.recording.getPlotItem().addItem(self.cursor)
+        self.cursor.hide()
+        self.player.position.connect(self._at)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 4, 4, 4)
-        lay.addWidget(self.title)
+        head = QHBoxLayout()
+        head.addWidget(self.title, 1)
+        head.addWidget(self.player)
+        lay.addLayout(head)
         lay.addWidget(self.summary_row)
+        lay.addWidget(self.readouts)
         lay.addWidget(self.timing_plot, 3)
         lay.addWidget(self.stats, 2)
         lay.addWidget(self.memory_plot, 1)
         lay.addWidget(self.recording, 1)
+        lay.addWidget(QLabel("<b>Transcript</b>"))
+        lay.addWidget(self.transcript, 1)
+
+    def _at(self, seconds: float) -> None:
+        """The playing position, marked on the recording (hidden when playback stops)."""
+        self.cursor.setVisible(seconds >= 0)
+        self.cursor.setValue(max(0.0, seconds))
+
+
+def slower_text(a_ms: float, b_ms: float) -> str:
+    """Which side is slower, by how much: "B (right) is 1.68x slower" / "A (left) is …" / "the same"."""
+    if a_ms <= 0 or b_ms <= 0:
+        return "no ratio (a side has no time)"
+    if abs(b_ms - a_ms) < 1e-9 * max(a_ms, b_ms) or round(max(a_ms, b_ms) / min(a_ms, b_ms), 2) == 1.0:
+        return "A and B take the same time"
+    side = "B (right)" if b_ms > a_ms else "A (left)"
+    return f"{side} is {max(a_ms, b_ms) / min(a_ms, b_ms):.2f}x slower"
 
 
 def compare_line(a: SessionSeries, b: SessionSeries) -> str:
-    """Totals of two sessions side by side: p50/p99, misses, and B's p50 as a ratio of A's."""
+    """Totals of two sessions side by side (A left, B right): p50/p99, misses, and which side is slower."""
     sa, sb = a.stage_stats(), b.stage_stats()
-    ratio = sb.p50["total"] / sa.p50["total"] if sa.p50["total"] > 0 else float("nan")
     miss = lambda s: int(s.missed().sum())          # noqa: E731
-    return (f"total p50 {sa.p50['total']:.0f} → {sb.p50['total']:.0f} ms ({ratio:.2f}×), "
-            f"p99 {sa.p99['total']:.0f} → {sb.p99['total']:.0f} ms, misses {miss(a)} → {miss(b)} "
-            f"(left → right)")
+    return (f"total p50 A {sa.p50['total']:.0f} ms vs B {sb.p50['total']:.0f} ms: "
+            f"{slower_text(sa.p50['total'], sb.p50['total'])}; p99 A {sa.p99['total']:.0f} vs "
+            f"B {sb.p99['total']:.0f} ms; misses A {miss(a)} of {len(a)} s vs B {miss(b)} of {len(b)} s")
 
 
 class CompareWindow(QMainWindow):
@@ -109,7 +142,8 @@ class CompareWindow(QMainWindow):
         col.addWidget(self.comparison)
         col.addWidget(self.split, 1)
         self.setCentralWidget(central)
-        self.banners = BannerStack(central)
+        self.banners = BannerStack()              # in the layout: an error line never covers a view
+        col.insertWidget(0, self.banners)
         self.error_banner = self.banners.add("#f4b6b2")
         menu = self.menuBar().addMenu("&File")
         self.open_action = QAction("Open session…", self, shortcut=OPEN_KEYS, triggered=self.open_dialog)
@@ -162,8 +196,16 @@ class CompareWindow(QMainWindow):
         top = max(a.timing_plot.getPlotItem().viewRange()[1][1], b.timing_plot.getPlotItem().viewRange()[1][1])
         for v in (a, b):
             v.timing_plot.getPlotItem().setYRange(0, top, padding=0)
-        b.timing_plot.getPlotItem().setYLink(a.timing_plot.getPlotItem())
-        b.timing_plot.getPlotItem().setXLink(a.timing_plot.getPlotItem())
-        b.stats.histogram.getPlotItem().setXLink(a.stats.histogram.getPlotItem())
+        for name in ("timing_plot", "memory_plot", "recording"):       # every axis: one scale for both
+            pa, pb = getattr(a, name).getPlotItem(), getattr(b, name).getPlotItem()
+            pb.setXLink(pa)
+            pb.setYLink(pa)
+        top = max(a.memory_plot.getPlotItem().viewRange()[1][1], b.memory_plot.getPlotItem().viewRange()[1][1])
+        a.memory_plot.getPlotItem().setYRange(0, top, padding=0)
+        ha, hb = a.stats.histogram.getPlotItem(), b.stats.histogram.getPlotItem()
+        hb.setXLink(ha)
+        hb.setYLink(ha)
+        top = max(ha.viewRange()[1][1], hb.viewRange()[1][1])
+        ha.setYRange(0, top, padding=0)
         self.comparison.setText(compare_line(a.series, b.series))
         self.comparison.show()

@@ -32,6 +32,9 @@ class AppSettings:
     push_to_talk: bool = False
     demand_sized: bool = True
     graph_replay: bool = True
+    echo_cancellation: bool = True   # the conversation's controls (app/readouts.py ConversationPanel)
+    interrupt: str = "normal"
+    playback_delay: float = 0.5
     export_dir: str = ""
     geometry: bytes = b""
 
@@ -48,6 +51,8 @@ def _coerce(value, default):
     """QSettings hands back strings from INI files; convert to the default's type."""
     if isinstance(default, bool):
         return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
+    if isinstance(default, float):
+        return float(value)
     if isinstance(default, bytes):
         return bytes(value.data()) if isinstance(value, QByteArray) else bytes(value or b"")
     return str(value) if value is not None else default

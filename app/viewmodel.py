@@ -42,12 +42,23 @@ class Summary:
     reserved_bytes: int = 0
     delay_ms: Optional[float] = None    # mic-to-speaker delay of the latest second (None: not measured)
     delay_plays: bool = True            # its answer went to a speaker (else: the delay until it was ready)
+    whole: bool = False                 # a replay: every figure is over the whole session, and says so
     colours: Dict[str, str] = field(default_factory=dict)
 
     def text(self) -> Dict[str, str]:
         """Label texts by key (the keys of ``colours``); "—" for a value with no data yet."""
         none = not self.seconds
         delay = None if none or self.delay_ms is None else f"{self.delay_ms / 1000.0:.2f} s"
+        if self.whole and not none:
+            return {
+                "p50": f"p50 {self.p50_ms:.0f} ms", "p99": f"p99 {self.p99_ms:.0f} ms",
+                "misses": f"misses {self.misses} of {self.seconds} s (whole session)",
+                "lateness": f"worst late {self.lateness_ms:.0f} ms",
+                "backlog": f"backlog at end {self.backlog} s",
+                "delay": f"mic→{'speaker' if self.delay_plays else 'answer'} "
+                         + (f"{delay} (median)" if delay else "—"),
+                "memory": f"state {format_bytes(self.state_bytes)}",
+            }
         return {
             "p50": f"p50 {'—' if none else f'{self.p50_ms:.0f} ms'}",
             "p99": f"p99 {'—' if none else f'{self.p99_ms:.0f} ms'}",
@@ -159,6 +170,23 @@ class SessionSeries:
             "delay": GREY if s.delay_ms is None else traffic_light(s.delay_ms, 2.0 * d, 3.0 * d),
             "memory": GREEN,
         }
+        return s
+
+    def whole_summary(self) -> Summary:
+        """The summary of a replayed session: every figure over all of its seconds and labelled so; the
+        mic→speaker delay is the median of the records that have one."""
+        s = self.summary(window_s=max(1, len(self.rows)))
+        if not self.rows:
+            return s
+        delays = [float(r["mic_to_speaker_ms"]) for r in self.rows if float(r.get("mic_to_speaker_ms") or 0) > 0]
+        s.delay_ms = percentile(delays, 50) if delays else None
+        s.delay_plays = any(r.get("answer_plays", True) for r in self.rows)
+        s.lateness_ms = max(float(r["late_ms"]) for r in self.rows)
+        s.whole = True
+        d = self.deadline_ms
+        s.colours["misses"] = traffic_light(s.misses, 1, 3)
+        s.colours["lateness"] = traffic_light(s.lateness_ms, 1e-9, 0.5 * d)
+        s.colours["delay"] = GREY if s.delay_ms is None else traffic_light(s.delay_ms, 2.0 * d, 3.0 * d)
         return s
 
     def mode_changes(self) -> List[dict]:

@@ -140,7 +140,12 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         rcol.addWidget(self.memory_plot, 2)
         right = QSplitter(Qt.Horizontal)          # the transcript scrolls beside the plots
         right.addWidget(plots)
-        right.addWidget(self.transcript)
+        said = QWidget()
+        scol = QVBoxLayout(said)
+        scol.setContentsMargins(0, 0, 0, 0)
+        scol.addWidget(QLabel("<b>Transcript</b> (model text per second · your speech)"))
+        scol.addWidget(self.transcript, 1)
+        right.addWidget(said)
         right.setStretchFactor(0, 3)
         right.setStretchFactor(1, 1)
         right.setSizes([760, 260])
@@ -210,6 +215,11 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         if s.input_file and self.device_panel.input.count() and not s.input_device:
             self.device_panel.add_input_file(s.input_file)
         self.device_panel.ptt.setChecked(s.push_to_talk)
+        cp, u = self.conversation, self.controller.controls
+        u.echo, u.sensitivity, u.delay_s = s.echo_cancellation, s.interrupt, s.playback_delay
+        cp.echo.setChecked(u.echo)
+        cp.sensitivity.setCurrentIndex(max(0, cp.sensitivity.findData(u.sensitivity)))
+        cp.delay.setValue(u.delay_s)
         self.toggle_panel.demand.setChecked(s.demand_sized)
         self.toggle_panel.graphs.setChecked(s.graph_replay and self.cuda)
         if s.geometry:
@@ -227,6 +237,9 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         s.output_device = ov.name if ok == "device" else ""
         s.push_to_talk = d.ptt.isChecked()
         s.demand_sized, s.graph_replay = self.toggle_panel.demand.isChecked(), self.toggle_panel.graphs.isChecked()
+        cp = self.conversation
+        s.echo_cancellation, s.interrupt, s.playback_delay = (cp.echo.isChecked(), cp.sensitivity.currentData(),
+                                                              float(cp.delay.value()))
         s.geometry = bytes(self.saveGeometry().data())
         save_settings(self.qsettings, s)
 
@@ -363,7 +376,7 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
             self.events.add("barge-in", f"second {row['index']}: {row['barge_ins']} barge-in(s), playback silent "
                                         f"{row.get('barge_in_latency_ms', 0):.0f} ms after the onset")
         self.transcript.show_rows(self.series.rows)
-        self.readouts.show_row(row, self.controller.totals)
+        self.readouts.show_row(row, self.controller.totals, echo=self.controller.echo_state())
         self._show_state(row["decision"] if self.controller.state == ctl.RUNNING else self.controller.state)
         self.refresh()
 

@@ -67,9 +67,15 @@ def test_open_one_session_then_a_second_beside_it(qtbot, tmp_path, window):
     assert window.open_session(fast, beside=True) is replay
     left, right = replay.views
     assert len(right.series) == 10
-    assert replay.comparison.isVisible() and "×" in replay.comparison.text()
+    assert replay.comparison.isVisible() and "A (left) is " in replay.comparison.text()
+    assert "x slower" in replay.comparison.text()
     assert replay.comparison.text() == compare_line(left.series, right.series)
-    assert left.timing_plot.getPlotItem().viewRange()[1] == right.timing_plot.getPlotItem().viewRange()[1]
+    for name in ("timing_plot", "memory_plot", "recording"):                 # every axis linked
+        a, b = getattr(left, name).getPlotItem(), getattr(right, name).getPlotItem()
+        assert np.allclose(a.viewRange(), b.viewRange()), name
+        a.setXRange(2, 5, padding=0)
+        assert b.viewRange()[0] == pytest.approx([2, 5]), name
+    assert np.allclose(left.stats.histogram.getPlotItem().viewRange(), right.stats.histogram.getPlotItem().viewRange())
     # an unreadable folder: one error line, both sessions stay
     (tmp_path / "empty").mkdir()
     assert window.open_session(tmp_path / "empty", beside=True) is None
@@ -129,3 +135,60 @@ def test_dark_palette_reaches_the_plots(qtbot, tmp_path, monkeypatch):
     finally:
         app.setStyle(old_style)
         app.setPalette(old_palette)
+
+
+def test_slower_text_names_the_slower_side():
+    from app.review import slower_text
+    assert slower_text(100.0, 168.0) == "B (right) is 1.68x slower"
+    assert slower_text(300.0, 100.0) == "A (left) is 3.00x slower"
+    assert slower_text(100.0, 100.0) == "A and B take the same time"
+
+
+def test_replay_chips_cover_the_whole_session(qtbot, tmp_path):
+    """132 s with 43 misses: "misses 43 of 132 s (whole session)"; mic→speaker from the records that have
+    it (one lacks it); the transcript and the audio-path readouts are shown; Play plays the conversation."""
+    recs = _records(132, 500.0, demand=True, seed=3)
+    for i, r in enumerate(recs):
+        r.missed = i % 3 == 0 and i < 129
+        r.late_ms = 50.0 if r.missed else 0.0
+        r.mic_to_speaker_ms = 0.0 if i == 0 else 1200.0 + i
+        r.user_speech = 10 <= i < 14
+        r.text = "hello there" if i == 20 else ""
+        r.barge_ins, r.barge_in_latency_ms = (1, 180.0) if i == 30 else (0, 0.0)
+        r.playback_gaps, r.playback_gap_ms = (2, 40.0) if i == 40 else (0, 0.0)
+    export_records(recs, tmp_path / "s", metadata={"device": "cpu"})
+    rate = 24000
+    write_wav(tmp_path / "s" / "session_input.wav", np.full(3 * rate, 0.1, np.float32), rate)
+    write_wav(tmp_path / "s" / "session_output.wav", np.full(3 * rate, 0.2, np.float32), rate)
+    view = SessionView(load_session(tmp_path / "s"))
+    qtbot.addWidget(view)
+    labels = view.summary_row.labels
+    assert labels["misses"].text() == "misses 43 of 132 s (whole session)"
+    assert labels["delay"].text() == f"mic→speaker {np.median([1200.0 + i for i in range(1, 132)]) / 1000:.2f} s (median)"
+    text = view.transcript.toPlainText()
+    assert "[10–13 s] user speaking" in text and "[20 s] model: hello there" in text and "[1 s] model: —" in text
+    assert view.readouts.labels["barge_in"].text() == "barge-in 180 ms (1)"
+    assert view.readouts.labels["gaps"].text().endswith("2 in all")
+    from app.replay_audio import ReplayPlayer, conversation
+    mix, r = conversation(view.session)
+    assert r == rate and len(mix) == 4 * rate
+    assert mix[:rate].max() == pytest.approx(0.1, abs=1e-3) and mix[rate:3 * rate].max() == pytest.approx(0.3, abs=1e-3)
+
+    class Stream:                                    # an output device that plays at once
+        def __init__(self, rate, callback):
+            self.callback, self.closed = callback, False
+
+        def start(self):
+            out = np.zeros((len(mix), 1), np.float32)
+            self.callback(out, len(mix), None, None)
+            self.played = out[:, 0]
+
+        def close(self, ignore_errors=True):
+            self.closed = True
+    streams = []
+    player = ReplayPlayer(view.session, open_stream=lambda rate, cb: streams.append(Stream(rate, cb)) or streams[-1])
+    qtbot.addWidget(player)
+    assert player.play() and player.text() == "■ Stop"
+    assert np.array_equal(streams[0].played, mix)    # exactly the conversation, from its start
+    qtbot.waitUntil(lambda: not player.playing, timeout=3000)      # at its end it stops by itself
+    assert streams[0].closed and player.text() == "▶ Play"

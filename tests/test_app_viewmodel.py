@@ -78,9 +78,16 @@ def test_series_columns_and_mode_changes():
     assert np.allclose(st["listen"] + st["think"] + st["speak"], s.column("total_ms"))
     assert s.missed().tolist() == [False] * 4 + [True, False]
     assert np.allclose(s.memory_mib()["state"], np.arange(10, 16))
-    assert s.mode_changes() == [{"index": 3, "demand_sized": False, "graph_replay": False}]
+    (change,) = s.mode_changes()
+    assert (change["index"], change["demand_sized"], change["graph_replay"], change["label"]) == (3, False, False,
+                                                                                                  "stock-like")
+    s.add(dict(row(6, 200.0, demand_sized=False), force_listen=True, barge_in_sensitivity="normal",
+               playback_delay_s=0.5))
+    s.add(dict(row(7, 200.0, demand_sized=False), force_listen=True, barge_in_sensitivity="high",
+               playback_delay_s=1.5, echo_cancellation=True))
+    assert [c["label"] for c in s.mode_changes()[1:]] == ["force-listen on", "echo on, interrupt high, delay 1.5 s"]
     w = s.window(4)
-    assert w.index().tolist() == [2, 3, 4, 5] and len(s) == 6
+    assert w.index().tolist() == [4, 5, 6, 7] and len(s) == 8
 
 
 def test_event_log_json_and_lines():
@@ -91,3 +98,23 @@ def test_event_log_json_and_lines():
     assert [d["text"] for d in data] == ["event 2", "event 3", "event 4"]
     assert data[0]["data"] == {"k": 2} and data[0]["kind"] == "toggle"
     assert log.events[-1].line().endswith("toggle    event 4")
+
+
+def test_keep_up_advice_names_what_would_help_here():
+    from app.viewmodel import keep_up_advice
+    cpu = keep_up_advice({"device": "cpu", "size": "released", "fast_paths": []}, cuda=False)
+    assert "run on a GPU" in cpu and "tiny size" in cpu and "CPU" in cpu
+    tiny = keep_up_advice({"device": "cpu", "size": "tiny", "fast_paths": ["mimi conv: forced reference"]},
+                          cuda=False)
+    assert "tiny size" not in tiny and "faster paths" in tiny
+    gpu = keep_up_advice({"device": "cuda:0", "size": "released", "graph_replay": False}, cuda=True)
+    assert "run on a GPU" not in gpu and "smaller size" in gpu and "graph replay on" in gpu
+
+
+def test_transcript_lines_and_text():
+    from app.transcript import transcript_lines, transcript_text
+    rows = [dict(index=i, user_speech=i in (1, 2, 6), decision="speak" if i in (3, 4) else "listen",
+                 text="hi there" if i == 3 else "") for i in range(7)]
+    assert transcript_lines(rows) == ["[1–2 s] user speaking", "[3 s] model: hi there", "[4 s] model: —",
+                                      "[6 s] user speaking (…)"]
+    assert transcript_text(rows).splitlines()[1:] == transcript_lines(rows)
