@@ -450,7 +450,6 @@ class SessionController(QObject):
         frame_no = self._heard_no.popleft() if self._heard_no else rec.index
         pump = self.pump
         pump.model_speaking = rec.decision == "speak"
-        self._take_asked()
         ahead = None
         if pump.playback is not None and self.state == RUNNING:
             if pump.allows(frame_no):
@@ -461,7 +460,8 @@ class SessionController(QObject):
         delay = self.monitor.on_answer(rec.index, audio, ENGINE_RATE, ahead)
         if ahead is not None and delay == delay:         # played on a device and measured: into the records
             rec.mic_to_speaker_ms = round(delay, 3)
-        self._fill_audio_path(rec)
+        self._fill_audio_path(rec)          # this second ran with the controls in effect; it carries the requests
+        self._take_asked()                  # ... which are in effect from the next second
         try:
             self.journal.append(rec, heard, audio)
         except ExportError as e:

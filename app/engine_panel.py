@@ -28,6 +28,13 @@ KEYS = {"mode": "engine/mode", "url": "engine/url", "token_file": "engine/token_
 EMBEDDED, REMOTE = "embedded", "remote"
 
 
+def gui_words(message: str) -> str:
+    """A command-line message for a GUI user: flags become the panel's fields."""
+    message = message.replace(f"(give --token-file FILE or set {ENV})",
+                              "(choose the server's token file with Browse…, or paste the token)")
+    return message.replace("--token-file FILE", "a token file (Browse…)").replace("--token-file", "the token file")
+
+
 class EnginePanel(QGroupBox):
     """Embedded | remote URL + token; makes the runners of sessions started from the panels."""
 
@@ -133,7 +140,7 @@ class EnginePanel(QGroupBox):
             session_url(self.url.text())
             token = self.token.text().strip() or read_token(self.token_file.text().strip() or None, role="client")
         except (ValueError, TokenError) as e:
-            return f"Remote engine: {e}"
+            return f"Remote engine: {gui_words(str(e))}"
         self._next = (self.url.text().strip(), token)
         return None
 

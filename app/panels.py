@@ -320,8 +320,16 @@ class DevicePanel(QGroupBox):
                 self.input.setCurrentIndex(0)
         self.input_changed.emit()
 
-    def show_output(self, device_name: Optional[str]) -> None:
-        """Make the Output picker show ``device_name``, or "No playback" for None."""
+    def show_output(self, device_name: Optional[str], label: str = "") -> None:
+        """Make the Output picker show ``device_name``, or "No playback" for None; ``label``: a sink that is
+        no device (a scripted run's simulated speaker) is shown by its label."""
+        if label:
+            i = self.output.findText(label)
+            if i < 0:
+                self.output.insertItem(0, label, ("sim", None))
+                i = 0
+            self.output.setCurrentIndex(i)
+            return
         if device_name is not None:
             self.select_device(self.output, device_name)
             return

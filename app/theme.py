@@ -44,7 +44,22 @@ def apply_env_theme(app: Optional[QApplication] = None) -> str:
         return ""
     app.setStyle(QStyleFactory.create("Fusion"))
     app.setPalette(dark_palette() if choice == "dark" else app.style().standardPalette())
+    app.setStyleSheet(DARK_INDICATORS if choice == "dark" else "")
     return choice
+
+
+#: Fusion draws radio buttons and check boxes from the palette's shadow colours, nearly invisible on a dark
+#: window: in dark mode they get a light outline and a blue mark
+DARK_INDICATORS = """
+QRadioButton::indicator, QCheckBox::indicator { width: 13px; height: 13px; border: 1px solid #aab0b8;
+    background: #1e1f22; }
+QRadioButton::indicator { border-radius: 7px; }
+QCheckBox::indicator { border-radius: 2px; }
+QRadioButton::indicator:checked { background: qradialgradient(cx:0.5, cy:0.5, radius:0.5, fx:0.5, fy:0.5,
+    stop:0 #6ea8fe, stop:0.55 #6ea8fe, stop:0.65 #1e1f22, stop:1 #1e1f22); }
+QCheckBox::indicator:checked { background: #3d7bd9; border-color: #6ea8fe; }
+QRadioButton::indicator:disabled, QCheckBox::indicator:disabled { border-color: #5a5e64; }
+"""
 
 
 def is_dark(palette: Optional[QPalette] = None) -> bool:

@@ -261,7 +261,7 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         return DeviceInput(value) if kind == "device" else FileInput(value)
 
     def _make_sink(self, kind: str, value):
-        return DeviceOutput(value) if kind == "device" else None
+        return DeviceOutput(value, self.controller.controls.delay_s) if kind == "device" else None
 
     def start_session(self) -> bool:
         """Start from what the panels show; on a problem show one message and return False."""
@@ -313,7 +313,7 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
 
     def _output_hint(self, *_) -> None:
         kind, dev = self.device_panel.selected_output()
-        self.conversation.show_output(dev.name if kind == "device" else None)
+        self.conversation.show_output(dev.name if kind == "device" else "speaker" if kind == "sim" else None)
 
     def on_echo(self, on: bool) -> None:
         self.controller.set_echo(on)
@@ -332,7 +332,8 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
             self.device_panel.add_input_file(source.path)
         elif isinstance(source, DeviceInput):
             self.device_panel.select_device(self.device_panel.input, source.device.name)
-        self.device_panel.show_output(sink.device.name if isinstance(sink, DeviceOutput) else None)
+        self.device_panel.show_output(sink.device.name if isinstance(sink, DeviceOutput) else None,
+                                      label="" if sink is None or isinstance(sink, DeviceOutput) else sink.label)
 
     def on_toggles(self, demand: bool, graphs: bool) -> None:
         self.controller.set_toggles(Toggles(demand_sized=demand, graph_replay=graphs))
