@@ -137,8 +137,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     logging.getLogger("ray.serve").setLevel(logging.WARNING)   # our own lines say what runs where
     from engine.serve.deployment import build_app
     try:
-        with drain.shielded_from_sigint():
-            ray.init(**lockdown.init_options(a.address))
+        ray.init(**lockdown.init_options(a.address))
     except Exception as e:  # noqa: BLE001 - a wrong address, a Ray that will not start
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         hint = f" — {lockdown.join_hint(a.address)}" if a.address and "token" in first.lower() else ""
@@ -148,9 +147,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         spec.token = token
         drain.publish(None)                              # a drain left by an earlier server does not count
         # the proxy runs on the head only: clients connect to the address given here, replicas anywhere
-        with drain.shielded_from_sigint():
-            serve.start(proxy_location="HeadOnly", http_options={"host": a.host, "port": a.port})
-            serve.run(build_app(spec), name="duplexcadence", route_prefix="/", blocking=False)
+        serve.start(proxy_location="HeadOnly", http_options={"host": a.host, "port": a.port})
+        serve.run(build_app(spec), name="duplexcadence", route_prefix="/", blocking=False)
     except Exception as e:  # noqa: BLE001 - port in use, not enough GPUs for the replicas, ...
         ray.shutdown()
         return _fail(str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__, 1)

@@ -7,17 +7,15 @@ until their client stops or the grace period ends, when the replica closes them 
 (the client keeps every second it received). The command waits until no session is left (or the
 grace period and a margin have passed), then stops Serve and Ray. A second signal stops at once.
 
-SIGTERM is what systemd and docker send; it drains exactly like Ctrl-C. (Ctrl-C in a terminal
-reaches every process of the foreground group; the command starts Ray's processes with SIGINT
-blocked, see :func:`shielded_from_sigint`, so only the command itself sees it.)
+SIGTERM is what systemd and docker send; it drains exactly like Ctrl-C (which a terminal sends to
+the whole foreground process group: Ray's processes survive it, the command drains).
 """
 from __future__ import annotations
 
-import contextlib
 import signal
 import threading
 import time
-from typing import Callable, Iterator, Optional
+from typing import Callable, Optional
 
 KEY = b"duplexcadence:drain-until"
 NAMESPACE = "duplexcadence"
@@ -123,18 +121,3 @@ def replica_sessions(timeout: float = 5.0) -> int:
         except Exception:  # noqa: BLE001 - a replica going away has no session left
             continue
     return total
-
-
-@contextlib.contextmanager
-def shielded_from_sigint() -> Iterator[None]:
-    """Processes started inside inherit SIGINT blocked: Ctrl-C in the terminal (sent to the whole
-    foreground process group) reaches the command, which drains, and not Ray's processes, which
-    would otherwise die at once and cut every live session."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
