@@ -25,7 +25,7 @@ import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 import numpy as np
 
@@ -34,6 +34,7 @@ CAPS = {"json": 32 << 20, "index": 16 << 20, "tokenizer": 32 << 20, "yaml": 1 <<
         "safetensors header": 64 << 20}
 MAX_DEPTH = 64              # JSON / YAML nesting
 MAX_DIGITS = 64             # digits of one integer
+MAX_JSON_VALUES = 1 << 21   # values of one JSON file (parsing 2M small values costs ~150 MB; a config has hundreds)
 MAX_YAML_ALIASES = 256
 MAX_YAML_EVENTS = 200_000   # parse events before anything is composed
 MAX_YAML_NODES = 200_000    # nodes once aliases are expanded
@@ -95,17 +96,44 @@ def read_text(path, cap: int, what: str) -> str:
 
 # -- JSON ------------------------------------------------------------------------------------------------
 
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_CHUNK = 1 << 20            # bytes measured at a time (its arrays stay under 40 MB at any file size)
 
 
-def json_depth(raw: bytes) -> int:
-    """The deepest nesting of ``[``/``{`` outside strings (measured without parsing)."""
-    a = np.frombuffer(_JSON_STRING.sub(b'""', raw), dtype=np.uint8)
-    b = a[(a == 91) | (a == 123) | (a == 93) | (a == 125)]
-    if b.size == 0:
-        return 0
-    steps = np.where((b == 91) | (b == 123), 1, -1).astype(np.int32)
-    return int(np.cumsum(steps, dtype=np.int32).max())
+def json_shape(raw: bytes) -> Tuple[int, int]:
+    """(deepest nesting of ``[``/``{``, number of values) of a JSON text, measured outside its strings
+    without parsing it: numpy over 1 MiB pieces of the bytes, so the cost is bounded at any size."""
+    in_str, run, depth, deepest, commas = 0, 0, 0, 0, 0
+    for start in range(0, len(raw), _CHUNK):
+        c = np.frombuffer(raw, dtype=np.uint8, count=min(_CHUNK, len(raw) - start), offset=start)
+        idx = np.arange(c.size, dtype=np.int32)
+        last_plain = np.maximum.accumulate(np.where(c != 92, idx, -1))       # the last non-backslash so far
+        quotes = np.flatnonzero(c == 34)
+        before = np.where(quotes > 0, last_plain[np.maximum(quotes - 1, 0)], -1)
+        slashes = quotes - 1 - before + np.where(before < 0, run, 0)         # a run may begin in the last piece
+        toggle = np.zeros(c.size, dtype=np.int8)
+        toggle[quotes[slashes % 2 == 0]] = 1                                 # unescaped quotes open or close
+        inside = (np.cumsum(toggle, dtype=np.int32) - toggle + in_str) % 2 == 1
+        outside = c[~inside & (toggle == 0)]
+        commas += int(np.count_nonzero(outside == 44))
+        br = outside[(outside == 91) | (outside == 123) | (outside == 93) | (outside == 125)]
+        if br.size:
+            levels = depth + np.cumsum(np.where((br == 91) | (br == 123), 1, -1).astype(np.int32))
+            deepest, depth = max(deepest, int(levels.max())), int(levels[-1])
+        in_str = (in_str + int(toggle.sum())) % 2
+        tail = c.size - 1 - int(last_plain[-1])
+        run = run + tail if tail == c.size else tail
+    return deepest, commas + 1
+
+
+def check_json_shape(raw: bytes, source: str, max_depth: int = MAX_DEPTH, max_values: int = MAX_JSON_VALUES) -> None:
+    """FileCheckError when ``raw`` nests deeper than ``max_depth`` or holds more than ``max_values`` values
+    (what parsing it would cost is bounded by these, not only by its size)."""
+    depth, values = json_shape(raw)
+    if depth > max_depth:
+        raise FileCheckError(f"{source} is nested {depth:,} levels deep; a checkpoint's JSON needs at most "
+                             f"{max_depth}")
+    if values > max_values:
+        raise FileCheckError(f"{source} holds {values:,} values, more than the {max_values:,} such a file has")
 
 
 def _parse_int(source: str) -> Callable[[str], int]:
@@ -132,12 +160,9 @@ def _no_constant(source: str) -> Callable[[str], Any]:
     return parse
 
 
-def parse_json(raw: bytes, source: str, max_depth: int = MAX_DEPTH) -> Any:
-    """JSON from bytes, depth-checked first; one FileCheckError naming ``source`` otherwise."""
-    depth = json_depth(raw)
-    if depth > max_depth:
-        raise FileCheckError(f"{source} is nested {depth:,} levels deep; a checkpoint's JSON needs at most "
-                             f"{max_depth}")
+def parse_json(raw: bytes, source: str, max_depth: int = MAX_DEPTH, max_values: int = MAX_JSON_VALUES) -> Any:
+    """JSON from bytes, its depth and number of values checked first; one FileCheckError naming ``source``."""
+    check_json_shape(raw, source, max_depth, max_values)
     try:
         return json.loads(raw.decode("utf-8"), parse_int=_parse_int(source), parse_float=_parse_float(source),
                           parse_constant=_no_constant(source))

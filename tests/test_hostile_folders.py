@@ -166,7 +166,7 @@ def _shards_outside(link: bool) -> Callable[[Path], None]:
 
 
 def _merge_bomb(doc: dict) -> None:
-    doc["model"] = {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"] * 1_200_000}
+    doc["model"] = {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"] * 2_500_000}
 
 
 DEEP = 100_000
@@ -180,6 +180,8 @@ MINICPM_CASES = {
     "more weights than memory": (_config_edit(hidden_size=16384, num_hidden_layers=256, intermediate_size=131072,
                                               num_attention_heads=128, num_key_value_heads=8, head_dim=128),
                                  "more than the"),
+    "5,000,000 values": (_write("config.json", '{"a": [' + ",".join(['"a"'] * 5_000_000) + "]}"),
+                         "holds 5,000,000 values, more than the 2,097,152"),
     "NaN field": (_write("config.json", '{"rope_theta": NaN}'), "NaN: every number must be finite"),
     "100,000-digit integer": (_write("config.json", '{"hidden_size": ' + "9" * DEEP + "}"),
                               "integer of 100,000 digits"),
@@ -189,7 +191,7 @@ MINICPM_CASES = {
         "type": "Precompiled", "precompiled_charsmap": "/////w=="})), "could not be read as a tokenizer"),
     "tokenizer panics on any text": (_tokenizer_edit(lambda d: d.update(normalizer={
         "type": "Precompiled", "precompiled_charsmap": "AAAAAA=="})), "could not be read as a tokenizer"),
-    "BPE merge bomb": (_tokenizer_edit(_merge_bomb), "merges holds 1,200,000 entries"),
+    "BPE merge bomb": (_tokenizer_edit(_merge_bomb), "values, more than the 2,097,152 such a file has"),
     "absolute shard path": (_shards_outside(link=False), "outside the folder"),
     "shard linked outside": (_shards_outside(link=True), "a link that leaves the folder"),
 }

@@ -15,7 +15,7 @@ from typing import Dict, Iterable, List, Tuple
 from engine import safeload
 
 #: largest safetensors header we read (the released codecs' headers are tens of KiB)
-MAX_HEADER = 64 * 1024 * 1024
+MAX_HEADER = 16 * 1024 * 1024
 
 
 def existing_folder(path, what: str) -> Path:
