@@ -85,7 +85,7 @@ def barge_ins(r: LoopResult, turns: List[Tuple[int, int]]) -> Dict[str, object]:
         stop = (onset // BLOCK + spoken[-1] + 1) * BLOCK if spoken.size else onset
         ms = (stop - onset) * 1000.0 / RATE
         fired = any(a <= f <= b + AFTER_TURN_S * RATE for f, _ in r.fired)
-        latencies.append(ms)
+        latencies.append(float(ms))
         missed += int(ms > MISS_MS and not fired)
         events.append({"onset_s": round(onset / RATE, 3), "latency_ms": round(ms, 1), "fired": fired})
     false_local = sum(1 for f, _ in r.fired if not any(a <= f <= b + AFTER_TURN_S * RATE for a, b in turns))
@@ -104,8 +104,24 @@ def engine_self_interruptions(r: LoopResult, turns: List[Tuple[int, int]]) -> in
     return out
 
 
+def annotate(r: LoopResult, events: List[Dict[str, object]]) -> None:
+    """Fill the records' audio-path fields: barge-ins (by the second they fired in), the latency of each turn
+    the model spoke over (by its onset's second), the canceller's echo suppression."""
+    n = len(r.records)
+    for fired_at, _ in r.fired:
+        if fired_at // RATE < n:
+            r.records[fired_at // RATE].barge_ins += 1
+    for e in events:
+        k = int(e["onset_s"])
+        if k < n and e["fired"]:
+            r.records[k].barge_in_latency_ms = max(r.records[k].barge_in_latency_ms, float(e["latency_ms"]))
+    for rec, supp in zip(r.records, r.suppression):
+        rec.echo_suppression_db = round(supp, 3) if supp is not None else 0.0
+
+
 def summarize_mode(r: LoopResult, turns: List[Tuple[int, int]]) -> Dict[str, object]:
     b = barge_ins(r, turns)
+    annotate(r, b["events"])
     lat = b["latencies"]
     self_int = engine_self_interruptions(r, turns)
     supp = [s for s in r.suppression if s is not None]
@@ -123,9 +139,9 @@ def summarize_mode(r: LoopResult, turns: List[Tuple[int, int]]) -> Dict[str, obj
 
 def meets_targets(m: Dict[str, object]) -> Dict[str, bool]:
     """Each target of issue 25 for a mode with cancellation on."""
-    return {"erle_db": m["erle_db"] >= TARGETS["erle_db"], "false_barge_ins": m["false_barge_ins"] == 0,
+    return {"erle_db": bool(m["erle_db"] >= TARGETS["erle_db"]), "false_barge_ins": m["false_barge_ins"] == 0,
             "missed_barge_ins": m["missed_barge_ins"] == 0,
-            "barge_in_latency_ms": m["barge_in_latency_ms"]["worst"] <= TARGETS["barge_in_latency_ms"]}
+            "barge_in_latency_ms": bool(m["barge_in_latency_ms"]["worst"] <= TARGETS["barge_in_latency_ms"])}
 
 
 def reported_delay(delay_ms: float, seed: int) -> float:

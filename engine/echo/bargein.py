@@ -2,8 +2,8 @@
 ducking decision it drives (the app ducks playback at once; the engine follows at its next second).
 
 :class:`BargeInDetector` reads 20 ms frames. A frame is voiced above ``max(abs_db, floor + margin_db)``
-(the floor follows quiet frames: down at once, up slowly); ``onset_frames`` voiced frames in a row make the
-user *talking*, and ``quiet_s`` of unvoiced frames end the talk (pauses between words do not). While the
+(the floor: the quietest frame of the last 1.5 s, so steady noise is not speech); ``onset_frames`` voiced frames among ``onset_frames + 1`` (the newest
+voiced) make the user *talking*, and ``quiet_s`` of unvoiced frames end the talk (pauses between words do not). While the
 user talks and the model's speech is playing, the detector fires once per talk: a :class:`BargeIn` comes
 back and :attr:`BargeInDetector.ducked` turns True. The caller silences playback while ``ducked`` and tells
 the detector which engine seconds' speech it plays (:meth:`BargeInDetector.allows`): speech the engine made
@@ -13,9 +13,10 @@ No Qt here: the app's frame pump calls it from its worker thread.
 """
 from __future__ import annotations
 
+import collections
 import math
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Deque, List, Optional
 
 import numpy as np
 
@@ -56,13 +57,16 @@ class BargeInDetector:
         self.margin_db = preset[1] if margin_db is None else float(margin_db)
         self.onset_frames = int(onset_frames)
         self.quiet_frames = max(1, int(round(quiet_s * self.rate / self.win)))
-        self.floor_db = -70.0
+        self.floor_db = -70.0          # the noise floor: the quietest 20 ms of the last 1.5 s (speech has gaps)
+        self._levels: Deque[float] = collections.deque(maxlen=max(2, int(round(1.5 * self.rate / self.win))))
         self.pos = 0                   # samples consumed (whole frames)
         self.talking = False           # the user is talking (onset confirmed, not yet quiet_s of quiet)
         self.ducked = False
         self.fired: List[BargeIn] = []
         self._carry = np.zeros(0, dtype=np.float32)
-        self._run = 0                  # voiced frames in a row
+        # the last onset_frames + 1 frames (voiced, first sample): an onset is onset_frames voiced among them,
+        # the newest voiced (the echo canceller may pass a talk's first 10 ms frames one in two)
+        self._recent: Deque[tuple] = collections.deque(maxlen=self.onset_frames + 1)
         self._quiet = self.quiet_frames
         self._onset_at = 0
         self._talk_fired = False
@@ -93,21 +97,20 @@ class BargeInDetector:
 
     def _frame(self, db: float, playing: bool) -> Optional[BargeIn]:
         start, self.pos = self.pos, self.pos + self.win
+        self._levels.append(db)
+        if len(self._levels) == self._levels.maxlen:
+            self.floor_db = min(self._levels)           # the quietest frame of the last 1.5 s: steady noise
         voiced = db > self.threshold_db()
+        self._recent.append((voiced, start))
         if voiced:
-            if self._run == 0:
-                self._candidate = start
-            self._run += 1
             self._quiet = 0
-            if not self.talking and self._run >= self.onset_frames:
-                self.talking, self._talk_fired, self._onset_at = True, False, self._candidate
+            hits = [at for v, at in self._recent if v]
+            if not self.talking and len(hits) >= self.onset_frames:
+                self.talking, self._talk_fired, self._onset_at = True, False, hits[0]
         else:
-            self._run = 0
             self._quiet += 1
             if self._quiet >= self.quiet_frames:
                 self.talking = False
-            # the floor follows quiet frames down at once and up slowly (speech is not noise)
-            self.floor_db = db if db < self.floor_db else self.floor_db + 0.02 * (db - self.floor_db)
         if self.talking and playing and not self._talk_fired and not self.ducked:
             self._talk_fired = True
             return self._duck(BargeIn(self.pos, self._onset_at, self._onset_at // self.rate))

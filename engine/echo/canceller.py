@@ -8,6 +8,8 @@ frames of int16: this class cuts any chunk sizes into 10 ms frames (carrying the
 converts float32 to int16 and back, and resamples with soxr where a rate has no whole 10 ms frame (22.05 kHz,
 11.025 kHz): every rate that is a multiple of 100 Hz (16, 24, 32, 44.1, 48 kHz) goes to the module as it is,
 which avoids soxr's round trip (up to 67 ms at its HQ setting, measured; the module resamples internally).
+A convergence guard (:meth:`EchoCanceller._guard`) covers AEC3's first seconds, when it holds the user's
+voice back or lets echo through (measured; docs/echo.md).
 
 ``near`` returns exactly as many samples as it was given: the output runs one 10 ms frame (less one sample)
 behind the input, whatever the chunk sizes, and the same samples in give the same samples out bit for bit.
@@ -30,13 +32,21 @@ FAR_MAX_S = 1.0
 SUPPRESSION_FRAMES = 300
 #: the rate a rate without whole 10 ms frames is resampled to
 FALLBACK_RATE = 16000
-#: AEC3 holds back the near end while its filter converges (about 0.6 s of far-end speech, measured): for this
-#: long of far-end activity a microphone frame clearly louder than anything the speaker played lately is the
-#: user talking over it, and passes as it is (see :meth:`EchoCanceller._initial_bypass`)
-INITIAL_S = 1.0
-#: how much louder than the loudest recent far-end frame (dB); recent: the reported delay plus 300 ms
+#: While AEC3 converges (the first seconds of far-end speech, measured: it holds the near end back whole for
+#: about 0.6 s, then lets 10-20 dB of echo through for a while) a guard helps it, for this much far-end activity
+#: (see :meth:`EchoCanceller._guard`)
+GUARD_S = 3.0
+#: AEC3 also lets the first 40-100 ms of echo through when the speaker starts again after a silence (measured):
+#: the guard's attenuation covers the first 300 ms (after the reported delay) of every far-end stretch too
+ONSET_GUARD_FRAMES = 30
+#: a microphone frame this much louder than the echo expected from the loudest recent far-end frame is the
+#: user; a frame the processor took this much out of is mostly echo and is attenuated further
 BYPASS_MARGIN_DB = 3.0
 BYPASS_ABS_DB = -40.0
+ECHO_REMOVED_DB = 6.0
+#: the coupling estimate: this percentile of (microphone - loudest recent far end) over echo frames
+COUPLING_PERCENTILE = 98
+GUARD_ATTENUATION = 10.0 ** (-30.0 / 20.0)
 FAR_WINDOW_MS = 300.0
 #: the share of the reported delay handed to AEC3 as its stream delay. Measured (docs/echo.md): AEC3's own
 #: delay estimator found every path of 30-250 ms with a hint of 0, while a hint at or above the true delay
@@ -112,7 +122,7 @@ class EchoCanceller:
     ``far(chunk)``: what the speaker plays, as it is played (call it before the microphone samples of the
     same moment). ``near(chunk)``: microphone samples -> as many cleaned samples (10 ms behind). ``set_delay_ms``:
     the speaker-to-microphone latency the audio layer reports (output + input latency): it sizes the window
-    of the initial-phase bypass, and ``hint_fraction`` of it goes to AEC3 as its stream delay (0 by default:
+    of the convergence guard, and ``hint_fraction`` of it goes to AEC3 as its stream delay (0 by default:
     AEC3 estimates the delay itself, which measured best).
     ``suppression_db()``: near-in vs near-out energy over the recent frames while the far end was active.
     ``enabled`` may change at any time; disabled, ``near`` returns its input as it is.
@@ -134,7 +144,10 @@ class EchoCanceller:
         self._recent: Deque[Tuple[float, float]] = collections.deque(maxlen=SUPPRESSION_FRAMES)
         self._far_db: Deque[float] = collections.deque(maxlen=1)
         self.far_active_s = 0.0       # seconds of far-end activity the processor has seen
-        self.bypassed = 0             # initial-phase frames passed as they were (the user over the speaker)
+        self.bypassed = 0             # guard: frames passed as they were (the user over the speaker)
+        self.guarded = 0              # guard: frames attenuated further (mostly echo)
+        self._stretch = 0             # 10 ms frames since the far end became active
+        self._coupling: Deque[float] = collections.deque(maxlen=SUPPRESSION_FRAMES)   # near dB - far max dB
         self.cpu_s = 0.0              # wall seconds spent in the processor
         self.audio_s = 0.0            # seconds of microphone audio it processed
         self._enabled = False
@@ -231,23 +244,43 @@ class EchoCanceller:
             self.far_active_s += 0.01
             self._recent.append((float(np.sum(np.square(near, dtype=np.float64))),
                                  float(np.sum(np.square(out, dtype=np.float64)))))
-        return self._initial_bypass(near, out)
+        return self._guard(near, out)
 
-    def _initial_bypass(self, near: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """While AEC3 converges (the first :data:`INITIAL_S` of far-end activity) it suppresses the near end
-        whole, the user's voice included. Then a microphone frame :data:`BYPASS_MARGIN_DB` louder than the
-        loudest far-end frame of the last 400 ms (the echo path attenuates: it is never that loud) is the
-        user talking over the speaker, and passes as it is. Recent: the reported delay plus 300 ms."""
-        if self.far_active_s >= INITIAL_S:
-            return out
+    def _guard(self, near: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """The convergence guard, on each 10 ms frame while the far end is active (its loudest frame over the
+        reported delay plus 300 ms). AEC3 holds the near end back whole at first (the user's voice included)
+        and at times later: a microphone frame :data:`BYPASS_MARGIN_DB` louder than the loudest echo that far
+        end can give (its level plus :meth:`coupling_db`) is the user talking over the speaker, and passes as
+        it is. AEC3 also lets echo through while it converges and when the speaker starts again: in the first
+        :data:`GUARD_S` of far-end activity and the first 300 ms (after the reported delay) of every far-end
+        stretch, a frame it took :data:`ECHO_REMOVED_DB` or more out of, or one no louder than that echo, is
+        mostly echo and is attenuated 30 dB more. A level gate: all echo removal is AEC3's."""
         far_max = max(self._far_db, default=-200.0)
         if far_max <= FAR_ACTIVE_DB:
+            self._stretch = 0
             return out
+        self._stretch += 1
         near_db = _db(float(np.mean(np.square(near, dtype=np.float64))))
-        if near_db > max(BYPASS_ABS_DB, far_max + BYPASS_MARGIN_DB):
+        echo_db = far_max + self.coupling_db()           # the loudest echo the far end can give now
+        if near_db > max(BYPASS_ABS_DB, echo_db + BYPASS_MARGIN_DB):
             self.bypassed += 1
             return near.copy()
+        self._coupling.append(near_db - far_max)         # the user's frames (passed above) stay out of it
+        if self.far_active_s >= GUARD_S and self._stretch > ONSET_GUARD_FRAMES + self._delay_ms / 10.0:
+            return out
+        removed = near_db - _db(float(np.mean(np.square(out, dtype=np.float64))))
+        if removed >= ECHO_REMOVED_DB or near_db <= echo_db:
+            self.guarded += 1
+            return out * np.float32(GUARD_ATTENUATION)
         return out
+
+    def coupling_db(self) -> float:
+        """The echo path's coupling as the guard sees it: the 98th percentile of microphone level minus the
+        loudest recent far-end level over the far-active frames it did not pass as the user's (0 dB, the
+        loudest echo possible, before 0.3 s)."""
+        if len(self._coupling) < 30:
+            return 0.0
+        return min(0.0, float(np.percentile(np.asarray(self._coupling), COUPLING_PERCENTILE)))
 
     # -- readouts -------------------------------------------------------------------------------------------
     def suppression_db(self) -> Optional[float]:

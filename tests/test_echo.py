@@ -1,0 +1,149 @@
+"""The echo canceller (engine/echo/canceller.py) and the barge-in detector (engine/echo/bargein.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("livekit")
+
+from engine.bench.echo_sim import EchoPath, level_db, user_voice  # noqa: E402
+from engine.bench.session import speech_like  # noqa: E402
+from engine.echo import BargeInDetector, EchoCanceller  # noqa: E402
+
+RATE = 24000
+BLOCK = 480
+
+
+def far_near(seconds: float = 4.0, delay_ms: float = 90.0, gain_db: float = -8.0, seed: int = 3, user=None,
+             far_level: float = 1.0):
+    """A speech-like far end (voiced bursts, broadband) and its echo at the microphone (plus noise, plus ``user``)."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds * RATE)
+    far = (speech_like(int(seconds) + 1, seed)[:n] + rng.standard_normal(n).astype(np.float32) * 0.02) * far_level
+    path = EchoPath(delay_ms, gain_db, seed)
+    echo = np.concatenate([path(far[i:i + BLOCK]) for i in range(0, n, BLOCK)])
+    near = echo + rng.standard_normal(n).astype(np.float32) * 5e-4
+    if user is not None:
+        near = near + user[:n]
+    return far.astype(np.float32), near.astype(np.float32)
+
+
+def run(aec: EchoCanceller, far: np.ndarray, near: np.ndarray, sizes=(BLOCK,)) -> np.ndarray:
+    """Far then near, chunk by chunk (chunk sizes cycle through ``sizes``)."""
+    out, i, k = [], 0, 0
+    while i < near.size:
+        n = sizes[k % len(sizes)]
+        aec.far(far[i:i + n])
+        out.append(aec.near(near[i:i + n]))
+        i, k = i + n, k + 1
+    return np.concatenate(out)
+
+
+def test_erle_on_a_synthetic_far_near_pair():
+    far, near = far_near()
+    aec = EchoCanceller(RATE)
+    out = run(aec, far, near)
+    late = slice(RATE, None)                     # after the first second (AEC3 converges)
+    erle = 10 * np.log10(np.sum(near[late].astype(np.float64) ** 2) / np.sum(out[late].astype(np.float64) ** 2))
+    assert erle >= 20.0, erle
+    assert out.size == near.size and out.dtype == np.float32
+    assert aec.suppression_db() is not None and aec.suppression_db() >= 20.0
+    assert 0.0 < aec.cost() < 0.5                # a small fraction of real time, even on a loaded machine
+
+
+def test_disabled_is_passthrough():
+    far, near = far_near(seconds=1.0)
+    aec = EchoCanceller(RATE, enabled=False)
+    out = run(aec, far, near, sizes=(7, 480, 1001))
+    assert np.array_equal(out, near)
+    assert aec.suppression_db() is None
+
+
+def test_framing_carry_over_is_bit_exact_for_odd_chunk_sizes():
+    far, near = far_near(seconds=2.0)
+    whole = EchoCanceller(RATE)
+    whole.far(far)
+    ref = whole.near(near)
+    for sizes in ((7, 241, 13, 999), (1, 2, 3, 5, 8, 4801), (239,)):
+        aec = EchoCanceller(RATE)
+        aec.far(far)
+        parts, i, k = [], 0, 0
+        while i < near.size:
+            n = sizes[k % len(sizes)]
+            parts.append(aec.near(near[i:i + n]))
+            i, k = i + n, k + 1
+        out = np.concatenate(parts)
+        assert out.size == near.size
+        assert np.array_equal(out, ref), sizes
+    assert np.abs(ref).max() > 0                 # not all zeros
+
+
+def test_fallback_rate_is_resampled_and_keeps_lengths():
+    rng = np.random.default_rng(1)
+    aec = EchoCanceller(22050)
+    assert aec.proc_rate == 16000
+    x = (rng.standard_normal(22050) * 0.05).astype(np.float32)
+    outs = [aec.near(x[i:i + 441]) for i in range(0, x.size, 441)]
+    assert sum(o.size for o in outs) == x.size
+
+
+def test_user_passes_while_aec3_converges():
+    """AEC3 holds the near end back for its first half second of far end; the user talking over the speaker
+    then must still come through (the initial-phase bypass)."""
+    user = np.zeros(3 * RATE, np.float32)
+    burst = speech_like(2, 9)[:RATE]
+    user[int(0.3 * RATE):int(0.3 * RATE) + RATE] = burst
+    far, near = far_near(seconds=3.0, user=user, far_level=0.5, gain_db=-4.0)   # a loud echo, the user above it
+    out = run(EchoCanceller(RATE), far, near)
+    for a in range(int(0.4 * RATE), int(1.2 * RATE), RATE // 10):             # every 100 ms of the user's turn
+        assert level_db(out[a:a + RATE // 10]) > level_db(user[a:a + RATE // 10]) - 10.0, a / RATE
+
+
+def test_bad_delay_is_one_clear_error():
+    aec = EchoCanceller(RATE)
+    with pytest.raises(ValueError, match="latency in ms"):
+        aec.set_delay_ms(-5)
+    aec.set_delay_ms(80)
+    assert aec.delay_ms == 80
+
+
+def test_detector_fires_fast_on_onset_while_playing_and_ducks_until_the_engine_follows():
+    voice, turns = user_voice(6, seed=2)
+    noise = np.random.default_rng(0).standard_normal(voice.size).astype(np.float32) * 5e-4
+    det = BargeInDetector(RATE)
+    a, b = turns[0]
+    fired = []
+    for i in range(0, voice.size, BLOCK):
+        fired += det.push(voice[i:i + BLOCK] + noise[i:i + BLOCK], playing=True)
+    assert len(fired) == len(turns)
+    first = fired[0]
+    assert a <= first.fired_at <= a + int(0.12 * RATE)          # within 120 ms of the onset
+    assert abs(first.onset_at - a) <= int(0.06 * RATE)
+    assert first.latency_ms(RATE) < 120
+    assert det.ducked
+    assert not det.allows(turns[-1][0] // RATE)                  # speech made before the user spoke: dropped
+    assert det.allows(turns[-1][0] // RATE + 1) and not det.ducked
+
+
+def test_detector_quiet_cases():
+    det = BargeInDetector(RATE)
+    voice, turns = user_voice(6, seed=4)
+    for i in range(0, voice.size, BLOCK):                       # the model silent: nothing to barge into
+        assert det.push(voice[i:i + BLOCK], playing=False) == []
+    hum = (np.sin(np.arange(4 * RATE) * 2 * np.pi * 100 / RATE) * 0.03).astype(np.float32)   # -33 dBFS, steady
+    det2 = BargeInDetector(RATE)
+    hits = [h for i in range(0, hum.size, BLOCK) for h in det2.push(hum[i:i + BLOCK], playing=True)]
+    assert len(hits) <= 1 and all(h.fired_at < 0.2 * RATE for h in hits)   # steady noise is the floor, not speech
+    with pytest.raises(ValueError, match="sensitivity"):
+        BargeInDetector(RATE, sensitivity="loud")
+
+
+def test_detector_fires_when_the_model_starts_over_a_talking_user():
+    voice, turns = user_voice(6, seed=2)
+    a, b = turns[0]
+    det = BargeInDetector(RATE)
+    start = a + int(0.5 * RATE)                                 # the model starts 0.5 s into the user's turn
+    fired = []
+    for i in range(0, b, BLOCK):
+        fired += det.push(voice[i:i + BLOCK], playing=i >= start)
+    assert len(fired) == 1 and start <= fired[0].fired_at <= start + 2 * BLOCK
