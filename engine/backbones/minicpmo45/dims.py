@@ -107,7 +107,7 @@ class Sampling:
     top_p: float = 0.8
     repetition_penalty: float = 1.05
     repetition_window: int = 512
-    length_penalty: float = 1.1          # on <|turn_eos|>
+    length_penalty: float = 1.05         # on <|turn_eos|>: what the demo's duplex page sends (its config 1.1)
     max_tokens_per_unit: int = 20        # step 19 is forced to <|chunk_eos|>
     tts_temperature: float = 0.8
     tts_repetition_penalty: float = 1.05

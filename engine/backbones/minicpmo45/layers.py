@@ -87,12 +87,29 @@ def run_stack(layers: nn.ModuleList, embeds: torch.Tensor, kv, head_dim: int, th
     return x
 
 
-class Attention(nn.Module):
-    """Grouped-query self-attention with RoPE; ``qk_norm`` adds Qwen3's per-head RMSNorm on q and k."""
+def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor] = None
+                       ) -> torch.Tensor:
+    """Attention written out: scores ``q k^T`` times ``1/sqrt(hd)``, the causal mask added (-inf where a query
+    may not look), a float32 softmax over the keys, then the weighted sum of the values. The stock's TTS runs
+    exactly this sequence (its Llama under ``attn_implementation="eager"``); SDPA's fused kernel sums in
+    another order. q: [1, H, T, hd]; k, v: [1, H, L, hd]; mask: bool [T, L] or None -> [1, H, T, hd]."""
+    scores = torch.matmul(q, k.transpose(2, 3)) * (q.shape[-1] ** -0.5)
+    if attn_mask is not None:
+        scores = scores + torch.zeros(attn_mask.shape, dtype=scores.dtype, device=scores.device).masked_fill(
+            ~attn_mask, float("-inf"))
+    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, v)
 
-    def __init__(self, dim: int, heads: int, kv_heads: int, head_dim: int, eps: float, qk_norm: bool):
+
+class Attention(nn.Module):
+    """Grouped-query self-attention with RoPE; ``qk_norm`` adds Qwen3's per-head RMSNorm on q and k;
+    ``explicit`` computes it step by step (:func:`explicit_attention`) instead of through SDPA."""
+
+    def __init__(self, dim: int, heads: int, kv_heads: int, head_dim: int, eps: float, qk_norm: bool,
+                 explicit: bool = False):
         super().__init__()
         self.h, self.hkv, self.hd = heads, kv_heads, head_dim
+        self.explicit = explicit
         self.q_proj = nn.Linear(dim, heads * head_dim, bias=False)
         self.k_proj = nn.Linear(dim, kv_heads * head_dim, bias=False)
         self.v_proj = nn.Linear(dim, kv_heads * head_dim, bias=False)
@@ -116,7 +133,7 @@ class Attention(nn.Module):
             rep = self.h // self.hkv
             k_all = k_all.repeat_interleave(rep, dim=1)                         # [1, H, L, hd]
             v_all = v_all.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)  # [1, H, T, hd]
+        out = (explicit_attention if self.explicit else F.scaled_dot_product_attention)(q, k_all, v_all, attn_mask=mask)
         return self.o_proj(out.transpose(1, 2).reshape(1, t, self.h * self.hd))
 
 
@@ -134,10 +151,11 @@ class SwiGLU(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm decoder block (names as in the released checkpoint: ``self_attn``, ``mlp``, two norms)."""
 
-    def __init__(self, dim: int, heads: int, kv_heads: int, head_dim: int, ffn: int, eps: float, qk_norm: bool):
+    def __init__(self, dim: int, heads: int, kv_heads: int, head_dim: int, ffn: int, eps: float, qk_norm: bool,
+                 explicit: bool = False):
         super().__init__()
         self.input_layernorm = RMSNorm(dim, eps)
-        self.self_attn = Attention(dim, heads, kv_heads, head_dim, eps, qk_norm)
+        self.self_attn = Attention(dim, heads, kv_heads, head_dim, eps, qk_norm, explicit)
         self.post_attention_layernorm = RMSNorm(dim, eps)
         self.mlp = SwiGLU(dim, ffn)
 

@@ -65,9 +65,9 @@ class Protocol:
         self.too_long = too_long
         self.one_token = one_token
         tk = dims.tokens
-        # the stock's second draw never gives <|tts_pad|>, <|chunk_eos|> (only the first, raw draw may end
-        # the unit) or the tokenizer's bad_token_ids (StreamDecoder's forbidden list)
-        self.sampler = TextSampler(dims.sampling, tk, forbidden=[tk.tts_pad, tk.chunk_eos, *bad_token_ids])
+        # the stock's text draw never gives <|tts_pad|> or the tokenizer's bad_token_ids (StreamDecoder's
+        # forbidden list; <|chunk_eos|> is not in it: either draw may end the unit)
+        self.sampler = TextSampler(dims.sampling, tk, forbidden=[tk.tts_pad, *bad_token_ids])
         self.turn_ended = True
         self.pending_close: Optional[List[int]] = None
         self.logits: Optional[torch.Tensor] = None

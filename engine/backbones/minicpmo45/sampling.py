@@ -1,18 +1,25 @@
-"""Seeded sampling of the duplex LLM's tokens and the TTS's speech codes (the stock duplex rules).
+"""Seeded sampling of the duplex LLM's tokens and the TTS's speech codes, by the stock duplex rules.
 
-LLM, per decode step (``StreamDecoder.decode`` in MiniCPM-o-Demo, written here from its rules):
+Text (one decode step of the LLM; ``logits`` [1, V] in the LLM's own dtype):
 
-1. draw once from the raw softmax; if that draw is ``<|chunk_eos|>`` the unit ends there (the model
-   keeps its own decision of when to stop);
-2. otherwise: forbidden tokens (``<|tts_pad|>``, ``<|chunk_eos|>`` and the tokenizer's ``bad_token_ids``)
-   to -inf; repetition penalty 1.05 on every distinct token among the last 512 drawn in step 3 (the logit
-   is divided by it); a length penalty 1.1 that pushes ``<|turn_eos|>`` down (divide a positive logit,
-   multiply a negative one); temperature 0.7, top-k 20, top-p 0.8; draw again.
+* a *decision draw* from softmax(logits) as they are; ``<|chunk_eos|>`` there ends the unit (the model keeps
+  the say over when it stops) and nothing else is drawn;
+* otherwise the *text draw*: the forbidden ids (``<|tts_pad|>`` and the tokenizer's ``bad_token_ids``) at
+  -inf; each distinct id among the last 512 text draws divided by the repetition penalty (1.05); the
+  ``<|turn_eos|>`` logit pushed away from zero-crossing by the length penalty (a positive one divided, any
+  other multiplied); then temperature, the top-k keep-set (every logit not below the k-th largest) and the
+  nucleus: walking the logits from the largest down (``torch.sort``'s descending order), a logit is dropped
+  once the probability mass *before* it (a running ``torch.cumsum`` of the sorted softmax) exceeds p, so the
+  token that crosses p stays. The decision draw's ``<|chunk_eos|>`` is not forbidden here: the second draw
+  may still give it.
 
-TTS, per step: temperature 0.8; repetition penalty 1.05 per occurrence among the chunk's last 16
-codes (``alpha = 1.05 ** count``: positive logits divided by it, negative ones multiplied); EOS
-forbidden while fewer than the minimum codes are out; one draw. All draws come from the device's
-default generator, so a seeded session repeats bit for bit.
+Speech codes (one TTS step; ``logits`` [1, C] float32): divided by the temperature (a [1, 1] float32 tensor,
+as the stock holds it); after the first step each code's logit is scaled by ``penalty ** n`` for its ``n``
+occurrences among this chunk's last 16 codes (a negative logit multiplied, any other divided); EOS at -inf
+while fewer than the minimum codes are out; one draw.
+
+Every draw is ``torch.multinomial`` on the device's default generator, in the stock's order, so a session
+seeded before its first step repeats the stock's tokens bit for bit.
 """
 from __future__ import annotations
 
@@ -24,32 +31,31 @@ import torch.nn.functional as F
 from .dims import Sampling, SpecialTokens
 
 
-def top_k_top_p(logits: torch.Tensor, k: int, p: float) -> torch.Tensor:
-    """Keep the ``k`` largest logits (ties with the k-th too), then the smallest set whose probability
-    reaches ``p`` (others -inf). logits: [1, V] float32.
+def keep_top_k(x: torch.Tensor, k: int) -> torch.Tensor:
+    """-inf below the k-th largest logit of each row (ties with it stay)."""
+    if k <= 0:
+        return x
+    kth = torch.topk(x, min(k, x.shape[-1]), dim=-1).values[..., -1:]
+    return x.masked_fill(x < kth, float("-inf"))
 
-    Reproducible on CUDA: ties keep their index order (stable sort), and the running probability mass is
-    a product with a triangular matrix over the candidates only. ``torch.cumsum`` over a long CUDA row is
-    a multi-block scan whose summation order can change from run to run, which moves the top-p boundary
-    by an ulp and, at a near-tie, changes the token (seen on the H200 with the stock's formulation)."""
-    out = logits.clone()
-    if 0 < k < out.shape[-1]:
-        kth = torch.topk(out, k, dim=-1).values[..., -1:]                   # [1, 1]
-        out = out.masked_fill(out < kth, float("-inf"))
-    if p < 1.0:
-        vals, order = torch.sort(out, dim=-1, descending=True, stable=True)   # [1, V]
-        probs = F.softmax(vals, dim=-1)
-        n = int(torch.isfinite(vals).sum().item())                           # candidates lead the order
-        tri = torch.ones(n, n, dtype=probs.dtype, device=probs.device).triu_()   # [n, n]: column j sums 0..j
-        mass = probs[..., :n] @ tri                                          # [1, n] running mass
-        drop = torch.zeros_like(vals, dtype=torch.bool)
-        drop[..., 1:n] = mass[..., :-1] > p                                  # keep the token that crosses p
-        out = out.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
-    return out
+
+def nucleus(x: torch.Tensor, p: float) -> torch.Tensor:
+    """-inf for every logit reached after the descending running probability mass has passed ``p``."""
+    if p <= 0.0:
+        return x
+    ranked, order = torch.sort(x, dim=-1, descending=True)
+    mass = torch.cumsum(F.softmax(ranked, dim=-1), dim=-1)           # mass up to and including each rank
+    past = F.pad(mass[..., :-1] > p, (1, 0), value=False)            # mass strictly before each rank > p
+    return x.masked_fill(torch.zeros_like(past).scatter(-1, order, past), float("-inf"))
+
+
+def top_k_top_p(logits: torch.Tensor, k: int, p: float) -> torch.Tensor:
+    """The top-k keep-set, then the nucleus of mass ``p`` (see :func:`nucleus`)."""
+    return nucleus(keep_top_k(logits, k), p)
 
 
 class TextSampler:
-    """The LLM's token choice; ``history`` holds the tokens drawn in the full (second-draw) path."""
+    """The LLM's token choice; ``history`` holds the ids of the text draws (the repetition window)."""
 
     def __init__(self, s: Sampling, tokens: SpecialTokens, forbidden: Sequence[int]):
         self.s, self.t = s, tokens
@@ -58,30 +64,32 @@ class TextSampler:
         self.history: List[int] = []
 
     def __call__(self, logits: torch.Tensor) -> int:
-        # logits: [1, V] float32 of the last position
-        first = int(torch.multinomial(F.softmax(logits[0], dim=-1), 1).item())
-        if first == self.t.chunk_eos:
-            return first
-        s = self.s
-        x = logits.clone()
+        decision = int(torch.multinomial(F.softmax(logits[0], dim=-1), 1).item())
+        if decision == self.t.chunk_eos:
+            return decision
+        x = self._penalised(logits.clone())
+        x = top_k_top_p(x / self.s.temperature, self.s.top_k, self.s.top_p)
+        tok = int(torch.multinomial(F.softmax(x, dim=-1), 1).item())
+        self.history.append(tok)
+        return tok
+
+    def _penalised(self, x: torch.Tensor) -> torch.Tensor:
         if self.forbidden:
             idx = self._forbidden_at.get(x.device)
             if idx is None:
                 idx = self._forbidden_at[x.device] = torch.tensor(self.forbidden, dtype=torch.long, device=x.device)
             x[:, idx] = float("-inf")
-        recent = self.history[-s.repetition_window:]
-        if s.repetition_penalty != 1.0 and recent:
-            ids = torch.tensor(sorted(set(t for t in recent if t < x.shape[-1])), dtype=torch.long, device=x.device)
-            scale = s.repetition_penalty if s.repetition_penalty > 1.0 else 1.0 / s.repetition_penalty
-            x[0, ids] = x[0, ids] / scale if s.repetition_penalty > 1.0 else x[0, ids] * scale
-        if s.length_penalty != 1.0:
+        penalty = self.s.repetition_penalty
+        seen = sorted({t for t in self.history[-self.s.repetition_window:] if t < x.shape[-1]})
+        if penalty != 1.0 and seen:
+            ids = torch.tensor(seen, dtype=torch.long, device=x.device)
+            x[0, ids] = x[0, ids] / penalty if penalty > 1.0 else x[0, ids] * (1.0 / penalty)
+        lp = self.s.length_penalty
+        if lp != 1.0:
             te = self.t.turn_eos
             v = x[0, te]
-            x[0, te] = torch.where(v > 0, v / s.length_penalty, v * s.length_penalty)
-        x = top_k_top_p(x / s.temperature, s.top_k, s.top_p)
-        tok = int(torch.multinomial(F.softmax(x, dim=-1), 1).item())
-        self.history.append(tok)
-        return tok
+            x[0, te] = v / lp if bool(v > 0) else v * lp
+        return x
 
 
 def code_logits(logits: torch.Tensor, codes: torch.Tensor, t: int, s: Sampling, eos: int, min_codes: int
@@ -89,7 +97,7 @@ def code_logits(logits: torch.Tensor, codes: torch.Tensor, t: int, s: Sampling, 
     """The TTS step's logits after temperature, repetition penalty and the EOS rule.
 
     logits: [1, C] float32; codes: [steps] int64 on the device, the first ``t`` drawn this chunk."""
-    x = logits / s.tts_temperature
+    x = logits / torch.full((1, 1), s.tts_temperature, dtype=torch.float32, device=logits.device)
     if t > 0 and s.tts_repetition_penalty != 1.0:
         window = codes[max(0, t - s.tts_repetition_window):t]
         count = torch.bincount(window, minlength=x.shape[-1]).to(x.dtype).view(1, -1)   # [1, C]

@@ -31,7 +31,7 @@ class _Body(nn.Module):
     def __init__(self, d: TTSDims):
         super().__init__()
         self.layers = nn.ModuleList(
-            DecoderLayer(d.hidden, d.heads, d.kv_heads, d.head_dim, d.ffn, d.eps, qk_norm=False)
+            DecoderLayer(d.hidden, d.heads, d.kv_heads, d.head_dim, d.ffn, d.eps, qk_norm=False, explicit=True)
             for _ in range(d.layers))
         self.norm = RMSNorm(d.hidden, d.eps)
 
@@ -62,9 +62,10 @@ class TTS(nn.Module):
 
     def forward(self, embeds: torch.Tensor, kv: KVStore) -> torch.Tensor:
         # embeds: [T, hidden] at turn positions kv.length .. kv.length + T - 1 -> float32 logits [1, codes]
+        # the code head over every position, then the last row (as the stock's generate_chunk: one row alone
+        # would be another matrix product, other bits, whenever the condition is longer than one position)
         x = run_stack(self.model.layers, embeds, kv, self.d.head_dim, self.d.rope_theta)    # [1, T, hidden]
-        h = self.model.norm(x)[:, -1]                                           # [1, hidden]
-        return self.head_code[0](h).float()                                     # [1, codes]
+        return self.head_code[0](self.model.norm(x))[:, -1].float()             # [1, codes]
 
     def step_code(self, code: torch.Tensor, kv: KVStore) -> torch.Tensor:
         """One decode step: the previous code [1] (device int64) -> logits [1, codes]."""

@@ -1,0 +1,230 @@
+"""Our MiniCPM-o 4.5 stages against MiniCPM-o's own duplex loop, run by ``tests/stock_loop/run_stock.py``.
+
+The stock loop (MiniCPM-o-Demo at 28b60cf, in place under ``../shared/oracles``) runs in its own venv
+(``.venv-stock``: transformers 4.51 and the ``minicpmo`` sdist's Step-Audio2 token2wav; ``make test`` builds
+it) over a tiny folder in the released layout that our loader reads too (``minicpmo45_stock_folder``), 33 s
+of input with speech and pauses, seeded ``torch.manual_seed(S)`` before ``prepare``, the page's Force Listen
+once (a barge-in), the head rows of ``<|listen|>`` / ``<|turn_eos|>`` scaled in the folder's weights so the
+random model ends turns. It records every stage of every second and the generator's state before each draw.
+
+Each test replays one stage with our modules on the stock's own inputs of that stage, in the stock's order,
+in both KV modes (our stock-policy ``torch.cat`` history and our optimized preallocated one):
+
+* LLM logits: our Qwen3 fed exactly what the stock fed (the system prompt's ids, the reference audio's
+  embeddings, every ``<unit>``, audio tokens, decoded token, terminator and ``</unit>``) — every logits row;
+* LLM tokens: our sampler on the stock's logits from the stock's generator state — every token;
+* TTS logits and codes: our TTS on our own condition (our LLM's hidden states) with the stock's per-turn
+  history, each row, and our code draw from the stock's generator state — every code.
+
+Where our loop still differs from the stock (the audio front end, the encoder's second, token2wav's
+chunking), there is no test here: see the module ``STOCK_DIFFERENCES`` list below, said plainly.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+import pytest
+import torch
+
+from engine.backbones.minicpmo45.dims import preset
+from engine.backbones.minicpmo45.kv import kv_regions, make_store
+from engine.backbones.minicpmo45.sampling import TextSampler, code_logits, draw
+
+ROOT = Path(__file__).resolve().parents[1]
+ORACLE = ROOT.parent / "shared" / "oracles" / "MiniCPM-o-Demo-28b60cf"
+STOCK_PY = ROOT / ".venv-stock" / "bin" / "python"
+RUNNER = ROOT / "tests" / "stock_loop" / "run_stock.py"
+SEEDS = (1, 2)
+BARGE_IN = 20                     # the second the page's Force Listen is sent with
+NUDGE = (4.0, 1.8)           # head-row factors of <|listen|>, <|turn_eos|>
+SECONDS = 33
+
+pytestmark = [pytest.mark.oracle, pytest.mark.bits]
+
+#: where our loop is not yet the stock's (issue 21), so no stage test claims it
+STOCK_DIFFERENCES = (
+    "audio features: ours resample 24 kHz -> 16 kHz with our FIR and floor the log-mel at the running max - 8 "
+    "of our own window; the stock takes 16 kHz, its StreamingMelProcessorExact (1035 ms first chunk, 30 s "
+    "sliding buffer) and a max - 8 floor over its whole buffer",
+    "encoder output: follows from the features (and the stock's 150-position cache reset at tiny dims)",
+    "system prompt + reference audio prefill: the stock feeds them in prepare; our backbone does not yet",
+    "token2wav chunking: the stock decodes every buffer of >= 8 codes each speaking second (force_flush); "
+    "ours waits for 28",
+)
+
+
+def _skip_reason() -> str:
+    if not ORACLE.is_dir():
+        return f"the stock oracle {ORACLE} is absent (CI puts ../shared/oracles beside the clone)"
+    if not STOCK_PY.exists():
+        return "the stock venv .venv-stock is absent (make test builds it: tests/stock-loop-requirements.txt)"
+    return ""
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    sys.path.insert(0, str(ROOT / "tests"))
+    import minicpmo45_stock_folder as F
+    tmp = tmp_path_factory.mktemp("stock-loop")
+    folder = F.write(tmp / "MiniCPM-o-4_5", nudge=NUDGE)
+    wav = _input(tmp / "in16.wav")
+    out: Dict[int, dict] = {}
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    for seed in SEEDS:
+        d = tmp / f"seed{seed}"
+        r = subprocess.run([str(STOCK_PY), str(RUNNER), "--oracle", str(ORACLE), "--folder", str(folder),
+                            "--wav", str(wav), "--out", str(d), "--seed", str(seed),
+                            "--force-listen", str(BARGE_IN)], capture_output=True, text=True, env=env, timeout=900)
+        assert r.returncode == 0, r.stderr[-3000:]
+        out[seed] = {"prepare": torch.load(d / "prepare.pt", weights_only=False),
+                     "seconds": [torch.load(d / f"second_{s:04d}.pt", weights_only=False) for s in range(SECONDS)]}
+    return folder, out
+
+
+def _input(path: Path) -> Path:
+    """33 s at 16 kHz: voiced stretches (a gliding tone with harmonics) between quiet pauses."""
+    import soundfile as sf
+    rng, sr = np.random.RandomState(5), 16000
+    parts = []
+    for kind, sec in (("s", 4), ("q", 5), ("s", 3), ("q", 6), ("s", 2), ("q", 2), ("s", 3), ("q", 8)):
+        n = sec * sr
+        t = np.arange(n) / sr
+        if kind == "s":
+            ph = 2 * np.pi * np.cumsum(120 + 30 * np.sin(2 * np.pi * 0.5 * t)) / sr
+            x = sum(np.sin(k * ph) / k for k in range(1, 8)) * 0.25 * (0.6 + 0.4 * np.sin(6 * np.pi * t))
+            x = x + rng.randn(n) * 0.02
+        else:
+            x = rng.randn(n) * 0.003
+        parts.append(x)
+    sf.write(str(path), np.concatenate(parts).astype(np.float32), sr, subtype="PCM_16")
+    return path
+
+
+@pytest.fixture(scope="module")
+def modules(runs):
+    from engine.backbones.base import TokenFormat
+    from engine.backbones.minicpmo45 import MiniCPMO45Backbone
+    folder, _ = runs
+    b = MiniCPMO45Backbone(TokenFormat(1, 6561, 25.0), size="tiny", device="cpu", checkpoint=str(folder),
+                           turn_policy="model")
+    b.start()
+    return b
+
+
+def _store(d, demand: bool, prefix: str = "llm"):
+    r = kv_regions(prefix, d.layers, d.kv_heads, d.head_dim, 33, d.max_positions, torch.float32, "")
+    return make_store(demand, r[0], d.layers, 256, "cpu", growable=True)
+
+
+def _replay_llm(b, run: dict, demand: bool) -> dict:
+    """Every feed of the stock session through our Qwen3: our logits rows, the hidden state of every decoded
+    token fed back, in order."""
+    kv = _store(b.dims.llm, demand)
+    logits: List[torch.Tensor] = []
+    decoded: List[tuple] = []
+    with torch.no_grad():
+        for part in [run["prepare"]] + run["seconds"]:
+            for ids, emb, want in part.get("feeds", []):
+                x = b.llm.embed(ids) if ids is not None else emb
+                if ids is not None:
+                    assert torch.equal(x.float(), emb), f"embedding of {ids} differs"
+                h = b.llm(x, kv)
+                if want:
+                    logits.append(b.llm.logits(h))
+                    if ids is not None and len(ids) == 1:
+                        decoded.append((ids[0], h[-1:]))
+    return {"logits": logits, "decoded": decoded}
+
+
+def _stock(run: dict, key: str) -> list:
+    return [t for part in [run["prepare"]] + run["seconds"] for t in part.get(key, [])]
+
+
+def test_the_stock_session_has_replies_a_barge_in_and_pauses(runs):
+    _, out = runs
+    for seed, run in out.items():
+        secs = run["seconds"]
+        speak = [s["second"] for s in secs if not s["is_listen"]]
+        ends = [s["second"] for s in secs if s["end_of_turn"]]
+        assert [s["is_listen"] for s in secs[:3]] == [True] * 3             # the worker's three forced listens
+        assert secs[BARGE_IN]["is_listen"], seed                            # Force Listen
+        assert len(ends) >= 2 and len(speak) >= 6, (seed, speak, ends)
+        assert any(len(s.get("speech", [])) > 0 for s in secs)
+    a, b = (out[s]["seconds"] for s in SEEDS)
+    assert any(x.get("codes") and y.get("codes") and not torch.equal(x["codes"][0], y["codes"][0])
+               for x, y in zip(a, b)), "two seeds drew the same codes"
+
+
+@pytest.mark.parametrize("demand", [False, True], ids=["stock-policy", "optimized"])
+def test_llm_logits_equal_the_stock_loop(runs, modules, demand, one_torch_thread):
+    _, out = runs
+    for seed, run in out.items():
+        ours, ref = _replay_llm(modules, run, demand)["logits"], _stock(run, "llm_logits")
+        assert len(ours) == len(ref) > 30
+        for i, (a, r) in enumerate(zip(ours, ref)):
+            assert torch.equal(a, r), f"seed {seed}: LLM logits row {i} of {len(ref)}: max |diff| " \
+                                      f"{(a - r).abs().max():.3g}"
+
+
+def test_llm_tokens_equal_the_stock_loop(runs, modules, one_torch_thread):
+    _, out = runs
+    d = modules.dims
+    forbidden = [d.tokens.tts_pad, *modules.folder.bad_token_ids]
+    for seed, run in out.items():
+        sampler = TextSampler(d.sampling, d.tokens, forbidden=forbidden)
+        ins, rngs, toks = (_stock(run, k) for k in ("llm_decode_in", "llm_rng", "llm_sampled"))
+        assert len(toks) > 30
+        for i, (x, rng, tok) in enumerate(zip(ins, rngs, toks)):
+            torch.set_rng_state(rng)
+            got = sampler(x)
+            assert got == tok, f"seed {seed}: decode {i}: ours {got}, stock {tok}"
+
+
+
+@pytest.mark.parametrize("demand", [False, True], ids=["stock-policy", "optimized"])
+def test_tts_logits_and_codes_equal_the_stock_loop(runs, modules, demand, one_torch_thread):
+    _, out = runs
+    d = modules.dims
+    for seed, run in out.items():
+        decoded = iter(_replay_llm(modules, run, demand)["decoded"])
+        kv = _store(d.tts, demand, "tts")
+        step = 0
+        for s in run["seconds"]:
+            unit = [next(decoded) for _ in range(_decoded_in(s))]
+            if not s.get("codes"):
+                continue
+            text = unit[1:]
+            with torch.no_grad():
+                cond = modules.tts.condition([t for t, _ in text], torch.cat([h for _, h in text]) if text else None)
+                assert torch.equal(cond, s["tts_condition"][0]), f"seed {seed} s {s['second']}: TTS condition"
+                call = s["tts_call"][0]
+                assert kv.length == call["text_start_pos"], (kv.length, call)
+                codes = torch.zeros(call["max_new_token"], dtype=torch.long)
+                stock = s["tts_logits"]
+                for t in range(len(stock)):
+                    logits = modules.tts(cond, kv) if t == 0 else modules.tts.step_code(codes[t - 1:t], kv)
+                    gap = (logits - stock[t]).abs().max()
+                    assert torch.equal(logits, stock[t]), f"seed {seed} s {s['second']} step {t}: TTS logits {gap:.3g}"
+                    torch.set_rng_state(s["tts_rng"][t])
+                    codes[t:t + 1] = draw(code_logits(logits, codes, t, d.sampling, d.tts.eos, call["min_new_tokens"]))
+                    if t < len(s["codes"][0]):
+                        assert int(codes[t]) == int(s["codes"][0][t]), f"seed {seed} s {s['second']}: code {t}"
+                    step += 1
+                n = len(s["codes"][0])
+                assert torch.equal(codes[:n], s["codes"][0]), f"seed {seed} s {s['second']}: codes"
+            if s["end_of_turn"]:
+                kv.reset()
+        assert step > 100
+
+
+def _decoded_in(s: dict) -> int:
+    """How many single decoded tokens the second fed back with logits (its unit's j = 0.. tokens)."""
+    return sum(1 for ids, _, want in s.get("feeds", []) if want and ids is not None and len(ids) == 1)
