@@ -36,7 +36,7 @@ MAX_DEPTH = 64              # JSON / YAML nesting
 MAX_DIGITS = 64             # digits of one integer
 MAX_JSON_VALUES = 1 << 21   # values of one JSON file (parsing 2M small values costs ~150 MB; a config has hundreds)
 MAX_YAML_ALIASES = 256
-MAX_YAML_EVENTS = 200_000   # parse events before anything is composed
+MAX_YAML_EVENTS = 10_000    # parse events before anything is composed (a released flow.yaml has ~300)
 MAX_YAML_NODES = 200_000    # nodes once aliases are expanded
 MAX_LINE = 16_384           # characters of one YAML line
 
@@ -186,11 +186,51 @@ def load_json(path, what: str, cap: int = CAPS["json"], want: Optional[type] = d
 
 # -- YAML ------------------------------------------------------------------------------------------------
 
+_NUMBERISH = re.compile(r"[-+]?[0-9][0-9_]*$")
+
+
+class _EventBudget:
+    """Nesting, aliases, events and integer lengths, counted on each parse event as the composer takes it
+    (one pass: the document is refused before a deep or large part of it is composed)."""
+
+    def __init__(self, source: str):
+        self.source, self.aliases, self.depth, self.events = source, 0, 0, 0
+
+    def take(self, ev) -> None:
+        import yaml
+        src = self.source
+        self.events += 1
+        if self.events > MAX_YAML_EVENTS:
+            raise FileCheckError(f"{src} holds more than {MAX_YAML_EVENTS:,} YAML nodes; not a configuration")
+        if isinstance(ev, yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_YAML_ALIASES:
+                raise FileCheckError(f"{src} holds more than {MAX_YAML_ALIASES} YAML aliases; not a configuration")
+        elif isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            self.depth += 1
+            if self.depth > MAX_DEPTH:
+                raise FileCheckError(f"{src} is nested deeper than {MAX_DEPTH} levels; not a configuration")
+        elif isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            self.depth -= 1
+        elif isinstance(ev, yaml.ScalarEvent) and ev.style is None and len(ev.value) > MAX_DIGITS \
+                and _NUMBERISH.match(ev.value):
+            raise FileCheckError(f"{src} holds an integer of {len(ev.value):,} digits; no field needs more "
+                                 f"than {MAX_DIGITS}")
+
+
 def _yaml_loader(keep_tags: bool):
     import yaml
 
     class Loader(yaml.SafeLoader):
-        """SafeLoader reading every ``!tag`` as plain data (nothing is constructed or imported)."""
+        """SafeLoader reading every ``!tag`` as plain data (nothing is constructed or imported), every
+        event counted by its ``budget`` as it is taken."""
+
+        budget: _EventBudget
+
+        def get_event(self):
+            ev = super().get_event()
+            self.budget.take(ev)
+            return ev
 
     def tagged(loader, suffix, node):
         if isinstance(node, yaml.MappingNode):
@@ -204,38 +244,11 @@ def _yaml_loader(keep_tags: bool):
     return Loader
 
 
-_NUMBERISH = re.compile(r"[-+]?[0-9][0-9_]*$")
-
-
 def _check_lines(text: str, source: str) -> None:
     longest = max((len(line) for line in text.split("\n")), default=0)
     if longest > MAX_LINE:
         raise FileCheckError(f"{source} has a line of {longest:,} characters; a configuration's lines are "
                              f"shorter than {MAX_LINE:,}")
-
-
-def _check_events(text: str, source: str, loader) -> None:
-    """Nesting, aliases, events and integer lengths, counted on the event stream before composing."""
-    import yaml
-    aliases = depth = events = 0
-    for ev in yaml.parse(text, Loader=loader):
-        events += 1
-        if events > MAX_YAML_EVENTS:
-            raise FileCheckError(f"{source} holds more than {MAX_YAML_EVENTS:,} YAML nodes; not a configuration")
-        if isinstance(ev, yaml.AliasEvent):
-            aliases += 1
-            if aliases > MAX_YAML_ALIASES:
-                raise FileCheckError(f"{source} holds more than {MAX_YAML_ALIASES} YAML aliases; not a configuration")
-        elif isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-            depth += 1
-            if depth > MAX_DEPTH:
-                raise FileCheckError(f"{source} is nested deeper than {MAX_DEPTH} levels; not a configuration")
-        elif isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-            depth -= 1
-        elif isinstance(ev, yaml.ScalarEvent) and ev.style is None and len(ev.value) > MAX_DIGITS \
-                and _NUMBERISH.match(ev.value):
-            raise FileCheckError(f"{source} holds an integer of {len(ev.value):,} digits; no field needs more "
-                                 f"than {MAX_DIGITS}")
 
 
 def count_nodes(doc: Any, budget: int, source: str) -> int:
@@ -260,20 +273,23 @@ def parse_yaml(text: str, source: str, keep_tags: bool = False, max_nodes: int =
     """YAML text through every bound above; ``keep_tags``: a ``!tag`` node reads as ``{'__tag__', 'args'}``.
     ``source``: the file, as the messages name it; ``what``: what it should be."""
     import yaml
-    loader = _yaml_loader(keep_tags)
     _check_lines(text, source)
+    loader = _yaml_loader(keep_tags)(text)
+    loader.budget = _EventBudget(source)
     try:
-        _check_events(text, source, loader)
-        doc = yaml.load(text, Loader=loader)
+        doc = loader.get_single_data()
     except FileCheckError:
         raise
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or "unreadable"
+        problem = " ".join(str(x) for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x) \
+            or "unreadable"
         raise FileCheckError(f"{source}: not a readable {what} (YAML{at}: {problem})") from None
     except (ValueError, RecursionError, OverflowError) as e:
         raise FileCheckError(f"{source}: not a readable {what} ({type(e).__name__})") from None
+    finally:
+        loader.dispose()
     count_nodes(doc, max_nodes, source)
     return doc
 

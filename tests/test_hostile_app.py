@@ -8,6 +8,7 @@ import os
 import sys
 import time
 import tracemalloc
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -222,3 +223,68 @@ def test_a_full_disk_says_what_was_kept_and_recover_finishes_it(tmp_path, monkey
     assert said.startswith("recovered 3 s: wrote") and str(out) in said
     assert read_wav(out)[0].size == 3 * 24000 and len((log / "session.jsonl").read_text().splitlines()) == 3
     assert (log / "session.csv").is_file() and not partial.exists()
+
+
+# -- the bounded readers' own costs -----------------------------------------------------------------------
+
+def _walk(text: str) -> tuple:
+    """(depth, values) by a character walk that follows strings and escapes: json_shape's reference."""
+    depth = deepest = commas = 0
+    inside = escaped = False
+    for ch in text:
+        if inside:
+            escaped, inside = (False, inside) if escaped else (ch == "\\", ch != '"')
+        elif ch == '"':
+            inside = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+        elif ch == ",":
+            commas += 1
+    return deepest, commas + 1
+
+
+def test_json_shape_follows_strings_and_escapes_across_pieces(monkeypatch):
+    import random
+    from engine import safeload
+    rng = random.Random(7)
+    leaves = ['"a\\\\"', '"b\\"[,{"', '"\\\\\\"]"', "1", "null", '"x,y"', '"\\\\\\\\\\\\\\\\"']
+
+    def doc(level: int) -> str:
+        r = rng.random()
+        if level > 5 or r < 0.3:
+            return rng.choice(leaves)
+        if r < 0.65:
+            return "[" + ",".join(doc(level + 1) for _ in range(rng.randint(0, 4))) + "]"
+        return "{" + ",".join(f'"k{i}\\\\":' + doc(level + 1) for i in range(rng.randint(0, 4))) + "}"
+    for _ in range(200):
+        text = doc(0)
+        json.loads(text)
+        for piece in (1, 2, 3, 7, 1 << 20):              # escapes and strings cut at every place
+            monkeypatch.setattr(safeload, "_CHUNK", piece)
+            assert safeload.json_shape(text.encode()) == _walk(text), (piece, text)
+
+
+def test_the_readers_worst_cases_stay_bounded():
+    """The largest inputs each reader lets through (or just past its limits) cost seconds and tens of MB."""
+    from engine import safeload
+    cases = [("json of tiny values", safeload.parse_json, b"[" + b'"a",' * 6_000_000 + b'"a"]'),
+             ("yaml of many nodes", safeload.parse_yaml, "a:\n" + "- 1\n" * 200_000),
+             ("yaml just under its node limit", safeload.parse_yaml, "a:\n" + "- 1\n" * 4_900),
+             ("yaml of long comments", safeload.parse_yaml, ("# " + "x" * 16_000 + "\n") * 62 + "a: 1\n")]
+    for name, read, text in cases:
+        t0 = time.perf_counter()
+        with pytest.raises(safeload.FileCheckError) if "many" in name or "tiny" in name else nullcontext() as e:
+            read(text, name)
+        assert time.perf_counter() - t0 <= WORK_LIMIT_S, (name, time.perf_counter() - t0)
+        assert e is None or "\n" not in str(e.value)
+        tracemalloc.start()                              # memory apart: tracing slows the pure-Python scanner
+        try:
+            read(text, name)
+        except safeload.FileCheckError:
+            pass
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert peak < 200 * MB, (name, peak / MB)
