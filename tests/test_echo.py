@@ -4,11 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytest.importorskip("livekit")
-
-from engine.bench.echo_sim import EchoPath, level_db, user_voice  # noqa: E402
-from engine.bench.session import speech_like  # noqa: E402
-from engine.echo import BargeInDetector, EchoCanceller  # noqa: E402
+from engine.bench.echo_sim import EchoPath, level_db, user_voice
+from engine.bench.session import speech_like
+from engine.echo import BargeInDetector, EchoCanceller
 
 RATE = 24000
 BLOCK = 480
