@@ -97,7 +97,7 @@ def torch_file(path) -> None:
 def yaml_mapping(path) -> dict:
     """A YAML file's top-level mapping through the bounded loader (:func:`engine.safeload.load_yaml`:
     size, depth, aliases, node budget; tags read as plain nodes); ValueError otherwise."""
-    doc = safeload.load_yaml(path, "the configuration")
+    doc = safeload.load_yaml(path, "YAML configuration")
     if not isinstance(doc, dict):
         raise ValueError(f"{path} does not hold a YAML mapping")
     return doc
