@@ -32,37 +32,47 @@ def resample(x: np.ndarray, sr: int, to: int) -> np.ndarray:
 
 
 # -- filterbanks -----------------------------------------------------------------------------------------
+#
+# The Slaney mel scale: linear below 1 kHz (200/3 Hz per mel, so 1 kHz is mel 15), logarithmic above
+# (27 mels per factor 6.4 in frequency):  m(f) = f / (200/3)  for f < 1 kHz,  15 + ln(f / 1 kHz) / (ln 6.4 / 27)
+# above. A bank of n triangles sits on n + 2 points equally spaced in mel between fmin and fmax: filter i
+# rises linearly from point i to point i + 1 and falls to point i + 2 (both edges measured in Hz), and is
+# scaled to unit area, 2 / (f[i + 2] - f[i]).
 
-def _hz_to_mel(f):
+HZ_PER_MEL = 200.0 / 3          # below the break
+BREAK_HZ = 1000.0
+MELS_PER_LOG = 27.0 / math.log(6.4)
+
+
+def hz_to_mel(f) -> np.ndarray:
+    """Slaney mels of frequencies ``f`` (Hz, float64)."""
     f = np.asarray(f, dtype=np.float64)
-    sp, min_hz = 200.0 / 3, 1000.0
-    mels = f / sp
-    log = f >= min_hz
-    return np.where(log, min_hz / sp + np.log(np.maximum(f, 1e-10) / min_hz) / (math.log(6.4) / 27.0), mels)
+    above = BREAK_HZ / HZ_PER_MEL + np.log(np.maximum(f, 1e-10) / BREAK_HZ) / (1.0 / MELS_PER_LOG)
+    return np.where(f >= BREAK_HZ, above, f / HZ_PER_MEL)
 
 
-def _mel_to_hz(m):
+def mel_to_hz(m) -> np.ndarray:
+    """Frequencies (Hz, float64) of Slaney mels ``m``: the inverse of :func:`hz_to_mel`."""
     m = np.asarray(m, dtype=np.float64)
-    sp, min_hz = 200.0 / 3, 1000.0
-    min_mel = min_hz / sp
-    return np.where(m >= min_mel, min_hz * np.exp((math.log(6.4) / 27.0) * (m - min_mel)), sp * m)
+    brk = BREAK_HZ / HZ_PER_MEL
+    return np.where(m >= brk, BREAK_HZ * np.exp((1.0 / MELS_PER_LOG) * (m - brk)), HZ_PER_MEL * m)
 
 
 def slaney_mel(sr: int, n_fft: int, n_mels: int, fmin: float = 0.0, fmax=None) -> np.ndarray:
-    """(n_mels, 1 + n_fft/2) triangular filters on the Slaney mel scale, area-normalised (librosa's default).
+    """(n_mels, 1 + n_fft/2) unit-area triangles on the Slaney mel scale over the rfft bins' frequencies.
 
-    Bit for bit librosa's: the triangles are computed in float64 and stored as float32 rows, then scaled
-    by their float64 area normalisation in place (a float64 product rounded to float32 once more)."""
-    fmax = sr / 2 if fmax is None else fmax
-    fft = np.fft.rfftfreq(n_fft, d=1.0 / sr)
-    mel_f = _mel_to_hz(np.linspace(_hz_to_mel(fmin), _hz_to_mel(fmax), n_mels + 2))
-    fdiff = np.diff(mel_f)
-    ramps = np.subtract.outer(mel_f, fft)
-    w = np.zeros((n_mels, fft.size), dtype=np.float32)
-    for i in range(n_mels):
-        w[i] = np.maximum(0, np.minimum(-ramps[i] / fdiff[i], ramps[i + 2] / fdiff[i + 1]))
-    w *= (2.0 / (mel_f[2:n_mels + 2] - mel_f[:n_mels]))[:, None]
-    return w
+    The triangles are evaluated in float64 and kept as float32 rows; each row is then scaled by its float64
+    area factor and rounded to float32 again (the numbers librosa's filters hold, bit for bit)."""
+    top = sr / 2 if fmax is None else fmax
+    bins = np.fft.rfftfreq(n_fft, d=1.0 / sr)                                   # [F] Hz
+    edge = mel_to_hz(np.linspace(hz_to_mel(fmin), hz_to_mel(top), n_mels + 2))  # [n + 2] Hz
+    width = np.diff(edge)                                                       # [n + 1]
+    lo, mid, hi = edge[:-2, None], edge[1:-1, None], edge[2:, None]
+    rising = (bins[None, :] - lo) / width[:-1, None]                            # 0 at lo, 1 at mid
+    falling = (hi - bins[None, :]) / width[1:, None]                            # 1 at mid, 0 at hi
+    bank = np.maximum(0.0, np.minimum(rising, falling)).astype(np.float32)
+    bank *= (2.0 / (hi - lo))                                                   # float64 factor, float32 store
+    return bank
 
 
 def kaldi_mel(n_bins: int, n_fft: int, sr: int, low: float = 20.0, high: float = 0.0) -> np.ndarray:
@@ -85,40 +95,42 @@ def kaldi_mel(n_bins: int, n_fft: int, sr: int, low: float = 20.0, high: float =
 # -- features --------------------------------------------------------------------------------------------
 
 def whisper_log_mel(x16: np.ndarray, n_mels: int = 128) -> torch.Tensor:
-    """(1, n_mels, frames) Whisper log-mel of 16 kHz audio (n_fft 400, hop 160)."""
-    audio = torch.from_numpy(x16)
-    stft = torch.stft(audio, 400, 160, window=torch.hann_window(400), return_complex=True)
-    power = stft[..., :-1].abs() ** 2
-    spec = torch.from_numpy(slaney_mel(16000, 400, n_mels)) @ power
-    log = torch.clamp(spec, min=1e-10).log10()
-    log = torch.maximum(log, log.max() - 8.0)
-    return ((log + 4.0) / 4.0).unsqueeze(0)
+    """(1, n_mels, frames) Whisper log-mel of 16 kHz audio: |STFT|^2 (400-point periodic Hann, hop 160,
+    centred; the last frame dropped) through the Slaney bank, log10 above 1e-10, floored 8 below the
+    loudest value of the whole clip, then mapped by (x + 4) / 4."""
+    spec = torch.stft(torch.from_numpy(x16), 400, 160, window=torch.hann_window(400), return_complex=True)
+    power = spec.abs().pow(2)[..., :-1]
+    level = (torch.from_numpy(slaney_mel(16000, 400, n_mels)) @ power).clamp(min=1e-10).log10()
+    level = level.clamp(min=level.max() - 8.0)
+    return ((level + 4.0) / 4.0)[None]
 
 
 def kaldi_fbank(x16: np.ndarray, n_bins: int = 80) -> torch.Tensor:
-    """(frames, n_bins) Kaldi fbank of 16 kHz audio: 25 ms povey frames every 10 ms, pre-emphasis 0.97."""
+    """(frames, n_bins) Kaldi fbank of 16 kHz audio: 400-sample frames every 160 (only whole ones), each
+    made zero-mean, pre-emphasised (x[t] - 0.97 x[t - 1], the first sample against itself), shaped by the
+    Povey window (a symmetric Hann to the power 0.85), zero-padded to 512 points; log of the mel energies
+    of its power spectrum, floored at float32's epsilon."""
     x = torch.from_numpy(x16)
-    n = 1 + (x.numel() - 400) // 160
-    frames = x.as_strided((n, 400), (160, 1))
+    count = (x.numel() - 400) // 160 + 1
+    frames = x.unfold(0, 400, 160)[:count]
     frames = frames - frames.mean(dim=1, keepdim=True)
-    prev = torch.cat([frames[:, :1], frames[:, :-1]], dim=1)
-    frames = frames - 0.97 * prev
-    frames = frames * torch.hann_window(400, periodic=False).pow(0.85)
-    power = torch.fft.rfft(F.pad(frames, (0, 112)), dim=1).abs() ** 2          # n_fft 512
-    mel = power @ torch.from_numpy(kaldi_mel(n_bins, 512, 16000)).T
-    return torch.clamp(mel, min=torch.finfo(torch.float32).eps).log()
+    earlier = F.pad(frames[:, :-1], (1, 0), mode="replicate")
+    frames = (frames - 0.97 * earlier) * torch.hann_window(400, periodic=False).pow(0.85)
+    power = torch.fft.rfft(F.pad(frames, (0, 512 - 400)), dim=1).abs() ** 2
+    energies = power @ torch.from_numpy(kaldi_mel(n_bins, 512, 16000)).T
+    return energies.clamp(min=torch.finfo(torch.float32).eps).log()
 
 
 def prompt_mel_24k(x24: np.ndarray) -> torch.Tensor:
-    """(frames, 80) log-mel at 50 Hz of 24 kHz audio, as the stock's prompt mel."""
-    y = torch.from_numpy(x24).view(1, 1, -1)
-    pad = (1920 - 480) // 2
-    y = F.pad(y, (pad, pad), mode="reflect").view(1, -1)
-    spec = torch.view_as_real(torch.stft(y, 1920, 480, 1920, window=torch.hann_window(1920), center=False,
-                                         return_complex=True))
-    spec = torch.sqrt(spec.pow(2).sum(-1) + 1e-9)
-    spec = torch.from_numpy(slaney_mel(24000, 1920, 80, 0, 8000)) @ spec
-    return torch.log(torch.clamp(spec, min=1e-5))[0].T.contiguous()
+    """(frames, 80) log-mel of 24 kHz audio at 50 frames a second (the flow's mel): the signal mirrored by
+    720 samples at both ends, 1920-point periodic-Hann frames every 480 (not centred), magnitude
+    sqrt(re^2 + im^2 + 1e-9), the 0-8 kHz Slaney bank, natural log above 1e-5."""
+    edge = (1920 - 480) // 2
+    y = F.pad(torch.from_numpy(x24)[None, None], (edge, edge), mode="reflect")[0]
+    spec = torch.stft(y, 1920, 480, 1920, window=torch.hann_window(1920), center=False, return_complex=True)
+    mag = (torch.view_as_real(spec).pow(2).sum(-1) + 1e-9).sqrt()
+    mel = torch.from_numpy(slaney_mel(24000, 1920, 80, 0, 8000)) @ mag
+    return mel.clamp(min=1e-5).log()[0].T.contiguous()
 
 
 def _session(path: Path):
