@@ -52,7 +52,8 @@ class DecoderTail:
         """End of stream: decode whatever is buffered (the last chunk)."""
         return np.zeros(0, dtype=np.float32)
 
-    def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
+    def set_toggles(self, toggles: Toggles) -> None:
+        """The toggles from the next second on (the output never changes by a sample)."""
         raise NotImplementedError
 
     def toggles(self) -> Toggles:
@@ -229,11 +230,11 @@ class EngineTail(DecoderTail):
             raise RuntimeError(f"no open {self.info.name} stream: call start() first (flush() ends a stream)")
 
     # -- toggles and reporting ---------------------------------------------------------------------------
-    def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
+    def set_toggles(self, toggles: Toggles) -> None:
         """Requested toggles apply from the next second (and to the next stream)."""
-        self._toggles = self._toggles.merged(demand_sized, graph_replay)
+        self._toggles = toggles
         if self.executor is not None and not self._ended:
-            self.executor.set_toggles(demand_sized=demand_sized, graph_replay=graph_replay)
+            self.executor.set_toggles(toggles)
 
     def toggles(self) -> Toggles:
         if self.executor is None or self._ended:

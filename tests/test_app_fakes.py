@@ -33,7 +33,7 @@ class FailingRunner:
     def submit(self, frame) -> None:
         self.submitted += 1
 
-    def set_toggles(self, **kw) -> None:
+    def set_toggles(self, toggles) -> None:
         pass
 
     def backlog(self) -> int:
@@ -63,7 +63,7 @@ class SlowRunner:
     def submit(self, frame) -> None:
         self._frames.put((np.asarray(frame, dtype=np.float32), time.perf_counter()))
 
-    def set_toggles(self, **kw) -> None:
+    def set_toggles(self, toggles) -> None:
         pass
 
     def backlog(self) -> int:

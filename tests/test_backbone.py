@@ -18,6 +18,7 @@ from engine.backbones.speech_decoder import SpeechDecoder, decoder_args
 from engine.backbones.synthetic import AudioEmbedder, mel_filterbank
 from engine.core import Executor, make_plan
 from engine.vad import EnergyVAD, VadResult
+from engine.core.toggles import Toggles
 
 S2 = TokenFormat(codebooks=1, vocab=6561, rate_hz=25.0)
 MIMI = TokenFormat(codebooks=8, vocab=2048, rate_hz=12.5)
@@ -34,7 +35,7 @@ def _decode(args, inputs, flips=None, seed=0):
     with torch.no_grad():
         for i, x in enumerate(inputs):
             if flips is not None:
-                ex.set_toggles(demand_sized=flips[i])
+                ex.set_toggles(Toggles(demand_sized=flips[i], graph_replay=False))
             toks.append(ex.step({"x": x})["tok"])
     return torch.stack(toks), ex
 

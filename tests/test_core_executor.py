@@ -5,6 +5,7 @@ import torch
 from engine.core import (Clock, DemandArena, Executor, PrefixWindow, Region, SessionSpec, StockArena,
                          make_plan)
 from engine.models.toy import ToyStreamer
+from engine.core.toggles import Toggles
 
 
 def _run(model, plan, inputs, prompt, toggles_per_step, device="cpu", seed=1234, debug=False):
@@ -13,7 +14,7 @@ def _run(model, plan, inputs, prompt, toggles_per_step, device="cpu", seed=1234,
     ex.init_state({"kv": prompt})
     outs = []
     for k, x in enumerate(inputs):
-        ex.set_toggles(**toggles_per_step(k))
+        ex.set_toggles(Toggles(**toggles_per_step(k)))
         outs.append(ex.step({"x": x})["y"])
     return outs, ex
 

@@ -4,6 +4,7 @@ import torch
 
 from engine.core import Executor, make_plan
 from engine.models.toy import ToyStreamer
+from engine.core.toggles import Toggles
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -32,7 +33,7 @@ def _run(m, plan, xs, prompt, sched, ahead=False, debug=True):
     ex.init_state({"kv": prompt})
     outs = []
     for k, x in enumerate(xs):
-        ex.set_toggles(**sched(k))
+        ex.set_toggles(Toggles(**sched(k)))
         outs.append(ex.step({"x": x})["y"])
     torch.cuda.synchronize()
     return outs, ex

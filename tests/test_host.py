@@ -38,7 +38,7 @@ def _solo(cfg: SessionConfig, frames, flips=None):
     out = []
     for k, f in enumerate(frames):
         if flips and k in flips:
-            s.set_toggles(**flips[k])
+            s.set_toggles(s.asked_toggles().merged(**flips[k]))
         out.append(s.process(f)[0])
     s.close()
     return np.concatenate(out)
@@ -54,7 +54,7 @@ def _hosted(host: EngineHost, cfgs, inputs, flips):
     for k in range(len(inputs[0])):
         for i, r in enumerate(runners):
             if flips[i] and k in flips[i]:
-                r.set_toggles(**flips[i][k])
+                r.set_toggles(r.asked_toggles().merged(**flips[i][k]))
             r.submit(inputs[i][k])
     outs = []
     for r, frames in zip(runners, inputs):

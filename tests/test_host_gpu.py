@@ -34,7 +34,7 @@ def _run(host, cfgs, inputs, flips=None):
     for k in range(SECONDS):
         for i, r in enumerate(runners):
             if flips and flips[i] and k in flips[i]:
-                r.set_toggles(**flips[i][k])
+                r.set_toggles(r.asked_toggles().merged(**flips[i][k]))
             r.submit(inputs[i][k])
     outs = []
     for r in runners:

@@ -9,6 +9,7 @@ from engine.models.mimi import weights as W
 from engine.models.mimi.config import RELEASED, TINY, with_context
 from engine.models.mimi.model import MimiDecoder
 from engine.models.mimi.tail import MimiTail, check_codes, make_tail
+from engine.core.toggles import Toggles
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -97,11 +98,11 @@ def test_silence_tokens_and_toggles():
     tail = make_tail(size="tiny", seed=2, num_codebooks=8)
     s = tail.silence_tokens(4)
     assert s.shape == (8, 4) and s.dtype == torch.int64 and bool((s[:, :1] == s).all())
-    tail.set_toggles(demand_sized=False, graph_replay=True)
+    tail.set_toggles(Toggles(demand_sized=False, graph_replay=True))
     tail.start()
     assert tail.toggles() == {"demand_sized": False, "graph_replay": False}   # no CUDA here
     a = tail.push(torch.cat([s, _codes(8, 20, 5)], dim=1))
-    tail.set_toggles(demand_sized=True)                             # migrates at the next second
+    tail.set_toggles(Toggles(demand_sized=True, graph_replay=True))   # migrates at the next second
     b = tail.push(_codes(8, 20, 6))
     assert tail.executor.arena.kind == "demand" and tail.state_bytes() > 0
     ref = make_tail(size="tiny", seed=2, num_codebooks=8)

@@ -8,6 +8,7 @@ from engine.models.mimi import weights as W
 from engine.models.mimi.config import RELEASED
 from engine.models.mimi.model import MimiDecoder
 from engine.models.mimi.tail import MimiTail
+from engine.core.toggles import Toggles
 
 pytestmark = [pytest.mark.gpu, pytest.mark.oracle]
 if not torch.cuda.is_available():
@@ -39,7 +40,7 @@ def _tail(model, codes, sched, chunk=5):
     tail.executor.debug = True                       # assert stable state addresses at every replay
     out, i = [], 0
     while i < codes.shape[1]:
-        tail.set_toggles(**sched(tail.seconds_done))
+        tail.set_toggles(Toggles(**sched(tail.seconds_done)))
         out.append(tail.push(codes[:, i:i + chunk]))
         i += chunk
     stats = tail.executor.stats

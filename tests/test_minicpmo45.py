@@ -51,7 +51,7 @@ def _session(demand: bool, flips=(), pattern=PATTERN, seed=3):
     outs, recs = [], []
     for k, f in enumerate(_frames(pattern)):
         if k in flips:
-            s.set_toggles(demand_sized=not s.cfg.demand_sized)
+            s.set_toggles(s.asked_toggles().merged(demand_sized=not s.cfg.demand_sized))
         out, rec = s.process(f)
         outs.append(out)
         recs.append(rec)

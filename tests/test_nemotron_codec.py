@@ -11,6 +11,7 @@ from engine.models.nemotron_codec import peer
 from engine.models.nemotron_codec import weights as W
 from engine.models.nemotron_codec.config import RELEASED, TINY, CodecConfig
 from engine.models.nemotron_codec.tail import make_tail
+from engine.core.toggles import Toggles
 
 pytestmark = [pytest.mark.oracle, pytest.mark.bits, pytest.mark.usefixtures("one_torch_thread"),
               pytest.mark.skipif(not peer.available(), reason="nemo-toolkit / omegaconf (test oracles) not installed")]
@@ -83,7 +84,7 @@ def test_toggles_flipping_every_second_keep_the_bits():
     tail.start()
     out, i = [], 0
     for k, n in enumerate([12, 13, 12, 13]):
-        tail.set_toggles(demand_sized=bool(k % 2))
+        tail.set_toggles(Toggles(demand_sized=bool(k % 2), graph_replay=True))
         out.append(torch.from_numpy(tail.push(codes[:, i:i + n])))
         i += n
     assert tail.executor.stats.migrations == 4              # every second starts in the other arena

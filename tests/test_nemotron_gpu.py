@@ -11,6 +11,7 @@ from engine.models.nemotron_codec.config import RELEASED, TINY
 from engine.models.nemotron_codec.fastpaths import ORDER, choose, path_name
 from engine.models.nemotron_codec.model import NemotronCodecDecoder
 from engine.models.nemotron_codec.tail import make_tail
+from engine.core.toggles import Toggles
 
 pytestmark = [pytest.mark.gpu, pytest.mark.oracle]
 if not torch.cuda.is_available():
@@ -40,7 +41,7 @@ def _decode(model, codes, sched):
     tail.executor.debug = True                       # assert stable state addresses at every replay
     out, i = [], 0
     while i + tail.frames_needed() <= codes.shape[1] - 2:
-        tail.set_toggles(**sched(tail.seconds_done))
+        tail.set_toggles(Toggles(**sched(tail.seconds_done)))
         n = tail.frames_needed()
         out.append(torch.from_numpy(tail.push(codes[:, i:i + n])))
         i += n

@@ -18,6 +18,7 @@ from engine.audio import frames_of, load_mono  # noqa: E402
 from engine.serve import protocol as P  # noqa: E402
 from engine.serve.client import RemoteRunner, ServerLost  # noqa: E402
 from engine.session import DuplexSession, LiveError, LiveResult, SecondRecord, SessionConfig  # noqa: E402
+from engine.core.toggles import Toggles  # noqa: E402
 from runner_results import collect  # noqa: E402
 
 TOKEN = "t" * 8 + "-test-token-0123456789"
@@ -71,7 +72,7 @@ def embedded(frames, seed, flips=None):
     outs = []
     for k, f in enumerate(frames):
         if flips and k in flips:
-            s.set_toggles(demand_sized=flips[k])
+            s.set_toggles(s.asked_toggles().merged(demand_sized=flips[k]))
         outs.append(s.process(f)[0])
     s.close()
     return outs, s.records
@@ -96,7 +97,7 @@ def test_remote_session_equals_embedded(server, frames, one_torch_thread):
     got = []
     for k, f in enumerate(frames[:-1]):
         if k in FLIPS:
-            runner.set_toggles(demand_sized=FLIPS[k])
+            runner.set_toggles(Toggles(demand_sized=FLIPS[k], graph_replay=True))
         runner.submit(f)
         got += collect(runner, 1)
     runner.submit(frames[-1])

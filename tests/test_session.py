@@ -12,6 +12,7 @@ import pytest
 
 from engine.audio import frames_of, load_mono
 from engine.models import registry
+from engine.core.toggles import Toggles
 from engine.session import (DuplexSession, LiveError, LiveResult, LiveRunner, SecondRecord, SessionConfig,
                             export_records)
 
@@ -28,7 +29,7 @@ def _run(cfg, frames, flip=False):
     outs = []
     for k, f in enumerate(frames):
         if flip:
-            s.set_toggles(demand_sized=bool(k % 2), graph_replay=not k % 2)
+            s.set_toggles(Toggles(demand_sized=bool(k % 2), graph_replay=not k % 2))
         out, rec = s.process(f)
         outs.append(out)
     s.close()

@@ -9,6 +9,7 @@ import torch
 from engine.backbones.speech_decoder import SpeechDecoder, decoder_args
 from engine.core import Executor, make_plan
 from engine.session import DuplexSession, SessionConfig
+from engine.core.toggles import Toggles
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -28,7 +29,7 @@ def _decode(size, inputs, graphs, flips=None):
     with torch.no_grad():
         for i, x in enumerate(inputs):
             if flips is not None:
-                ex.set_toggles(demand_sized=flips[i] != 2, graph_replay=flips[i] == 1)
+                ex.set_toggles(Toggles(demand_sized=flips[i] != 2, graph_replay=flips[i] == 1))
             toks.append(ex.step({"x": x})["tok"])
     return torch.stack(toks), ex
 
@@ -66,7 +67,7 @@ def test_session_modes_bit_identical_gpu(tail):
         got = []
         for k, f in enumerate(frames):
             if flip:
-                s.set_toggles(demand_sized=bool(k % 2), graph_replay=bool(k % 2))
+                s.set_toggles(Toggles(demand_sized=bool(k % 2), graph_replay=bool(k % 2)))
             got.append(s.process(f)[0])
         outs[name] = np.concatenate(got)
         recs = s.records

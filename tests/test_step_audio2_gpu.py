@@ -9,6 +9,7 @@ import torch
 from engine.models.step_audio2 import weights as W
 from engine.models.step_audio2.stream import synthesize
 from engine.models.step_audio2.tail import StepAudio2Tail
+from engine.core.toggles import Toggles
 
 S = pytest.importorskip("stock_step_audio2")
 pytestmark = [pytest.mark.gpu, pytest.mark.oracle]
@@ -64,9 +65,10 @@ def test_live_tail_with_toggles_flipping_mid_stream_is_bit_identical(case, stock
     tail.start(seed=case.seed)
     plan = [dict(graph_replay=True), dict(demand_sized=False), dict(demand_sized=True, graph_replay=False),
             dict(graph_replay=True), {}, {}]
-    out = []
+    out, asked = [], Toggles.from_mode("graphs")
     for i in range(0, len(case.tokens), 25):
-        tail.set_toggles(**plan[(i // 25) % len(plan)])
+        asked = asked.merged(**plan[(i // 25) % len(plan)])       # each change on top of the last request
+        tail.set_toggles(asked)
         out.append(tail.push(torch.tensor(case.tokens[i:i + 25]).view(1, -1)))
     out.append(tail.flush())
     assert np.array_equal(np.concatenate(out), np.concatenate(stock))

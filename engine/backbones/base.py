@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Dict, Optional
 
 import torch
 
+from engine.core.toggles import Toggles
+
 if TYPE_CHECKING:
     from engine.vad import VadResult
 
@@ -71,11 +73,13 @@ class Backbone:
         """Decide and, when speaking, produce ``frames`` frames of speech tokens."""
         raise NotImplementedError
 
-    def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
-        """Engine toggles, effective from the next step; the tokens never change."""
+    def set_toggles(self, toggles: Toggles) -> None:
+        """Engine toggles, effective from the next step; the tokens never change (a backbone that runs
+        outside the engine ignores them)."""
 
-    def toggles(self) -> Dict[str, bool]:
-        return {}
+    def toggles(self) -> Toggles:
+        """The toggles in effect; a backbone that runs outside the engine runs as its stock does."""
+        return Toggles(demand_sized=False, graph_replay=False)
 
     def state_bytes(self) -> int:
         """Bytes of streaming state the backbone holds (KV caches)."""

@@ -29,6 +29,7 @@ import torch
 from engine.bench import report
 from engine.bench.mathmode import tf32_off
 from engine.core import Executor
+from engine.core.toggles import MODES, Toggles
 from engine.stats import percentile, progress
 from engine.stats import table as stats_table
 
@@ -102,7 +103,6 @@ def peer_stream(mimi, codes: torch.Tensor, cfg: MimiConfig, graphs=True, compile
 
 
 # -- ours -----------------------------------------------------------------------------------------------
-MODES = {"stock": (False, False), "demand": (True, False), "graphs": (True, True)}
 #: execution-order variants, all with graph replay: the model flags each sets (the others off)
 VARIANTS = {"graphs, frame-major": {},
             "graphs, layer-major": {"layer_major": True},
@@ -126,8 +126,7 @@ def ours_stream(model: MimiDecoder, codes: torch.Tensor, mode: str, sync=False, 
     from engine.core import make_plan
     cfg = model.cfg
     plan = make_plan(model.regions(), model.spec())
-    demand, graphs = MODES[mode]
-    ex = Executor(model, plan, codes.device, demand_sized=demand, graph_replay=graphs, debug=debug)
+    ex = Executor(model, plan, codes.device, **Toggles.from_mode(mode), debug=debug)
     ex.prepare_graphs(lambda sp: model.example_inputs(sp, codes.device, codes.shape[0]))
     ex.init_state()
     times, out = [], []

@@ -1,6 +1,6 @@
 """`duplexcadence-bench session`: the duplex session second by second, stock vs optimized, one run.
 
-  duplexcadence-bench session [--seconds 60] [--tail step-audio2] [--backbone synthetic]
+  duplexcadence-bench session [--seconds 60] [--tail TAIL] [--backbone BACKBONE]
                               [--size released] [--device cuda] [--modes stock,graphs]
                               [--flip-seconds N] [--input IN.wav] [--out DIR]
 
@@ -44,12 +44,12 @@ from engine.atomic import atomic_write
 from engine.audio import frames_of, load_mono
 from engine.bench import report
 from engine.bench.digests import StageTap, describe, divergence
-from engine.models import registry
+from engine import registry
+from engine.core.toggles import MODES, Toggles
 from engine.session import DuplexSession, SessionConfig, export_records, summarize
 from engine.session.records import DEADLINE_MS
 from engine.stats import MIB, progress, table
 
-MODES = {"stock": (False, False), "demand": (True, False), "graphs": (True, True)}
 LABELS = {"stock": "stock-like", "demand": "demand", "graphs": "graphs"}
 NO_GRAPHS = "eager (graph replay unavailable)"
 
@@ -93,10 +93,10 @@ def _tap_session(s: DuplexSession) -> StageTap:
     return tap
 
 
-def flip_schedule(seconds: int) -> List[Dict[str, bool]]:
+def flip_schedule(seconds: int) -> List[Toggles]:
     """The toggles of each second of the flip run: both off in second 0 (as the run is built), then both
     flipped before every later second, to the run's last."""
-    return [{"demand_sized": bool(k % 2), "graph_replay": bool(k % 2)} for k in range(seconds)]
+    return [Toggles(demand_sized=bool(k % 2), graph_replay=bool(k % 2)) for k in range(seconds)]
 
 
 def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False, desc: str = "",
@@ -117,7 +117,7 @@ def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False, d
     with progress(len(frames), desc=desc, unit="frame", quiet=quiet) as bar:
         for k, f in enumerate(frames):
             if toggles is not None:
-                s.set_toggles(**toggles[k])
+                s.set_toggles(toggles[k])
             arrival = t0 + paused + k                              # frame k arrives k seconds in
             now = time.perf_counter()
             out, rec = s.process(f, arrival=min(arrival, now), backlog=0)
@@ -177,8 +177,8 @@ def _means_table(rows: Dict[str, Dict[str, object]], wrap: bool = True) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="duplexcadence-bench session", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=int, default=60)
-    p.add_argument("--tail", default="step-audio2", choices=registry.tail_names())
-    p.add_argument("--backbone", default="synthetic", choices=["synthetic", "moshi", "minicpm-o-4.5"])
+    p.add_argument("--tail", default=registry.default_tail(), choices=registry.tail_names())
+    p.add_argument("--backbone", default=registry.default_backbone(), choices=registry.backbone_names())
     p.add_argument("--backbone-checkpoint", default=None)
     p.add_argument("--checkpoint", default=None)
     p.add_argument("--size", default="auto", choices=["auto", "released", "tiny"])
@@ -278,8 +278,8 @@ def main(argv=None) -> int:
     digests = not a.no_digests
     results, rows, labels = {}, {}, {}
     for key, m in zip(keys, modes):
-        demand, graphs = MODES[m]
-        r = run_mode(base.replace(demand_sized=demand, graph_replay=graphs), frames, desc=LABELS[m], quiet=a.quiet,
+        t = Toggles.from_mode(m)
+        r = run_mode(base.replace(demand_sized=t.demand_sized, graph_replay=t.graph_replay), frames, desc=LABELS[m], quiet=a.quiet,
                      digests=digests)
         labels[key] = label(m, r["records"]) + ("" if key == m else f" #{key.rsplit('-', 1)[1]}")
         results[key], rows[labels[key]] = r, r["summary"]

@@ -75,9 +75,9 @@ class Executor:
         self._stream = None
 
     # -- toggles -------------------------------------------------------------------------------------
-    def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
+    def set_toggles(self, toggles: Toggles) -> None:
         """Request toggles; they take effect at the next step boundary."""
-        self._want = self._want.merged(demand_sized, graph_replay)
+        self._want = toggles
 
     def toggles(self) -> Toggles:
         """Toggles in effect for the next step (:meth:`Toggles.effective`: graph replay needs CUDA and

@@ -1,11 +1,15 @@
-"""The engine's optimization toggles: one frozen type for every layer (executor, tails, backbones, session).
+"""The engine's optimization toggles: one frozen type from the UI to the executor.
 
-:class:`Toggles` is immutable; a change is a new value (:meth:`Toggles.merged`). It reads like the
-plain dict earlier code passed around (``t["graph_replay"]``, ``dict(t)``), so callers that only
-look at it need no change. One rule decides whether graph replay can run: :meth:`Toggles.effective`.
+:class:`Toggles` is immutable; a change is a new value (:meth:`Toggles.merged`), and every layer takes
+one whole value: ``set_toggles(Toggles)`` (the app, the runners, the session, the host, tails, backbones,
+the executor). It reads like a dict (``t["graph_replay"]``, ``dict(t)``) for records and reports. The
+rules live here and nowhere else: what a session asks of its models on a device (:meth:`Toggles.on`:
+graph replay only where CUDA can run it) and what can run (:meth:`Toggles.effective`: graphs also need
+demand-sized state). A layer that parks a request for its next step holds a :class:`PendingToggles`.
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Dict, Iterator, Optional
@@ -45,6 +49,11 @@ class Toggles(Mapping):
         """A copy with the named toggles changed (``None`` keeps a toggle)."""
         return Toggles(**{**dict(self), **requested(demand_sized, graph_replay)})
 
+    def on(self, device) -> "Toggles":
+        """What a session asks of its models on ``device``: graph replay only where CUDA can run it (the
+        request itself stays with the session), demand-sized state as asked."""
+        return Toggles(self.demand_sized, self.graph_replay and graphs_can_run(device))
+
     def effective(self, device) -> "Toggles":
         """What can run on ``device``: graph replay needs CUDA and demand-sized state (graphs bake the
         demand arena's addresses in)."""
@@ -73,3 +82,31 @@ class Toggles(Mapping):
 
     def __hash__(self) -> int:
         return hash((self.demand_sized, self.graph_replay))
+
+
+class PendingToggles:
+    """A request parked for the next step: asked from any thread (the GUI, a socket), taken once by the
+    thread that runs the steps, at its next boundary. :attr:`asked` is the latest request, taken or not
+    (a partial change, say a protocol message that names one toggle, is merged into it)."""
+
+    def __init__(self, asked: Toggles):
+        self._lock = threading.Lock()
+        self._asked = asked
+        self._pending: Optional[Toggles] = None
+
+    def ask(self, toggles: Toggles) -> None:
+        if not isinstance(toggles, Toggles):
+            raise TypeError(f"set_toggles takes a Toggles value (engine.core.toggles), got {type(toggles).__name__}")
+        with self._lock:
+            self._asked = self._pending = toggles
+
+    def take(self) -> Optional[Toggles]:
+        """The request not yet taken (None when there is none); each request is handed over once."""
+        with self._lock:
+            pending, self._pending = self._pending, None
+        return pending
+
+    @property
+    def asked(self) -> Toggles:
+        with self._lock:
+            return self._asked

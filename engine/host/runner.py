@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, List, Optional, Tuple
 
 import numpy as np
 
+from engine.core.toggles import Toggles
 from engine.session import LiveError, LiveResult
 from engine.session.live import FrameInbox
 from engine.session.records import keep_up_notice
@@ -57,9 +58,12 @@ class HostedRunner(FrameInbox):
     def _poke(self) -> None:
         self.host.dispatcher_poke()
 
-    def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
+    def set_toggles(self, toggles: Toggles) -> None:
         """Applied at the next second boundary (that second runs exclusively)."""
-        self.hosted.set_toggles(demand_sized=demand_sized, graph_replay=graph_replay)
+        self.hosted.set_toggles(toggles)
+
+    def asked_toggles(self) -> Toggles:
+        return self.hosted.asked_toggles()
 
     def stop(self, timeout: float = 5.0, drain: bool = False) -> None:
         """Finish the second in progress (with ``drain``: every queued second), then leave the host."""

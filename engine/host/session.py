@@ -15,7 +15,6 @@ a session can run a hosted one. What it adds:
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from engine.core.toggles import requested
+from engine.core.toggles import PendingToggles, Toggles
 from engine.session import DuplexSession, SessionConfig
 from engine.session.records import SecondRecord
 
@@ -73,8 +72,7 @@ class HostedSession:
         self.in_shared_second = False           # a shared (concurrent) second is running now
         self.group = None                       # the batched-LISTEN group it belongs to, if any
         self.batched_note = ""
-        self._lock = threading.Lock()
-        self._pending: Dict[str, bool] = {}
+        self._toggles = PendingToggles(Toggles(self.cfg.demand_sized, self.cfg.graph_replay))
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -128,20 +126,19 @@ class HostedSession:
         if self.session is None:
             raise RuntimeError("the hosted session is not started: call start() first")
         arrival = time.perf_counter() if arrival is None else arrival
-        with self._lock:
-            pending, self._pending = self._pending, {}
-        exclusive = self.exclusive_needed(bool(pending))
+        pending = self._toggles.take()
+        exclusive = self.exclusive_needed(pending is not None)
         with self.host.gate.section(exclusive):
             t0 = time.perf_counter()
             rng = self.rng.installed() if exclusive else contextlib.nullcontext()
             stream = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
             self.in_shared_second = not exclusive
-            regroup = bool(pending) and self.host.batcher is not None
+            regroup = pending is not None and self.host.batcher is not None
             with rng, stream:
                 if regroup:                          # a migration would move the state its group's graph reads
                     self.host.batcher.leave(self)
-                if pending:
-                    self.session.set_toggles(**pending)
+                if pending is not None:
+                    self.session.set_toggles(pending)
                 out, rec = self.session.process(frame, arrival=arrival, backlog=backlog)
                 if regroup:
                     self.batched_note = self.host.batcher.join(self)
@@ -153,12 +150,14 @@ class HostedSession:
         return out, rec
 
     # -- the DuplexSession surface ------------------------------------------------------------------
-    def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
+    def set_toggles(self, toggles: Toggles) -> None:
         """From the next second, which then runs exclusively (a capture or a migration may happen)."""
-        with self._lock:
-            self._pending.update(requested(demand_sized, graph_replay))
+        self._toggles.ask(toggles)
 
-    def toggles(self) -> Dict[str, bool]:
+    def asked_toggles(self) -> Toggles:
+        return self._toggles.asked
+
+    def toggles(self) -> Toggles:
         return self.session.toggles()
 
     @property

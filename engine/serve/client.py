@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-from engine.core.toggles import requested
+from engine.core.toggles import Toggles
 from engine.session import LiveError, LiveResult, SessionConfig
 from engine.session.records import SecondRecord
 from engine.session.session import check_frame
@@ -120,9 +120,9 @@ class RemoteRunner:
             self._submitted += 1
         self._out.put(data)
 
-    def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
+    def set_toggles(self, toggles: Toggles) -> None:
         """Applied by the server at its next second boundary."""
-        self._out.put(P.encode("toggles", **requested(demand_sized, graph_replay)))
+        self._out.put(P.encode("toggles", demand_sized=toggles.demand_sized, graph_replay=toggles.graph_replay))
 
     def backlog(self) -> int:
         """Seconds submitted whose result has not arrived yet."""

@@ -112,8 +112,9 @@ class Connection:
                 return True
             ctl = P.decode(msg.get("text") or "")
             if ctl["type"] == "toggles":
-                self.runner.set_toggles(demand_sized=P.flag(ctl, "demand_sized"),
-                                        graph_replay=P.flag(ctl, "graph_replay"))
+                # a toggle the message leaves out (null) stays as last asked
+                self.runner.set_toggles(self.runner.asked_toggles().merged(P.flag(ctl, "demand_sized"),
+                                                                           P.flag(ctl, "graph_replay")))
             elif ctl["type"] == "stop":
                 self.drain = bool(ctl.get("drain", False)) is True
                 self.stopping.set()

@@ -19,7 +19,7 @@ from typing import Deque, Optional, Tuple
 
 import numpy as np
 
-from engine.core.toggles import requested
+from engine.core.toggles import PendingToggles, Toggles
 
 from .config import SessionConfig
 from .records import SecondRecord, keep_up_notice
@@ -110,12 +110,14 @@ class LiveRunner(FrameInbox):
         self.cfg = cfg
         self._factory = session_factory
         self.session: Optional[DuplexSession] = None
-        self._toggles = {}
+        self._toggles = PendingToggles(Toggles(cfg.demand_sized, cfg.graph_replay))
 
-    def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
+    def set_toggles(self, toggles: Toggles) -> None:
         """Applied at the next second boundary."""
-        with self._cv:
-            self._toggles.update(requested(demand_sized, graph_replay))
+        self._toggles.ask(toggles)
+
+    def asked_toggles(self) -> Toggles:
+        return self._toggles.asked
 
     def stop(self, timeout: float = 5.0, drain: bool = False) -> None:
         """Finish the second in progress (with ``drain``: every queued second) and stop the thread."""
@@ -153,8 +155,7 @@ class LiveRunner(FrameInbox):
             if self._stop and not (self._drain and self._frames):
                 return None
             frame, arrival = self._frames.popleft()
-            toggles, self._toggles = self._toggles, {}
-            return frame, arrival, toggles, len(self._frames)
+            return frame, arrival, self._toggles.take(), len(self._frames)
 
     def _loop(self, session: DuplexSession) -> None:
         warned = False
@@ -163,8 +164,8 @@ class LiveRunner(FrameInbox):
             if item is None:
                 return
             frame, arrival, toggles, waiting = item
-            if toggles:
-                session.set_toggles(**toggles)
+            if toggles is not None:
+                session.set_toggles(toggles)
             audio, rec = session.process(frame, arrival=arrival, backlog=waiting)
             rec.backlog = self.backlog()
             notice = keep_up_notice(session.records)

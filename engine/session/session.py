@@ -13,7 +13,6 @@ the same bits.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
@@ -23,7 +22,7 @@ import torch
 from engine.audio import SESSION_RATE
 from engine import registry
 from engine.backbones import Backbone, TokenFormat
-from engine.core.toggles import Toggles, requested
+from engine.core.toggles import PendingToggles, Toggles
 from engine.tail import DecoderTail
 
 from .config import SessionConfig
@@ -126,8 +125,7 @@ class DuplexSession:
         self.fmt: Optional[TokenFormat] = None
         self.vad = EnergyVAD(RATE)
         self.fifo = AudioFifo()
-        self._lock = threading.Lock()
-        self._pending: Dict[str, bool] = {}
+        self._toggles = PendingToggles(Toggles(self.cfg.demand_sized, self.cfg.graph_replay))
         self._started = False
         self._info: Optional[Dict[str, object]] = None
         self._turn_flush = False                     # a reply ended: its last chunk runs next second
@@ -148,15 +146,15 @@ class DuplexSession:
                                         checkpoint=c.checkpoint, **extra)
         if self.parts.speaks_in_turns:
             self.tail.keep_turn_base = True     # the tail starts each turn afresh (DecoderTail.new_turn)
-        graphs = self._graphs_ok(c.graph_replay)
-        self.tail.set_toggles(demand_sized=c.demand_sized, graph_replay=graphs)
+        asked = Toggles(c.demand_sized, c.graph_replay).on(self.device)    # graphs asked only where they run
+        self.tail.set_toggles(asked)
         self.tail.start(seed=c.seed)
         ti = self.tail.info
         self.fmt = TokenFormat(ti.codebooks, ti.vocab, ti.token_rate)
         self.to_session_rate = RateConverter(ti.sample_rate, RATE)
         self.backbone = self.parts.make(self.fmt, size=c.size, device=self.device, seed=c.seed,
                                         checkpoint=c.backbone_checkpoint,
-                                        demand_sized=c.demand_sized, graph_replay=graphs,
+                                        demand_sized=asked.demand_sized, graph_replay=asked.graph_replay,
                                         reply_seconds=c.reply_seconds, debug=c.debug,
                                         shared=self._backbone_shared)
         self.backbone.start()
@@ -167,10 +165,6 @@ class DuplexSession:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
         self._started = True
-
-    def _graphs_ok(self, want: bool) -> bool:
-        """Graph replay is asked of the models only where it can run (CUDA); the request is kept."""
-        return bool(want) and self.device.type == "cuda"
 
     def close(self) -> None:
         """Release the models; ``records`` and ``info`` stay."""
@@ -205,10 +199,13 @@ class DuplexSession:
         }
 
     # -- toggles -------------------------------------------------------------------------------------
-    def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
+    def set_toggles(self, toggles: Toggles) -> None:
         """Effective from the next second (thread-safe); the output never changes by a sample."""
-        with self._lock:
-            self._pending.update(requested(demand_sized, graph_replay))
+        self._toggles.ask(toggles)
+
+    def asked_toggles(self) -> Toggles:
+        """The toggles last asked for (applied or still pending; graph replay as asked, CUDA or not)."""
+        return self._toggles.asked
 
     def toggles(self) -> Toggles:
         """Toggles in effect (graph replay reads False without CUDA)."""
@@ -216,14 +213,12 @@ class DuplexSession:
         return Toggles(bool(t.get("demand_sized", self.cfg.demand_sized)), bool(t.get("graph_replay", False)))
 
     def _apply_toggles(self) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, {}
-        if pending:
-            self.cfg = self.cfg.replace(**pending)
-            if "graph_replay" in pending:
-                pending["graph_replay"] = self._graphs_ok(pending["graph_replay"])
-            self.tail.set_toggles(**pending)
-            self.backbone.set_toggles(**pending)
+        pending = self._toggles.take()
+        if pending is not None:
+            self.cfg = self.cfg.replace(demand_sized=pending.demand_sized, graph_replay=pending.graph_replay)
+            asked = pending.on(self.device)
+            self.tail.set_toggles(asked)
+            self.backbone.set_toggles(asked)
 
     # -- one second ----------------------------------------------------------------------------------
     def process(self, frame, arrival: Optional[float] = None, backlog: int = 0) -> Tuple[np.ndarray, SecondRecord]:

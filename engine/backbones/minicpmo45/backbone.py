@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 import torch
 
 from engine.core import Executor, make_plan
-from engine.core.toggles import requested
+from engine.core.toggles import PendingToggles, Toggles
 
 from ..base import Backbone, BackboneInfo, Thought, TokenFormat
 from .audio import AudioEncoder
@@ -61,7 +61,8 @@ class MiniCPMO45Backbone(Backbone):
         self.dims: Dims = self.folder.dims if self.folder else preset(size)
         self.turns = make_turns(turn_policy or ("model" if self.folder else "voice-activity"), reply_seconds)
         self.horizon_seconds = int(horizon_seconds)
-        self._toggles = {"demand_sized": bool(demand_sized), "graph_replay": bool(graph_replay)}
+        self._toggles = Toggles(bool(demand_sized), bool(graph_replay))
+        self._pending = PendingToggles(self._toggles)         # applied at the next LISTEN
         self.debug = debug
         self._shared = shared
         self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
@@ -135,7 +136,7 @@ class MiniCPMO45Backbone(Backbone):
         self.tts_regions = kv_regions("tts", d.tts.layers, d.tts.kv_heads, d.tts.head_dim, TTS_TOKENS_PER_SECOND,
                                       d.tts.max_positions, dt, "HF DynamicCache per turn: torch.cat per token")
         self.tts_capacity = tts_cap
-        demand = self._toggles["demand_sized"]
+        demand = self._toggles.demand_sized
         self.kv_llm = make_store(demand, self.llm_regions[0], d.llm.layers, self.llm_capacity, self.device,
                                  growable=True)
         # a reply's turn bounds the TTS history, except over barge-ins (the stock keeps it across a cut):
@@ -144,8 +145,7 @@ class MiniCPMO45Backbone(Backbone):
                                  growable=True)
 
     def _graphs_on(self) -> bool:
-        t = self._toggles
-        return t["graph_replay"] and t["demand_sized"] and self.device.type == "cuda" and torch.cuda.is_available()
+        return self._toggles.effective(self.device).graph_replay
 
     def _prepare_tts_graphs(self) -> None:
         if not self._graphs_on():
@@ -209,17 +209,16 @@ class MiniCPMO45Backbone(Backbone):
         return "".join(f"<{i}> " for i in ids)
 
     # -- toggles and reporting ---------------------------------------------------------------------------
-    def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
-        self._pending = getattr(self, "_pending", {})
-        self._pending.update(requested(demand_sized, graph_replay))
+    def set_toggles(self, toggles: Toggles) -> None:
+        self._pending.ask(toggles)
 
     def _apply_toggles(self) -> None:
-        pending, self._pending = getattr(self, "_pending", {}), {}
-        if not pending:
+        pending = self._pending.take()
+        if pending is None:
             return
-        self._toggles.update(pending)
-        self.executor.set_toggles(**pending)
-        demand = self._toggles["demand_sized"]
+        self._toggles = pending
+        self.executor.set_toggles(pending)
+        demand = self._toggles.demand_sized
         p = self.protocol
         p.kv_llm = self.kv_llm = switch_store(self.kv_llm, demand, self.llm_capacity, self.device, growable=True)
         new_tts = switch_store(self.kv_tts, demand, self.tts_capacity, self.device, growable=True)
@@ -242,8 +241,8 @@ class MiniCPMO45Backbone(Backbone):
         if hasattr(self, "protocol"):
             self.protocol.tap = tap
 
-    def toggles(self) -> Dict[str, bool]:
-        return {"demand_sized": self._toggles["demand_sized"], "graph_replay": self._graphs_on()}
+    def toggles(self) -> Toggles:
+        return Toggles(self._toggles.demand_sized, self._graphs_on())
 
     def state_bytes(self) -> int:
         if not hasattr(self, "protocol"):

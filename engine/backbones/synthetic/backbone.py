@@ -140,10 +140,10 @@ class SyntheticBackbone(Backbone):
         return Thought(decision, tokens, frames * self.fmt.codebooks)
 
     # -- toggles and reporting -----------------------------------------------------------------------
-    def set_toggles(self, demand_sized: Optional[bool] = None, graph_replay: Optional[bool] = None) -> None:
-        self._toggles = self._toggles.merged(demand_sized, graph_replay)
+    def set_toggles(self, toggles: Toggles) -> None:
+        self._toggles = toggles
         if self.executor is not None:
-            self.executor.set_toggles(demand_sized, graph_replay)
+            self.executor.set_toggles(toggles)
 
     def toggles(self) -> Toggles:
         return self.executor.toggles() if self.executor is not None else self._toggles.effective(self.device)

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from engine.core import make_plan
+from engine.core.toggles import Toggles
 from engine.registry import ModelEntry, Option, register
 from engine.npio import load_array, save_audio
 
@@ -20,7 +21,6 @@ from .config import MimiConfig, preset
 from .model import MimiDecoder
 from .tail import MimiTail, build_model, check_codes, make_tail
 
-MODES = {"stock": (False, False), "demand": (True, False), "graphs": (True, True)}
 
 
 def plan(size: str = "released", steps=None, **_):
@@ -44,9 +44,9 @@ def synth(args) -> int:
         raise ValueError(f"{args.codes}: {codes.shape[0]} codebooks, --num-codebooks asks for {k}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: CUDA is not available on this machine")
-    demand, graphs = MODES[args.mode]
+    t = Toggles.from_mode(args.mode)
     tail = make_tail(size=args.size, device=args.device, seed=args.seed, checkpoint=args.checkpoint,
-                     num_codebooks=k, demand_sized=demand, graph_replay=graphs)
+                     num_codebooks=k, demand_sized=t.demand_sized, graph_replay=t.graph_replay)
     tail.start()
     audio = np.concatenate([tail.push(check_codes(codes[:k], k, tail.cfg.bins)), tail.flush()]).astype(np.float32)
     out = save_audio(args.out, audio, tail.cfg.sample_rate)

@@ -62,9 +62,8 @@ class MimiTail(EngineTail):
         info = TailInfo(name="mimi", title="Mimi decoder (Moshi, Hibiki, Sesame CSM)",
                         sample_rate=cfg.sample_rate, token_rate=cfg.frame_rate, codebooks=self.num_codebooks,
                         vocab=cfg.bins, size=size, synthetic_weights=synthetic_weights)
-        if graph_replay is None:
-            graph_replay = torch.device(device).type == "cuda"
-        super().__init__(model, info, device, Toggles(bool(demand_sized), bool(graph_replay)))
+        asked = Toggles(bool(demand_sized), True if graph_replay is None else bool(graph_replay))
+        super().__init__(model, info, device, asked.on(device) if graph_replay is None else asked)
 
     def example_inputs(self, sp) -> Dict[str, torch.Tensor]:
         return self.model.example_inputs(sp, self.device, self.num_codebooks)
