@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from engine.wavio import read_wav
 
-from .stream import Prompt
+from .stream import Prompt, make_prompt
 
 TOKENIZER = "speech_tokenizer_v2_25hz.onnx"
 SPEAKER = "campplus.onnx"
@@ -161,6 +161,5 @@ def prompt_from_wav(path, checkpoint) -> Prompt:
     fb = kaldi_fbank(x16)
     fb = fb - fb.mean(dim=0, keepdim=True)
     spk = spk_sess.run(None, {spk_sess.get_inputs()[0].name: fb.unsqueeze(0).numpy()})[0]
-    from .prompt import make_prompt
     return make_prompt(np.asarray(tokens).reshape(-1), prompt_mel_24k(x24).numpy(), np.asarray(spk).reshape(-1),
                        source=str(path))
