@@ -1,6 +1,6 @@
 """Dimensions of the Step-Audio2 token2wav (flow + HiFT), presets by name, and flow.yaml parsing.
 
-``released`` is the MiniCPM-o 4.5 / Step-Audio-2-mini decoder (flow 155.8M, HiFT 20.8M parameters);
+``released`` is the Step-Audio-2-mini decoder (flow 155.8M, HiFT 20.8M parameters);
 ``tiny`` keeps every width the stock runtime hard-codes (hidden 512, 8 heads x 64) and shrinks depth,
 feed-forward widths and the vocoder, for CPU tests and the CPU app. ``oracle`` is the size the bit-exact
 tests build the stock package at (depth and block counts shrunk, widths kept).
