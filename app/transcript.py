@@ -2,7 +2,7 @@
 
 :func:`transcript_lines` turns per-second rows (live records or a replayed export) into lines in time order:
 the user's speech as segments (``[3–6 s] user speaking``) from the records' voice activity, and every second the
-model spoke with the text its backbone produced that second (MiniCPM-o's LLM text, Moshi's with a tokenizer)
+model spoke with the text its backbone produced that second (an LLM's text, Moshi's with a tokenizer)
 or "—" for a backbone without text. :class:`TranscriptView` shows them beside the plots, scrolling with the
 session; exports carry them as ``transcript.txt`` (:func:`transcript_text`).
 """
