@@ -9,7 +9,8 @@ packages in each folder of ``$DUPLEXCADENCE_PARTS`` (``os.pathsep``-separated) o
 What a part *is* is declared on its entry and read here, in one place (vLLM's model registry): which
 tails a backbone pairs with, whether it speaks in turns or skips the tail while listening, how a
 checkpoint is checked by content, what a backbone's folder brings along (a tail checkpoint, a default
-voice), what a tail needs beyond its weights (:class:`Conditioning`), the command-line options a part adds.
+voice), what a tail needs beyond its weights (:class:`Conditioning`), the command-line options a decoder's
+``synth`` adds.
 Everything that names parts takes the names, titles and defaults from here: the session config, the
 host, the serve layer, the CLIs, the benches and the app.
 """
@@ -21,7 +22,7 @@ import pkgutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, List, Optional, Tuple
 
 #: modules of engine/models that are not models
 NOT_MODELS = ("registry", "checkfiles")
@@ -118,7 +119,6 @@ class BackboneEntry:
     folder_hint: str = ""                       # "weights folder (model.safetensors, Mimi, tokenizer)"
     #: owns_folder(path): a folder given as the *tail* checkpoint is really this backbone's
     owns_folder: Optional[Callable[[str], bool]] = None
-    options: Tuple[Option, ...] = ()            # options it adds to the commands that build sessions
     order: int = 50                             # listing order (the first backbone is the default)
 
     def check_tail(self, tail: str) -> None:
@@ -129,7 +129,6 @@ class BackboneEntry:
                              f"{choices} tail")
 
 
-Entry = Union[ModelEntry, BackboneEntry]
 _MODELS: Dict[str, ModelEntry] = {}
 _BACKBONES: Dict[str, BackboneEntry] = {}
 _extra: List[str] = []
@@ -304,7 +303,7 @@ def open_backbone_folder(name: str, path: Optional[str], size: str) -> Optional[
 
 
 # -- command lines -----------------------------------------------------------------------------------------
-def add_options(parser, entries: List[Entry], checks: Optional[Dict[str, Callable[[str], object]]] = None) -> None:
+def add_options(parser, entries: List[ModelEntry], checks: Optional[Dict[str, Callable[[str], object]]] = None) -> None:
     """Each entry's own options, in a group named after it; a flag an earlier entry added is shared.
     ``checks``: the command's argument checks by :attr:`Option.kind`."""
     seen = set()
@@ -318,6 +317,6 @@ def add_options(parser, entries: List[Entry], checks: Optional[Dict[str, Callabl
             seen.add(o.flag)
 
 
-def file_options(entries: List[Entry]) -> Tuple[str, ...]:
+def file_options(entries: List[ModelEntry]) -> Tuple[str, ...]:
     """The argparse destinations of the entries' options that name files the command reads."""
     return tuple(dict.fromkeys(o.dest for e in entries for o in e.options if o.kind == "file"))

@@ -43,7 +43,7 @@ from engine.core.toggles import MODES, Toggles
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """--model, --backbone, --checkpoint, --backbone-checkpoint, --voice: choices, defaults and help texts from
-    the registry (``duplexcadence run`` and ``serve`` share them), then each backbone's own options."""
+    the registry."""
     p.add_argument("--model", default=registry.default_tail(), choices=registry.tail_names(),
                    help="decoder tail (SPEAK)")
     p.add_argument("--backbone", default=registry.default_backbone(), choices=registry.backbone_names(),
@@ -57,7 +57,6 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="the voice of the " + " / ".join(e.name for e in conditioned) + " tail: "
                         + "; ".join(e.conditioning.help for e in conditioned)
                         + "; default: the backbone folder's voice, else a synthetic prompt")
-    registry.add_options(p, registry.backbones())
 
 
 def build_parser() -> argparse.ArgumentParser:
