@@ -17,11 +17,11 @@ host, the serve layer, the CLIs, the benches and the app.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import pkgutil
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 #: modules of engine/models that are not models
@@ -169,16 +169,22 @@ def _search_paths() -> List[str]:
     return _extra + [p for p in env if p not in _extra]
 
 
+def _found(package: str):
+    """The modules of ``package``, listed from its search path (``__path__``, also in a frozen app) without
+    importing anything of it here: the registry imports no part package at module level or by name."""
+    paths = importlib.util.find_spec(package).submodule_search_locations
+    return sorted(pkgutil.iter_modules(list(paths)), key=lambda m: m.name)
+
+
 def load_all() -> None:
     """Import every part package once (and those of search paths added since)."""
     global _loaded
     if _loaded:
         return
-    here = Path(__file__).parent                  # read as folders: the registry imports no part package itself
-    for m in sorted(pkgutil.iter_modules([str(here / "models")]), key=lambda m: m.name):
+    for m in _found("engine.models"):
         if m.name not in NOT_MODELS:
             _import(f"engine.models.{m.name}")
-    for m in sorted(pkgutil.iter_modules([str(here / "backbones")]), key=lambda m: m.name):
+    for m in _found("engine.backbones"):
         if m.ispkg:                        # modules beside the packages (base, policy) are shared code
             _import(f"engine.backbones.{m.name}")
     for folder in _search_paths():
