@@ -75,20 +75,28 @@ SPEC_RATE, SPEC_N, SPEC_HOP = 16000, 512, 256
 
 
 class _Tail:
-    """The last ``n`` samples of a stream at SPEC_RATE (resampled on the caller's thread), thread-safe."""
+    """The last ``n`` samples of a stream at SPEC_RATE, thread-safe. Other rates are brought to SPEC_RATE by
+    linear interpolation (for the picture only; no resampler object outlives the session)."""
 
     def __init__(self, n: int):
         self.buf = np.zeros(n, dtype=np.float32)
         self.total = 0
-        self._rs = None
-        self._rate = None
+        self._phase = 0.0                 # where the next output sample falls in the next input block
+        self._last = 0.0
         self._lock = threading.Lock()
 
+    def _to_spec_rate(self, x: np.ndarray, rate: int) -> np.ndarray:
+        if rate == SPEC_RATE or not len(x):
+            return x
+        step = rate / SPEC_RATE
+        pos = np.arange(self._phase, len(x), step)
+        y = np.interp(pos, np.arange(-1, len(x)), np.r_[self._last, x]).astype(np.float32)
+        self._phase = (pos[-1] + step - len(x)) if len(pos) else self._phase - len(x)
+        self._last = float(x[-1])
+        return y
+
     def add(self, x: np.ndarray, rate: int) -> None:
-        if rate != self._rate:
-            from app.audio_io import StreamResampler
-            self._rs, self._rate = StreamResampler(rate, SPEC_RATE), rate
-        y = self._rs.process(x)[-len(self.buf):]
+        y = self._to_spec_rate(x, int(rate))[-len(self.buf):]
         with self._lock:
             self.buf = np.roll(self.buf, -len(y))
             if len(y):

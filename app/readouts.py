@@ -45,7 +45,7 @@ class ReadoutRow(QWidget):
             lab = QLabel()
             lab.setAlignment(Qt.AlignCenter)
             lab.setToolTip(self.TIPS[k])
-            lay.addWidget(lab, 0, i)
+            lay.addWidget(lab, i // 2, i % 2)            # two rows: the row fits a narrow window
             self.labels[k] = lab
         self._barge = (0, None)
         self.show_row(None)

@@ -143,7 +143,9 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         said = QWidget()
         scol = QVBoxLayout(said)
         scol.setContentsMargins(0, 0, 0, 0)
-        scol.addWidget(QLabel("<b>Transcript</b> (model text per second · your speech)"))
+        head = QLabel("<b>Transcript</b> (the model's text per second · your speech)")
+        head.setWordWrap(True)
+        scol.addWidget(head)
         scol.addWidget(self.transcript, 1)
         right.addWidget(said)
         right.setStretchFactor(0, 3)
@@ -428,8 +430,9 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
             self._starting_said = False
             self._echo_warned = False
         if state == ctl.IDLE:
-            self.refresh()                        # a failed Start kept the last session: its Export stays
-            self.add_recent_session()
+            can = len(self.series) > 0 and self.controller.journal is not None
+            self.export_button.setEnabled(can)    # a failed Start kept the last session: its Export stays
+            self.export_action.setEnabled(can)
         if state in (ctl.STOPPING, ctl.IDLE):
             self.keepup_banner.hide()             # stale once the session stops
             self.backlog_label.setText("")

@@ -74,10 +74,6 @@ class WindowActions:
             self.recent_menu.addAction("(no finished sessions yet)").setEnabled(False)
         return folders
 
-    def add_recent_session(self) -> None:
-        """A session ended: the menu lists it next time it opens (it is refilled then)."""
-        self.fill_recent_menu()
-
     def choose_export_folder(self, title: str) -> str:
         """A folder for an export; a typed name of a folder that does not exist yet is accepted (the export
         creates it). "" when cancelled."""

@@ -1,5 +1,5 @@
 """The dashboard (issue 15), offscreen with pytest-qt: output meter, scope, mic-to-speaker delay, toggle
-markers, stage statistics, keep-up banner and Stop progress, overlay banners, small windows, shortcuts,
+markers, stage statistics, keep-up banner and Stop progress, banners above the plots, small windows, shortcuts,
 the scripted Output picker, SPEAK bars of listening seconds, the model panel's engine check."""
 from __future__ import annotations
 
@@ -21,12 +21,18 @@ SPEAKER = DeviceInfo(3, "Test speaker", "ALSA", 0, 2, ENGINE_RATE)
 
 
 class FakeSink:
-    """An output device that never drains (nothing plays in a test): its queue only grows."""
-    label, rate, xruns = "Test speaker", ENGINE_RATE, 0
+    """An output device that plays only when the test says (:meth:`play`): until then its queue only grows."""
+    label, rate, xruns, latency_s = "Test speaker", ENGINE_RATE, 0, 0.0
 
     def __init__(self):
-        self.ring = RingBuffer(ENGINE_RATE * 30)
+        from engine.echo import PlaybackQueue
+        self.queue = PlaybackQueue(ENGINE_RATE, 30.0)
+        self.played = RingBuffer(ENGINE_RATE * 2)
         self.device = SPEAKER
+
+    def play(self, n: int) -> None:
+        """What a device callback does: pop ``n`` samples and keep them as the far end."""
+        self.played.write(self.queue.pop(n))
 
     def start(self):
         pass
@@ -54,16 +60,21 @@ def test_output_meter_scope_and_delay(qtbot, tmp_path, speech_wav):
     and every second gets a mic-to-speaker delay that includes the audio queued ahead of it."""
     w = make_window(qtbot, tmp_path, lambda cfg: SlowRunner(cfg, work_s=0.05), devices=lambda: ([], [SPEAKER]))
     assert w.summary_row.labels["delay"].text() == "mic→speaker —"
-    assert w.start_with(TINY, FileInput(speech_wav, speed=4.0), FakeSink())
+    sink = FakeSink()
+    from engine.wavio import write_wav
+    hiss = (np.random.default_rng(0).standard_normal(12 * ENGINE_RATE) * 0.02).astype(np.float32)
+    write_wav(tmp_path / "hiss.wav", hiss, ENGINE_RATE)      # steady noise: no barge-in flushes the queue
+    assert w.start_with(TINY, FileInput(tmp_path / "hiss.wav", speed=4.0), sink)
     qtbot.waitUntil(lambda: len(w.series) >= 4, timeout=20000)
     qtbot.wait(100)
     assert w.device_panel.out_meter.level_db == pytest.approx(-23.0, abs=1.0)    # the runner's 0.1 sine
     delays = [r["mic_to_speaker_ms"] for r in w.series.rows]
     assert all(d > 0 for d in delays) and delays[-1] > delays[0] + 500            # the queue ahead grows
     assert w.summary_row.labels["delay"].text() == f"mic→speaker {delays[-1] / 1000:.2f} s"
-    mic_y = w.scope.mic.getData()[1]
-    speech_y = w.scope.speech.getData()[1]
-    assert np.abs(mic_y).max() > 0.01 and (speech_y + 1.0).max() > 0.05          # both drawn
+    assert not (w.scope.speech.getData()[1] + 1.0).any()                        # nothing played: nothing drawn
+    sink.play(ENGINE_RATE // 2)                                                 # the device plays 0.5 s
+    qtbot.waitUntil(lambda: (w.scope.speech.getData()[1] + 1.0).max() > 0.05, timeout=5000)
+    assert np.abs(w.scope.mic.getData()[1]).max() > 0.01                       # both drawn
     stop(qtbot, w)
     assert w.backlog_label.text() == ""
     # the delay is in the records, so exports and replays have it
@@ -100,7 +111,9 @@ def test_keep_up_banner_is_live_and_clears_on_stop(qtbot, tmp_path, speech_wav):
     assert all(t.startswith("⚠ cannot keep up:") for t in texts)                # updated, not shown once
     assert not w.message_banner.isVisible()                                     # one banner, not two
     assert w.events.view.toPlainText().count("cannot keep up") == 1            # the log keeps the first
-    assert w.timing_plot.mapTo(w, w.timing_plot.rect().topLeft()) == top_before  # the banner overlays
+    top = w.timing_plot.mapTo(w, w.timing_plot.rect().topLeft())
+    bottom = w.keepup_banner.mapTo(w, w.keepup_banner.rect().bottomLeft())
+    assert bottom.y() < top.y() and top.y() > top_before.y()                    # in the layout, never over a plot
     w.controller.stop()
     assert w.state_label.text().startswith("STOPPING: finishing second ")
     qtbot.waitUntil(lambda: w.controller.state == ctl.IDLE, timeout=15000)

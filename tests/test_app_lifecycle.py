@@ -72,7 +72,7 @@ def test_scripted_app_stops_cleanly_on_a_signal(tmp_path, sig):
     try:
         deadline, seen = time.monotonic() + 180, [0]
         while seen[-1] < 3 and time.monotonic() < deadline and p.poll() is None:
-            n = journal_lines(tmp_path / "journals")
+            n = journal_lines(tmp_path / "journals" / "scripted")
             if n != seen[-1]:
                 seen.append(n)
             time.sleep(0.05)
@@ -91,7 +91,7 @@ def test_scripted_app_stops_cleanly_on_a_signal(tmp_path, sig):
         x, rate = read_wav(wav)
         assert rate == RATE and len(x) == n * RATE, wav
     assert len((out / "export" / "session.csv").read_text().splitlines()) == n + 1
-    assert not list((tmp_path / "journals").glob(f"*/{MARKER}"))               # the journal finished
+    assert not list((tmp_path / "journals" / "scripted").glob(f"*/{MARKER}"))               # the journal finished
 
 
 def test_interactive_app_quits_on_sigterm(tmp_path):
@@ -393,7 +393,7 @@ def test_failed_export_is_one_line_nonzero_and_leaves_nothing(qapp, tmp_path, mo
         f"duplexcadence: error: export failed: cannot export to {tmp_path / 'out' / 'export'}: "
         "No space left on device"), err
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
-    kept = list((tmp_path / "journals").glob("*/session.jsonl"))
+    kept = list((tmp_path / "journals" / "scripted").glob("*/session.jsonl"))
     assert len(kept) == 1 and len(read_records(kept[0])) == 2
 
 
@@ -415,6 +415,6 @@ def test_scripted_session_longer_than_200_seconds(tmp_path):
     for wav in (out / "reply.wav", out / "export" / "session_input.wav", out / "export" / "session_output.wav"):
         x, rate = read_wav(wav)
         assert rate == RATE and len(x) == 205 * RATE, wav
-    journals = list((tmp_path / "journals").glob("*/session.jsonl"))
+    journals = list((tmp_path / "journals" / "scripted").glob("*/session.jsonl"))
     assert len(journals) == 1 and len(read_records(journals[0])) == 205
-    assert not list((tmp_path / "journals").glob(f"*/{MARKER}"))
+    assert not list((tmp_path / "journals" / "scripted").glob(f"*/{MARKER}"))
