@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .kv import DemandKV
-from .layers import apply_rope, rope_tables
+from .layers import apply_rope, explicit_attention, rope_tables
 from .llm import Qwen3
 
 
@@ -75,13 +75,14 @@ class LayerGraphs:
         return h, self.head(h[-1].view(1, -1)).float()                                  # [1, V]
 
     def _attend(self, i: int, q: torch.Tensor, n: int) -> torch.Tensor:
-        """Eager attention of layer ``i`` over exactly ``n`` positions (the stock path's kernels)."""
+        """Eager attention of layer ``i`` over exactly ``n`` positions (the stock path's kernels: SDPA for the
+        LLM, the written-out sequence for the TTS)."""
         a = self.llm.model.layers[i].self_attn
         k_all, v_all = self.kv.k_buf[i:i + 1, :, :n], self.kv.v_buf[i:i + 1, :, :n]    # [1, Hkv, n, hd]
         if a.hkv != a.h:
             k_all = k_all.repeat_interleave(a.h // a.hkv, dim=1)
             v_all = v_all.repeat_interleave(a.h // a.hkv, dim=1)
-        return F.scaled_dot_product_attention(q, k_all, v_all)
+        return (explicit_attention if a.explicit else F.scaled_dot_product_attention)(q, k_all, v_all)
 
     def _segment(self, s: int):
         """Segment ``s`` of the step: 0 = first layer's pre; s = post(s-1) + pre(s); last = post + head."""

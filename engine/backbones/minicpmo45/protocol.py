@@ -107,57 +107,70 @@ class Protocol:
         self._emit("llm_logits", self.logits)
 
     # -- THINK ------------------------------------------------------------------------------------------
+    #
+    # The unit's rules, as MiniCPM-o's duplex loop applies them:
+    # * a second forced to listen while a reply is open first closes the reply: <|turn_eos|> is fed (its
+    #   logits replace the prefill's) and the unit counts as a cut;
+    # * the unit has at most ``max_tokens_per_unit`` slots; the last one is never drawn: it holds the
+    #   deferred <|chunk_eos|>;
+    # * a slot's token is the policy's (the decision slot 0, or <|turn_eos|> in the second-to-last slot of a
+    #   reply's last second) or the sampler's, a sampled <|listen|> while the reply is open read as
+    #   <|tts_bos|>;
+    # * a terminator (<|listen|>, <|chunk_eos|>, <|chunk_tts_eos|>) ends the unit unfed (deferred with
+    #   </unit> to the next LISTEN); <|listen|> makes it a listening unit;
+    # * any other token keeps the reply open; after slot 0, one that would bring the unit's text to the
+    #   character limit is dropped and the unit ends with <|chunk_eos|>;
+    # * otherwise it is fed (its logits drive the next slot); the unit ends its turn exactly when the last
+    #   token fed is <|turn_eos|>, which also closes the reply; after slot 0 the token and its hidden state
+    #   are the unit's text for the TTS.
+
     def decode(self, turn: TurnDecision) -> tuple:
-        """Run the unit's decode steps; returns (Unit, hidden states [n, hidden] of its text tokens)."""
-        tk, s = self.d.tokens, self.d.sampling
+        """Run the unit's slots; returns (Unit, hidden states [n, hidden] of its text tokens or None)."""
         logits, self.logits = self.logits, None
         unit = Unit("speak")
-        if turn.forced == "listen" and not self.turn_ended:      # a reply cut short: close the turn first
-            h, logits = self.step_ids([tk.turn_eos], logits=True)
-            self._emit("llm_logits", logits)
-            # as the stock's force-listen: the turn is closed and token2wav starts afresh (the session),
-            # but the TTS keeps its history (its per-turn state is reset only by a reply's own turn end),
-            # so the next reply's TTS goes on from the cut one's positions
-            self.turn_ended = True
+        if turn.forced == "listen" and not self.turn_ended:
+            logits = self._close_reply()
             unit.cut = True
         hidden: List[torch.Tensor] = []
-        terminator: Optional[int] = None
-        for j in range(s.max_tokens_per_unit):
-            if j == s.max_tokens_per_unit - 1:
-                terminator = tk.chunk_eos
-                break
-            tok = self._choose(j, turn, logits)
+        ender = self.d.tokens.chunk_eos
+        for slot in range(self.d.sampling.max_tokens_per_unit - 1):
+            tok = self._choose(slot, turn, logits)
             unit.llm_steps += 1
-            if tok in tk.chunk_terminators:
-                terminator = tok
-                unit.decision = "listen" if tok == tk.listen else "speak"
+            if tok in self.d.tokens.chunk_terminators:
+                ender = tok
+                unit.decision = "listen" if tok == self.d.tokens.listen else "speak"
                 break
             self.turn_ended = False
-            if j > 0 and self.too_long is not None and self.too_long(unit.text_ids + [tok]):
-                terminator = tk.chunk_eos
+            if slot > 0 and self.too_long is not None and self.too_long(unit.text_ids + [tok]):
                 break
-            h, logits = self.step_ids([tok], logits=True)
-            self._emit("llm_logits", logits)
-            if tok == tk.turn_eos:
-                unit.end_of_turn = True
-                self.turn_ended = True
-            if j > 0:
+            h, logits = self._feed_one(tok)
+            unit.end_of_turn = self.turn_ended = tok == self.d.tokens.turn_eos
+            if slot > 0:
                 unit.text_ids.append(tok)
                 hidden.append(h[-1:])
-        self.pending_close = ([terminator] if terminator is not None else []) + [tk.unit_end]
-        hid = torch.cat(hidden, dim=0) if hidden else None
-        return unit, hid
+        self.pending_close = [ender, self.d.tokens.unit_end]
+        return unit, (torch.cat(hidden, dim=0) if hidden else None)
 
-    def _choose(self, j: int, turn: TurnDecision, logits: torch.Tensor) -> int:
+    def _close_reply(self) -> torch.Tensor:
+        """Feed <|turn_eos|> to close a reply a barge-in cut; its logits. The token2wav tail starts afresh (the
+        session's part); the TTS keeps its history (only a reply's own turn end drops it), as in the stock."""
+        _, logits = self._feed_one(self.d.tokens.turn_eos)
+        self.turn_ended = True
+        return logits
+
+    def _feed_one(self, tok: int) -> tuple:
+        h, logits = self.step_ids([tok], logits=True)
+        self._emit("llm_logits", logits)
+        return h, logits
+
+    def _choose(self, slot: int, turn: TurnDecision, logits: torch.Tensor) -> int:
         tk = self.d.tokens
-        if j == 0 and turn.forced is not None:
+        if slot == 0 and turn.forced is not None:
             return tk.listen if turn.forced == "listen" else tk.speak
-        if turn.last and j == self.d.sampling.max_tokens_per_unit - 2:
-            return tk.turn_eos                                 # the policy's reply ends in this second
+        if turn.last and slot == self.d.sampling.max_tokens_per_unit - 2:
+            return tk.turn_eos
         tok = self.sampler(logits)
-        if tok == tk.listen and not self.turn_ended:
-            tok = tk.tts_bos
-        return tok
+        return tk.tts_bos if tok == tk.listen and not self.turn_ended else tok
 
     # -- the TTS ----------------------------------------------------------------------------------------
     def speak(self, unit: Unit, hidden: Optional[torch.Tensor]) -> None:

@@ -45,7 +45,8 @@ class VoiceActivityTurns:
     """The decision token, and ``<|turn_eos|>`` at a reply's end, forced from voice activity (labelled: not the
     model's own turn-taking)."""
 
-    label = "voice-activity"
+    label = ("voice-activity (forced: <|listen|> / <|speak|> as each second's first token, <|turn_eos|> in a "
+             "reply's last second; the rest is sampled)")
 
     def __init__(self, reply_seconds: int = 4):
         self.policy = TurnPolicy(reply_seconds)
