@@ -43,7 +43,8 @@ def server():
 
     from engine.serve.deployment import ServeSpec, build_app
     port = free_port()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    # address="local": a Ray of its own, never one found running on the machine (another test's cluster)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         spec = ServeSpec(config=dict(MODEL), token=TOKEN, max_sessions=1, replicas=1, cpus_per_replica=0.5,
