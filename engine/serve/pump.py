@@ -116,7 +116,7 @@ class Connection:
                 self.runner.set_toggles(self.runner.asked_toggles().merged(P.flag(ctl, "demand_sized"),
                                                                            P.flag(ctl, "graph_replay")))
             elif ctl["type"] == "stop":
-                self.drain = bool(ctl.get("drain", False)) is True
+                self.drain = ctl.get("drain") is True       # anything but true: no drain
                 self.stopping.set()
                 await asyncio.to_thread(self.runner.stop, 3600.0 if self.drain else 30.0, self.drain)
                 await sender
