@@ -14,7 +14,10 @@ in both KV modes (our stock-policy ``torch.cat`` history and our optimized preal
   embeddings, every ``<unit>``, audio tokens, decoded token, terminator and ``</unit>``) — every logits row;
 * LLM tokens: our sampler on the stock's logits from the stock's generator state — every token;
 * TTS logits and codes: our TTS on our own condition (our LLM's hidden states) with the stock's per-turn
-  history, each row, and our code draw from the stock's generator state — every code.
+  history, each row, and our code draw from the stock's generator state — every code;
+* encoder output: our encoder's convolutions, positions, layers (their key/value history dropped where the
+  stock drops its cache), final norm, projector and pooling on the stock's audio features of each second
+  (its first second has no left context: 102 frames, nothing cut before) — every second.
 
 Where our loop still differs from the stock (the audio front end, the encoder's second, token2wav's
 chunking), there is no test here: see the module ``STOCK_DIFFERENCES`` list below, said plainly.
@@ -30,6 +33,7 @@ from typing import Dict, List
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from engine.backbones.minicpmo45.dims import preset
 from engine.backbones.minicpmo45.kv import kv_regions, make_store
@@ -51,7 +55,7 @@ STOCK_DIFFERENCES = (
     "audio features: ours resample 24 kHz -> 16 kHz with our FIR and floor the log-mel at the running max - 8 "
     "of our own window; the stock takes 16 kHz, its StreamingMelProcessorExact (1035 ms first chunk, 30 s "
     "sliding buffer) and a max - 8 floor over its whole buffer",
-    "encoder output: follows from the features (and the stock's 150-position cache reset at tiny dims)",
+    "encoder output in a session: follows from the features (the encoder itself equals the stock's on them)",
     "system prompt + reference audio prefill: the stock feeds them in prepare; our backbone does not yet",
     "token2wav chunking: the stock decodes every buffer of >= 8 codes each speaking second (force_flush); "
     "ours waits for 28",
@@ -228,3 +232,39 @@ def test_tts_logits_and_codes_equal_the_stock_loop(runs, modules, demand, one_to
 def _decoded_in(s: dict) -> int:
     """How many single decoded tokens the second fed back with logits (its unit's j = 0.. tokens)."""
     return sum(1 for ids, _, want in s.get("feeds", []) if want and ids is not None and len(ids) == 1)
+
+
+def _encode_stock_features(enc, seconds: list) -> List[torch.Tensor]:
+    """Our encoder on the stock's per-second features: the stock's framing (CNN context: its first second has
+    no prefix frames, every second 2 suffix frames), cache dropped when it would reach the positions."""
+    a = enc.a
+    k = v = None
+    out = []
+    for s in seconds:
+        feat = s["audio_features"][0]                                       # [1, 80, frames]
+        h = F.gelu(enc.conv2(F.gelu(enc.conv1(feat))))
+        h = h[:, :, (0 if s["second"] == 0 else 1):-1].transpose(1, 2)     # [1, 50, d]
+        before = 0 if k is None else k.shape[2]
+        if k is not None and before + (feat.shape[-1] - 1) // 2 + 1 >= a.max_positions:
+            k = v = None
+            before = 0
+        x = h + enc.embed_positions.weight[before:before + h.shape[1]].unsqueeze(0)
+        kn = torch.zeros(a.layers, a.heads, before + h.shape[1], a.head_dim)
+        vn = torch.zeros_like(kn)
+        if k is not None:
+            kn[:, :, :before], vn[:, :, :before] = k, v
+        for i, layer in enumerate(enc.layers):
+            x = layer(x, kn[i], vn[i], kn[i, :, before:], vn[i, :, before:])
+        k, v = kn, vn
+        x = enc.proj(enc.layer_norm(x))
+        out.append(F.avg_pool1d(x.transpose(1, 2), a.pool, a.pool).transpose(1, 2)[0])
+    return out
+
+
+def test_encoder_output_equals_the_stock_loop_on_its_features(runs, modules, one_torch_thread):
+    _, out = runs
+    for seed, run in out.items():
+        with torch.no_grad():
+            ours = _encode_stock_features(modules.encoder, run["seconds"])
+        for s, (a, r) in enumerate(zip(ours, (x["encoder"][0] for x in run["seconds"]))):
+            assert torch.equal(a, r), f"seed {seed} second {s}: encoder output {(a - r).abs().max():.3g}"
