@@ -29,6 +29,7 @@ from typing import Dict, List, Optional
 
 from engine.bench.capacity import session_inputs
 from engine.bench.report import Bars, Figure, markdown, write_all
+from engine import registry
 from engine.core.toggles import MODES, Toggles
 from engine.cli.validate import OneLineParser
 from engine.host.drive import PacedLoad, Window
@@ -70,8 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="duplexcadence-bench serve-capacity", description=__doc__.split("\n\n")[0],
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--replicas", default="1,2", help="replica counts to measure, comma-separated (default 1,2)")
-    p.add_argument("--tail", default="step-audio2")
-    p.add_argument("--backbone", default="synthetic")
+    p.add_argument("--tail", default=registry.default_tail(), choices=registry.tail_names())
+    p.add_argument("--backbone", default=registry.default_backbone(), choices=registry.backbone_names())
     p.add_argument("--size", default="auto", choices=["auto", "released", "tiny"])
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--mode", default="graphs", choices=list(MODES))
