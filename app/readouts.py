@@ -31,7 +31,7 @@ class ReadoutRow(QWidget):
             "gaps": "playback gaps: times the speaker's queue ran dry, and the silence they played (this second; "
                     "the whole session)",
             "echo": "echo suppression while the model speaks: how much of the speaker's sound the canceller took "
-                    "out of the microphone",
+                    "out of the microphone (the latest second the model spoke)",
             "dropped": "speech dropped to keep the delay bounded (late speech at the head of the speaker's queue), "
                        "and input seconds dropped because the engine was behind (whole session)"}
 
@@ -59,6 +59,7 @@ class ReadoutRow(QWidget):
 
     def reset(self) -> None:
         self._barge = (0, None)
+        self._sup = 0.0
         self.show_row(None)
 
     def show_row(self, row: Optional[dict], totals: Optional[dict] = None, rows=None,
@@ -87,6 +88,13 @@ class ReadoutRow(QWidget):
         self._set("gaps", f"gaps {gaps} ({gap_ms:.0f} ms) · {int(t.get('gap_events', 0))} in all",
                   GREEN if not gaps else YELLOW if gap_ms < 100 else RED)
         sup = float(row.get("echo_suppression_db", 0.0))
+        if rows is not None:                      # the last reply's suppression (listening seconds have none)
+            sups = [float(r.get("echo_suppression_db", 0.0)) for r in rows if r.get("echo_suppression_db")]
+            sup = sups[-1] if sups else 0.0
+        elif sup > 0:
+            self._sup = sup
+        else:
+            sup = getattr(self, "_sup", 0.0)
         on = bool(row.get("echo_cancellation"))
         state = echo or ("on" if on else "off")
         self._set("echo", f"echo −{sup:.0f} dB" if sup > 0 else f"echo {state}",
