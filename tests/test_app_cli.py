@@ -47,7 +47,7 @@ def test_bad_arguments_are_one_clear_message(tmp_path, speech_wav, qapp, capsys,
     missing = tmp_path / "no-such-folder"
     assert gui_main(["--input-file", str(speech_wav), "--model", "step-audio2", "--checkpoint", str(missing)]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"duplexcadence: error: Step-Audio2 checkpoint folder {missing} does not exist or is not a folder")
+        f"duplexcadence: error: Step-Audio2 checkpoint folder {missing} does not exist")
     assert gui_main(["--input-file", str(tmp_path / "missing.wav")]) == 2
     err = capsys.readouterr().err
     assert "cannot read" in err and "missing.wav" in err
