@@ -79,7 +79,8 @@ def test_sessions_placed_by_headroom_on_two_nodes(cluster_url):
     assert b.session.records[-1].queue_wait_ms > 0
     time.sleep(2.5)                                          # routing stats travel every 0.5 s
     c = open_session(cluster_url)
-    assert c.session is not None and c.session.replica == a.session.replica      # most headroom
+    assert c.session is not None, c.results.get(timeout=5).message
+    assert c.session.replica == a.session.replica                            # most headroom
     # a's replica is at its limit (2): d is placed on b's, which admits it if its measured headroom
     # allows one more session (on a slow machine it may not: then it says so, and a's never saw d)
     d = open_session(cluster_url)
