@@ -161,8 +161,8 @@ class SessionController(QObject):
             raise
         self.source, self.sink = source, sink
         self.journal = journal
-        # a live input drops a second rather than build a backlog; a file (a scripted run) keeps every second
-        self._bounded = not isinstance(source, FileInput)
+        # a live input drops a second rather than build a backlog; a file or a scripted run keeps every second
+        self._bounded = not isinstance(source, FileInput) and not self.scripted
         gc.freeze()          # see _on_ready: keep full collections off the live path
         try:
             self.runner = self._factory(cfg)
@@ -198,8 +198,8 @@ class SessionController(QObject):
     def _submit(self, frame: np.ndarray) -> None:
         """Frame-pump thread: keep the second until its answer comes, hand it to the engine (never blocks).
         With MAX_INPUT_BACKLOG seconds already waiting the new second is dropped (counted): a slow engine
-        never builds a backlog of live input (a WAV file's seconds are all kept: scripted runs process every
-        second of their input)."""
+        never builds a backlog of live input (a WAV file's seconds and a scripted run's are all kept: they
+        process every second of their input)."""
         no, self._frame_no = self._frame_no, self._frame_no + 1
         if self._bounded and self.runner.backlog() >= MAX_INPUT_BACKLOG:
             self.input_dropped += 1
@@ -228,8 +228,9 @@ class SessionController(QObject):
         if self.source.deferred:
             self.source.start()
         self.pump.accepting = True
-        if self.controls.force_listen:
-            self._ask_engine_controls()
+        force = self._asked.get("force_listen", self.controls.force_listen)
+        if force:                                  # asked before the session was built: hand it over now
+            self._ask_engine_controls(force)
         self.session_info = dict(self.runner.session.info)
         self._set_state(RUNNING)
         self.info.emit(dict(self.session_info))

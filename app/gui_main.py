@@ -3,9 +3,9 @@
 Interactive:  duplexcadence
 Scripted:     duplexcadence --input-file IN.wav [--output-file OUT.wav] [--seconds N] [--export DIR]
                             [--screenshot PNG] [--model TAIL] [--backbone BACKBONE]
-                            [--checkpoint PATH] [--simulate-echo DELAY_MS:GAIN_DB]
-A scripted run uses the model its flags name (defaults otherwise, never the saved settings, which it
-leaves alone), plays the WAV as the microphone at real-time pace (then silence), stops after N
+                            [--checkpoint PATH] [--simulate-echo DELAY_MS:GAIN_DB] [--no-echo-cancellation]
+A scripted run uses the model and controls its flags name (defaults otherwise, never the saved settings,
+which it leaves alone; its journal goes to the sessions folder's scripted/ and every second is kept), plays the WAV as the microphone at real-time pace (then silence), stops after N
 seconds of input (default: the file's length), lets every one of those seconds finish, writes the
 output WAV, the exports and a screenshot of the window, and exits 0 (1 when the session failed — a
 dead thread included — or a file could not be written, 2 for bad arguments). SIGINT / SIGTERM stop
@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--backbone-checkpoint", help="the backbone's weights folder (" + registry.folder_hints() + ")")
     m.add_argument("--voice", metavar="WAV|NPZ", help="the voice of the " + " / ".join(registry.conditioned_tails())
                    + " tail (default: the backbone folder's voice, else synthetic)")
+    m.add_argument("--no-echo-cancellation", action="store_true",
+                   help="hand the engine the raw microphone (the speaker's echo included)")
     m.add_argument("--no-demand-sized", action="store_true", help="stock-sized state arenas")
     m.add_argument("--no-graph-replay", action="store_true", help="run every second eagerly")
     m.add_argument("--seed", type=seed, default=0, help="seed of the random weights and sampling (0 to 2**63-1)")
@@ -272,6 +274,7 @@ def _script(a: argparse.Namespace, app, bridge) -> int:
     window = MainWindow(settings=open_qsettings(a.settings))
     window.persist_settings = False
     window.controller.scripted = True    # journals apart: demos never push out the user's sessions
+    window.use_default_controls(echo=not a.no_echo_cancellation)   # flags and defaults, not saved settings
     window.close_policy = "keep"         # closing the window ends the run like the end of the input
     window.show()
     run = ScriptedRun(window, a)

@@ -313,6 +313,21 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         self._last_toggles = None
         self.events.collapse_reset()
 
+    def use_default_controls(self, echo: bool = True) -> None:
+        """A scripted run: the conversation's controls at their defaults (never the saved settings)."""
+        from app.controller import UserControls
+        d = UserControls()
+        d.echo = bool(echo)
+        self.controller.controls = d
+        cp = self.conversation
+        for w in (cp.echo, cp.sensitivity, cp.delay):
+            w.blockSignals(True)
+        cp.echo.setChecked(d.echo)
+        cp.sensitivity.setCurrentIndex(max(0, cp.sensitivity.findData(d.sensitivity)))
+        cp.delay.setValue(d.delay_s)
+        for w in (cp.echo, cp.sensitivity, cp.delay):
+            w.blockSignals(False)
+
     def _output_hint(self, *_) -> None:
         kind, dev = self.device_panel.selected_output()
         self.conversation.show_output(dev.name if kind == "device" else "speaker" if kind == "sim" else None)
