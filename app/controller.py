@@ -514,6 +514,9 @@ class SessionController(QObject):
 
     def _check_devices(self) -> None:
         failure = self.source.check()
+        if failure and isinstance(self.source, FileInput):
+            self.fail(f"{failure}; the session stopped there (everything before it is kept)")
+            return
         if failure:
             self.message.emit("warning", f"{failure}; the session continues on silence — pick another "
                                          "input or a WAV file")
