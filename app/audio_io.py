@@ -414,7 +414,32 @@ class FileInput(_PacedInput):
         return out
 
 
-class DeviceOutput(_PortAudioStream):
+class Primed:
+    """Playback that keeps the session's playback delay as a buffer: after the start and after the queue ran
+    dry, the speaker plays silence until ``delay_s`` is queued, then plays on. Buffering is not a gap; a queue
+    that runs dry while playing is (the queue counts it). Cheap enough for an audio callback."""
+
+    queue: PlaybackQueue
+    _primed = False
+    _dry = False                                           # buffering again after running dry: still the gap
+
+    def pop_primed(self, n: int) -> np.ndarray:
+        q = self.queue
+        if not self._primed:
+            if q.queued_s() < q.delay_s:
+                if self._dry:
+                    q.counts.gap_samples += int(n)         # the gap goes on until the buffer is back
+                return np.zeros(n, dtype=np.float32)       # buffering up to the playback delay
+            self._primed, self._dry = True, False
+        gaps = q.counts.gap_events
+        out = q.pop(n)
+        if q.counts.gap_events != gaps:
+            self._primed = q.delay_s <= 0                  # ran dry: buffer up again
+            self._dry = not self._primed
+        return out
+
+
+class DeviceOutput(Primed, _PortAudioStream):
     """A PortAudio output device at its native rate. The callback pops exactly what the device needs
     from the bounded :class:`engine.echo.PlaybackQueue` (zeros where it ran dry) and copies what it
     wrote into ``played``: the far-end signal the echo canceller reads (on the pump's thread)."""
@@ -435,7 +460,7 @@ class DeviceOutput(_PortAudioStream):
     def _callback(self, outdata, frames, when, status) -> None:
         if status.output_underflow:
             self.xruns += 1
-        outdata[:, 0] = self.queue.pop(frames)       # copies only: a bounded queue, zeros when dry
+        outdata[:, 0] = self.pop_primed(frames)      # copies only: a bounded queue, zeros when dry
         self.played.write(outdata[:, 0])
 
 

@@ -14,7 +14,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from app.audio_io import FileInput, RingBuffer
+from app.audio_io import FileInput, Primed, RingBuffer
 from engine.bench.echo_sim import EchoPath
 from engine.echo import PlaybackQueue
 
@@ -30,7 +30,7 @@ def parse_echo(spec: str) -> Tuple[float, float]:
     return delay, gain
 
 
-class LoopbackOutput:
+class LoopbackOutput(Primed):
     """The simulated speaker (at the input's rate): what the session queues plays when :class:`LoopbackInput`
     asks for its next block."""
 
@@ -56,7 +56,7 @@ class LoopbackOutput:
 
     def play(self, n: int) -> np.ndarray:
         """The speaker's next ``n`` samples (as a callback would write them) -> what the microphone hears."""
-        out = self.queue.pop(n)
+        out = self.pop_primed(n)
         self.played.write(out)
         return self.path(out)
 

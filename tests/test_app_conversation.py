@@ -293,3 +293,26 @@ def test_dark_mode_radio_buttons_are_visible(qtbot, monkeypatch):
         app.setStyle(old_style)
         app.setPalette(old_palette)
         app.setStyleSheet(old_sheet)
+
+
+def test_the_playback_delay_is_a_buffer():
+    """Playback starts once the delay is queued (buffering is not a gap); a queue that runs dry is one gap,
+    whose silence lasts until the buffer is back."""
+    from app.loopback import LoopbackOutput
+    sink = LoopbackOutput(ENGINE_RATE, 100.0, -10.0)
+    sink.queue.set_delay(0.5)
+    q, blk = sink.queue, ENGINE_RATE // 50
+    q.push(_speech_like(0.3, seed=1))
+    for _ in range(10):
+        sink.play(blk)
+    assert not sink.played.read().any() and q.counts.gap_events == 0      # buffering: silence, no gap
+    q.push(_speech_like(0.3, seed=2))
+    for _ in range(30):                                                    # 0.6 s: all of it plays
+        sink.play(blk)
+    assert np.abs(sink.played.read()).max() > 0.05 and q.queued_s() == 0
+    for _ in range(10):                                                    # dry: one gap, 0.2 s of silence
+        sink.play(blk)
+    assert q.counts.gap_events == 1 and q.counts.gap_samples == 10 * blk
+    q.push(_speech_like(0.6, seed=3))
+    sink.play(blk)
+    assert q.counts.gap_events == 1 and np.abs(sink.played.read()[-blk:]).max() > 0.01
