@@ -145,3 +145,42 @@ def test_detector_fires_when_the_model_starts_over_a_talking_user():
     for i in range(0, b, BLOCK):
         fired += det.push(voice[i:i + BLOCK], playing=i >= start)
     assert len(fired) == 1 and start <= fired[0].fired_at <= start + 2 * BLOCK
+
+
+def test_echo_level_predictor_finds_the_lag_and_loss_from_levels_alone():
+    """A microphone that follows the far end 170 ms later and 9 dB lower (levels only, with a user talking in
+    the far end's silences and once over it): the predictor reads the lag and the loss, and predicts the echo
+    of a far-end frame one lag later; a user frame 15 dB above that prediction stands out."""
+    from engine.echo.doubletalk import EchoLevelPredictor
+    rng = np.random.default_rng(5)
+    n, lag = 900, 17
+    far = np.where((np.arange(n) // 60) % 3 == 2, -200.0, rng.uniform(-30.0, -15.0, n))
+    near = np.full(n, -66.0)
+    near[lag:] = np.maximum(far[:-lag] - 9.0 + rng.normal(0, 0.5, n - lag), -66.0)
+    user = (np.arange(n) % 180 >= 130) & (np.arange(n) % 180 < 170)        # in silences and over the far end
+    near[user] = rng.uniform(-20.0, -12.0, int(user.sum()))
+    p = EchoLevelPredictor()
+    for f, m, u in zip(far, near, user):
+        p.push(float(f), float(m), usable=not u)
+    assert abs(p.lag - lag) <= 1 and -10.5 <= p.loss_db <= -7.0, (p.lag, p.loss_db)
+    for _ in range(lag):
+        p.push(-20.0, -66.0, True)
+    assert p.predicted_db() == pytest.approx(-20.0 + p.loss_db, abs=0.01)
+    assert -14.0 > p.predicted_db() + 6.0 - 3.0                           # a frame at -14 dBFS is the user
+
+
+def test_double_talk_check_passes_the_user_over_a_loud_echo():
+    """Once converged, the user starting over a loud echo (the echo 6 dB under the far end, the user ~5 dB over
+    the echo) comes through within 100 ms, and no echo-only frame is passed as the user."""
+    far, near = far_near(seconds=8.0, gain_db=-6.0, delay_ms=210.0, seed=11)
+    user = np.zeros(far.size, np.float32)
+    a, voice = int(6.0 * RATE), speech_like(2, 4)[:RATE]
+    user[a:a + RATE] = voice * np.float32(10 ** ((level_db(near[a:a + RATE]) + 5.0 - level_db(voice)) / 20))
+    aec = EchoCanceller(RATE)
+    out = run(aec, far, near + user)
+    w = RATE // 50
+    loud = [i for i in range(a, a + RATE // 2, w) if level_db(out[i:i + w]) > level_db(user[i:i + w]) - 6.0]
+    assert loud and loud[0] - a <= RATE // 10, loud[:3]
+    assert aec._predictor.lag is not None and abs(aec._predictor.lag - 21) <= 2, aec._predictor.lag
+    echo_only = out[int(4.5 * RATE):a]                                      # converged, no user: all removed
+    assert level_db(echo_only) < level_db(near[int(4.5 * RATE):a]) - 20.0

@@ -33,25 +33,25 @@ def check(doc):
     assert off["erle_db"] == pytest.approx(0.0, abs=0.01)
 
 
-#: the one drawn path where AEC3 holds the user's voice back for ~340 ms at a barge-in (worst latency 381 ms
-#: against the 300 ms target); kept, strict, so a fix shows (docs/echo.md: known limits)
+#: seed 4474 (212 ms, -5.8 dB): the echo within 10 dB of the user's voice, where AEC3 holds the user back for
+#: ~340 ms at a barge-in; before the double-talk check (engine/echo/doubletalk.py) that barge-in took 381 ms
 KNOWN_SLOW = (4474, 212.0, -5.8)
+#: the other random paths run this long (the known slow one its full 20 s)
+SHORT_SECONDS = 12
 
 
 def cases():
-    out = []
-    for i, p in enumerate(paths()):
-        if i == 1:
-            continue                          # that path runs through the command line below
-        marks = [pytest.mark.xfail(strict=True, reason="AEC3 holds the user back ~340 ms on this path")] \
-            if p == KNOWN_SLOW else []
-        out.append(pytest.param(*p, marks=marks))
-    return out
+    """Five random paths: three drawn with seed 2025 (the first is the known slow one; the second runs through
+    the command line below) and two with seed 31."""
+    drawn = paths() + paths(2, seed=31)
+    assert drawn[0] == KNOWN_SLOW
+    return [pytest.param(*p, id=f"seed{p[0]}") for i, p in enumerate(drawn) if i != 1]
 
 
 @pytest.mark.parametrize("seed,delay_ms,gain_db", cases())
 def test_echo_bench_targets(seed, delay_ms, gain_db):
-    a = bench.build_parser().parse_args(["--seconds", str(SECONDS), "--seed", str(seed), "--delay-ms", str(delay_ms),
+    seconds = SECONDS if (seed, delay_ms, gain_db) == KNOWN_SLOW else SHORT_SECONDS
+    a = bench.build_parser().parse_args(["--seconds", str(seconds), "--seed", str(seed), "--delay-ms", str(delay_ms),
                                          "--gain-db", str(gain_db), "--quiet", "--out", ""])
     doc = bench.run(a)
     check(doc)

@@ -24,6 +24,8 @@ from typing import Deque, Optional, Tuple
 
 import numpy as np
 
+from engine.echo.doubletalk import EchoLevelPredictor
+
 #: far-end frames louder than this (dBFS) count as the model speaking, for :meth:`EchoCanceller.suppression_db`
 FAR_ACTIVE_DB = -50.0
 #: far-end audio kept waiting for its microphone frames at most (seconds); older far audio is dropped
@@ -43,6 +45,11 @@ ONSET_GUARD_FRAMES = 30
 #: user; a frame the processor took this much out of is mostly echo and is attenuated further
 BYPASS_MARGIN_DB = 3.0
 BYPASS_ABS_DB = -40.0
+#: a microphone frame this much louder than the echo the far end one echo delay earlier can give
+#: (:class:`engine.echo.doubletalk.EchoLevelPredictor`) is the user too, converged or not
+DOUBLE_TALK_MARGIN_DB = 6.0
+#: the double-talk check learns the echo path from frames AEC3 took this much out of (echo alone, mostly)
+ECHO_ONLY_DB = 10.0
 ECHO_REMOVED_DB = 6.0
 #: the coupling estimate: this percentile of (microphone - loudest recent far end) over echo frames
 COUPLING_PERCENTILE = 98
@@ -148,6 +155,10 @@ class EchoCanceller:
         self.guarded = 0              # guard: frames attenuated further (mostly echo)
         self._stretch = 0             # 10 ms frames since the far end became active
         self._coupling: Deque[float] = collections.deque(maxlen=SUPPRESSION_FRAMES)   # near dB - far max dB
+        self.double_talk = True       # the double-talk check (the predicted echo level) is on
+        self._predictor = EchoLevelPredictor()
+        self.double_talked = 0        # guard: frames passed by the double-talk check alone
+        self._echo_like = False       # the newest frame is no louder than the echo predicted (+ the margin)
         self.cpu_s = 0.0              # wall seconds spent in the processor
         self.audio_s = 0.0            # seconds of microphone audio it processed
         self._enabled = False
@@ -193,6 +204,7 @@ class EchoCanceller:
         self._far = np.zeros(0, dtype=np.float32)
         self._near = np.zeros(0, dtype=np.float32)
         # the output runs a frame (less one sample, at the caller's rate) behind, so every call can answer
+        self._predictor = EchoLevelPredictor()
         self._out = np.zeros(max(0, math.ceil(self.frame * self.rate / self.proc_rate) - 1), dtype=np.float32)
         if self.proc_rate != self.rate:
             self._out = np.zeros(self._out.size + self.rate // 20, dtype=np.float32)   # soxr's own delay
@@ -256,23 +268,39 @@ class EchoCanceller:
         stretch, a frame it took :data:`ECHO_REMOVED_DB` or more out of, or one no louder than that echo, is
         mostly echo and is attenuated 30 dB more. A level gate: all echo removal is AEC3's."""
         far_max = max(self._far_db, default=-200.0)
+        near_db = _db(float(np.mean(np.square(near, dtype=np.float64))))
+        out_db = _db(float(np.mean(np.square(out, dtype=np.float64))))
+        talk = self._double_talk(near_db, echo_only=near_db - out_db >= ECHO_ONLY_DB)
         if far_max <= FAR_ACTIVE_DB:
             self._stretch = 0
             return out
         self._stretch += 1
-        near_db = _db(float(np.mean(np.square(near, dtype=np.float64))))
         echo_db = far_max + self.coupling_db()           # the loudest echo the far end can give now
-        if near_db > max(BYPASS_ABS_DB, echo_db + BYPASS_MARGIN_DB):
+        if near_db > max(BYPASS_ABS_DB, echo_db + BYPASS_MARGIN_DB) or talk:
             self.bypassed += 1
+            self.double_talked += int(near_db <= max(BYPASS_ABS_DB, echo_db + BYPASS_MARGIN_DB))
             return near.copy()
         self._coupling.append(near_db - far_max)         # the user's frames (passed above) stay out of it
+        removed = near_db - out_db
         if self.far_active_s >= GUARD_S and self._stretch > ONSET_GUARD_FRAMES + self._delay_ms / 10.0:
+            if self._echo_like and removed >= ECHO_REMOVED_DB:    # AEC3's residual echo, as predicted
+                self.guarded += 1
+                return out * np.float32(GUARD_ATTENUATION)
             return out
-        removed = near_db - _db(float(np.mean(np.square(out, dtype=np.float64))))
         if removed >= ECHO_REMOVED_DB or near_db <= echo_db:
             self.guarded += 1
             return out * np.float32(GUARD_ATTENUATION)
         return out
+
+    def _double_talk(self, near_db: float, echo_only: bool) -> bool:
+        """Whether this microphone frame is :data:`DOUBLE_TALK_MARGIN_DB` above the echo predicted from the far
+        end one echo delay earlier (:class:`EchoLevelPredictor`). It learns from the frames AEC3 took
+        :data:`ECHO_ONLY_DB` or more out of (AEC3's judgement, not this check's: a wrong estimate cannot
+        keep itself)."""
+        pred = self._predictor.predicted_db() if self.double_talk else None
+        self._predictor.push(self._far_db[-1] if self._far_db else -200.0, near_db, usable=echo_only)
+        self._echo_like = pred is not None and near_db <= pred + DOUBLE_TALK_MARGIN_DB
+        return pred is not None and near_db > max(BYPASS_ABS_DB, pred + DOUBLE_TALK_MARGIN_DB)
 
     def coupling_db(self) -> float:
         """The echo path's coupling as the guard sees it: the 98th percentile of microphone level minus the
