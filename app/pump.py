@@ -70,6 +70,7 @@ class FramePump(threading.Thread):
         self.canceller: Optional[EchoCanceller] = None
         self._far_rs: Optional[StreamResampler] = None
         self.far_db = SILENCE_DB         # the level the speaker played last
+        self._playing_since: Optional[int] = None   # detector sample where the model's speech began playing
         self.playback = playback
         self.on_block: Optional[Callable[[np.ndarray, int], None]] = None   # (cleaned block, rate): the scope
         self.on_played: Optional[Callable[[np.ndarray, int], None]] = None  # (played block, rate): the scope
@@ -201,13 +202,20 @@ class FramePump(threading.Thread):
         return pb is not None and (self.far_db > PLAYING_DB or pb.speech_queued_s() > 0)
 
     def _detect(self, x: np.ndarray) -> None:
+        playing = self.playing()
         with self._detector_lock:
             if self._sensitivity is not None:
                 self.detector.set_sensitivity(self._sensitivity)
                 self._sensitivity = None
-            hits = self.detector.push(x, self.playing())
+            if playing and self._playing_since is None:
+                self._playing_since = self.detector.pos      # the model started speaking here
+            elif not playing:
+                self._playing_since = None
+            hits = self.detector.push(x, playing)
         for b in hits:
-            self._flush_speech("user started talking", b.latency_ms(ENGINE_RATE))
+            # from the user's onset or, when the model started over a user already talking, from its start
+            start = max(b.onset_at, self._playing_since if self._playing_since is not None else b.onset_at)
+            self._flush_speech("user started talking", (b.fired_at - start) * 1000.0 / ENGINE_RATE)
 
     def allows(self, frame_no: int) -> bool:
         """Whether the engine's speech made from input frame ``frame_no`` may play (after a barge-in, the

@@ -155,3 +155,15 @@ def test_spectrogram_transforms_only_new_hops():
     sp.add_mic(np.zeros(2400, np.float32), ENGINE_RATE)              # 0.1 s of silence: a few new hops
     mic2, _ = sp.images()
     assert sp._rolls[0].done - before <= 1600 + 256 and mic2[-1].max() < mic[-1].max()
+
+
+def test_barge_in_latency_counts_from_when_the_model_started_over_the_user():
+    """The user is already talking when the model starts: the latency runs from the model's start, not from
+    the user's onset a second earlier."""
+    pump, pb = _pump()
+    feed(pump, noise(ENGINE_RATE, 0.001))
+    feed(pump, noise(ENGINE_RATE, 0.3, seed=3))      # the user talks; nothing plays: no barge-in
+    assert pump.barge_ins == 0
+    pb.push(noise(ENGINE_RATE, 0.1, seed=4))         # the model starts over them
+    feed(pump, noise(4800, 0.3, seed=5))
+    assert pump.barge_ins == 1 and pump.barge_in_ms[-1] < 100.0
