@@ -206,7 +206,8 @@ def test_run_stops_cleanly_on_a_signal(tmp_path, sig):
     assert "Traceback" not in err
     assert not list(tmp_path.glob("logs.partial-*"))
     assert sorted(x.name for x in logs.iterdir()) == ["session.csv", "session.jsonl", "session.trace.json",
-                                                      "session_input.wav", "session_output.wav", "summary.json"]
+                                                      "session_input.wav", "session_output.wav", "speech.npy",
+                                                      "summary.json"]
     summary = json.loads((logs / "summary.json").read_text())
     assert summary["seconds"] == n and summary["interrupted"] == signal.Signals(sig).name
     assert len((logs / "session.csv").read_text().splitlines()) == n + 1

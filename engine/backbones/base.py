@@ -9,7 +9,7 @@ decision (listen or speak) and the speech tokens it produced (kept on the device
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, Optional
+from typing import TYPE_CHECKING, Dict, Optional, Tuple
 
 import torch
 
@@ -54,6 +54,8 @@ class Thought:
     turn_end: str = ""                     # "end": the reply ended this second (the tail decodes what it
                                            # holds, then starts the next turn); "cut": the reply was cut
                                            # (barge-in: what the tail holds is dropped); "": neither
+    llm_ids: Tuple[int, ...] = ()          # the backbone's LLM tokens this second, in order (where it has them)
+    codes: Tuple[int, ...] = ()            # the speech codes its decoder drew this second (no silence prefix)
 
 
 class Backbone:

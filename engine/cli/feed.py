@@ -119,5 +119,5 @@ def take(item, frames: List[np.ndarray], journal: SessionJournal, progress: Prog
     if isinstance(item, LiveError):
         raise RuntimeError(item.message)
     rec = item.record
-    journal.append(rec, frames[rec.index], item.audio)
+    journal.append(rec, frames[rec.index], item.audio, speech=getattr(item, "speech", None))
     progress.update(journal.seconds, rec)

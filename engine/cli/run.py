@@ -10,7 +10,10 @@ With --engine the session runs on a `duplexcadence serve` server (engine/serve);
 IN.wav may have any sample rate and channel count (mixed down, resampled to 24 kHz). OUT.wav is
 24 kHz mono with one second out per second in (second k's answer is second k of OUT.wav: it
 plays while second k+1 comes in). DIR receives session.csv, session.jsonl, session.trace.json
-(open it in Perfetto), summary.json and the session's input and output WAVs. Default pace: as fast
+(open it in Perfetto), summary.json, the session's input and output WAVs and speech.npy (float32 at
+24 kHz: what the decoder tail produced, every second concatenated, before any playback levelling or
+queueing). Each record carries the second's decision, LLM token ids and speech codes (where the
+backbone reports them). Default pace: as fast
 as possible; ``--realtime`` feeds one second per second through the live runner, so a slow second
 makes the next frames queue.
 
@@ -110,7 +113,7 @@ def run_fast(cfg: SessionConfig, frames: List[np.ndarray], progress: Progress, j
             if stop.signum:
                 break
             out, rec = s.process(f)
-            journal.append(rec, f, out)
+            journal.append(rec, f, out, speech=s.last_speech)
             progress.update(journal.seconds, rec)
     finally:
         stop.building = False
@@ -262,7 +265,7 @@ def _session(a: argparse.Namespace, cfg: SessionConfig, runner, frames: InputFra
         return 1
     n = journal.seconds
     written = f"wrote {out} ({n} s, 24 kHz mono) and {log}/ (session.csv, session.jsonl, session.trace.json, " \
-              f"session_input.wav, session_output.wav, summary.json)"
+              f"session_input.wav, session_output.wav, summary.json, speech.npy)"
     if error is not None:
         print(f"duplexcadence run: error: {error}; {written}", file=sys.stderr)
         return 1

@@ -45,9 +45,45 @@ OUTPUT_WAV = "session_output.wav"
 CSV = "session.csv"
 TRACE = "session.trace.json"
 SUMMARY = "summary.json"
+SPEECH = "speech.npy"
 #: every file a journal or an export may hold; an export replaces exactly these names
-SESSION_FILES = (CSV, RECORDS, TRACE, INPUT_WAV, OUTPUT_WAV, SUMMARY)
+SESSION_FILES = (CSV, RECORDS, TRACE, INPUT_WAV, OUTPUT_WAV, SUMMARY, SPEECH)
 _HEADER_BYTES = 44
+
+
+class GrowingNpy:
+    """A 1-D float32 ``.npy`` file that is valid after every :meth:`append` (a fixed 128-byte header whose
+    shape is rewritten each time): what the decoder tail produced, every second concatenated."""
+
+    HEADER = 128
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.samples = 0
+        self._f = open(self.path, "w+b")
+        self._f.write(self._header())
+
+    def _header(self) -> bytes:
+        text = "{'descr': '<f4', 'fortran_order': False, 'shape': (%d,), }" % self.samples
+        body = text.ljust(self.HEADER - 10 - 1) + "\n"
+        return b"\x93NUMPY\x01\x00" + len(body).to_bytes(2, "little") + body.encode("latin1")
+
+    def append(self, samples: np.ndarray) -> None:
+        data = np.ascontiguousarray(samples, dtype="<f4").reshape(-1)
+        self._f.seek(0, os.SEEK_END)
+        self._f.write(data.tobytes())
+        self.samples += int(data.size)
+        self._f.seek(0)
+        self._f.write(self._header())
+        self._f.flush()
+
+    def sync(self) -> None:
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.flush()
+            self._f.close()
 
 
 class GrowingWav:
@@ -165,14 +201,21 @@ class SessionJournal:
     def seconds(self) -> int:
         return len(self.records)
 
-    def append(self, record: SecondRecord, heard: np.ndarray, said: np.ndarray) -> None:
-        """Second ``record.index``: its input [T] and output [T] audio, then its record line.
+    def append(self, record: SecondRecord, heard: np.ndarray, said: np.ndarray,
+               speech: Optional[np.ndarray] = None) -> None:
+        """Second ``record.index``: its input [T] and output [T] audio, then its record line; ``speech``
+        (what the tail produced this second, float32 at 24 kHz, before levelling or queueing) goes on
+        ``speech.npy``.
 
         The audio goes first, so the records never count a second whose audio is not on disk.
         """
         try:
             self._wavs["input"].append(heard)
             self._wavs["output"].append(said)
+            if speech is not None:                  # made with the first second that hands it over
+                if "speech" not in self._wavs:
+                    self._wavs["speech"] = GrowingNpy(self.directory / SPEECH)
+                self._wavs["speech"].append(speech)
             self._jsonl.write(json.dumps(record.to_dict()) + "\n")
             self._jsonl.flush()
             self.records.append(record)

@@ -36,6 +36,7 @@ class LiveResult:
     audio: np.ndarray
     keeps_up: bool = True      # recent seconds fit the cadence (a backlog will drain)
     notice: str = ""           # set when the engine cannot keep up
+    speech: Optional[np.ndarray] = None   # what the tail produced this second (24 kHz, unlevelled), where known
 
 
 @dataclass
@@ -172,4 +173,4 @@ class LiveRunner(FrameInbox):
             if notice and not warned:
                 log.warning(notice)
                 warned = True
-            self.results.put(LiveResult(rec, audio, not notice, notice))
+            self.results.put(LiveResult(rec, audio, not notice, notice, session.last_speech))

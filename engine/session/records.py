@@ -62,6 +62,9 @@ class SecondRecord:
     barge_in_sensitivity: str = ""  # the app's interrupt sensitivity (low / normal / high; "" = none)
     playback_delay_s: float = 0.0  # the playback delay (buffer) the speaker's queue kept
     requests: str = ""            # toggle and control requests made during this second ("; "-joined)
+    # what the backbone decided and drew (backbones that report them; "" otherwise): space-separated ids
+    llm_tokens: str = ""          # the LLM's tokens this second, in order (decision token first)
+    tts_codes: str = ""           # the speech codes its TTS drew this second (no silence prefix)
 
     def to_dict(self) -> Dict[str, object]:
         """A plain, JSON-safe dict (floats rounded to microseconds / 1e-6)."""

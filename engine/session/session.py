@@ -129,6 +129,7 @@ class DuplexSession:
         self._started = False
         self._info: Optional[Dict[str, object]] = None
         self._turn_flush = False                     # a reply ended: its last chunk runs next second
+        self.last_speech = np.zeros(0, dtype=np.float32)   # what the tail produced in the last second (24 kHz)
         self.parts = registry.get_backbone(self.cfg.backbone)     # the backbone's traits
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -250,7 +251,8 @@ class DuplexSession:
             clock.mark("end")
         ms = clock.stages()
         ms["speak"] += ms.pop("flush", 0.0)          # token2wav work, wherever it runs
-        self.fifo.push(self.to_session_rate(np.concatenate([early, audio]) if early.size else audio))
+        self.last_speech = self.to_session_rate(np.concatenate([early, audio]) if early.size else audio)
+        self.fifo.push(self.last_speech)
         out = self._playback_level(self.fifo.pop(RATE), thought.decision)
         total = (time.perf_counter() - t0) * 1000.0
         late, missed = lateness(queue_wait, total, DEADLINE_MS)
@@ -263,7 +265,8 @@ class DuplexSession:
             alloc_bytes=alloc, reserved_bytes=reserved, peak_bytes=peak,
             demand_sized=toggles["demand_sized"], graph_replay=toggles["graph_replay"],
             tail=self.cfg.tail, backbone=self.cfg.backbone, input_rms=rms(x), output_rms=rms(out),
-            user_speech=bool(vad.speech), backlog=int(backlog), text=thought.text, tail_skipped=tail_skipped)
+            user_speech=bool(vad.speech), backlog=int(backlog), text=thought.text, tail_skipped=tail_skipped,
+            llm_tokens=" ".join(map(str, thought.llm_ids)), tts_codes=" ".join(map(str, thought.codes)))
         self.records.append(rec)
         return out, rec
 

@@ -187,7 +187,8 @@ class MiniCPMO45Backbone(Backbone):
             unit, hidden = self.protocol.decode(self.turns.decide(self._speech))
             if unit.decision == "listen":
                 self._in_reply = False
-                return Thought("listen", None, 0, text="", turn_end="cut" if unit.cut else "")
+                return Thought("listen", None, 0, text="", turn_end="cut" if unit.cut else "",
+                               llm_ids=tuple(unit.ids))
             self.protocol.speak(unit, hidden)
         codes = unit.codes.view(1, -1)                                  # [1, n] int64 on the device
         parts: List[torch.Tensor] = []
@@ -198,7 +199,8 @@ class MiniCPMO45Backbone(Backbone):
         if unit.end_of_turn:
             self._in_reply = False
         return Thought("speak", torch.cat(parts, dim=1), int(codes.shape[1]), text=self._text(unit.text_ids),
-                       turn_end="end" if unit.end_of_turn else "")
+                       turn_end="end" if unit.end_of_turn else "", llm_ids=tuple(unit.ids),
+                       codes=tuple(int(c) for c in unit.codes.tolist()))
 
     def _silence(self, n: int) -> torch.Tensor:
         return torch.full((1, n), SILENCE, dtype=torch.long, device=self.device)

@@ -41,6 +41,7 @@ class Unit:
     end_of_turn: bool = False
     cut: bool = False                      # a reply still open was closed at the start (barge-in)
     codes: Optional[torch.Tensor] = None   # [n] int64 on the device (speaking units)
+    ids: List[int] = field(default_factory=list)         # every token the unit's slots chose, in order
 
 
 class Protocol:
@@ -135,6 +136,7 @@ class Protocol:
         ender = self.d.tokens.chunk_eos
         for slot in range(self.d.sampling.max_tokens_per_unit - 1):
             tok = self._choose(slot, turn, logits)
+            unit.ids.append(tok)
             unit.llm_steps += 1
             if tok in self.d.tokens.chunk_terminators:
                 ender = tok
