@@ -455,6 +455,9 @@ class SessionController(QObject):
         if pump.playback is not None and self.state == RUNNING:
             if pump.allows(frame_no):
                 ahead = pump.playback.push(audio, frame_no)
+                sink = pump.playback.sink
+                if not getattr(sink, "_primed", True):    # buffering: it starts once the delay is queued
+                    ahead = max(ahead, sink.queue.delay_s)
             else:                                 # made before the engine heard the barge-in: not played
                 self.totals["ducked_s"] += len(audio) / ENGINE_RATE
                 ahead = pump.playback.queued_s()
