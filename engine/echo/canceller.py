@@ -9,7 +9,8 @@ converts float32 to int16 and back, and resamples with soxr where a rate has no 
 11.025 kHz): every rate that is a multiple of 100 Hz (16, 24, 32, 44.1, 48 kHz) goes to the module as it is,
 which avoids soxr's round trip (up to 67 ms at its HQ setting, measured; the module resamples internally).
 A convergence guard (:meth:`EchoCanceller._guard`) covers AEC3's first seconds, when it holds the user's
-voice back or lets echo through (measured; docs/echo.md).
+voice back or lets echo through (measured; docs/echo.md), and a double-talk check (engine/echo/doubletalk.py)
+passes the user at the start of double talk, when AEC3 holds the near end back at any time.
 
 ``near`` returns exactly as many samples as it was given: the output runs one 10 ms frame (less one sample)
 behind the input, whatever the chunk sizes, and the same samples in give the same samples out bit for bit.
@@ -132,7 +133,9 @@ class EchoCanceller:
     of the convergence guard, and ``hint_fraction`` of it goes to AEC3 as its stream delay (0 by default:
     AEC3 estimates the delay itself, which measured best).
     ``suppression_db()``: near-in vs near-out energy over the recent frames while the far end was active.
-    ``enabled`` may change at any time; disabled, ``near`` returns its input as it is.
+    ``enabled`` may change at any time; disabled, ``near`` returns its input as it is. ``double_talk``
+    (True): the guard's double-talk check (:mod:`engine.echo.doubletalk`), which passes the user over the
+    speaker without waiting for AEC3 and gates AEC3's residual echo.
     """
 
     def __init__(self, rate: int, enabled: bool = True, delay_ms: float = 0.0, noise_suppression: bool = True,
