@@ -7,11 +7,17 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
+import torch
 
+from engine import registry
 from engine.audio import write_wav
 from engine.backbones.minicpmo45.dims import preset
 from engine.cli.run import main
+from engine.session.config import SessionConfig
 from engine.session.journal import read_records
+
+from test_minicpmo45_weights import folder  # noqa: F401  (the tiny released-layout folder fixture)
 
 
 def _speech_then_pause(seconds: int = 6) -> np.ndarray:
@@ -56,3 +62,51 @@ def test_journals_without_the_new_fields_still_load(tmp_path):
     p.write_text(json.dumps(line) + "\n")
     (r,) = read_records(p)
     assert r.llm_tokens == "" and r.tts_codes == "" and r.decision == "listen"
+
+
+def _started(folder, **kw):
+    from engine.backbones.base import TokenFormat
+    from engine.backbones.minicpmo45 import MiniCPMO45Backbone
+    b = MiniCPMO45Backbone(TokenFormat(1, 6561, 25.0), size="tiny", device="cpu", checkpoint=str(folder),
+                           turn_policy="model", **kw)
+    b.start()
+    return b
+
+
+def _history(kv, n: int) -> list:
+    """Every layer's keys and values over the first ``n`` positions, of either store kind."""
+    if kv.kind == "demand":
+        return [kv.k_buf[:, :, :n], kv.v_buf[:, :, :n]]
+    return [torch.stack(kv.k)[:, 0, :, :n], torch.stack(kv.v)[:, 0, :, :n]]
+
+
+@pytest.mark.parametrize("mode", ["stock", "graphs"])
+def test_a_folder_session_starts_from_its_system_prompt(folder, mode, one_torch_thread):  # noqa: F811
+    """The prelude (prompt.py) is in the LLM's history before the first second: the default system prompt,
+    or the one given, wrapped as the demo wraps it; the history is exactly those ids fed as two forwards."""
+    from engine.backbones.minicpmo45.kv import make_store
+    from engine.backbones.minicpmo45.prompt import DEFAULT_SYSTEM_PROMPT, prelude
+    mine = "You are a careful listener."
+    for given, text in ((None, DEFAULT_SYSTEM_PROMPT), (mine, mine)):
+        b = _started(folder, demand_sized=mode != "stock", **({} if given is None else {"system_prompt": given}))
+        pre = prelude(b.folder.tokenizer, text)
+        n = len(pre.prefix_ids) + len(pre.suffix_ids)
+        assert pre.prefix_ids and pre.suffix_ids and b.protocol.kv_llm.length == n
+        kv = make_store(False, b.llm_regions[0], b.dims.llm.layers, b.llm_capacity, "cpu", growable=True)
+        with torch.no_grad():
+            b.llm(b.llm.embed(pre.prefix_ids), kv)
+            b.llm(b.llm.embed(pre.suffix_ids), kv)
+        got, want = _history(b.protocol.kv_llm, n), _history(kv, n)
+        assert got[0].shape == want[0].shape and all(torch.equal(x, y) for x, y in zip(got, want))
+        b.close()
+
+
+def test_system_prompt_option_reaches_the_config(tmp_path, capsys):
+    from engine.cli.run import build_parser, make_config
+    a = build_parser().parse_args(["--input", "in.wav", "--output", "o.wav", "--log", "d", "--backbone",
+                                   "minicpm-o-4.5", "--device", "cpu", "--system-prompt", "Be brief."])
+    assert make_config(a).system_prompt == "Be brief."
+    other = next(n for n in registry.backbone_names() if n != "minicpm-o-4.5")
+    tail = registry.get_backbone(other).tails[0] if registry.get_backbone(other).tails else registry.default_tail()
+    with pytest.raises(ValueError, match="system prompt is for the minicpm-o-4.5 backbone"):
+        SessionConfig(backbone=other, tail=tail, device="cpu", system_prompt="x").resolved()

@@ -56,7 +56,9 @@ STOCK_DIFFERENCES = (
     "of our own window; the stock takes 16 kHz, its StreamingMelProcessorExact (1035 ms first chunk, 30 s "
     "sliding buffer) and a max - 8 floor over its whole buffer",
     "encoder output in a session: follows from the features (the encoder itself equals the stock's on them)",
-    "system prompt + reference audio prefill: the stock feeds them in prepare; our backbone does not yet",
+    "reference audio prefill in a session: the stock encodes the whole clip under a chunk mask in prepare; our "
+    "backbone feeds the system prompt's prefix and suffix ids only (the prelude itself equals the stock's when "
+    "handed the stock's reference embeddings)",
     "token2wav chunking: the stock decodes every buffer of >= 8 codes each speaking second (force_flush); "
     "ours waits for 28",
 )
@@ -268,3 +270,40 @@ def test_encoder_output_equals_the_stock_loop_on_its_features(runs, modules, one
             ours = _encode_stock_features(modules.encoder, run["seconds"])
         for s, (a, r) in enumerate(zip(ours, (x["encoder"][0] for x in run["seconds"]))):
             assert torch.equal(a, r), f"seed {seed} second {s}: encoder output {(a - r).abs().max():.3g}"
+
+
+@pytest.mark.parametrize("demand", [False, True], ids=["stock-policy", "optimized"])
+def test_prelude_and_first_second_equal_the_stock_loop(runs, modules, demand, one_torch_thread):
+    """Our prelude (prompt.py: the default system prompt through the folder's tokenizer, fed by
+    Protocol.prepare) is the stock's prepare: the same ids, and with the stock's reference-audio embeddings
+    the same KV history, so the first second's LLM logits (the stock's feeds of that second) are equal."""
+    from engine.backbones.minicpmo45.prompt import DEFAULT_SYSTEM_PROMPT, prelude
+    _, out = runs
+    p = modules.protocol
+    for seed, run in out.items():
+        prep = run["prepare"]
+        assert prep["system_prompt"] == DEFAULT_SYSTEM_PROMPT
+        ours = prelude(modules.folder.tokenizer, DEFAULT_SYSTEM_PROMPT, prep["ref_encoder"][0])
+        assert ours.prefix_ids == prep["prefix_ids"] and ours.suffix_ids == prep["suffix_ids"]
+        feeds = prep["feeds"]
+        assert [f[0] for f in feeds] == [ours.prefix_ids, None, ours.suffix_ids]
+        assert torch.equal(feeds[1][1], ours.reference)
+        saved, p.kv_llm = p.kv_llm, _store(modules.dims.llm, demand)
+        try:
+            with torch.no_grad():
+                p.prepare(ours.prefix_ids, ours.reference, ours.suffix_ids)
+                kv = p.kv_llm
+                n = len(ours.prefix_ids) + ours.reference.shape[0] + len(ours.suffix_ids)
+                assert kv.length == n
+                first = run["seconds"][0]
+                rows = []
+                for ids, emb, want in first["feeds"]:
+                    h = modules.llm(modules.llm.embed(ids) if ids is not None else emb, kv)
+                    if want:
+                        rows.append(modules.llm.logits(h))
+        finally:
+            p.kv_llm = saved
+        ref = first["llm_logits"]
+        assert len(rows) == len(ref) > 0
+        for i, (a, r) in enumerate(zip(rows, ref)):
+            assert torch.equal(a, r), f"seed {seed}: first second's logits row {i}: max |diff| {(a - r).abs().max():.3g}"

@@ -77,7 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--realtime", action="store_true", help="pace the input at one second per second")
     p.add_argument("--seconds", type=seconds, default=None,
                    help="use only the first N seconds of the input (only those are read; at most 24 h)")
-    p.add_argument("--seed", type=seed, default=0, help="seed of the random weights and sampling (0 to 2**63-1)")
+    p.add_argument("--seed", type=seed, default=0,
+                   help="seed of the random weights and sampling (0 to 2**63-1); torch's CPU generator is seeded "
+                        "with it right before the backbone's first second (minicpm-o-4.5: after its prompt prefill, "
+                        "which draws nothing)")
+    p.add_argument("--system-prompt", metavar="TEXT", default=None,
+                   help="minicpm-o-4.5: the session's system prompt, fed before the first second "
+                        "(default: the MiniCPM-o demo's default duplex preset)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--reference-paths", action="store_true",
                    help="keep every decoder on its reference path: no faster path, even where the start-up "
@@ -97,7 +103,7 @@ def make_config(a: argparse.Namespace) -> SessionConfig:
         ckpt, bb_ckpt = None, ckpt
     cfg = SessionConfig(tail=a.model, backbone=a.backbone, size=a.size, device=a.device, checkpoint=ckpt,
                         backbone_checkpoint=bb_ckpt, demand_sized=t.demand_sized, graph_replay=t.graph_replay, seed=a.seed,
-                        voice=getattr(a, "voice", None))
+                        voice=getattr(a, "voice", None), system_prompt=getattr(a, "system_prompt", None))
     return cfg.resolved()
 
 

@@ -46,6 +46,7 @@ class SessionConfig:
     voice: Optional[str] = None     # the tail's voice file; resolved: the one chosen (None: synthetic prompt)
     voice_origin: str = ""          # resolved: "--voice" | "checkpoint default" | "synthetic" ("" without a voice)
     cpu_threads: int = 0            # torch threads on the CPU; 0 = auto: all cores but one (audio, GUI)
+    system_prompt: Optional[str] = None   # minicpm-o-4.5: the session's system prompt (None: the demo's default)
 
     def replace(self, **changes) -> "SessionConfig":
         return dataclasses.replace(self, **changes)
@@ -66,6 +67,9 @@ class SessionConfig:
         if int(self.reply_seconds) < 1:
             raise ValueError(f"reply_seconds must be at least 1, got {self.reply_seconds}")
         registry.get_backbone(self.backbone).check_tail(self.tail)
+        if self.system_prompt is not None and self.backbone != "minicpm-o-4.5":
+            raise ValueError(f"a system prompt is for the minicpm-o-4.5 backbone; the {self.backbone} backbone "
+                             "takes none (drop --system-prompt or use --backbone minicpm-o-4.5)")
         checkpoint = registry.resolve_checkpoint(self.tail, self.checkpoint)   # checked by the decoder
         folder = registry.open_backbone_folder(self.backbone, self.backbone_checkpoint, size)
         if checkpoint is None and folder is not None and folder.tail_checkpoint:

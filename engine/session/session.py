@@ -153,8 +153,9 @@ class DuplexSession:
         ti = self.tail.info
         self.fmt = TokenFormat(ti.codebooks, ti.vocab, ti.token_rate)
         self.to_session_rate = RateConverter(ti.sample_rate, RATE)
+        prompt = {} if c.system_prompt is None else {"system_prompt": c.system_prompt}
         self.backbone = self.parts.make(self.fmt, size=c.size, device=self.device, seed=c.seed,
-                                        checkpoint=c.backbone_checkpoint,
+                                        checkpoint=c.backbone_checkpoint, **prompt,
                                         demand_sized=asked.demand_sized, graph_replay=asked.graph_replay,
                                         reply_seconds=c.reply_seconds, debug=c.debug,
                                         shared=self._backbone_shared)

@@ -9,6 +9,11 @@ last second says ``turn_end="end"`` (the tail decodes what it holds as the turn'
 back to its state after the voice prompt), a reply cut by a barge-in says ``turn_end="cut"`` (the same
 reset; the codes it held are dropped), so each reply's token2wav buffer starts with the 3 silences.
 
+Before the first second a checkpoint folder's session feeds its prelude as the stock's ``prepare`` does
+(prompt.py): the system prompt (``system_prompt``, default the demo's default duplex preset) wrapped around
+the reference audio. The reference audio's embeddings (the stock's whole-clip encoder pass) are not fed
+yet: our encoder has no path for them, so the prelude is the prefix ids and the suffix ids.
+
 Modes (the engine toggles): *stock* (demand_sized off) keeps every history as MiniCPM-o's PyTorch
 runtime does — HF-style caches grown with ``torch.cat``, all eager; *demand* allocates every region
 once at the planner's demand; *graphs* adds exact-shape CUDA graph replay where shapes recur: the
@@ -32,6 +37,7 @@ from .kv import demand_units, kv_regions, make_store, switch_store
 from .layers import pin_attention_kernels, seeded_init
 from .llm import Qwen3
 from .llm_graphs import LayerGraphs, make_layer_graphs
+from .prompt import DEFAULT_SYSTEM_PROMPT, prelude
 from .protocol import Protocol
 from .tts import TTS, DecodeGraphs
 from .turns import make_turns
@@ -52,7 +58,7 @@ class MiniCPMO45Backbone(Backbone):
     def __init__(self, fmt: TokenFormat, *, size: str, device, seed: int = 0, checkpoint: Optional[str] = None,
                  demand_sized: bool = True, graph_replay: bool = True, reply_seconds: int = 4,
                  debug: bool = False, turn_policy: Optional[str] = None, horizon_seconds: int = 60,
-                 shared: Optional[Dict[str, object]] = None):
+                 shared: Optional[Dict[str, object]] = None, system_prompt: Optional[str] = None):
         if fmt.codebooks != 1 or fmt.vocab != 6561:
             raise ValueError("the minicpm-o-4.5 backbone speaks Step-Audio2 tokens: use it with the 'step-audio2' tail")
         self.fmt, self.size, self.seed = fmt, size, int(seed)
@@ -65,6 +71,7 @@ class MiniCPMO45Backbone(Backbone):
         self._pending = PendingToggles(self._toggles)         # applied at the next LISTEN
         self.debug = debug
         self._shared = shared
+        self.system_prompt = DEFAULT_SYSTEM_PROMPT if system_prompt is None else str(system_prompt)
         self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.tts_graphs: Optional[DecodeGraphs] = None
         self._in_reply = False
@@ -110,6 +117,9 @@ class MiniCPMO45Backbone(Backbone):
             self.protocol = Protocol(d, self.llm, self.tts, self.kv_llm, self.kv_tts, self._tts_step, too_long,
                                      self._one_token, self.folder.bad_token_ids if self.folder else ())
             self.protocol.tap = self._tap
+            if tok is not None:                 # the stock's prepare: the system prompt around the reference audio
+                pre = prelude(tok, self.system_prompt)
+                self.protocol.prepare(pre.prefix_ids, pre.reference, pre.suffix_ids)
 
     def _fill_weights(self) -> None:
         if self.folder is None:

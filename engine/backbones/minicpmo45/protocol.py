@@ -93,6 +93,17 @@ class Protocol:
         h = self.feed(emb)
         return h, (self.llm.logits(h) if logits else None)
 
+    def prepare(self, prefix_ids: List[int], reference: Optional[torch.Tensor], suffix_ids: List[int]) -> None:
+        """The session's prelude before its first second, as the stock's ``prepare`` feeds it: the system
+        prompt's prefix ids, the reference audio's embeddings [T, hidden] (when given), the suffix ids; one
+        forward each, no logits, no draws."""
+        for ids in (prefix_ids, None, suffix_ids):
+            if ids is None:
+                if reference is not None:
+                    self.feed(reference.to(self.llm.lm_head.weight.dtype))
+            elif ids:
+                self.feed(self.llm.embed(ids))
+
     def close_unit(self) -> None:
         """The deferred finalize of the previous unit: its terminator (if any) and ``</unit>``."""
         if self.pending_close is not None:
