@@ -27,6 +27,30 @@ def export_target(text: str) -> str:
     return str(Path(text).expanduser()) if text else ""
 
 
+class ExportFolderDialog(QFileDialog):
+    """Qt's folder dialog refuses a folder that does not exist ("Directory not found"); this one creates a
+    typed new folder (its parent must exist) and accepts it."""
+
+    def __init__(self, parent, title: str, start: str = ""):
+        super().__init__(parent, title, start)
+        self.setFileMode(QFileDialog.Directory)
+        self.setOption(QFileDialog.ShowDirsOnly, True)
+        self.setOption(QFileDialog.DontUseNativeDialog, True)   # the native one cannot be taught this
+        self.setLabelText(QFileDialog.Accept, "Export here")
+        self.error = ""
+
+    def accept(self) -> None:
+        files = self.selectedFiles()
+        target = Path(files[0]).expanduser() if files else None
+        if target is not None and not target.exists() and target.parent.is_dir():
+            try:
+                target.mkdir()
+            except OSError as e:
+                self.error = f"cannot create {target}: {e.strerror or e}"
+                return
+        super().accept()
+
+
 class WindowActions:
     """Menus, shortcuts, replay, the push-to-talk key and palette changes for the main window."""
 
@@ -75,14 +99,8 @@ class WindowActions:
         return folders
 
     def choose_export_folder(self, title: str) -> str:
-        """A folder for an export; a typed name of a folder that does not exist yet is accepted (the export
-        creates it). "" when cancelled."""
-        dialog = QFileDialog(self, title, self.settings.export_dir)
-        dialog.setFileMode(QFileDialog.AnyFile)          # AnyFile: a new name may be typed
-        dialog.setOption(QFileDialog.ShowDirsOnly, True)
-        dialog.setOption(QFileDialog.DontUseNativeDialog, True)
-        dialog.setAcceptMode(QFileDialog.AcceptSave)
-        dialog.setLabelText(QFileDialog.Accept, "Export here")
+        """A folder for an export: an existing one, or a typed name of a new one (created). "" when cancelled."""
+        dialog = ExportFolderDialog(self, title, self.settings.export_dir)
         if not dialog.exec():
             return ""
         return export_target(dialog.selectedFiles()[0] if dialog.selectedFiles() else "")

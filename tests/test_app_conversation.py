@@ -316,3 +316,15 @@ def test_the_playback_delay_is_a_buffer():
     q.push(_speech_like(0.6, seed=3))
     sink.play(blk)
     assert q.counts.gap_events == 1 and np.abs(sink.played.read()[-blk:]).max() > 0.01
+
+
+def test_export_dialog_accepts_a_typed_new_folder(qtbot, tmp_path):
+    from app.window_actions import ExportFolderDialog
+    d = ExportFolderDialog(None, "Export the session into…", str(tmp_path))
+    qtbot.addWidget(d)
+    d.show()
+    qtbot.waitExposed(d)
+    d.selectFile(str(tmp_path / "new-export"))
+    d.accept()
+    assert (tmp_path / "new-export").is_dir() and d.result() == 1
+    assert d.selectedFiles()[0] == str(tmp_path / "new-export")
