@@ -31,46 +31,26 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from app.audio_io import ENGINE_RATE, FileInput, InputSource, Playback, SilentInput
 from app.lifecycle import THREAD_FAILURES, new_journal, sessions_root
 from app.monitor import AudioMonitor
+from app.conversation import (DEFAULT_DELAY_S, MAX_INPUT_BACKLOG, ConversationControls,  # noqa: F401
+                              UserControls, controlled_runner)
 from app.pump import FramePump
 from app.transcript import TRANSCRIPT, transcript_text
 from engine.atomic import atomic_write
 from engine.core.toggles import Toggles
 from engine.session import ExportError, LiveError, LiveResult, LiveRunner, SessionConfig
-from engine.session.controls import Controls, ControlledSession
 from engine.session.export import to_csv, to_trace
 from engine.session.journal import (CSV, INPUT_WAV, OUTPUT_WAV, RECORDS, SESSION_FILES, TRACE, SessionJournal,
                                     export_folder)
 from engine.wavio import WavError, read_wav, write_wav
 
 IDLE, STARTING, RUNNING, DRAINING, STOPPING = "idle", "starting", "running", "draining", "stopping"
-#: input seconds that may wait for the engine; a new one beyond this is dropped (counted): no backlog grows
-MAX_INPUT_BACKLOG = 2
-#: the playback delay (buffer) a session starts with, seconds
-DEFAULT_DELAY_S = 0.5
-
-
-def controlled_runner(cfg: SessionConfig) -> LiveRunner:
-    """The app's embedded runner: sessions that follow the user's controls (force-listen)."""
-    return LiveRunner(cfg, session_factory=ControlledSession)
-
-
-class UserControls:
-    """What the user set for the session's audio path and turns (the GUI thread's copy)."""
-
-    def __init__(self) -> None:
-        self.echo = True
-        self.sensitivity = "normal"
-        self.delay_s = DEFAULT_DELAY_S
-        self.force_listen = False
-
-
 def _rows_of(path: Path) -> List[dict]:
     """The records of a JSON Lines file as dicts (the transcript of a finished journal)."""
     import json
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-class SessionController(QObject):
+class SessionController(ConversationControls, QObject):
     """Runs one live session at a time and reports it through signals (GUI thread only)."""
 
     record = Signal(object)          # SecondRecord, one per processed second
@@ -297,54 +277,6 @@ class SessionController(QObject):
             self.event.emit("toggle", f"requested demand_sized={toggles.demand_sized} "
                                       f"graph_replay={toggles.graph_replay} (from the next second)")
 
-    def set_echo(self, on: bool) -> None:
-        self._ask("echo", bool(on), f"echo cancellation {'on' if on else 'off'}")
-
-    def set_sensitivity(self, sensitivity: str) -> None:
-        self._ask("sensitivity", sensitivity, f"interrupt sensitivity {sensitivity}")
-
-    def set_delay(self, delay_s: float) -> None:
-        self._ask("delay_s", float(delay_s), f"playback delay {delay_s:.1f} s")
-
-    def set_force_listen(self, on: bool) -> None:
-        self._ask("force_listen", bool(on), f"force-listen {'on' if on else 'off'}")
-
-    def _ask(self, name: str, value, text: str) -> None:
-        """A control from the GUI: in effect from the next second (before a session: for the next one)."""
-        if self.state not in (STARTING, RUNNING):
-            setattr(self.controls, name, value)
-            return
-        self._asked[name] = value
-        self._requests.append(text)
-        self.event.emit("toggle", f"requested {text} (from the next second)")
-        if name == "force_listen":
-            self._ask_engine_controls(value)
-
-    def _ask_engine_controls(self, force_listen: Optional[bool] = None) -> None:
-        """Hand force-listen to the engine's session (it takes it at its next second)."""
-        on = self.controls.force_listen if force_listen is None else force_listen
-        session = getattr(self.runner, "session", None)
-        if session is not None and hasattr(session, "set_controls"):
-            session.set_controls(Controls(force_listen=on))
-        elif self.runner is not None and self.state == RUNNING:
-            self.event.emit("warning", "force-listen needs the embedded engine; this session's engine "
-                                       "does not take it")
-
-    def _take_asked(self) -> None:
-        """The next second came in: the controls asked for are in effect from it."""
-        asked, self._asked = self._asked, {}
-        for name, value in asked.items():
-            setattr(self.controls, name, value)
-        pump = self.pump
-        if pump is None:
-            return
-        if "echo" in asked:
-            pump.echo_wanted = self.controls.echo
-        if "sensitivity" in asked:
-            pump.set_sensitivity(self.controls.sensitivity)
-        if "delay_s" in asked and pump.playback is not None:
-            pump.playback.sink.queue.set_delay(self.controls.delay_s)
-
     def set_push_to_talk(self, enabled: bool) -> None:
         self._push_to_talk = bool(enabled)
         if self.pump is not None:
@@ -472,48 +404,6 @@ class SessionController(QObject):
             self.fail(f"{e}; the session stopped")
         self.notice.emit(notice)
         self.record.emit(rec)
-
-    def echo_state(self) -> str:
-        """"on", "off" (the user's toggle) or "no speaker" (wanted, but nothing plays: nothing to cancel)."""
-        pump = self.pump
-        if pump is None:
-            return "on" if self.controls.echo else "off"
-        if pump.echo_error:
-            return "unavailable"
-        if not pump.echo_wanted:
-            return "off"
-        return "on" if pump.playback is not None else "no speaker"
-
-    def _fill_audio_path(self, rec) -> None:
-        """The audio path's readouts since the last second go into this second's record."""
-        pump, u = self.pump, self.controls
-        rec.echo_cancellation = bool(pump.canceller is not None and pump.canceller.enabled)
-        rec.barge_in_sensitivity = u.sensitivity
-        rec.requests = "; ".join(self._requests)
-        self._requests = []
-        rec.barge_ins = pump.barge_ins - self._last_barge_ins
-        if rec.barge_ins:
-            rec.barge_in_latency_ms = round(pump.barge_in_ms[-1], 3)
-        self._last_barge_ins = pump.barge_ins
-        if rec.echo_cancellation and pump.far_db > -200:
-            sup = pump.canceller.suppression_db()
-            rec.echo_suppression_db = round(sup, 3) if sup is not None and rec.decision == "speak" else 0.0
-        pb = pump.playback
-        if pb is None:
-            return
-        rec.playback_delay_s = pb.sink.queue.delay_s
-        counts = pb.sink.queue.counts.as_ms(pb.sink.rate)
-        last = self._last_counts or dict.fromkeys(counts, 0.0)
-        rec.playback_gaps = int(counts["gap_events"] - last["gap_events"])
-        rec.playback_gap_ms = round(counts["gap_ms"] - last["gap_ms"], 3)
-        rec.dropped_speech_ms = round(counts["dropped_speech_ms"] - last["dropped_speech_ms"], 3)
-        self._last_counts = counts
-        self.totals["gap_events"] += rec.playback_gaps
-        self.totals["gap_ms"] += rec.playback_gap_ms
-        self.totals["dropped_speech_ms"] += rec.dropped_speech_ms
-        if rec.dropped_speech_ms:
-            self.event.emit("late", f"dropped {rec.dropped_speech_ms:.0f} ms of late speech to keep the delay "
-                                    f"at {pb.sink.queue.delay_s:.1f} s (+1 s at most)")
 
     def _check_devices(self) -> None:
         failure = self.source.check()
