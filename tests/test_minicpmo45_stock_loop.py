@@ -307,3 +307,39 @@ def test_prelude_and_first_second_equal_the_stock_loop(runs, modules, demand, on
         assert len(rows) == len(ref) > 0
         for i, (a, r) in enumerate(zip(rows, ref)):
             assert torch.equal(a, r), f"seed {seed}: first second's logits row {i}: max |diff| {(a - r).abs().max():.3g}"
+
+
+def test_our_session_seeds_and_voices_as_the_stock_does(runs, monkeypatch, one_torch_thread):
+    """``--seed S`` / ``--voice X.npz`` in our session: token2wav's prompt is the npz's (the folder has no ONNX
+    models), the LLM's prelude is built as the stock's, and the generator's state before our first LLM draw
+    is the stock's before its first (seeded S before the prelude, which draws nothing)."""
+    from engine.backbones.minicpmo45 import sampling
+    from engine.session.config import SessionConfig
+    from engine.session.session import DuplexSession
+    folder, out = runs
+    voice = np.load(folder / "voice.npz")
+    for seed, run in out.items():
+        states: List[torch.Tensor] = []
+        real = sampling.TextSampler.__call__
+
+        def spy(self, logits, *a, **kw):
+            states.append(torch.get_rng_state())
+            return real(self, logits, *a, **kw)
+        monkeypatch.setattr(sampling.TextSampler, "__call__", spy)
+        cfg = SessionConfig(backbone="minicpm-o-4.5", backbone_checkpoint=str(folder), device="cpu", size="tiny",
+                            seed=seed, cpu_threads=1, voice=str(folder / "voice.npz"), demand_sized=False,
+                            graph_replay=False).resolved()
+        s = DuplexSession(cfg)
+        s.start()
+        try:
+            assert torch.equal(s.tail.prompt.tokens.view(-1).cpu(), torch.as_tensor(voice["prompt_tokens"]).view(-1))
+            rng = np.random.RandomState(seed)
+            for _ in range(8):
+                if states:
+                    break
+                s.process((rng.randn(24000) * 0.1).astype(np.float32))
+        finally:
+            s.close()
+            monkeypatch.setattr(sampling.TextSampler, "__call__", real)
+        assert states, "our session drew nothing in 8 s"
+        assert torch.equal(states[0], _stock(run, "llm_rng")[0]), f"seed {seed}: first draw's generator state"
