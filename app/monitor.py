@@ -97,15 +97,22 @@ class _Tail:
 
     def add(self, x: np.ndarray, rate: int) -> None:
         y = self._to_spec_rate(x, int(rate))[-len(self.buf):]
-        with self._lock:
-            self.buf = np.roll(self.buf, -len(y))
-            if len(y):
-                self.buf[-len(y):] = y
-            self.total += len(y)
+        n, size = len(y), len(self.buf)
+        with self._lock:                       # a ring: the newest sample ends at ``total % size``
+            start = self.total % size
+            first = min(n, size - start)
+            self.buf[start:start + first] = y[:first]
+            self.buf[:n - first] = y[first:]
+            self.total += n
 
     def copy(self) -> np.ndarray:
+        """The last ``n`` samples in time order (the newest last)."""
         with self._lock:
-            return self.buf.copy()
+            return self._linear()
+
+    def _linear(self) -> np.ndarray:
+        cut = self.total % len(self.buf)
+        return np.concatenate([self.buf[cut:], self.buf[:cut]])
 
 
 def spectrogram(x: np.ndarray, n: int = SPEC_N, hop: int = SPEC_HOP, floor_db: float = -100.0) -> np.ndarray:
@@ -127,7 +134,7 @@ class _Rolling:
 
     def update(self) -> np.ndarray:
         with self.tail._lock:
-            total, buf = self.tail.total, self.tail.buf
+            total, buf = self.tail.total, self.tail._linear()
             hops = min((total - self.done) // SPEC_HOP, len(self.image))
             need = (hops - 1) * SPEC_HOP + SPEC_N if hops > 0 else 0
             end = len(buf) - (total - self.done - hops * SPEC_HOP)

@@ -226,6 +226,8 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         self.toggle_panel.graphs.setChecked(s.graph_replay and self.cuda)
         if s.geometry:
             self.restoreGeometry(s.geometry)
+        # shown before any session when no checkpoint is chosen, so a Start does not move the plots
+        self.synthetic_banner.setVisible(not self.model_panel.checkpoint.path())
 
     def save_settings(self) -> None:
         m, d = self.model_panel, self.device_panel
@@ -357,6 +359,8 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
 
     def on_model_changed(self) -> None:
         """The panel's (asynchronous) check is done: say when a change made during a session applies."""
+        if self.controller.state == ctl.IDLE:
+            self.synthetic_banner.setVisible(not self.model_panel.checkpoint.path())
         if self.controller.state != ctl.IDLE and self.model_panel.config() != self._started_model:
             status = self.model_panel.status
             status.setText(status.text() + " — applies at the next Start; the running session continues")
@@ -460,7 +464,7 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
                                    f"barge-ins {m.get('barge_ins', 0)}")
         self.scope.refresh()
         self._ticks = getattr(self, "_ticks", 0) + 1
-        if self._ticks % 5 == 0:                 # the spectrogram: only its new hops, 5 times a second
+        if self._ticks % 8 == 0:                 # the spectrogram: only its new hops, 3 times a second
             self.spectrogram.refresh()
         if m.get("echo_error") and not getattr(self, "_echo_warned", False):
             self._echo_warned = True
