@@ -389,6 +389,7 @@ class FileInput(_PacedInput):
         self.total = int(total)                   # samples that will be played (only what will be played)
         self._reader = reader
         self._pos = 0
+        self.bad_data = False                     # True once a read failed on the file's own samples
 
     @property
     def finished(self) -> bool:
@@ -404,8 +405,9 @@ class FileInput(_PacedInput):
         if take:
             try:
                 block = self._reader.read(take)
-            except WavError as e:
+            except WavError as e:                   # the file itself is bad there: a scripted run ends on it
                 self.failure, block = str(e), np.zeros((0, 1), dtype=np.float32)
+                self.bad_data = True
                 self.total = self._pos              # the file ends where it went bad
             out[:len(block)] = block.mean(axis=1) if block.shape[1] > 1 else block[:, 0]
         self._pos += n

@@ -407,7 +407,7 @@ class SessionController(ConversationControls, QObject):
 
     def _check_devices(self) -> None:
         failure = self.source.check()
-        if failure and isinstance(self.source, FileInput):
+        if failure and getattr(self.source, "bad_data", False):
             self.fail(f"{failure}; the session stopped there (everything before it is kept)")
             return
         if failure:
