@@ -196,11 +196,11 @@ def test_a_full_disk_says_what_was_kept_and_recover_finishes_it(tmp_path, monkey
     wav = write_wav(tmp_path / "in.wav", 0.1 * np.random.default_rng(1).standard_normal(5 * 24000), 24000)
     real_append, calls = J.SessionJournal.append, []
 
-    def append(self, rec, heard, said):
+    def append(self, rec, heard, said, **kw):
         calls.append(1)
         if len(calls) > 3:
             raise J.ExportError(f"cannot write the session journal in {self.directory}: No space left on device")
-        real_append(self, rec, heard, said)
+        real_append(self, rec, heard, said, **kw)
 
     def finish(self, *a, **k):
         raise J.ExportError(f"cannot finish the session journal in {self.directory}: {os.strerror(errno.ENOSPC)}")
