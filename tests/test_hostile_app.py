@@ -288,3 +288,17 @@ def test_the_readers_worst_cases_stay_bounded():
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         assert peak < 200 * MB, (name, peak / MB)
+
+
+def test_bench_session_reads_only_the_seconds_it_runs_of_a_six_hour_input(tmp_path):
+    """`duplexcadence-bench session --input SIX_HOURS --seconds 1`: the input is read as far as the run needs."""
+    import subprocess
+    wav = _six_hours(tmp_path / "six.wav")
+    cmd = [sys.executable, "-m", "engine.bench.cli", "session", "--input", str(wav), "--seconds", "1",
+           "--size", "tiny", "--device", "cpu", "--modes", "stock", "--no-digests", "--quiet",
+           "--out", str(tmp_path / "out")]
+    with open(tmp_path / "err", "wb") as err:
+        p = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL, stderr=err)
+    _, status, usage = os.wait4(p.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, (tmp_path / "err").read_text()[-2000:]
+    assert usage.ru_maxrss * 1024 < 1500 * MB, f"{usage.ru_maxrss / 1024:.0f} MB"

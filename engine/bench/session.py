@@ -269,7 +269,7 @@ def main(argv=None) -> int:
     try:
         base = SessionConfig(tail=a.tail, backbone=a.backbone, size=a.size, device=a.device, seed=a.seed,
                              checkpoint=a.checkpoint, backbone_checkpoint=a.backbone_checkpoint).resolved()
-        audio = load_mono(a.input) if a.input else speech_like(a.seconds, a.seed)
+        audio = load_mono(a.input, max_seconds=a.seconds) if a.input else speech_like(a.seconds, a.seed)
     except ValueError as e:
         print(f"duplexcadence-bench session: error: {e}", file=sys.stderr)
         return 2
