@@ -78,43 +78,8 @@ def _write_checkpoint(folder, state, old_style_hift=False):
     torch.save(flow, folder / "flow.pt")
     torch.save(hift, folder / "hift.pt")
     e, d = TINY.flow.encoder, TINY.flow.dit
-    (folder / "flow.yaml").write_text(f"""
-llm_input_size: 896
-flow: !new:cosyvoice2.flow.flow.CausalMaskedDiffWithXvec
-    input_size: 512
-    output_size: 80
-    spk_embed_dim: 192
-    output_type: 'mel'
-    vocab_size: 6561
-    encoder: !new:cosyvoice2.transformer.upsample_encoder_v2.UpsampleConformerEncoderV2
-        input_size: 512
-        output_size: 512
-        input_layer: 'linear'
-        pre_lookahead_len: 3
-        num_blocks: {e.num_blocks}
-        num_up_blocks: {e.num_up_blocks}
-        up_stride: 2
-        up_scale_factor: 2
-        attention_heads: 8
-        pos_enc_layer_type: 'rel_pos_espnet'
-        selfattention_layer_type: 'rel_selfattn'
-        key_bias: true
-        linear_units: {e.linear_units}
-        dropout_rate: 0.1
-        positional_dropout_rate: 0.1
-        attention_dropout_rate: 0.1
-        normalize_before: true
-    decoder: !new:cosyvoice2.flow.flow_matching.CausalConditionalCFM
-        inference_cfg_rate: 0.7
-        estimator: !new:cosyvoice2.flow.decoder_dit.DiT
-            in_channels: 320
-            out_channels: 80
-            mlp_ratio: {d.mlp_ratio}
-            depth: {d.depth}
-            num_heads: 8
-            head_dim: 64
-            hidden_size: 512
-""")
+    from minicpmo45_stock_folder import FLOW_YAML          # the released flow.yaml, at tiny dims
+    (folder / "flow.yaml").write_text(FLOW_YAML.format(e=e, d=d))
 
 
 @pytest.mark.parametrize("old_style", [False, True])
