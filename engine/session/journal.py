@@ -27,7 +27,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -51,68 +51,70 @@ SESSION_FILES = (CSV, RECORDS, TRACE, INPUT_WAV, OUTPUT_WAV, SUMMARY, SPEECH)
 _HEADER_BYTES = 44
 
 
-class GrowingNpy:
-    """A 1-D float32 ``.npy`` file that is valid after every :meth:`append` (a fixed 128-byte header whose
-    shape is rewritten each time): what the decoder tail produced, every second concatenated."""
-
-    HEADER = 128
+class _GrowingFile:
+    """An audio file that is valid after every :meth:`append`: the samples go to the end, then the header is
+    rewritten to count them. A kind says how samples are encoded (:meth:`_encode`) and its header."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self.samples = 0
-        self._f = open(self.path, "w+b")
+        self._f = open(self.path, "w+b")          # created with the umask's mode
         self._f.write(self._header())
+
+    def _header(self) -> bytes:
+        raise NotImplementedError
+
+    def _encode(self, samples: np.ndarray) -> Tuple[bytes, int]:
+        raise NotImplementedError
+
+    def append(self, samples: np.ndarray) -> None:
+        """Append samples [T] and make the header count them."""
+        data, n = self._encode(samples)
+        self._f.seek(0, os.SEEK_END)
+        self._f.write(data)
+        self.samples += n
+        self._f.seek(0)
+        self._f.write(self._header())
+        self._f.flush()
+
+    def sync(self) -> None:
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.flush()
+            self._f.close()
+
+
+class GrowingNpy(_GrowingFile):
+    """A 1-D float32 ``.npy`` file (a fixed 128-byte header whose shape is rewritten each time): what the
+    decoder tail produced, every second concatenated."""
+
+    HEADER = 128
 
     def _header(self) -> bytes:
         text = "{'descr': '<f4', 'fortran_order': False, 'shape': (%d,), }" % self.samples
         body = text.ljust(self.HEADER - 10 - 1) + "\n"
         return b"\x93NUMPY\x01\x00" + len(body).to_bytes(2, "little") + body.encode("latin1")
 
-    def append(self, samples: np.ndarray) -> None:
+    def _encode(self, samples: np.ndarray) -> Tuple[bytes, int]:
         data = np.ascontiguousarray(samples, dtype="<f4").reshape(-1)
-        self._f.seek(0, os.SEEK_END)
-        self._f.write(data.tobytes())
-        self.samples += int(data.size)
-        self._f.seek(0)
-        self._f.write(self._header())
-        self._f.flush()
-
-    def sync(self) -> None:
-        os.fsync(self._f.fileno())
-
-    def close(self) -> None:
-        if not self._f.closed:
-            self._f.flush()
-            self._f.close()
+        return data.tobytes(), int(data.size)
 
 
-class GrowingWav:
-    """A 16-bit mono WAV file that is valid after every :meth:`append` (header rewritten each time)."""
+class GrowingWav(_GrowingFile):
+    """A 16-bit mono WAV file (samples clipped to 16 bits)."""
 
     def __init__(self, path: Path, rate: int = RATE):
-        self.path = Path(path)
         self.rate = int(rate)
-        self.samples = 0
-        self._f = open(self.path, "w+b")          # created with the umask's mode
-        self._f.write(_header(self.rate, 0))
+        super().__init__(path)
 
-    def append(self, samples: np.ndarray) -> None:
-        """Append float samples [T] (clipped to 16 bits) and make the header count them."""
+    def _header(self) -> bytes:
+        return _header(self.rate, self.samples * 2)
+
+    def _encode(self, samples: np.ndarray) -> Tuple[bytes, int]:
         pcm = _pcm16(samples)
-        self._f.seek(0, os.SEEK_END)
-        self._f.write(pcm)
-        self.samples += len(pcm) // 2
-        self._f.seek(0)
-        self._f.write(_header(self.rate, self.samples * 2))
-        self._f.flush()
-
-    def sync(self) -> None:
-        os.fsync(self._f.fileno())
-
-    def close(self) -> None:
-        if not self._f.closed:
-            self._f.flush()
-            self._f.close()
+        return pcm, len(pcm) // 2
 
 
 def repair_wav(path: Path, rate: int = RATE, keep_samples: Optional[int] = None) -> int:
