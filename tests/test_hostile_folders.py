@@ -33,7 +33,8 @@ RSS_LIMIT = 500 * MB
 WRAPPER = ("import os, sys, time\nimport numpy, torch\nimport engine.session\n"
            "t0 = time.perf_counter()\nfrom app.main import main\n"
            "try:\n    rc = main(sys.argv[1:])\n"
-           "finally:\n    open(os.environ['DC_ELAPSED'], 'w').write(str(time.perf_counter() - t0))\n"
+           "finally:\n    hwm = next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM'))\n"
+           "    open(os.environ['DC_ELAPSED'], 'w').write(f'{time.perf_counter() - t0} {hwm}')\n"
            "sys.exit(rc)\n")
 DROP_DAC = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
 
@@ -67,9 +68,12 @@ def run_cli(args: List[str], scratch: Path, timeout: float = 120.0, drop_dac: bo
     _, status, usage = os.wait4(p.pid, 0)
     killer.cancel()
     p.returncode = os.waitstatus_to_exitcode(status)
-    work = float(files[2].read_text()) if files[2].exists() else float("inf")
-    return Result(p.returncode, files[0].read_text(errors="replace"), files[1].read_text(errors="replace"), work,
-                  usage.ru_maxrss * 1024)
+    # the child's own peak (VmHWM: this program's memory since exec). ru_maxrss is no measure here: Linux keeps
+    # the largest RSS across exec, so a child forked from a big pytest process reports the parent's size
+    work, hwm_kb = (files[2].read_text().split() + [""])[:2] if files[2].exists() else ("inf", "")
+    peak = int(hwm_kb) * 1024 if hwm_kb else usage.ru_maxrss * 1024
+    return Result(p.returncode, files[0].read_text(errors="replace"), files[1].read_text(errors="replace"),
+                  float(work), peak)
 
 
 def snapshot(*folders: Path) -> Dict[str, tuple]:
