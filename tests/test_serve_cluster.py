@@ -79,7 +79,15 @@ def test_sessions_placed_by_headroom_on_two_nodes(cluster_url):
     assert b.session.records[-1].queue_wait_ms > 0
     time.sleep(2.5)                                          # routing stats travel every 0.5 s
     c = open_session(cluster_url)
-    assert c.session is not None, c.results.get(timeout=5).message
+    if c.session is None:
+        # on a slow, shared CPU (CI's 2 cores running two replicas and this test) even a's replica can measure no
+        # headroom for a second session: then the refusal must say so in words, and there is nothing to place
+        msg = c.results.get(timeout=5).message
+        assert "no headroom" in msg and "on the replica with the most headroom" in msg, msg
+        for r in (a, b):
+            r.stop(timeout=30.0)
+            assert r.lost is None and not r.running
+        return
     assert c.session.replica == a.session.replica                            # most headroom
     # a's replica is at its limit (2): d is placed on b's, which admits it if its measured headroom
     # allows one more session (on a slow machine it may not: then it says so, and a's never saw d)
