@@ -184,3 +184,21 @@ def test_double_talk_check_passes_the_user_over_a_loud_echo():
     assert aec._predictor.lag is not None and abs(aec._predictor.lag - 21) <= 2, aec._predictor.lag
     echo_only = out[int(4.5 * RATE):a]                                      # converged, no user: all removed
     assert level_db(echo_only) < level_db(near[int(4.5 * RATE):a]) - 20.0
+
+
+def test_a_native_library_that_fails_to_load_is_one_clear_echo_unavailable(monkeypatch):
+    """A bundle or install whose livekit cannot load its native library (not an ImportError: livekit raises its
+    own) makes echo cancellation unavailable with one line, which the app turns into 'echo off', never a crash."""
+    import sys
+    import types
+    from engine.echo import EchoUnavailable
+    from engine.echo.canceller import LivekitProcessor
+
+    def broken(name):
+        raise RuntimeError("failed to load liblivekit_ffi.so: No module named 'livekit.rtc.resources'")
+    fake = types.ModuleType("livekit")
+    fake.__getattr__ = broken
+    monkeypatch.setitem(sys.modules, "livekit", fake)
+    monkeypatch.delitem(sys.modules, "livekit.rtc", raising=False)
+    with pytest.raises(EchoUnavailable, match="liblivekit_ffi"):
+        LivekitProcessor(24000)

@@ -77,9 +77,9 @@ class LivekitProcessor:
     name = "livekit.rtc.AudioProcessingModule (WebRTC AEC3 + NS + HPF)"
 
     def __init__(self, rate: int, noise_suppression: bool = True):
-        try:
+        try:                                   # the package, or its native library (a bundle without it), may fail
             from livekit import rtc
-        except ImportError as e:
+        except Exception as e:
             raise EchoUnavailable(f"echo cancellation needs the livekit package ({e}); install it with "
                                   f"pip install 'livekit>=1.0,<2', or turn echo cancellation off") from None
         self._rtc = rtc
