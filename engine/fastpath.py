@@ -39,6 +39,9 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Uni
 
 import torch
 
+from engine.core.gate import GATE
+from engine.core.graphs import GraphRuntime
+
 #: "1" (or "yes"/"true"): every decoder stays on its reference path
 ENV_FORCE = "DUPLEXCADENCE_REFERENCE_PATHS"
 #: "1": keep verdicts on disk in the user's cache folder; a path: keep them in that file
@@ -284,18 +287,15 @@ def replayed(fn: Callable[[], Outputs], device: Union[str, torch.device],
     it starts from what the eager run started from. ``fn`` must make no host-to-device copies."""
     dev = torch.device(device)
     saved = [t.clone() for t in restore]
-    side = torch.cuda.Stream(dev)
-    side.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream(dev).wait_stream(side)
-    torch.cuda.synchronize(dev)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
-        out = fn()
+    rt = GraphRuntime(dev, "self-check")
+    with GATE.exclusive():
+        with rt.side():
+            fn()
+        torch.cuda.synchronize(dev)
+        graph, out = rt.capture(fn, pool=False)
     for t, s in zip(restore, saved):
         t.copy_(s)
-    graph.replay()
+    rt.replay(graph)
     torch.cuda.synchronize(dev)
     got = _cloned(out)
     del graph

@@ -269,7 +269,7 @@ def test_batched_listen_is_checked_at_each_group_size(monkeypatch):
         def step_plans(self):
             return ["plan"]
 
-        def capture(self, stream):
+        def capture(self):
             pass
     monkeypatch.setattr(G, "SlotStepper", Stepper)
     monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: None)

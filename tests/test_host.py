@@ -17,7 +17,7 @@ from engine.audio import frames_of
 from engine.bench.session import speech_like
 from engine.host import EngineHost, HostFull, LoadMeter
 from engine.host.admission import memory_refusal, union_ms
-from engine.host.gate import Gate
+from engine.core.gate import Gate
 from engine.session import DuplexSession, LiveError, SessionConfig
 
 SECONDS = 5

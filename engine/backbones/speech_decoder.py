@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.core.graphs import example_randn
 from engine.core import Clock, Region, Ring, SessionSpec, StateView, StepPlan, StreamingModel
 
 
@@ -140,7 +141,7 @@ class SpeechDecoder(StreamingModel):
         return SessionSpec(steps=None, label="speech decoder")
 
     def example_inputs(self, plan: StepPlan, device) -> Dict[str, torch.Tensor]:
-        return {"x": torch.randn(1, 1, self.args.dim, device=device)}
+        return {"x": example_randn((1, 1, self.args.dim), device)}
 
     def step(self, state: StateView, inputs: Dict[str, torch.Tensor], plan: StepPlan) -> Dict[str, torch.Tensor]:
         a = self.args

@@ -24,6 +24,7 @@ import torch
 from .arena import ArenaBase, DemandArena, make_arena
 from .model import StateView, StreamingModel
 from .planner import Plan, ShapeSignature, StepPlan
+from .graphs import GraphRuntime
 from .toggles import Toggles, graphs_can_run
 
 log = logging.getLogger("engine.executor")
@@ -71,8 +72,7 @@ class Executor:
         self.arena: ArenaBase = make_arena("demand" if demand_sized else "stock", plan, self.device)
         self.state = StateView(self.arena)
         self.graphs: Dict[ShapeSignature, GraphEntry] = {}
-        self._pool = None
-        self._stream = None
+        self.runtime = GraphRuntime(self.device, "executor")     # stream, pool, captures through the gate
 
     # -- toggles -------------------------------------------------------------------------------------
     def set_toggles(self, toggles: Toggles) -> None:
@@ -196,37 +196,26 @@ class Executor:
     def _drop_graphs(self) -> None:
         """Forget every graph and its memory pool (a pool is never reused once its graphs are gone)."""
         self.graphs.clear()
-        self._pool = None
-
-    def _capture_stream(self):
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(self.device)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        return self._stream
+        self.runtime.drop_pool()
 
     def _warm(self, sp: StepPlan, inputs):
-        s = self._capture_stream()
-        s.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(s):
+        with self.runtime.side():
             self.arena.begin(sp)
             self.model.step(self.state, inputs, sp)
             self.arena.commit_device(sp)
-        torch.cuda.current_stream(self.device).wait_stream(s)
 
     def _capture(self, sp: StepPlan, inputs):
         assert isinstance(self.arena, DemandArena), "graphs need the demand arena"
         static_in = {k: v.detach().clone() for k, v in inputs.items()}
         self.arena.prepare(sp)
-        s = self._capture_stream()
-        s.wait_stream(torch.cuda.current_stream(self.device))
-        graph = torch.cuda.CUDAGraph()
         self.arena.begin(sp)
         addresses = self._addresses()
-        with torch.cuda.graph(graph, pool=self._pool, stream=s):
-            static_out = self.model.step(self.state, static_in, sp)
+
+        def body():
+            out = self.model.step(self.state, static_in, sp)
             self.arena.commit_device(sp)
-        torch.cuda.current_stream(self.device).wait_stream(s)
+            return out
+        graph, static_out = self.runtime.capture(body)
         self.graphs[sp.signature] = GraphEntry(sp.signature, graph, static_in, static_out, addresses)
         self.stats.captures += 1
 
@@ -243,7 +232,7 @@ class Executor:
             if now != entry.addresses:
                 bad = [n for n in now if now[n] != entry.addresses.get(n)]
                 raise RuntimeError(f"state moved since capture (regions {bad}); graphs need stable addresses")
-        entry.graph.replay()
+        self.runtime.replay(entry.graph)
         self.arena.commit_host(sp)
         entry.replays += 1
         self.stats.replayed_steps += 1

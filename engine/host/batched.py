@@ -27,6 +27,8 @@ import torch.nn.functional as F
 from engine import fastpath
 from engine.backbones.speech_decoder import SpeechDecoder, rotate
 from engine.core import Executor, StepPlan
+from engine.core.gate import GATE
+from engine.core.graphs import GraphRuntime
 
 from .rng import SessionRng
 
@@ -121,7 +123,7 @@ class SlotStepper:
         self.device = torch.device(device)
         self.uniform = uniform_from(self.rngs, self.device)
         self.slot_graph: Optional[SlotGraph] = None
-        self._pool = None
+        self.runtime = GraphRuntime(self.device, "batched listen")
 
     def step_plans(self) -> Optional[List[StepPlan]]:
         """Each slot's plan for its next step, or None when they do not share one signature."""
@@ -141,29 +143,24 @@ class SlotStepper:
         return out
 
     @torch.no_grad()
-    def capture(self, stream: "torch.cuda.Stream") -> None:
+    def capture(self) -> None:
         """Capture the group's step (over live state: warm-up runs on it, then it is restored)."""
         plans = self._plans()
         S, dim = len(self.executors), self.model.args.dim
         static_x = torch.zeros(S, 1, dim, device=self.device)
         snaps = [ex.arena.snapshot() for ex in self.executors]
         rng = [r.generator.get_state() for r in self.rngs]
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):                    # warm-up: cuBLAS workspaces, lazy inits
-            self._run(plans, static_x, commit_host=False)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)
-        for ex, snap in zip(self.executors, snaps):
-            ex.arena.restore(snap)
-        for r, st in zip(self.rngs, rng):
-            r.generator.set_state(st)
-        graph = torch.cuda.CUDAGraph()
-        for r in self.rngs:
-            graph.register_generator_state(r.generator)
-        self._pool = self._pool or torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool, stream=stream):
-            static_out = self._run(plans, static_x, commit_host=False)
-        torch.cuda.synchronize(self.device)
+        with GATE.exclusive():
+            with self.runtime.side():                      # warm-up: cuBLAS workspaces, lazy inits
+                self._run(plans, static_x, commit_host=False)
+            torch.cuda.synchronize(self.device)
+            for ex, snap in zip(self.executors, snaps):
+                ex.arena.restore(snap)
+            for r, st in zip(self.rngs, rng):
+                r.generator.set_state(st)
+            graph, static_out = self.runtime.capture(lambda: self._run(plans, static_x, commit_host=False),
+                                                     generators=[r.generator for r in self.rngs])
+            torch.cuda.synchronize(self.device)
         self.slot_graph = SlotGraph(graph, static_x, static_out, plans[0].signature,
                                     tuple(id(e) for e in self.executors))
 
@@ -192,7 +189,7 @@ class SlotStepper:
         g.static_x.copy_(x, non_blocking=True)
         for ex, sp in zip(self.executors, plans):
             ex.arena.begin(sp)
-        g.graph.replay()
+        self.runtime.replay(g.graph)
         for ex, sp in zip(self.executors, plans):
             ex.arena.commit_host(sp)
             ex.k += 1
@@ -268,7 +265,7 @@ def check_gemm(model: SpeechDecoder, device, gemm: str, slots: int, steps: int, 
     bexs, brngs = streams()
     stepper = SlotStepper(model, bexs, brngs, device, gemm)
     if device.type == "cuda":
-        stepper.capture(torch.cuda.Stream(device))
+        stepper.capture()
     for t in range(steps):
         x = xs[slots + t]                                                      # [S, 1, dim]
         tok, nxt = stepper.replay(x) if device.type == "cuda" else stepper.eager(x)

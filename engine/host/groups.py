@@ -130,7 +130,7 @@ class ListenBatcher:
         stepper = SlotStepper(group.model, exs, rngs, self.host.device, gemm)
         if stepper.step_plans() is None:
             return "the members' next steps differ in shape: they step alone"
-        stepper.capture(torch.cuda.Stream(self.host.device))
+        stepper.capture()
         group.stepper = stepper
         return why
 

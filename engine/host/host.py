@@ -25,7 +25,7 @@ import torch
 from engine.session import SessionConfig
 
 from .admission import HostFull, LoadMeter, memory_refusal
-from .gate import Gate
+from engine.core.gate import GATE
 from .groups import ListenBatcher
 from .runner import Dispatcher, HostedRunner
 from .session import HostedSession
@@ -49,7 +49,7 @@ class EngineHost:
         self.max_sessions = None if max_sessions is None else int(max_sessions)
         self.min_seconds = int(min_seconds)
         self.weights = WeightsCache()
-        self.gate = Gate()
+        self.gate = GATE                            # the process's one gate (engine.core.gate)
         self.meter = LoadMeter(window_s=window_s, reserve_ms=reserve_ms, min_seconds=min_seconds)
         self._lock = threading.Lock()
         self._admitting = threading.Lock()

@@ -13,7 +13,7 @@ depend on the others. :class:`SessionRng` gives each session its own state inste
   other streams (each state also has its own seed/offset tensors for the graph, so nothing races).
 * CPU: the default CPU generator's state, saved after and restored before each of the session's
   exclusive sections (eager draws cannot run concurrently with another session's: the host runs
-  every eager second exclusively, see :mod:`engine.host.gate`).
+  every eager second exclusively, see :mod:`engine.core.gate`).
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ class SessionRng:
         self._cpu: torch.Tensor = torch.get_rng_state()
         self._gen: Optional[torch.Generator] = None
         self._state: Optional[torch.Generator] = None
+        self._depth = 0
         if self.device.type == "cuda":
             self._gen = _default_cuda_generator(self.device)
             self._state = self._gen.clone_state()      # a new state object, registered by this session's graphs
@@ -48,7 +49,24 @@ class SessionRng:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        """Make this session's state the default generators' for the duration of the block."""
+        """Make this session's state the default generators' for the duration of the block (re-entrant:
+        inside an installed block, e.g. a capture during the session's own exclusive second, nothing changes)."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        self._depth = 1
+        try:
+            with self._swapped():
+                yield
+        finally:
+            self._depth = 0
+
+    @contextlib.contextmanager
+    def _swapped(self) -> Iterator[None]:
         outer_cpu = torch.get_rng_state()
         torch.set_rng_state(self._cpu)
         outer = None

@@ -9,7 +9,7 @@ a session can run a hosted one. What it adds:
   :class:`~engine.host.weights.WeightsCache`; it measures what the session added to the device.
 * ``process`` runs the second *shared* (concurrently with other sessions, on the session's own
   stream) when every step of it replays a graph, else *exclusive* with its RNG state installed
-  (see :mod:`engine.host.gate`). The time spent waiting at the gate counts against the second's
+  (see :mod:`engine.core.gate`). The time spent waiting at the gate counts against the second's
   own deadline, like any queueing.
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
+from engine.core import graphs
 from engine.core.toggles import PendingToggles, Toggles
 from engine.session import DuplexSession, SessionConfig
 from engine.session.records import SecondRecord
@@ -79,7 +80,8 @@ class HostedSession:
         """Build the models (serially, exclusively), sharing cached weights; measure the memory added."""
         cache, c = self.host.weights, self.cfg
         # the build stalls every other session: their seconds meanwhile are not the load (meter.pause)
-        with self.host.meter.pause(), self.host.gate.exclusive(), self.rng.installed():
+        with self.host.meter.pause(), self.host.gate.exclusive(), self.rng.installed(), \
+                graphs.working_for(self.rng):
             alloc0, res0 = _device_bytes(self.device)
             keys = (WeightsKey.tail(c), WeightsKey.backbone(c))
             found = [cache.get(k) for k in keys]
@@ -113,7 +115,7 @@ class HostedSession:
 
     # -- one second ------------------------------------------------------------------------------
     def exclusive_needed(self, toggles_change: bool = False) -> bool:
-        """Whether this second must run with nothing else in flight (see :mod:`engine.host.gate`)."""
+        """Whether this second must run with nothing else in flight (see :mod:`engine.core.gate`)."""
         if self.device.type != "cuda" or toggles_change:
             return True
         s = self.session
@@ -134,7 +136,7 @@ class HostedSession:
             stream = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
             self.in_shared_second = not exclusive
             regroup = pending is not None and self.host.batcher is not None
-            with rng, stream:
+            with rng, stream, graphs.working_for(self.rng):
                 if regroup:                          # a migration would move the state its group's graph reads
                     self.host.batcher.leave(self)
                 if pending is not None:

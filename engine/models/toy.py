@@ -15,6 +15,7 @@ from typing import Dict, List
 import torch
 from torch import nn
 
+from engine.core.graphs import example_randn
 from engine.core import (Clock, Fixed, PrefixWindow, Region, Ring, SessionSpec, StateView, StepPlan,
                          StreamingModel, make_plan)
 from engine.registry import ModelEntry, register
@@ -59,7 +60,7 @@ class ToyStreamer(StreamingModel):
 
     def example_inputs(self, plan: StepPlan, device) -> Dict[str, torch.Tensor]:
         n = plan.advances[self.clock.name]
-        return {"x": torch.randn(1, self.c, n, device=device)}
+        return {"x": example_randn((1, self.c, n), device)}
 
     def step(self, state: StateView, inputs: Dict[str, torch.Tensor], plan: StepPlan) -> Dict[str, torch.Tensor]:
         x = inputs["x"]                                           # [1, C, n]

@@ -20,6 +20,9 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from engine.core.gate import GATE
+from engine.core.graphs import GraphRuntime
+
 from .kv import DemandKV
 from .layers import apply_rope, explicit_attention, rope_tables
 from .llm import Qwen3
@@ -43,6 +46,7 @@ class LayerGraphs:
         self.outs: List[Tuple[torch.Tensor, ...]] = []
         self.buffers = (kv.k_buf.data_ptr(), kv.v_buf.data_ptr())
         self.replays = 0
+        self.runtime = GraphRuntime(self.device, "layer graphs")
         if capture:
             self._capture()
 
@@ -97,21 +101,19 @@ class LayerGraphs:
 
     # -- capture and run ------------------------------------------------------------------------------
     def _capture(self) -> None:
+        """Warm every segment up for real on the runtime's side stream, then capture each (one gate
+        hold for all of them: a capture that has to upgrade a shared second does so once)."""
         self.pos.fill_(self.kv.length)          # warm-up writes land where the next real token will
-        stream = torch.cuda.Stream(self.device)
-        pool = torch.cuda.graph_pool_handle()
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for s in range(self.llm.d.layers + 1):               # warm-up, for real, segment by segment
-                self.outs.append(tuple(t.clone() for t in self._segment(s)))
+        rt = self.runtime
+        with GATE.exclusive():
+            with rt.side():
+                for s in range(self.llm.d.layers + 1):           # warm-up, for real, segment by segment
+                    self.outs.append(tuple(t.clone() for t in self._segment(s)))
             self.outs = [tuple(o) for o in self.outs]
             for s in range(self.llm.d.layers + 1):
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool, stream=stream):
-                    out = self._segment(s)
+                g, out = rt.capture(lambda: self._segment(s))
                 self.graphs.append(g)
                 self.outs[s] = out
-        torch.cuda.current_stream(self.device).wait_stream(stream)
 
     def valid_for(self, kv) -> bool:
         """Whether these graphs write into ``kv``'s current buffers (a grown store needs new graphs)."""
@@ -128,7 +130,7 @@ class LayerGraphs:
         layers = self.llm.d.layers
         for s in range(layers + 1):
             if self.graphs:
-                self.graphs[s].replay()
+                self.runtime.replay(self.graphs[s])
             else:
                 self.outs = self.outs[:s] + [self._segment(s)] if s else [self._segment(0)]
             if s < layers:

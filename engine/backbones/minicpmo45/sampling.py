@@ -18,7 +18,8 @@ as the stock holds it); after the first step each code's logit is scaled by ``pe
 occurrences among this chunk's last 16 codes (a negative logit multiplied, any other divided); EOS at -inf
 while fewer than the minimum codes are out; one draw.
 
-Every draw is ``torch.multinomial`` on the device's default generator, in the stock's order, so a session
+Every draw is ``torch.multinomial`` on the device's default generator (a hosted CUDA session's own state:
+:func:`engine.core.graphs.session_generator`), in the stock's order, so a session
 seeded before its first step repeats the stock's tokens bit for bit.
 """
 from __future__ import annotations
@@ -27,6 +28,8 @@ from typing import Dict, List, Sequence
 
 import torch
 import torch.nn.functional as F
+
+from engine.core.graphs import session_generator
 
 from .dims import Sampling, SpecialTokens
 
@@ -64,12 +67,13 @@ class TextSampler:
         self.history: List[int] = []
 
     def __call__(self, logits: torch.Tensor) -> int:
-        decision = int(torch.multinomial(F.softmax(logits[0], dim=-1), 1).item())
+        gen = session_generator(logits.device)
+        decision = int(torch.multinomial(F.softmax(logits[0], dim=-1), 1, generator=gen).item())
         if decision == self.t.chunk_eos:
             return decision
         x = self._penalised(logits.clone())
         x = top_k_top_p(x / self.s.temperature, self.s.top_k, self.s.top_p)
-        tok = int(torch.multinomial(F.softmax(x, dim=-1), 1).item())
+        tok = int(torch.multinomial(F.softmax(x, dim=-1), 1, generator=gen).item())
         self.history.append(tok)
         return tok
 
@@ -110,4 +114,4 @@ def code_logits(logits: torch.Tensor, codes: torch.Tensor, t: int, s: Sampling, 
 
 def draw(logits: torch.Tensor) -> torch.Tensor:
     """One draw from softmax(logits) [1, C] -> [1] int64 on the device (no host sync)."""
-    return torch.multinomial(F.softmax(logits, dim=-1), 1).view(1)
+    return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=session_generator(logits.device)).view(1)

@@ -21,6 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.core.gate import GATE
+from engine.core.graphs import GraphRuntime
+
 from .dims import LLMDims, TTSDims
 from .kv import DemandKV, KVStore
 from .layers import DecoderLayer, Projector, RMSNorm, run_stack
@@ -86,44 +89,32 @@ class DecodeGraphs:
         # a history carried over cuts runs past them once, eagerly (None: capture every length)
         self.recurring = recurring
         self.graphs: Dict[int, tuple] = {}
-        self.pool = None
-        self.stream: Optional[torch.cuda.Stream] = None
+        self.runtime = GraphRuntime(device, "tts decode")     # one pool for the per-length graphs
         self.captures = 0
         self.replays = 0
         self.grown: Optional[int] = None      # the store's growth count the graphs were captured at
         self.layered: Optional[LayerGraphs] = None   # past the room: graphs between attention calls
-
-    def _side(self):
-        if self.stream is None:
-            self.stream = torch.cuda.Stream(self.device)
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
-        return self.stream
 
     def _follow(self, kv) -> None:
         """Drop every graph when the store moved to new storage since they were captured."""
         grown = getattr(kv, "grown", 0)
         if self.grown != grown:
             self.graphs.clear()
-            self.pool = None
+            self.runtime.drop_pool()
             self.grown = grown
 
     def capture(self, kv, length: int, warm: bool) -> None:
         """Capture the step that makes the KV hold ``length`` positions (KV at ``length - 1`` now)."""
         saved = kv.length
         code = torch.zeros(1, dtype=torch.long, device=self.device)
-        s = self._side()
-        s.wait_stream(torch.cuda.current_stream(self.device))
         try:
-            with torch.cuda.stream(s):
+            with GATE.exclusive():                            # warm-up and capture in one hold
                 if warm:                                      # run once for real on the side stream
-                    kv.length = length - 1
-                    self.tts.step_code(code, kv)
+                    with self.runtime.side():
+                        kv.length = length - 1
+                        self.tts.step_code(code, kv)
                 kv.length = length - 1
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=self.pool, stream=s):
-                    out = self.tts.step_code(code, kv)
-            torch.cuda.current_stream(self.device).wait_stream(s)
+                g, out = self.runtime.capture(lambda: self.tts.step_code(code, kv))
         finally:
             kv.length = saved
         self.graphs[length] = (g, code, out)
@@ -172,7 +163,7 @@ class DecodeGraphs:
             return logits
         g, static_code, out = entry
         static_code.copy_(code)
-        g.replay()
+        self.runtime.replay(g)
         kv.commit(1)
         self.replays += 1
         return out.clone()

@@ -25,6 +25,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 from torch import nn
 
+from engine.core.graphs import example_randint
 from engine.core import Clock, Fixed, Region, SessionSpec, StateView, StepPlan, StreamingModel, prefixed
 
 from . import weights as W
@@ -141,7 +142,7 @@ class MimiDecoder(StreamingModel):
 
     def example_inputs(self, plan: StepPlan, device, num_codebooks: int = 8) -> Dict[str, torch.Tensor]:
         n = plan.advances["frames"]
-        return {"codes": torch.randint(0, self.cfg.bins, (num_codebooks, n), device=device)}
+        return {"codes": example_randint(self.cfg.bins, (num_codebooks, n), device)}
 
     def step(self, state: StateView, inputs: Dict[str, torch.Tensor], plan: StepPlan) -> Dict[str, torch.Tensor]:
         return {"audio": self.decode_frames(state, inputs["codes"])}

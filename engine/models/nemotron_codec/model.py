@@ -21,6 +21,7 @@ from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple, Union
 import torch
 from torch import nn
 
+from engine.core.graphs import example_randint
 from engine.core import Clock, Region, SessionSpec, StateView, StepPlan, StreamingModel, prefixed
 
 from .blocks import BATCHABLE, CausalConvNeXt, StreamingISTFT, per_frame
@@ -89,7 +90,7 @@ class NemotronCodecDecoder(StreamingModel):
 
     def example_inputs(self, plan: StepPlan, device) -> Dict[str, torch.Tensor]:
         n = self.frames_in(plan)
-        return {"codes": torch.randint(0, self.cfg.codebook_size, (self.cfg.num_quantizers, n), device=device)}
+        return {"codes": example_randint(self.cfg.codebook_size, (self.cfg.num_quantizers, n), device)}
 
     def step(self, state: StateView, inputs: Dict[str, torch.Tensor], plan: StepPlan) -> Dict[str, torch.Tensor]:
         return {"audio": self.decode(state, inputs["codes"])}

@@ -31,6 +31,7 @@ from typing import Dict, List, Optional
 import torch
 from torch import nn
 
+from engine.core.graphs import example_randint
 from engine.core import (STILL, Clock, Fixed, PrefixWindow, Region, SessionSpec, StateView, Static, StepPlan,
                          StreamingModel, prefixed)
 
@@ -138,7 +139,7 @@ class StepAudio2Token2Wav(StreamingModel):
     # -- one chunk -------------------------------------------------------------------------------------
     def example_inputs(self, plan: StepPlan, device) -> Dict[str, torch.Tensor]:
         n = self.chunk_tokens(plan)
-        return {"tokens": torch.randint(0, self.cfg.flow.vocab_size, (1, n), device=device)}
+        return {"tokens": example_randint(self.cfg.flow.vocab_size, (1, n), device)}
 
     def chunk_tokens(self, plan: StepPlan) -> int:
         """Tokens the step consumes: 25 + 3 lookahead, or all remaining on the last chunk."""

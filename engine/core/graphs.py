@@ -1,0 +1,149 @@
+"""The one graph runtime: every CUDA graph in the process is captured here, through the one gate.
+
+Whoever captures — the executor (one graph per shape signature), a backbone (the LLM's layer graphs,
+the TTS's per-length decode graphs), the host (a group's batched LISTEN) or a fast-path self-check —
+owns a :class:`GraphRuntime`: one side stream, one memory pool (dropped with its graphs, never reused),
+and counters. :meth:`GraphRuntime.capture` is the only capture call, and it
+
+* holds the process's gate (:data:`engine.core.gate.GATE`) exclusively for the capture, so nothing
+  else in the process launches CUDA work or draws from a CUDA generator while a capture is open; a
+  thread inside a shared section (a second that began replaying and then meets a new shape) is
+  upgraded: its shared hold is given back while it captures, then taken again;
+* captures in ``"thread_local"`` mode, so a CUDA call by a thread outside the gate (the app's audio
+  thread, a profiler) cannot invalidate it;
+* installs the random-number state of the session the thread is working for (:func:`working_for`),
+  so the graph registers that session's generator state, not whatever another session left installed;
+  eager draws in a session's concurrent second take :func:`session_generator`.
+
+Replays are counted (:func:`launches`), so a second's graph launches can be reported next to its wall
+time without a profiler.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Callable, ContextManager, Iterator, Optional, Sequence, Tuple, TypeVar
+
+import torch
+
+from .gate import GATE
+
+T = TypeVar("T")
+CAPTURE_MODE = "thread_local"
+
+_local = threading.local()
+_count_lock = threading.Lock()
+_counts = {"captures": 0, "replays": 0}
+
+
+@contextlib.contextmanager
+def working_for(rng) -> Iterator[None]:
+    """While the block runs, this thread works for the session whose random state is ``rng`` (an object
+    with ``installed()`` and ``generator``, e.g. the host's ``SessionRng``): captures install it, and
+    eager draws take :func:`session_generator` from it. ``None``: no session (the defaults)."""
+    outer = getattr(_local, "rng", None)
+    _local.rng = rng
+    try:
+        yield
+    finally:
+        _local.rng = outer
+
+
+def _installed() -> ContextManager:
+    rng = getattr(_local, "rng", None)
+    return rng.installed() if rng is not None else contextlib.nullcontext()
+
+
+def session_generator(device) -> Optional["torch.Generator"]:
+    """The generator an eager draw on ``device`` takes: the hosted session's own CUDA state, when this
+    thread works for one on CUDA (its seconds run concurrently with others', so the default generator
+    is not its own); else None, the device's default generator, which a lone session seeds."""
+    rng = getattr(_local, "rng", None)
+    if rng is None or torch.device(device).type != "cuda":
+        return None
+    return rng.generator
+
+
+def launches() -> Tuple[int, int]:
+    """(captures, replays) of every runtime in the process so far."""
+    with _count_lock:
+        return _counts["captures"], _counts["replays"]
+
+
+def _bump(key: str, n: int = 1) -> None:
+    with _count_lock:
+        _counts[key] += n
+
+
+class GraphRuntime:
+    """One owner's graphs: its side stream, its pool, its counters; captures pass the gate."""
+
+    def __init__(self, device, name: str = ""):
+        self.device = torch.device(device)
+        self.name = name
+        self._stream: Optional[torch.cuda.Stream] = None
+        self._pool = None
+        self.captures = 0
+        self.replays = 0
+
+    @property
+    def stream(self) -> "torch.cuda.Stream":
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        return self._stream
+
+    @property
+    def pool(self):
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return self._pool
+
+    def drop_pool(self) -> None:
+        """Forget the pool (its graphs are gone): the next capture starts a new one."""
+        self._pool = None
+
+    @contextlib.contextmanager
+    def side(self) -> Iterator["torch.cuda.Stream"]:
+        """Eager work (warm-ups) on the side stream, ordered after and before the current stream."""
+        s, cur = self.stream, torch.cuda.current_stream(self.device)
+        s.wait_stream(cur)
+        with torch.cuda.stream(s):
+            yield s
+        torch.cuda.current_stream(self.device).wait_stream(s)
+
+    def capture(self, fn: Callable[[], T], generators: Sequence["torch.Generator"] = (),
+                pool: bool = True) -> Tuple["torch.cuda.CUDAGraph", T]:
+        """``fn`` captured into a new graph on the side stream, under the gate; (graph, fn's outputs).
+
+        ``generators``: extra generator states the graph registers (besides the default one, installed
+        for the session this thread works for); ``pool=False``: the graph gets its own private pool."""
+        with GATE.exclusive(), _installed():
+            graph = torch.cuda.CUDAGraph()
+            for g in generators:
+                graph.register_generator_state(g)
+            s = self.stream
+            s.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.graph(graph, pool=self.pool if pool else None, stream=s,
+                                  capture_error_mode=CAPTURE_MODE):
+                out = fn()
+            torch.cuda.current_stream(self.device).wait_stream(s)
+        self.captures += 1
+        _bump("captures")
+        return graph, out
+
+    def replay(self, graph: "torch.cuda.CUDAGraph") -> None:
+        graph.replay()
+        self.replays += 1
+        _bump("replays")
+
+
+# -- example inputs for warm-ups and captures ---------------------------------------------------------------
+# Drawn from a private CPU generator, then copied: an example never draws from a session's generators
+# (a CUDA draw here, while another thread's capture is open, is what "Offset increment outside graph
+# capture" reports) and never moves anyone's random stream.
+def example_randn(shape, device) -> torch.Tensor:
+    return torch.randn(tuple(shape), generator=torch.Generator().manual_seed(0)).to(device)
+
+
+def example_randint(high: int, shape, device) -> torch.Tensor:
+    return torch.randint(0, int(high), tuple(shape), generator=torch.Generator().manual_seed(0)).to(device)
