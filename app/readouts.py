@@ -158,6 +158,17 @@ class ConversationPanel(QGroupBox):
         self.delay.editingFinished.connect(lambda: self.delay_changed.emit(self.delay.value()))
         self._output = ""
 
+    def show_controls(self, u, quiet: bool = False) -> None:
+        """Show the controls ``u`` (a ``UserControls``); ``quiet``: without emitting a change."""
+        widgets = (self.echo, self.sensitivity, self.delay)
+        for w in widgets:
+            w.blockSignals(quiet)
+        self.echo.setChecked(u.echo)
+        self.sensitivity.setCurrentIndex(max(0, self.sensitivity.findData(u.sensitivity)))
+        self.delay.setValue(u.delay_s)
+        for w in widgets:
+            w.blockSignals(False)
+
     def show_output(self, device_name: Optional[str]) -> None:
         """The speaker in use (None: nothing plays): the headphones hint follows it and the echo toggle."""
         self._output = device_name or ""

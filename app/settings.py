@@ -1,4 +1,4 @@
-"""Settings remembered between runs (QSettings): model, devices, toggles, folders, window geometry.
+"""Settings remembered between runs (QSettings): model, system prompt, devices, toggles, folders, geometry.
 
 ``DUPLEXCADENCE_SETTINGS=/path/file.ini`` (or ``--settings``) keeps them in an INI file instead of
 the platform store: tests and scripted demos use it so they never touch a user's settings.
@@ -26,6 +26,7 @@ class AppSettings:
     checkpoint: str = ""
     backbone_checkpoint: str = ""
     voice: str = ""                  # the tail's voice file; "" = the backbone folder's default / synthetic
+    system_prompt: str = ""          # minicpm-o-4.5's system prompt; "" = its default (app/prompt_panel.py)
     input_device: str = ""           # device name; "" = system default
     output_device: str = ""
     input_file: str = ""             # last WAV used as the microphone

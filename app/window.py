@@ -17,6 +17,7 @@ from app.banners import BannerStack
 from app.dashboard import ScopePlot, SpectrogramPlot, StatsPanel
 from app.engine_panel import EnginePanel
 from app.panels import DevicePanel, EventLogPanel, ModelPanel, SummaryRow, TogglePanel
+from app.prompt_panel import SystemPromptPanel
 from app.plots import MemoryPlot, TimingPlot
 from app.readouts import ConversationPanel, ReadoutRow
 from app.transcript import TranscriptView
@@ -101,6 +102,7 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         top.addWidget(self.export_button)
 
         self.model_panel = ModelPanel(self.cuda)
+        self.prompt_panel = SystemPromptPanel(self.model_panel.backbone, self.controller)   # follows the backbone
         self.device_panel = DevicePanel()
         self.toggle_panel = TogglePanel(self.cuda)
         self.engine_panel = EnginePanel(self.qsettings, self.controller)   # embedded | remote server (engine/serve)
@@ -122,7 +124,8 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         left = QWidget()
         lcol = QVBoxLayout(left)
         lcol.setContentsMargins(0, 0, 0, 0)
-        for w in (self.model_panel, self.device_panel, self.conversation, self.toggle_panel, self.engine_panel):
+        for w in (self.model_panel, self.prompt_panel, self.device_panel, self.conversation, self.toggle_panel,
+                  self.engine_panel):
             lcol.addWidget(w)
         lcol.addWidget(tabs, 1)
         plots = QWidget()
@@ -212,16 +215,15 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
 
     def _apply_settings(self, s: AppSettings) -> None:
         self.model_panel.set_values(s.tail, s.backbone, s.size, s.checkpoint, s.backbone_checkpoint, s.voice)
+        self.prompt_panel.set_text(s.system_prompt)
         self.device_panel.select_device(self.device_panel.input, s.input_device)
         self.device_panel.select_device(self.device_panel.output, s.output_device)
         if s.input_file and self.device_panel.input.count() and not s.input_device:
             self.device_panel.add_input_file(s.input_file)
         self.device_panel.ptt.setChecked(s.push_to_talk)
-        cp, u = self.conversation, self.controller.controls
+        u = self.controller.controls
         u.echo, u.sensitivity, u.delay_s = s.echo_cancellation, s.interrupt, s.playback_delay
-        cp.echo.setChecked(u.echo)
-        cp.sensitivity.setCurrentIndex(max(0, cp.sensitivity.findData(u.sensitivity)))
-        cp.delay.setValue(u.delay_s)
+        self.conversation.show_controls(u)
         self.toggle_panel.demand.setChecked(s.demand_sized)
         self.toggle_panel.graphs.setChecked(s.graph_replay and self.cuda)
         if s.geometry:
@@ -235,7 +237,7 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         s = self.settings
         s.tail, s.backbone, s.size = m.tail.currentData(), m.backbone.currentData(), m.size.currentData()
         s.checkpoint, s.backbone_checkpoint = m.checkpoint.path(), m.backbone_checkpoint.path()
-        s.voice = m.voice.path()
+        s.voice, s.system_prompt = m.voice.path(), self.prompt_panel.saved_text()
         s.input_device = iv.name if ik == "device" else ""
         s.input_file = iv if ik == "file" else s.input_file
         s.output_device = ov.name if ok == "device" else ""
@@ -251,15 +253,13 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
     def session_config(self) -> Optional[SessionConfig]:
         """The resolved config from the panels, or None (and a message saying what is wrong)."""
         cfg, err = self.model_panel.validate()
-        if cfg is None:
-            self.show_message("error", err)
-            return None
-        demand, graphs = self.toggle_panel.values()
-        problem = self.engine_panel.prepare()          # embedded, or a remote URL + token that can be used
+        prompt, bad = self.prompt_panel.value()        # None for a backbone without one; the text stays put
+        problem = err if cfg is None else bad or self.engine_panel.prepare()   # engine: embedded or a usable URL
         if problem:
             self.show_message("error", problem)
             return None
-        return cfg.replace(demand_sized=demand, graph_replay=graphs)
+        demand, graphs = self.toggle_panel.values()
+        return cfg.replace(demand_sized=demand, graph_replay=graphs, system_prompt=prompt)
 
     def _make_source(self, kind: str, value):
         return DeviceInput(value) if kind == "device" else FileInput(value)
@@ -321,14 +321,7 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         d = UserControls()
         d.echo = bool(echo)
         self.controller.controls = d
-        cp = self.conversation
-        for w in (cp.echo, cp.sensitivity, cp.delay):
-            w.blockSignals(True)
-        cp.echo.setChecked(d.echo)
-        cp.sensitivity.setCurrentIndex(max(0, cp.sensitivity.findData(d.sensitivity)))
-        cp.delay.setValue(d.delay_s)
-        for w in (cp.echo, cp.sensitivity, cp.delay):
-            w.blockSignals(False)
+        self.conversation.show_controls(d, quiet=True)
 
     def _output_hint(self, *_) -> None:
         kind, dev = self.device_panel.selected_output()
@@ -345,6 +338,7 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         named = cfg.voice_origin == "--voice" or (bool(cfg.voice) and not cfg.voice_origin)
         self.model_panel.set_values(cfg.tail, cfg.backbone, cfg.size, cfg.checkpoint or "",
                                     cfg.backbone_checkpoint or "", cfg.voice if named else "")
+        self.prompt_panel.set_text(cfg.system_prompt or "")
         self.toggle_panel.demand.setChecked(cfg.demand_sized)
         self.toggle_panel.graphs.setChecked(cfg.graph_replay and self.cuda)
         if isinstance(source, FileInput):

@@ -13,6 +13,7 @@ from typing import List
 
 import numpy as np
 
+from engine import system_prompt
 from engine.core.toggles import Toggles
 from engine.cli.feed import Interrupted, announce, feed, take
 from engine.session import SessionConfig
@@ -22,7 +23,7 @@ from engine.serve.client import RemoteRunner
 
 
 def remote_config(a: argparse.Namespace) -> SessionConfig:
-    """What the client asks of the server: the model names, seed and toggles (nothing resolved here:
+    """What the client asks of the server: the model names, seed, toggles and system prompt (nothing resolved here:
     the server owns weights, size and device). Local checkpoint paths make no sense remotely."""
     if a.checkpoint or a.backbone_checkpoint:
         raise ValueError("--checkpoint and --backbone-checkpoint name the server's weights: give them to "
@@ -31,8 +32,12 @@ def remote_config(a: argparse.Namespace) -> SessionConfig:
         raise ValueError("--voice names a file for the server's tail: not with --engine (the server's "
                          "checkpoint default voice is used)")
     t = Toggles.from_mode(a.mode)
+    prompt = getattr(a, "system_prompt", None)
+    if prompt is not None:
+        system_prompt.check(prompt)                  # the server checks it too; say so before connecting
     return SessionConfig(tail=a.model, backbone=a.backbone, size=a.size, device=a.device,
-                         demand_sized=t.demand_sized, graph_replay=t.graph_replay, seed=a.seed)
+                         demand_sized=t.demand_sized, graph_replay=t.graph_replay, seed=a.seed,
+                         system_prompt=prompt)
 
 
 def make_runner(a: argparse.Namespace, cfg: SessionConfig) -> RemoteRunner:

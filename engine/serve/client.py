@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
+from engine import system_prompt
 from engine.core.toggles import Toggles
 from engine.session import LiveError, LiveResult, SessionConfig
 from engine.session.records import SecondRecord
@@ -67,7 +68,9 @@ class RemoteSession:
 
 def client_config(cfg: SessionConfig, leave: Sequence[str] = ()) -> Dict[str, Any]:
     """The fields of ``cfg`` a client asks the server for (the server owns weights and paths); those
-    named in ``leave`` are left to the server's defaults."""
+    named in ``leave`` are left to the server's defaults, and so is the system prompt when ``cfg`` has none
+    (a server that predates prompts then still serves the session)."""
+    leave = tuple(leave) + (("system_prompt",) if cfg.system_prompt is None else ())
     return {k: getattr(cfg, k) for k in P.CLIENT_FIELDS if k not in leave}
 
 
@@ -79,7 +82,10 @@ class RemoteRunner:
                  ready_timeout: Optional[float] = None):
         """``leave``: config fields the server decides (e.g. ``graph_replay`` from a client without CUDA,
         whose own switch for it is greyed out). ``second_timeout`` / ``ready_timeout``: the deadlines
-        (default :data:`SECOND_TIMEOUT_S` / :data:`READY_TIMEOUT_S`)."""
+        (default :data:`SECOND_TIMEOUT_S` / :data:`READY_TIMEOUT_S`). A system prompt the server would
+        refuse is a ValueError here, before anything is sent."""
+        if cfg.system_prompt is not None:
+            system_prompt.check(cfg.system_prompt)
         self.cfg = cfg
         self.leave = tuple(leave)
         self.url, self.where = P.session_url(url)

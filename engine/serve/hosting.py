@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any, Dict, Optional
 
+from engine import system_prompt
 from engine.host import EngineHost, HostedRunner
 from engine.host.weights import WeightsKey
 from engine.session import SessionConfig
@@ -49,7 +50,7 @@ class SessionHost:
 
     # -- what a client may ask --------------------------------------------------------------
     def config_for(self, asked: Dict[str, Any]) -> SessionConfig:
-        """The session's config: the server's model with the client's seed and toggles.
+        """The session's config: the server's model with the client's seed, toggles and system prompt.
 
         Raises :class:`ModelMismatch` when the client names a tail, backbone, size or device other
         than the server's (``auto`` or nothing matches anything), ValueError for a bad value.
@@ -69,6 +70,8 @@ class SessionHost:
                 if kind is bool and not isinstance(value, bool):
                     raise ValueError(f"{key} must be true or false, got {value!r}")
                 changes[key] = value
+        if asked.get("system_prompt") is not None:      # untrusted text: checked again here (one rule)
+            changes["system_prompt"] = system_prompt.check(asked["system_prompt"])
         return b.replace(**changes).resolved()
 
     # -- sessions ---------------------------------------------------------------------------

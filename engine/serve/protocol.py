@@ -4,7 +4,9 @@ Everything here is plain Python (no Ray, no FastAPI): the server and the client 
 
 Client -> server
   * text ``{"type": "hello", "protocol": 1, "config": {...}}`` first (what the client asks of the
-    session: tail, backbone, size, device, seed, toggles, reply_seconds; see :data:`CLIENT_FIELDS`);
+    session: tail, backbone, size, device, seed, toggles, reply_seconds and, for a backbone that takes
+    one, its system prompt; see :data:`CLIENT_FIELDS`); the server checks the prompt as untrusted text
+    (:func:`engine.system_prompt.check`: at most 4,000 characters, no control characters);
   * binary: one second of mono 24 kHz audio as little-endian float32, exactly ``4 * 24000`` bytes;
   * text ``{"type": "toggles", "demand_sized": bool|null, "graph_replay": bool|null}``;
   * text ``{"type": "stop", "drain": bool}``: finish (with ``drain``: every queued second) and end.
@@ -36,6 +38,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from engine import system_prompt
 from engine.session.live import LiveResult
 from engine.session.records import SecondRecord
 
@@ -45,7 +48,8 @@ FRAME_BYTES = 4 * RATE
 PATH = "/session"
 
 #: SessionConfig fields a client may ask for; the model itself (weights, size, device) is the server's
-CLIENT_FIELDS = ("tail", "backbone", "size", "device", "seed", "demand_sized", "graph_replay", "reply_seconds")
+CLIENT_FIELDS = ("tail", "backbone", "size", "device", "seed", "demand_sized", "graph_replay", "reply_seconds",
+                 "system_prompt")
 
 # WebSocket close codes (4000-4999 are the application's)
 CLOSE_NORMAL = 1000
@@ -105,8 +109,10 @@ def _first_line(e: BaseException) -> str:
 
 
 def hello(config: Dict[str, Any]) -> str:
-    """The client's first message: the fields of :data:`CLIENT_FIELDS` it sets."""
-    return encode("hello", protocol=PROTOCOL, config={k: v for k, v in config.items() if k in CLIENT_FIELDS})
+    """The client's first message: the fields of :data:`CLIENT_FIELDS` it sets (a system prompt travels as
+    its own characters, not \\u escapes, so the longest one allowed fits in :data:`MAX_TEXT_BYTES`)."""
+    asked = {k: v for k, v in config.items() if k in CLIENT_FIELDS}
+    return json.dumps({"type": "hello", "protocol": PROTOCOL, "config": asked}, ensure_ascii=False)
 
 
 def read_hello(text: str) -> Dict[str, Any]:
@@ -123,6 +129,11 @@ def read_hello(text: str) -> Dict[str, Any]:
     unknown = sorted(set(config) - set(CLIENT_FIELDS))
     if unknown:
         raise ProtocolError(f"a hello's config cannot set {', '.join(unknown)}")
+    if config.get("system_prompt") is not None:
+        try:
+            system_prompt.check(config["system_prompt"])
+        except ValueError as e:
+            raise ProtocolError(str(e)) from None
     return config
 
 

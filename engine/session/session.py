@@ -180,7 +180,7 @@ class DuplexSession:
 
     @property
     def info(self) -> Dict[str, object]:
-        """What runs: model names and titles, whether the weights are synthetic, device, size."""
+        """What runs: model names and titles, whether the weights are synthetic, device, size, system prompt."""
         if self.tail is None and self._info is not None:
             return dict(self._info)
         ti = self.tail.info if self.tail is not None else None
@@ -198,6 +198,9 @@ class DuplexSession:
             "device": str(self.device), "size": self.cfg.size,
             "voice": self.cfg.voice_label(),
             "fast_paths": [v.line() for v in self.tail.fast_paths()] if self.tail is not None else [],
+            # the text the backbone started from (its default when none was given); None: it takes none
+            "system_prompt": (getattr(self.backbone, "system_prompt", None) if self.backbone is not None
+                              else self.cfg.system_prompt),
         }
 
     # -- toggles -------------------------------------------------------------------------------------
