@@ -149,3 +149,13 @@ def test_prompt_rules_on_each_side():
         host.config_for({"system_prompt": "Be brief."})
     assert host.config_for({}).system_prompt is None
     host.close_all()
+
+
+def test_run_engine_refuses_a_bad_prompt_before_connecting(tmp_path, capsys):
+    from engine.cli.run import main as run_main
+    code = run_main(["--input", str(tmp_path / "in.wav"), "--output", str(tmp_path / "o.wav"), "--log",
+                     str(tmp_path / "log"), "--backbone", "minicpm-o-4.5", "--engine", "ws://127.0.0.1:9",
+                     "--system-prompt", "x" * 4001])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "at most 4,000 are allowed" in err
+    assert not (tmp_path / "log").exists()

@@ -83,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "which draws nothing)")
     p.add_argument("--system-prompt", metavar="TEXT", default=None,
                    help="minicpm-o-4.5: the session's system prompt, fed before the first second "
-                        "(default: the MiniCPM-o demo's default duplex preset)")
+                        "(default: the MiniCPM-o demo's default duplex preset); with --engine it goes to the "
+                        "server, which refuses a blank one, one over 4000 characters or one with control characters")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--reference-paths", action="store_true",
                    help="keep every decoder on its reference path: no faster path, even where the start-up "
