@@ -9,13 +9,14 @@ codes of silence); every mode produces the same bits.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Dict, List, Optional
 
 import numpy as np
 import torch
 
-from engine.core import Executor, Plan, SessionSpec, StepPlan, StreamingModel, make_plan
+from engine.core import Clock, Executor, Plan, SessionSpec, StepPlan, StreamingModel, make_plan
+from engine.core.planner import _simulate_step   # the planner's own rule for one step's lengths
 from engine.core.toggles import Toggles, graphs_can_run
 
 if TYPE_CHECKING:
@@ -79,6 +80,63 @@ class DecoderTail:
         return []
 
 
+@dataclass
+class DeclaredPlan(Plan):
+    """An open-ended plan whose steps are declared one at a time, each from the chunk it runs: a stream whose
+    chunks are not all full steps (MiniCPM-o's duplex loop decodes every buffer of at least 8 tokens each
+    second, so a chunk of 8 to 28 tokens may come at any step).
+
+    Regions, session and demand sizes are the base plan's, and so is the timeline the executor captures
+    ahead of time (the full steps' signatures); :meth:`declare` gives step ``k`` the shapes that the steps
+    declared before it leave, by the planner's own rule for one step (each region's retention applied to
+    the declared advance), so a full step after short ones gets the lengths its history gives it and a
+    short step a signature of its own (a graph of its own, captured the first time it runs; no padding).
+    A chunk never outgrows the base plan's demand (:meth:`declare` checks), so the arena never moves."""
+
+    declared: List[StepPlan] = field(default_factory=list)
+
+    @classmethod
+    def over(cls, base: Plan) -> "DeclaredPlan":
+        return cls(base.regions, base.spec, list(base.timeline), dict(base.demand), base.settled_at, base.period)
+
+    def step(self, k: int) -> StepPlan:
+        if 0 <= k < len(self.declared):
+            return self.declared[k]
+        raise RuntimeError(f"step {k} runs before its chunk was declared ({len(self.declared)} declared)")
+
+    def reset(self) -> None:
+        """Back to step 0 (a new turn restarts the stream from its prompt state)."""
+        self.declared.clear()
+
+    def declare(self, advances: Dict[str, int], last: bool = False, grow: bool = False) -> StepPlan:
+        """Step ``len(declared)``: ``advances`` by clock name (clocks not named advance as declared); ``last``:
+        the stream's last step. ``grow``: raise the demand where the step needs more (a finite copy only)."""
+        k = len(self.declared)
+        lengths = self.declared[-1].after if self.declared else {
+            r.name: r.retention.initial(int(self.spec.prefix.get(r.name, 0))) for r in self.regions}
+        regions = [replace(r, clock=Clock(r.clock.name, (int(advances[r.clock.name]),), r.clock.rate_hz))
+                   if r.clock.name in advances else r for r in self.regions]
+        sp = _simulate_step(regions, lengths, k, SessionSpec(prefix=self.spec.prefix))
+        sp = replace(sp, is_last=bool(last))
+        for r in self.regions:
+            need = max(sp.before[r.name], sp.grown[r.name], sp.after[r.name])
+            if need > self.demand[r.name] and not grow:
+                raise ValueError(f"step {k} needs {need} units of {r.name}, past the plan's {self.demand[r.name]}: "
+                                 f"a chunk may not be longer than a full step")
+            self.demand[r.name] = max(self.demand[r.name], need)
+        self.declared.append(sp)
+        return sp
+
+    def finished(self, advances: Dict[str, int]) -> "DeclaredPlan":
+        """A finite copy: the steps declared so far, then the stream's last step of ``advances`` (its
+        demand raised where that step needs more)."""
+        done = DeclaredPlan(self.regions, replace(self.spec, steps=len(self.declared) + 1), [], dict(self.demand),
+                            None, 1, list(self.declared))
+        done.declare(advances, last=True, grow=True)
+        done.timeline = list(done.declared)
+        return done
+
+
 class EngineTail(DecoderTail):
     """One streaming session of an engine decoder whose steps are whole seconds of frames.
 
@@ -95,12 +153,18 @@ class EngineTail(DecoderTail):
     frames_clock = "frames"
     lookahead = 0
     keep_turn_base = False      # set before start() by a session whose backbone speaks in turns (new_turn)
+    #: a stream that speaks in turns decodes as MiniCPM-o's duplex loop (the one backbone that does) decodes
+    #: token2wav: every push runs all it can, in chunks of at most a full step, down to a chunk of this many
+    #: new frames plus the lookahead (its force_flush: any buffer of pre-lookahead + 5 tokens); such chunks
+    #: are steps of a :class:`DeclaredPlan`. Otherwise a push waits for full steps.
+    turn_min_frames = 5
 
     def __init__(self, model: StreamingModel, info: TailInfo, device, toggles: Optional[Toggles] = None):
         self.model, self.info, self.device = model, info, torch.device(device)
         self._toggles = toggles if toggles is not None else Toggles(True, graphs_can_run(self.device))
         self.plan: Plan = self._plan(self.session_spec())
         self.executor: Optional[Executor] = None
+        self._declared: Optional[DeclaredPlan] = None
         self._buf = torch.zeros((info.codebooks, 0), dtype=torch.int64)
         self._ended = False
         self._silence: Optional[torch.Tensor] = None
@@ -149,7 +213,8 @@ class EngineTail(DecoderTail):
     @torch.no_grad()
     def start(self, seed: int = 0) -> None:
         """New stream: fresh state, graphs captured ahead of time where they can run."""
-        ex = Executor(self.model, self.plan, self.device, **self._toggles)
+        self._declared = DeclaredPlan.over(self.plan) if self.keep_turn_base else None
+        ex = Executor(self.model, self._declared or self.plan, self.device, **self._toggles)
         ex.prepare_graphs(self.example_inputs)
         self.seed_stream(seed)
         ex.init_state(self.prefill(seed))
@@ -175,6 +240,8 @@ class EngineTail(DecoderTail):
         audio = self.flush() if flush else np.zeros(0, dtype=np.float32)
         self.executor, self._ended = self._live, False
         self.executor.restart(*self._turn_base)
+        if self._declared is not None:
+            self._declared.reset()
         self._buf = self._buf[:, :0]
         return audio
 
@@ -196,11 +263,33 @@ class EngineTail(DecoderTail):
         self._require_stream()
         self._buf = torch.cat([self._buf, self.check_tokens(tokens)], dim=1)
         chunks = []
-        while self._buf.shape[1] >= self.frames_needed() + self.lookahead:
-            n = self.frames_needed()
+        while True:
+            n = self._next_frames()
+            if n == 0:
+                break
             chunk, self._buf = self._buf[:, :n + self.lookahead], self._buf[:, n:]
+            if self._declared is not None:
+                self._declared.declare(self._advances(n))
             chunks.append(self._audio(self.executor.step(self.step_inputs(chunk))))
         return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
+
+    def _next_frames(self) -> int:
+        """New frames the next step consumes now: a full step's when they and the lookahead are buffered;
+        in turns, else all but the lookahead once that is ``turn_min_frames``; otherwise 0 (wait)."""
+        full, have = self.frames_needed(), int(self._buf.shape[1])
+        if have >= full + self.lookahead:
+            return full
+        if self._declared is not None and have >= self.turn_min_frames + self.lookahead:
+            return have - self.lookahead
+        return 0
+
+    def _advances(self, n: int) -> Dict[str, int]:
+        """The clock advances of a step that consumes ``n`` frames (a full step's, or the model's own
+        mapping for a short one: its session's ``last_advance`` for ``n`` frames)."""
+        sp = self.plan.step(self.seconds_done)
+        if n == self.frames_in(sp):
+            return dict(sp.advances)
+        return dict(self.session_spec(steps=1, last_frames=n).last_advance)
 
     @torch.no_grad()
     def flush(self) -> np.ndarray:
@@ -212,7 +301,10 @@ class EngineTail(DecoderTail):
         if n == 0:
             return np.zeros(0, dtype=np.float32)
         k, old = self.executor.k, self.executor
-        plan = self._plan(self.session_spec(steps=k + 1, last_frames=n))
+        if self._declared is not None:          # after the chunks declared so far
+            plan = self._declared.finished(self._advances(n))
+        else:
+            plan = self._plan(self.session_spec(steps=k + 1, last_frames=n))
         ex = Executor(self.model, plan, self.device, demand_sized=old.arena.kind == "demand",
                       graph_replay=old.toggles().graph_replay)   # a one-off last step: it runs eagerly
         ex.arena.load(old.arena.export(), dict(old.arena.positions), k)

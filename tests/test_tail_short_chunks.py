@@ -1,0 +1,96 @@
+"""Short token2wav chunks that are not a stream's last (issue 21): a tail that speaks in turns (MiniCPM-o's
+duplex loop) decodes every buffer of at least 8 Step-Audio2 tokens each push, in chunks of up to 25 + 3, so
+its steps are declared one at a time (:class:`engine.tail.DeclaredPlan`): each from the chunk it runs and the
+lengths the steps before it left. CPU, tiny sizes."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.core import make_plan
+from engine.models import registry
+from engine.tail import DeclaredPlan
+
+PROMPT = 300          # the tiny synthetic voice's mel frames
+
+
+@pytest.fixture(scope="module")
+def base():
+    from engine.models.step_audio2.config import preset
+    from engine.models.step_audio2.model import StepAudio2Token2Wav
+    model = StepAudio2Token2Wav(preset("tiny"))
+    spec = model.spec(PROMPT)
+    return make_plan(model.regions(spec), spec)
+
+
+def test_full_steps_declared_are_the_base_plan_s(base):
+    p = DeclaredPlan.over(base)
+    for k in range(6):
+        sp = p.declare({"mel": 50})
+        want = base.step(k)
+        assert (sp.signature, sp.before, sp.grown, sp.after, sp.is_last) == \
+               (want.signature, want.before, want.grown, want.after, False)
+        assert p.step(k) is sp
+    with pytest.raises(RuntimeError, match="declared"):
+        p.step(6)
+
+
+def test_a_short_chunk_has_its_own_shapes_and_shifts_the_steps_after_it(base):
+    p = DeclaredPlan.over(base)
+    steps = [p.declare({"mel": a}) for a in (10, 50, 50, 50, 12, 50)]
+    assert [s.before["est_att"] for s in steps] == [PROMPT + x for x in (0, 10, 60, 100, 100, 100)]
+    assert [s.grown["est_att"] for s in steps] == [PROMPT + x for x in (10, 60, 110, 150, 112, 150)]
+    assert [s.before["enc.att"] for s in steps] == [s.before["est_att"] for s in steps]
+    known = set(base.signatures)
+    assert steps[0].signature not in known and steps[1].signature not in known and steps[4].signature not in known
+    assert steps[3].signature in known and steps[5].signature == steps[3].signature   # settled: the full step's
+    assert p.demand == base.demand                                  # nothing outgrows the base plan's arena
+    p.reset()
+    assert p.declare({"mel": 50}).signature == base.step(0).signature
+    for a in (50, 50):
+        p.declare({"mel": a})
+    with pytest.raises(ValueError, match="longer than a full step"):
+        p.declare({"mel": 52})                                      # past the window's demand
+
+
+def test_a_finished_plan_ends_with_the_last_chunk(base):
+    p = DeclaredPlan.over(base)
+    for a in (10, 50):
+        p.declare({"mel": a})
+    done = p.finished({"mel": 6})
+    assert done.finite and done.spec.steps == 3 and len(p.declared) == 2      # the live plan is untouched
+    last = done.step(2)
+    assert last.is_last and last.before["est_att"] == PROMPT + 60 and last.advances["mel"] == 6
+    assert [s.signature for s in done.timeline] == [s.signature for s in p.declared] + [last.signature]
+    p.declare({"mel": 50})
+    big = p.finished({"mel": 54})                                   # a long last chunk: its own demand
+    assert big.demand["est_att"] == PROMPT + 100 + 54 > p.demand["est_att"]
+
+
+def _tail(mode: str, turns: bool):
+    tail = registry.get("step-audio2").make_tail(size="tiny", device="cpu", seed=1, mode=mode)
+    tail.keep_turn_base = turns
+    tail.start(seed=1)
+    return tail
+
+
+def test_pushes_in_turns_decode_every_buffer_of_8_tokens(one_torch_thread):
+    g = torch.Generator().manual_seed(0)
+    codes = lambda n: torch.randint(0, 6561, (1, n), generator=g)    # noqa: E731
+    tail, plain = _tail("demand", True), _tail("demand", False)
+    arena = tail.executor.arena
+    addresses = arena.addresses()
+    seen = []
+    for n, samples, left in ((7, 0, 7), (1, 5 * 2 * 480, 3), (25, 24000, 3), (30, 24000 + 5 * 960, 3),
+                             (4, 0, 7), (21, 24000, 3)):
+        out = tail.push(codes(n))
+        assert out.size == samples and tail._buf.shape[1] == left, (n, out.size, tail._buf.shape[1])
+        assert tail.executor.arena is arena and arena.addresses() == addresses      # no region moved
+        seen.append(tail.executor.k)
+    assert seen == [0, 1, 2, 4, 4, 5]
+    chunks = [s.advances["mel"] // 2 for s in tail._declared.declared]
+    assert chunks == [5, 25, 25, 5, 25]
+    last = tail.new_turn(flush=True)                                 # the turn's last 3 tokens
+    assert last.size == (8 + 6) * 480 and tail.executor.k == 0 and tail._declared.declared == []
+    assert arena.addresses() == addresses
+    assert plain.push(codes(8)).size == 0 and plain._buf.shape[1] == 8            # waits for 28 as before
