@@ -196,7 +196,9 @@ class MiniCPMO45Backbone(Backbone):
         with torch.no_grad():
             unit, hidden = self.protocol.decode(self.turns.decide(self._speech))
             if unit.decision == "listen":
-                self._in_reply = False
+                # only a cut restarts token2wav: a reply the LLM closed inside a listening unit keeps its
+                # buffer and state, and the next speaking second goes on from them (as in the stock loop)
+                self._in_reply = self._in_reply and not unit.cut
                 return Thought("listen", None, 0, text="", turn_end="cut" if unit.cut else "",
                                llm_ids=tuple(unit.ids))
             self.protocol.speak(unit, hidden)
