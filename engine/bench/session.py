@@ -2,7 +2,7 @@
 
   duplexcadence-bench session [--seconds 60] [--tail TAIL] [--backbone BACKBONE]
                               [--size released] [--device cuda] [--modes stock,graphs]
-                              [--flip-seconds N] [--input IN.wav] [--out DIR]
+                              [--flip-seconds N] [--account-seconds N] [--input IN.wav] [--out DIR]
 
 Each mode builds a fresh session (same seed, same input) and runs every second back to back; the
 input is paced virtually (frame k arrives at k seconds after the session starts), so a late second
@@ -26,6 +26,13 @@ virtual clock (``--no-digests`` skips them).
 Without ``--input`` the input is speech-like and made here (so a machine without espeak-ng can
 run it): voiced bursts (a 120 Hz harmonic series, syllable envelope at 4 Hz) of 2-4 s with 3 s
 pauses, enough for the voice-activity policy to listen and to answer.
+
+Per-second accounting (``--account-seconds N``, default 6; :mod:`engine.bench.accounting`): after each mode's
+run, N of its seconds (half speaking, half listening) are re-run under torch.profiler in a separate run of the
+same mode, and the bench prints, per speaking and per listening second, the wall time (from the main,
+unprofiled run) next to the CUDA kernel ms, kernel launches, graph launches (profiler and our replay counter)
+and copies (on the CPU: the CPU op count, the CUDA columns left empty); ``bench.json`` keeps each mode's
+``accounting`` (``per_second`` and the ``speaking`` / ``listening`` means).
 """
 from __future__ import annotations
 
@@ -42,9 +49,10 @@ import torch
 
 from engine.atomic import atomic_write
 from engine.audio import frames_of, load_mono
-from engine.bench import report
+from engine.bench import accounting, report
 from engine.bench.digests import StageTap, describe, divergence
 from engine import registry
+from engine.core import graphs
 from engine.core.toggles import MODES, Toggles
 from engine.session import DuplexSession, SessionConfig, export_records, summarize
 from engine.session.records import DEADLINE_MS
@@ -103,7 +111,8 @@ def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False, d
              quiet: bool = True, digests: bool = True) -> Dict[str, object]:
     """One session over ``frames`` at a virtual one-frame-per-second pace (a progress bar unless ``quiet``);
     with ``flip`` the toggles follow :func:`flip_schedule` over every frame; with ``digests`` each second's
-    stage digests (taken off the clock) come back under ``digests``."""
+    stage digests (taken off the clock) come back under ``digests``; ``captures`` / ``replays``: each second's
+    graph captures and replays (:func:`engine.core.graphs.launches`, no profiler)."""
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     t_build = time.perf_counter()
@@ -111,7 +120,7 @@ def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False, d
     s.start()
     build_s = time.perf_counter() - t_build
     tap = _tap_session(s) if digests else None
-    outs, seconds = [], []
+    outs, seconds, captures, replays = [], [], [], []
     toggles = flip_schedule(len(frames)) if flip else None
     t0, paused = time.perf_counter(), 0.0
     with progress(len(frames), desc=desc, unit="frame", quiet=quiet) as bar:
@@ -120,7 +129,11 @@ def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False, d
                 s.set_toggles(toggles[k])
             arrival = t0 + paused + k                              # frame k arrives k seconds in
             now = time.perf_counter()
+            cap0, rep0 = graphs.launches()
             out, rec = s.process(f, arrival=min(arrival, now), backlog=0)
+            cap1, rep1 = graphs.launches()
+            captures.append(cap1 - cap0)
+            replays.append(rep1 - rep0)
             if tap is not None:                                    # after the second, off the virtual clock
                 t_d = time.perf_counter()
                 seconds.append(tap.second(k, rec.decision, rec.text, out))
@@ -136,7 +149,8 @@ def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False, d
     summary["info"] = s.info
     s.close()
     del s
-    return {"summary": summary, "records": records, "audio": np.concatenate(outs), "digests": seconds}
+    return {"summary": summary, "records": records, "audio": np.concatenate(outs), "digests": seconds,
+            "captures": captures, "replays": replays}
 
 
 def _table(rows: Dict[str, Dict[str, object]], wrap: bool = True) -> str:
@@ -174,6 +188,24 @@ def _means_table(rows: Dict[str, Dict[str, object]], wrap: bool = True) -> str:
     return table(body, heads, max_widths=[20] + [None] * 6, header_width=9, wrap=wrap)
 
 
+def account_mode(cfg: SessionConfig, frames: List[np.ndarray], run: Dict[str, object], n: int) -> Dict[str, object]:
+    """The mode's per-second accounting (:mod:`engine.bench.accounting`): ``n`` seconds picked from the main
+    ``run``, counted under the profiler in a separate run of the same config; wall times stay the main run's."""
+    cuda = torch.device(cfg.device).type == "cuda"
+    speaking = [rec.decision == "speak" for rec in run["records"]]
+    picks = accounting.pick_seconds(speaking, run["captures"], n)
+    counted = accounting.account(lambda: DuplexSession(cfg), frames, picks, cuda)
+    return accounting.summary(picks, counted, run["records"], run["replays"], cuda)
+
+
+def _mode_doc(name: str, run: Dict[str, object]) -> Dict[str, object]:
+    """A mode's entry in bench.json: its label, its summary and (when counted) its ``accounting``."""
+    doc = {"label": name, **run["summary"]}
+    if "accounting" in run:
+        doc["accounting"] = run["accounting"]
+    return doc
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="duplexcadence-bench session", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=int, default=60)
@@ -196,6 +228,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--no-digests", action="store_true",
                    help="skip the per-second stage digests (and so the report of where runs differ)")
+    p.add_argument("--account-seconds", type=int, default=accounting.DEFAULT_SECONDS,
+                   help="per mode, this many seconds (half speaking, half listening) re-run under torch.profiler "
+                        "in a separate run: kernel ms, kernel and graph launches per speaking / listening second "
+                        f"(default {accounting.DEFAULT_SECONDS}; 0: none). The main run is never profiled")
     return p
 
 
@@ -266,6 +302,10 @@ def main(argv=None) -> int:
     if bad or not modes:
         print(f"duplexcadence-bench session: unknown mode(s) {bad}; choose from {', '.join(MODES)}", file=sys.stderr)
         return 2
+    if a.account_seconds < 0:
+        print(f"duplexcadence-bench session: error: --account-seconds must be 0 or more, not {a.account_seconds}",
+              file=sys.stderr)
+        return 2
     try:
         base = SessionConfig(tail=a.tail, backbone=a.backbone, size=a.size, device=a.device, seed=a.seed,
                              checkpoint=a.checkpoint, backbone_checkpoint=a.backbone_checkpoint).resolved()
@@ -276,11 +316,11 @@ def main(argv=None) -> int:
     frames = frames_of(audio)[: a.seconds]
     keys = run_keys(modes)
     digests = not a.no_digests
-    results, rows, labels = {}, {}, {}
+    results, rows, labels, accounts = {}, {}, {}, {}
     for key, m in zip(keys, modes):
         t = Toggles.from_mode(m)
-        r = run_mode(base.replace(demand_sized=t.demand_sized, graph_replay=t.graph_replay), frames, desc=LABELS[m], quiet=a.quiet,
-                     digests=digests)
+        cfg = base.replace(demand_sized=t.demand_sized, graph_replay=t.graph_replay)
+        r = run_mode(cfg, frames, desc=LABELS[m], quiet=a.quiet, digests=digests)
         labels[key] = label(m, r["records"]) + ("" if key == m else f" #{key.rsplit('-', 1)[1]}")
         results[key], rows[labels[key]] = r, r["summary"]
         print(f"{labels[key]}: {r['summary']['seconds']} s, built in {r['summary']['build_s']:.1f} s",
@@ -290,6 +330,9 @@ def main(argv=None) -> int:
             export_records(r["records"], Path(a.out), stem=f"session-{key}")
             if digests:
                 _write_digests(Path(a.out) / f"session-{key}-digests.jsonl", r["digests"])
+        if a.account_seconds:                       # after the main run, never inside it
+            accounts[labels[key]] = r["accounting"] = account_mode(cfg, frames, r, a.account_seconds)
+            print(accounting.format_table({labels[key]: r["accounting"]}), file=sys.stderr, flush=True)
     ref = results[keys[0]]["audio"]
     identical = identical_to_reference(keys, {key: r["audio"] for key, r in results.items()})
     flip, fr = None, None
@@ -305,16 +348,21 @@ def main(argv=None) -> int:
     title = f"duplex session: {info['tail_title']} <- {info['backbone_title']}, {info['device']}, {len(frames)} s of input"
     same = same_line(identical, labels, keys[0], flip, n_flip, len(frames))
     tab, means = _table(rows), _means_table(rows)
+    acc_note = accounting.note(torch.device(base.device).type == "cuda") if accounts else ""
     print(textwrap.fill(title, 120))
     print(tab)
     print(means)
+    if accounts:
+        print(accounting.format_table(accounts))
+        print(textwrap.fill(acc_note, 120))
     print(textwrap.fill(same, 120))
     for line in where_lines:
         print(textwrap.fill(line, 120, subsequent_indent="  "))
     if a.out:
         out = Path(a.out)
         doc = {"seconds": len(frames),
-               "modes": {key: {"label": labels[key], **results[key]["summary"]} for key in keys},
+               "modes": {key: _mode_doc(labels[key], results[key]) for key in keys},
+               "account_seconds": a.account_seconds,
                "reference": keys[0], "identical": identical if identical else "n/a", "flip_identical": flip,
                "flip_seconds": n_flip if flip is not None else 0, "divergence": where, "deadline_ms": DEADLINE_MS,
                "torch": torch.__version__,
@@ -326,8 +374,10 @@ def main(argv=None) -> int:
             report.Bars("median ms per stage", "ms", list(rows),
                         {st: [s[f"p50_{st}_ms"] for s in rows.values()] for st in ("listen", "think", "speak")})])
         md = report.markdown(title, report.command_line("duplexcadence-bench session", argv or sys.argv[1:]),
-                             [("per second", _table(rows, wrap=False)), ("means", _means_table(rows, wrap=False))],
-                             [same] + where_lines)
+                             [("per second", _table(rows, wrap=False)), ("means", _means_table(rows, wrap=False))]
+                             + ([("per-second accounting", accounting.format_table(accounts, wrap=False))]
+                                if accounts else []),
+                             [same] + where_lines + ([acc_note] if accounts else []))
         try:
             report.write_all(out / "bench.json", doc, md, fig)
         except OSError as e:

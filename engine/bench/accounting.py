@@ -1,0 +1,222 @@
+"""Per-second accounting for ``duplexcadence-bench session``: what a speaking and a listening second cost the device.
+
+Next to each mode's wall time the bench reports, per speaking second and per listening second (a second
+speaks when its record's ``decision`` is ``"speak"``, the same split as the bench's "mean speaking second /
+mean listening second"): the summed duration of the CUDA kernels it ran, the kernels it launched from the
+host, the CUDA graphs it launched, and its memory copies — so the distance to the floor (one graph launch,
+no host launches, the kernels' own time) is visible.
+
+The profiler inflates wall time, so the main run is never profiled. A few seconds (``--account-seconds N``)
+are picked from the main run, spread over its speaking and listening seconds and preferring seconds in which
+nothing was captured (steady state); a second, separate run of the same mode (same config, seed and input,
+so the same work second for second) replays the session up to the last picked second and wraps only the
+picked seconds in :mod:`torch.profiler`. Each entry's ``wall_ms`` is the main, unprofiled run's time of that
+second; ``profiled_wall_ms`` is the profiled one's, for comparison only.
+
+Counted from the profiler's events (kineto activity types):
+
+* ``kernel_ms``: sum of the durations of kernel activities (graph nodes included; kernels on concurrent
+  streams add up, so this can exceed the wall time); ``kernels``: how many ran;
+* ``kernel_launches``: host launch calls (``cudaLaunchKernel``, ``cudaLaunchKernelExC``, ``cuLaunchKernel``,
+  ``cuLaunchKernelEx``, ``cudaLaunchCooperativeKernel``); kernels inside a replayed graph are not launched
+  from the host and are not counted here;
+* ``graph_launches``: ``cudaGraphLaunch`` / ``cuGraphLaunch`` calls; ``graph_replays_counted``: the same
+  window's delta of :func:`engine.core.graphs.launches` (our runtime's replay counter, no profiler needed),
+  and ``graph_replays_main``: that counter's delta in the main run's same second;
+* ``memcpy`` / ``memset``: device copy and set activities; ``cpu_ops``: profiled CPU operators.
+
+On the CPU there are no CUDA kernels: the CUDA fields are ``None`` (printed "—"), never zeros made up, and
+``cpu_ops`` is the count to read.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar
+
+import torch
+
+from engine.core import graphs
+from engine.stats import table
+
+T = TypeVar("T")
+
+KERNEL_LAUNCH_CALLS = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+                                 "cudaLaunchCooperativeKernel"})
+GRAPH_LAUNCH_CALLS = frozenset({"cudaGraphLaunch", "cuGraphLaunch"})
+CUDA_FIELDS = ("kernel_ms", "kernels", "kernel_launches", "graph_launches", "memcpy", "memset")
+MEAN_FIELDS = ("wall_ms", "kernel_ms", "kernels", "kernel_launches", "graph_launches", "graph_replays_counted",
+               "graph_replays_main", "memcpy", "cpu_ops")
+DEFAULT_SECONDS = 6
+_VERSION = re.compile(r"_v\d+$")
+
+
+def note(cuda: bool) -> str:
+    """The sentence printed under the accounting table."""
+    head = ("per-second accounting: wall ms from the main, unprofiled run; the other columns from a separate "
+            "run of the same mode (same seed and input) with only the counted seconds (n) under torch.profiler")
+    if cuda:
+        return (head + "; kernel ms = summed CUDA kernel durations; launches = host kernel launch calls; "
+                "graph launches from the profiler (cudaGraphLaunch) and from engine.core.graphs' replay counter")
+    return (head + "; CPU run: no CUDA kernels, so kernel ms, launches and memcpy are not measured (—) and the "
+            "profiled CPU op count is given instead")
+
+
+def _api(name: str) -> str:
+    """A CUDA API call's name without CUPTI's version suffix (``cudaLaunchKernelExC_v11060`` -> ``cudaLaunchKernelExC``)."""
+    return _VERSION.sub("", name)
+
+
+def count_events(events: Iterable[object], cuda: bool) -> Dict[str, Optional[float]]:
+    """Counts over kineto events (objects with ``activity_type()``, ``name()`` and ``duration_ns()``).
+    Without ``cuda`` the CUDA fields are None: the CPU has none to count."""
+    c = {"kernel_ns": 0, "kernels": 0, "kernel_launches": 0, "graph_launches": 0, "memcpy": 0, "memset": 0,
+         "cpu_ops": 0}
+    for e in events:
+        kind, name = str(e.activity_type()), e.name()
+        if kind == "cpu_op":
+            c["cpu_ops"] += 1
+        elif kind == "kernel":
+            c["kernels"] += 1
+            c["kernel_ns"] += int(e.duration_ns())
+        elif kind == "gpu_memcpy":
+            c["memcpy"] += 1
+        elif kind == "gpu_memset":
+            c["memset"] += 1
+        elif kind in ("cuda_runtime", "cuda_driver"):
+            api = _api(name)
+            c["kernel_launches"] += api in KERNEL_LAUNCH_CALLS
+            c["graph_launches"] += api in GRAPH_LAUNCH_CALLS
+    out: Dict[str, Optional[float]] = {"kernel_ms": c.pop("kernel_ns") / 1e6, **c}
+    if not cuda:
+        out.update({k: None for k in CUDA_FIELDS})
+    return out
+
+
+def _events(prof) -> List[object]:
+    results = getattr(getattr(prof, "profiler", None), "kineto_results", None)
+    if results is None:
+        raise RuntimeError(f"torch {torch.__version__}: the profiler kept no kineto results to count")
+    return list(results.events())
+
+
+def profiled(fn: Callable[[], T], cuda: bool) -> Tuple[T, Dict[str, Optional[float]]]:
+    """``fn()`` under torch.profiler (CPU, plus CUDA when ``cuda``); its result and the window's counts,
+    including ``graph_replays_counted`` / ``graph_captures_counted`` from :func:`engine.core.graphs.launches`."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    if cuda:
+        torch.cuda.synchronize()
+    cap0, rep0 = graphs.launches()
+    with profile(activities=activities) as prof:
+        out = fn()
+        if cuda:
+            torch.cuda.synchronize()
+    cap1, rep1 = graphs.launches()
+    counts = count_events(_events(prof), cuda)
+    counts.update(graph_replays_counted=rep1 - rep0, graph_captures_counted=cap1 - cap0)
+    return out, counts
+
+
+def _spread(indices: Sequence[int], n: int) -> List[int]:
+    """``n`` of ``indices`` spread evenly from first to last (all of them when there are no more than ``n``)."""
+    if n >= len(indices):
+        return list(indices)
+    if n <= 0:
+        return []
+    if n == 1:
+        return [indices[len(indices) // 2]]
+    return [indices[round(i * (len(indices) - 1) / (n - 1))] for i in range(n)]
+
+
+def pick_seconds(speaking: Sequence[bool], captures: Sequence[int], n: int) -> List[int]:
+    """Up to ``n`` seconds to profile: half speaking, half listening (the other kind fills in where one is
+    short), spread over the run; the first second (cold) and seconds in which a graph was captured are
+    avoided while others remain."""
+    if n < 0:
+        raise ValueError(f"--account-seconds must be 0 or more, not {n}")
+    steady = [k for k in range(1, len(speaking)) if not captures[k]] or list(range(len(speaking)))
+    speak = [k for k in steady if speaking[k]]
+    listen = [k for k in steady if not speaking[k]]
+    n_speak = min(len(speak), math.ceil(n / 2))
+    n_listen = min(len(listen), n - n_speak)
+    n_speak = min(len(speak), n - n_listen)
+    return sorted(_spread(speak, n_speak) + _spread(listen, n_listen))
+
+
+def entries(picks: Sequence[int], counted: Dict[int, Dict[str, object]], records: Sequence[object],
+            replays_main: Sequence[int]) -> List[Dict[str, object]]:
+    """The per-second list: each picked second's counts with the main run's wall time and speaking flag."""
+    out = []
+    for k in picks:
+        c = dict(counted[k])
+        profiled_speaking, profiled_wall = c.pop("speaking"), c.pop("profiled_wall_ms")
+        speaking = records[k].decision == "speak"
+        e = {"index": k, "speaking": speaking, "wall_ms": records[k].total_ms, "profiled_wall_ms": profiled_wall}
+        e.update(c)
+        e.update(graph_replays_main=replays_main[k], decision_matches_main=profiled_speaking == speaking)
+        out.append(e)
+    return out
+
+
+def _mean(vals: List[Optional[float]]) -> Optional[float]:
+    if not vals or any(v is None for v in vals):
+        return None
+    return sum(vals) / len(vals)
+
+
+def means(per_second: Sequence[Dict[str, object]]) -> Dict[str, Dict[str, object]]:
+    """Means per speaking and per listening second of each field (None: not measured here, or no such second)."""
+    out = {}
+    for kind, flag in (("speaking", True), ("listening", False)):
+        rows = [e for e in per_second if e["speaking"] is flag]
+        out[kind] = {"seconds": len(rows), **{f: _mean([e[f] for e in rows]) for f in MEAN_FIELDS}}
+    return out
+
+
+def account(make_session: Callable[[], object], frames: Sequence[object], picks: Sequence[int],
+            cuda: bool) -> Dict[int, Dict[str, object]]:
+    """A fresh session (``make_session()``, started here) over ``frames`` up to the last picked second, the
+    picked seconds under the profiler; {second: counts, with ``speaking`` and ``profiled_wall_ms``}."""
+    counted: Dict[int, Dict[str, object]] = {}
+    if not picks:
+        return counted
+    wanted = set(picks)
+    s = make_session()
+    s.start()
+    try:
+        for k, f in enumerate(frames[: max(picks) + 1]):
+            if k not in wanted:
+                s.process(f)
+                continue
+            (_, rec), c = profiled(lambda: s.process(f), cuda)
+            counted[k] = {**c, "speaking": rec.decision == "speak", "profiled_wall_ms": rec.total_ms}
+    finally:
+        s.close()
+    return counted
+
+
+def summary(picks: Sequence[int], counted: Dict[int, Dict[str, object]], records: Sequence[object],
+            replays_main: Sequence[int], cuda: bool) -> Dict[str, object]:
+    """A mode's ``accounting`` entry in bench.json."""
+    per_second = entries(picks, counted, records, replays_main)
+    return {"counts": "cuda" if cuda else "cpu (CUDA fields None; cpu_ops counted)", "seconds": list(picks),
+            "per_second": per_second, **means(per_second)}
+
+
+def _cell(v: Optional[float], fmt: str = "{:.1f}") -> str:
+    return "—" if v is None else fmt.format(v)
+
+
+def format_table(rows: Dict[str, Dict[str, object]], wrap: bool = True) -> str:
+    """Per mode, a speaking and a listening row: wall ms (unprofiled) then the profiled counts' means."""
+    heads = ["mode", "second", "n", "wall ms", "kernel ms", "kernel launches", "graph launches",
+             "graph replays counted", "memcpy", "CPU ops"]
+    body = []
+    for name, acc in rows.items():
+        for kind in ("speaking", "listening"):
+            m = acc[kind]
+            body.append([name, kind, m["seconds"], _cell(m["wall_ms"]), _cell(m["kernel_ms"]),
+                         _cell(m["kernel_launches"]), _cell(m["graph_launches"]),
+                         _cell(m["graph_replays_counted"]), _cell(m["memcpy"]), _cell(m["cpu_ops"], "{:.0f}")])
+    return table(body, heads, max_widths=[20] + [None] * 9, header_width=9, wrap=wrap)

@@ -1,0 +1,91 @@
+"""Per-second accounting in ``duplexcadence-bench session`` (engine/bench/accounting.py): kernel ms, kernel and
+graph launches per speaking / listening second next to the unprofiled wall time (CPU, tiny sizes)."""
+import csv
+import json
+
+import pytest
+
+from engine.bench import accounting
+
+
+class Event:
+    """A kineto event as the profiler hands it over: activity type, name, duration."""
+
+    def __init__(self, kind, name, ns=0):
+        self.kind, self._name, self.ns = kind, name, ns
+
+    def activity_type(self):
+        return self.kind
+
+    def name(self):
+        return self._name
+
+    def duration_ns(self):
+        return self.ns
+
+
+EVENTS = [Event("cpu_op", "aten::mm", 5000), Event("cpu_op", "aten::add", 100),
+          Event("cuda_runtime", "cudaLaunchKernel", 900), Event("cuda_runtime", "cudaLaunchKernelExC_v11060"),
+          Event("cuda_driver", "cuLaunchKernel"), Event("cuda_runtime", "cudaGraphLaunch_v10000"),
+          Event("cuda_runtime", "cudaMemcpyAsync"), Event("cuda_runtime", "cudaStreamSynchronize"),
+          Event("kernel", "gemm", 1_500_000), Event("kernel", "elementwise", 250_000),
+          Event("kernel", "graph node", 2_000_000), Event("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", 7000),
+          Event("gpu_memset", "Memset (Device)", 300)]
+
+
+def test_count_events_sums_kernels_and_counts_launches_graphs_and_copies():
+    c = accounting.count_events(EVENTS, cuda=True)
+    assert c["kernel_ms"] == pytest.approx(3.75) and c["kernels"] == 3
+    assert c["kernel_launches"] == 3                  # runtime (versioned name too) and driver launch calls
+    assert c["graph_launches"] == 1 and c["memcpy"] == 1 and c["memset"] == 1 and c["cpu_ops"] == 2
+
+
+def test_count_events_on_the_cpu_leaves_the_cuda_fields_empty_not_zero():
+    c = accounting.count_events([e for e in EVENTS if e.kind == "cpu_op"], cuda=False)
+    assert c["cpu_ops"] == 2
+    assert all(c[f] is None for f in accounting.CUDA_FIELDS)
+
+
+def test_pick_seconds_halves_spreads_and_avoids_the_first_and_capturing_seconds():
+    speaking = [False] * 4 + [True] * 6 + [False] * 10
+    captures = [3] + [0] * 3 + [5] + [0] * 15                  # second 4: the first speaking one captured
+    picks = accounting.pick_seconds(speaking, captures, 6)
+    assert [k for k in picks if speaking[k]] == [5, 7, 9]
+    assert [k for k in picks if not speaking[k]] == [1, 13, 19]
+    assert accounting.pick_seconds(speaking[:4], captures[:4], 4) == [1, 2, 3]    # no speaking second: listening fills
+    assert accounting.pick_seconds(speaking, captures, 0) == []
+    with pytest.raises(ValueError, match="--account-seconds must be 0 or more"):
+        accounting.pick_seconds(speaking, captures, -1)
+
+
+def test_bench_session_accounts_speaking_and_listening_seconds_on_cpu(tmp_path, capsys, one_torch_thread):
+    from engine.bench.cli import main
+    rc = main(["session", "--seconds", "6", "--size", "tiny", "--device", "cpu", "--modes", "graphs",
+               "--flip-seconds", "0", "--no-digests", "--account-seconds", "4", "--quiet", "--out", str(tmp_path)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 120
+    text = " ".join(out.split())
+    assert "wall ms from the main, unprofiled run" in text and "CPU op count is given instead" in text
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    assert doc["account_seconds"] == 4 and doc["modes"]["graphs"]["mean_speaking_second_ms"] > 0    # old keys kept
+    acc = doc["modes"]["graphs"]["accounting"]
+    with open(tmp_path / "session-graphs.csv") as f:
+        main_run = list(csv.DictReader(f))                   # the main, unprofiled run's records
+    per = acc["per_second"]
+    assert acc["seconds"] == [e["index"] for e in per] == [1, 3, 4, 5]
+    for e in per:
+        rec = main_run[e["index"]]
+        assert e["speaking"] == (rec["decision"] == "speak") and e["decision_matches_main"], e
+        assert e["wall_ms"] == pytest.approx(float(rec["total_ms"]), abs=1e-5)
+        assert e["graph_replays_counted"] == e["graph_replays_main"] == e["graph_captures_counted"] == 0
+        assert e["cpu_ops"] > 0 and e["profiled_wall_ms"] > 0
+        assert all(e[f] is None for f in accounting.CUDA_FIELDS)            # no CUDA numbers made up on the CPU
+    for kind, flag in (("speaking", True), ("listening", False)):
+        rows = [e for e in per if e["speaking"] is flag]
+        assert acc[kind]["seconds"] == len(rows) == 2
+        for f in ("wall_ms", "cpu_ops", "graph_replays_counted"):
+            assert acc[kind][f] == pytest.approx(sum(e[f] for e in rows) / len(rows)), (kind, f)
+        assert acc[kind]["kernel_ms"] is None and acc[kind]["kernel_launches"] is None
+    md = (tmp_path / "bench.md").read_text()
+    assert "**per-second accounting**" in md and "| eager (graph replay unavailable) | speaking" in md
