@@ -63,7 +63,7 @@ def note(cuda: bool) -> str:
 
 
 def _api(name: str) -> str:
-    """A CUDA API call's name without CUPTI's version suffix (``cudaLaunchKernelExC_v11060`` -> ``cudaLaunchKernelExC``)."""
+    """A CUDA call's name without CUPTI's version suffix (``cudaLaunchKernelExC_v11060`` -> ``cudaLaunchKernelExC``)."""
     return _VERSION.sub("", name)
 
 
@@ -182,6 +182,8 @@ def account(make_session: Callable[[], object], frames: Sequence[object], picks:
     if not picks:
         return counted
     wanted = set(picks)
+    if cuda:
+        torch.cuda.empty_cache()                  # the main run's blocks go back first, as run_mode does
     s = make_session()
     s.start()
     try:
