@@ -89,3 +89,12 @@ def test_bench_session_accounts_speaking_and_listening_seconds_on_cpu(tmp_path, 
         assert acc[kind]["kernel_ms"] is None and acc[kind]["kernel_launches"] is None
     md = (tmp_path / "bench.md").read_text()
     assert "**per-second accounting**" in md and "| eager (graph replay unavailable) | speaking" in md
+
+
+def test_bench_session_refuses_a_negative_account_seconds_in_one_line(tmp_path, capsys):
+    from engine.bench.cli import main
+    rc = main(["session", "--seconds", "2", "--size", "tiny", "--device", "cpu", "--account-seconds", "-1",
+               "--quiet", "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == ["duplexcadence-bench session: error: --account-seconds must be 0 or more, not -1"]
+    assert not (tmp_path / "bench.json").exists()
