@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.backbones.minicpmo45.audio import POSITIONS, AudioEncoder, ResetWindow
+from engine.backbones.minicpmo45.audio import POSITIONS, AudioEncoder, FrontEnd, ResetWindow
 from engine.backbones.minicpmo45.dims import PRESETS, Sampling, preset
 from engine.backbones.minicpmo45.kv import GrowingKV, demand_units, kv_regions, make_store, switch_store
 from engine.backbones.minicpmo45.layers import seeded_init
@@ -228,11 +228,12 @@ def test_encoder_stock_arena_equals_demand_arena_across_resets(one_torch_thread)
     spec = enc.session_spec()
     ex = {m: Executor(enc, make_plan(enc.regions(spec), spec), "cpu", demand_sized=(m == "demand"))
           for m in ("stock", "demand")}
+    front = FrontEnd(enc.fbank, enc.window, "cpu", demand_sized=True)
     rng = torch.Generator().manual_seed(0)
     for k in range(7):                                          # two resets at the tiny size
-        pcm = torch.randn(24000, generator=rng) * 0.1
-        a = ex["stock"].step({"pcm": pcm})["emb"]
-        b = ex["demand"].step({"pcm": pcm})["emb"]
+        feats = front(torch.randn(24000, generator=rng) * 0.1)
+        a = ex["stock"].step({"features": feats})["emb"]
+        b = ex["demand"].step({"features": feats})["emb"]
         assert a.shape == (10, d.llm.hidden) and torch.equal(a, b)
     assert ex["stock"].arena.states["enc_k"].length == ex["demand"].arena.states["enc_k"].length == 50
 

@@ -17,10 +17,13 @@ in both KV modes (our stock-policy ``torch.cat`` history and our optimized preal
   history, each row, and our code draw from the stock's generator state — every code;
 * encoder output: our encoder's convolutions, positions, layers (their key/value history dropped where the
   stock drops its cache), final norm, projector and pooling on the stock's audio features of each second
-  (its first second has no left context: 102 frames, nothing cut before) — every second.
+  (its first second has no left context: 102 frames, nothing cut before) — every second;
+* audio features and encoder output in a session: our ``FrontEnd`` (the stock's streaming log-mel rules)
+  and our encoder stepped second by second on their executors over the same 16 kHz input, in both arenas —
+  every second's features and audio tokens.
 
-Where our loop still differs from the stock (the audio front end, the encoder's second, token2wav's
-chunking), there is no test here: see the module ``STOCK_DIFFERENCES`` list below, said plainly.
+Where our loop still differs from the stock (the reference audio's prefill, token2wav's chunking), there is
+no test here: see the module ``STOCK_DIFFERENCES`` list below, said plainly.
 """
 from __future__ import annotations
 
@@ -52,10 +55,6 @@ pytestmark = [pytest.mark.oracle, pytest.mark.bits]
 
 #: where our loop is not yet the stock's (issue 21), so no stage test claims it
 STOCK_DIFFERENCES = (
-    "audio features: ours resample 24 kHz -> 16 kHz with our FIR and floor the log-mel at the running max - 8 "
-    "of our own window; the stock takes 16 kHz, its StreamingMelProcessorExact (1035 ms first chunk, 30 s "
-    "sliding buffer) and a max - 8 floor over its whole buffer",
-    "encoder output in a session: follows from the features (the encoder itself equals the stock's on them)",
     "reference audio prefill in a session: the stock encodes the whole clip under a chunk mask in prepare; our "
     "backbone feeds the system prompt's prefix and suffix ids only (the prelude itself equals the stock's when "
     "handed the stock's reference embeddings)",
@@ -343,3 +342,34 @@ def test_our_session_seeds_and_voices_as_the_stock_does(runs, monkeypatch, one_t
             monkeypatch.setattr(sampling.TextSampler, "__call__", real)
         assert states, "our session drew nothing in 8 s"
         assert torch.equal(states[0], _stock(run, "llm_rng")[0]), f"seed {seed}: first draw's generator state"
+
+
+@pytest.mark.parametrize("demand", [False, True], ids=["stock-policy", "optimized"])
+def test_front_end_and_encoder_equal_the_stock_loop_in_a_session(runs, modules, demand, tmp_path,
+                                                                   one_torch_thread):
+    """The same 16 kHz input the stock read, second by second through our FrontEnd (the stock's streaming
+    log-mel: 560 leading zeros, 80 samples held back a second, the whole-buffer floor, the 30 s buffer slid
+    by 10 s) and our encoder on its executor (first second 102 frames, no left context): every second's
+    features and encoder output equal the stock's."""
+    import soundfile as sf
+    from engine.backbones.minicpmo45.audio import FrontEnd
+    from engine.core import Executor, make_plan
+    pcm, rate = sf.read(str(_input(tmp_path / "in16.wav")), dtype="float32")
+    assert rate == 16000 and len(pcm) == SECONDS * rate
+    enc = modules.encoder
+    spec = enc.session_spec()
+    _, out = runs
+    for seed, run in out.items():
+        front = FrontEnd(enc.fbank, enc.window, "cpu", demand_sized=demand)
+        ex = Executor(enc, make_plan(enc.regions(spec), spec), "cpu", demand_sized=demand, graph_replay=False)
+        ex.init_state({})
+        with torch.no_grad():
+            for s, rec in enumerate(run["seconds"]):
+                feats = front(torch.from_numpy(pcm[s * rate:(s + 1) * rate]))
+                want = rec["audio_features"][0][0]
+                assert feats.shape == want.shape and torch.equal(feats, want), \
+                    f"seed {seed} second {s}: features {tuple(feats.shape)} vs {tuple(want.shape)}" + \
+                    (f", max |diff| {(feats - want).abs().max():.3g}" if feats.shape == want.shape else "")
+                emb = ex.step({"features": feats})["emb"]
+                assert torch.equal(emb, rec["encoder"][0]), \
+                    f"seed {seed} second {s}: encoder output {(emb - rec['encoder'][0]).abs().max():.3g}"

@@ -1,14 +1,13 @@
-"""LISTEN's first half: one second of 24 kHz microphone audio -> 10 LLM-width audio tokens.
+"""LISTEN's first half: one second of microphone audio -> 10 LLM-width audio tokens.
 
-An engine :class:`~engine.core.model.StreamingModel` with one step per second:
-
-1. resample 24 kHz -> 16 kHz (a two-phase windowed-sinc FIR, its input history a Fixed region);
-2. log-mel (80 bins, 25 ms Hann windows, 10 ms hop) of 104 frames: the second's 100 frames, delayed by
-   20 ms so that the 2 frames of right context the encoder's convolutions want have already arrived,
-   plus 2 frames of left context (the 16 kHz history is a Fixed region of 880 samples);
-3. Whisper encoder: conv(k3) + GELU, conv(k3, stride 2) + GELU -> 52 positions, the two edge positions
-   dropped -> 50; learned positions from where the encoder's cache stands; 24 pre-norm layers attending
-   over the cache plus the new 50 (keys/values are regions); final LayerNorm;
+1. 24 kHz input (the session's frames) is taken to 16 kHz by :class:`FirResampler` (a two-phase
+   windowed-sinc FIR, its input history kept across seconds); 16 kHz input (the stock's) goes on as is;
+2. the stock's streaming log-mel (:mod:`.mel`, its own engine model): 104 frames a second (the second's
+   100 with 2 frames of context each side), 102 on the first second (no left context);
+3. this engine :class:`~engine.core.model.StreamingModel`, one step per second: the Whisper encoder's
+   conv(k3) + GELU, conv(k3, stride 2) + GELU -> 52 positions, the two edge positions dropped -> 50 (the
+   first second: 51, the last dropped); learned positions from where the encoder's cache stands; 24
+   pre-norm layers attending over the cache plus the new 50 (keys/values are regions); final LayerNorm;
 4. projector (1024 -> 4096, ReLU, 4096 -> 4096) and AvgPool(5): 10 tokens.
 
 The stock keeps growing the encoder's key/value cache and drops it when it would reach the encoder's
@@ -19,25 +18,26 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.core import Clock, Fixed, Region, SessionSpec, SlidingWindow, StateView, StepPlan, StreamingModel
+from engine.core.graphs import example_randn
+from engine.core import (Clock, Executor, Region, Retention, SessionSpec, SlidingWindow, StateView, StepPlan,
+                         StreamingModel, make_plan)
+from engine.core.toggles import Toggles
 
 from .dims import AudioDims
 from .layers import Projector
+from .mel import FRAMES as MEL_FRAMES, HOP, RATE, WIN, StreamingLogMel
 
-RATE_IN, RATE = 24000, 16000
-HOP, WIN, N_FFT = 160, 400, 400
-FRAMES = 100                      # mel frames per second
-CONTEXT = 2                       # mel frames of context on each side
-POSITIONS = FRAMES // 2           # encoder positions per second
+RATE_IN = 24000                   # the session's frames
+N_FFT = WIN
+POSITIONS = MEL_FRAMES // 2       # encoder positions per second
 TAPS = 48                         # resampler FIR length (per phase)
 RS_HISTORY = TAPS - 3             # 24 kHz samples kept between seconds
-MEL_HISTORY = (2 * CONTEXT) * HOP + (WIN - HOP)   # 880 samples of 16 kHz kept between seconds
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,73 @@ class ResetWindow(SlidingWindow):
 
     def describe(self) -> str:
         return f"grow, reset before {self.window}"
+
+
+@dataclass(frozen=True)
+class Begun(Retention):
+    """One unit once the stream has begun: the first step reads 0 -> 1, every later one 1 -> 2, so the
+    first second (framed apart: no left context) has a signature of its own."""
+
+    kind = "begun"
+
+    def initial(self, prefix: int) -> int:
+        return 0
+
+    def after(self, grown: int, prefix: int) -> int:
+        return 1
+
+    def describe(self) -> str:
+        return "begun"
+
+
+class FirResampler:
+    """24 kHz -> 16 kHz, one second at a time: [24000] -> [16000] float32, its 45-sample input history kept
+    (allocated once, updated in place)."""
+
+    def __init__(self, device):
+        self.kernels = resampler_kernels().to(device)
+        self.history = torch.zeros(RS_HISTORY, device=device)
+
+    def __call__(self, pcm: torch.Tensor) -> torch.Tensor:
+        ext = torch.cat([self.history, pcm.to(torch.float32)])                        # [45 + 24000]
+        self.history.copy_(ext[-RS_HISTORY:])
+        y = F.conv1d(ext.view(1, 1, -1), self.kernels, stride=3)                     # [1, 2, 8000]
+        return y[0].transpose(0, 1).reshape(-1)                                      # [16000]
+
+
+class FrontEnd:
+    """One second of input -> the stock's log-mel frames for the encoder ([n_mels, 104]; 102 the first).
+
+    The input contract: one second of mono float32, either at 16 kHz (16,000 samples: the samples the stock
+    receives, taken as they are, so the features are the stock's bit for bit) or at 24 kHz (24,000 samples:
+    the session's frames, taken to 16 kHz by :class:`FirResampler` first). The first second fixes the rate.
+    The log-mel runs on its own executor (state in the arena the toggles choose; eager, no CUDA graphs)."""
+
+    def __init__(self, fbank: torch.Tensor, window: torch.Tensor, device, demand_sized: bool):
+        self.mel = StreamingLogMel(fbank, window)
+        spec = self.mel.session_spec()
+        self.executor = Executor(self.mel, make_plan(self.mel.regions(spec), spec), device,
+                                 demand_sized=demand_sized, graph_replay=False)
+        self.executor.init_state({})
+        self.resampler = FirResampler(device)
+        self.rate: Optional[int] = None
+
+    def __call__(self, audio: torch.Tensor) -> torch.Tensor:
+        rate = {RATE: RATE, RATE_IN: RATE_IN}.get(int(audio.shape[-1])) if audio.dim() == 1 else None
+        if rate is None:
+            raise ValueError(f"minicpm-o-4.5 listens to one second of mono audio at 16 kHz ({RATE} samples) or "
+                             f"24 kHz ({RATE_IN}); got shape {tuple(audio.shape)}")
+        if self.rate is not None and rate != self.rate:
+            raise ValueError(f"this session's audio is at {self.rate} Hz; a second at {rate} Hz cannot follow it")
+        self.rate = rate
+        pcm = audio.to(torch.float32) if rate == RATE else self.resampler(audio)
+        return self.executor.step({"pcm": pcm})["features"]
+
+    def set_toggles(self, toggles: Toggles) -> None:
+        self.executor.set_toggles(Toggles(toggles.demand_sized, False))
+
+    def state_bytes(self) -> int:
+        return int(self.executor.state_bytes()) + self.resampler.history.numel() * 4
 
 
 def resampler_kernels(taps: int = TAPS, cutoff: float = 0.3) -> torch.Tensor:
@@ -113,15 +180,16 @@ class EncoderLayer(nn.Module):
         self.final_layer_norm = nn.LayerNorm(d, eps=a.eps)
 
     def forward(self, x: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor,
-                k_new: torch.Tensor, v_new: torch.Tensor) -> torch.Tensor:
-        # x: [1, T, d]; k_all/v_all: [H, L, hd] (history + these T, written through k_new/v_new [H, T, hd])
+                k_new: torch.Tensor, v_new: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        # x: [1, T, d]; k_all/v_all: [H, L, hd] (history + these T, written through k_new/v_new [H, T, hd]);
+        # mask: an additive [1, 1, T, L] attention mask (the reference clip's chunk mask, ref_audio.py) or None
         t = x.shape[1]
         att = self.self_attn
         h = self.self_attn_layer_norm(x)
         q = att.q_proj(h).view(1, t, self.h, self.hd).transpose(1, 2)              # [1, H, T, hd]
         k_new.copy_(att.k_proj(h).view(t, self.h, self.hd).transpose(0, 1))
         v_new.copy_(att.v_proj(h).view(t, self.h, self.hd).transpose(0, 1))
-        o = F.scaled_dot_product_attention(q, k_all.unsqueeze(0), v_all.unsqueeze(0))   # [1, H, T, hd]
+        o = F.scaled_dot_product_attention(q, k_all.unsqueeze(0), v_all.unsqueeze(0), attn_mask=mask)   # [1,H,T,hd]
         x = x + att.out_proj(o.transpose(1, 2).reshape(1, t, -1))
         return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
 
@@ -129,7 +197,8 @@ class EncoderLayer(nn.Module):
 class AudioEncoder(StreamingModel):
     """Streaming Whisper encoder + projector + pooling, one engine step per second of audio.
 
-    Step input ``pcm``: [24000] float32; output ``emb``: [10, llm_hidden] in the model dtype.
+    Step input ``features``: [n_mels, 104] float32 log-mel (:mod:`.mel`; [n_mels, 102] on the first
+    second); output ``emb``: [10, llm_hidden] in the model dtype.
     Parameter names follow the checkpoint (``conv1``, ``conv2``, ``embed_positions``, ``layers.N``,
     ``layer_norm``; the projector is ``proj.linear1/2``, stored as ``audio_projection_layer``).
     """
@@ -150,9 +219,8 @@ class AudioEncoder(StreamingModel):
         self.audio_clock = Clock("seconds", (1,), rate_hz=1.0)
 
     def float_buffers(self, device) -> None:
-        """(Re)make the float32 constants (resampler FIR, Hann window, mel filters) on ``device``; call
-        after casting the parameters to another dtype."""
-        self.register_buffer("rs_kernels", resampler_kernels().to(device), persistent=False)
+        """(Re)make the float32 constants (Hann window, mel filters) on ``device``; call after casting the
+        parameters to another dtype."""
         self.register_buffer("window", torch.hann_window(WIN, periodic=True).to(device), persistent=False)
         self.register_buffer("fbank", slaney_mel(self.a.n_mels).to(device), persistent=False)
 
@@ -164,10 +232,8 @@ class AudioEncoder(StreamingModel):
         ret = ResetWindow(a.max_positions, POSITIONS)
         note = "HF past_key_values grown by torch.cat each second, dropped before reaching max positions"
         return [
-            Region("rs_hist", (RS_HISTORY,), self.audio_clock, Fixed(0), stock_note="new tensor each second",
-                   doc="24 kHz input history of the resampler"),
-            Region("mel_hist", (MEL_HISTORY,), self.audio_clock, Fixed(0), stock_note="new tensor each second",
-                   doc="16 kHz samples of the mel frames' left context"),
+            Region("begun", (None,), self.audio_clock, Begun(), dtype=torch.uint8,
+                   stock_note="audio_chunk_idx == 0", doc="whether the stream has begun (first-second framing)"),
             Region("enc_k", shape, self.clock, ret, dtype=dt, stock_note=note, doc="encoder keys"),
             Region("enc_v", shape, self.clock, ret, dtype=dt, stock_note=note, doc="encoder values"),
         ]
@@ -176,12 +242,13 @@ class AudioEncoder(StreamingModel):
         return SessionSpec(steps=None, label="MiniCPM-o 4.5 audio encoder")
 
     def example_inputs(self, plan: StepPlan, device) -> Dict[str, torch.Tensor]:
-        return {"pcm": torch.randn(RATE_IN, device=device) * 0.1}
+        frames = MEL_FRAMES + 2 * (2 if plan.before["begun"] else 1)
+        return {"features": example_randn((self.a.n_mels, frames), device) * 0.1}
 
     def step(self, state: StateView, inputs: Dict[str, torch.Tensor], plan: StepPlan) -> Dict[str, torch.Tensor]:
-        pcm16 = self._resample(state, inputs["pcm"])                 # [16000] float32
-        mel = self._log_mel(state, pcm16)                            # [80, 104] float32
-        x = self._front(mel.to(self.conv1.weight.dtype))             # [1, 50, d]
+        mel = inputs["features"]                                     # [80, 104] float32 ([80, 102] first)
+        state["begun"].tail().fill_(1)
+        x = self._front(mel.to(self.conv1.weight.dtype), plan.before["begun"] == 0)   # [1, 50, d]
         before = plan.before["enc_k"]                                # host int, fixed per signature
         x = x + self.embed_positions.weight[before:before + POSITIONS].unsqueeze(0)
         k_all, v_all = state["enc_k"].grow(), state["enc_v"].grow()  # [L, H, before + 50, hd]
@@ -193,21 +260,7 @@ class AudioEncoder(StreamingModel):
         return {"emb": emb[0]}
 
     # -- pieces --------------------------------------------------------------------------------------
-    def _resample(self, state: StateView, pcm: torch.Tensor) -> torch.Tensor:
-        ext = torch.cat([state["rs_hist"].get(), pcm.to(torch.float32)])           # [45 + 24000]
-        state["rs_hist"].set(ext[-RS_HISTORY:])
-        y = F.conv1d(ext.view(1, 1, -1), self.rs_kernels, stride=3)                  # [1, 2, 8000]
-        return y[0].transpose(0, 1).reshape(-1)                                      # [16000]
-
-    def _log_mel(self, state: StateView, pcm16: torch.Tensor) -> torch.Tensor:
-        ext = torch.cat([state["mel_hist"].get(), pcm16])                            # [880 + 16000]
-        state["mel_hist"].set(ext[-MEL_HISTORY:])
-        frames = ext.unfold(0, WIN, HOP) * self.window                               # [104, 400]
-        power = torch.fft.rfft(frames, n=N_FFT, dim=-1).abs().pow(2)                 # [104, 201]
-        mel = torch.clamp(power @ self.fbank, min=1e-10).log10()                     # [104, 80]
-        return ((mel + 4.0) / 4.0).transpose(0, 1)                                   # [80, 104]
-
-    def _front(self, mel: torch.Tensor) -> torch.Tensor:
+    def _front(self, mel: torch.Tensor, first: bool) -> torch.Tensor:
         h = F.gelu(self.conv1(mel.unsqueeze(0)))                                     # [1, d, 104]
-        h = F.gelu(self.conv2(h))                                                    # [1, d, 52]
-        return h[:, :, 1:-1].transpose(1, 2)                                         # [1, 50, d]
+        h = F.gelu(self.conv2(h))                                                    # [1, d, 52] (51 first)
+        return h[:, :, (0 if first else 1):-1].transpose(1, 2)                       # [1, 50, d]

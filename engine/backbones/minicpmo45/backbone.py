@@ -31,7 +31,7 @@ from engine.core import Executor, make_plan
 from engine.core.toggles import PendingToggles, Toggles
 
 from ..base import Backbone, BackboneInfo, Thought, TokenFormat
-from .audio import AudioEncoder
+from .audio import AudioEncoder, FrontEnd
 from .dims import Dims, preset
 from .kv import demand_units, kv_regions, make_store, switch_store
 from .layers import pin_attention_kernels, seeded_init
@@ -106,6 +106,7 @@ class MiniCPMO45Backbone(Backbone):
                                      debug=self.debug, **self._toggles)
             self.executor.prepare_graphs(lambda sp: self.encoder.example_inputs(sp, dev))
             self.executor.init_state({})
+            self.front = FrontEnd(self.encoder.fbank, self.encoder.window, dev, self._toggles.demand_sized)
             self._make_stores()
             self._prepare_tts_graphs()
             self.llm_graphs: Optional[LayerGraphs] = make_layer_graphs(self.llm, self.kv_llm, dev, self._graphs_on())
@@ -184,10 +185,12 @@ class MiniCPMO45Backbone(Backbone):
 
     # -- per second ------------------------------------------------------------------------------------
     def listen(self, audio: torch.Tensor, vad: "VadResult") -> None:
+        """One second at 16 kHz (16000 samples, as the stock takes it) or 24 kHz (24000, the session's
+        frames: resampled to 16 kHz first); see :class:`~.audio.FrontEnd`."""
         self._apply_toggles()
         self._speech = bool(vad.speech)
         with torch.no_grad():
-            emb = self.executor.step({"pcm": audio})["emb"]            # [10, llm hidden]
+            emb = self.executor.step({"features": self.front(audio)})["emb"]   # [10, llm hidden]
             if self._tap is not None:
                 self._tap("encoder", emb)
             self.protocol.prefill(emb)
@@ -232,6 +235,7 @@ class MiniCPMO45Backbone(Backbone):
             return
         self._toggles = pending
         self.executor.set_toggles(pending)
+        self.front.set_toggles(pending)
         demand = self._toggles.demand_sized
         p = self.protocol
         p.kv_llm = self.kv_llm = switch_store(self.kv_llm, demand, self.llm_capacity, self.device, growable=True)
@@ -261,7 +265,8 @@ class MiniCPMO45Backbone(Backbone):
     def state_bytes(self) -> int:
         if not hasattr(self, "protocol"):
             return 0
-        return int(self.executor.state_bytes() + self.kv_llm.nbytes() + self.kv_tts.nbytes())
+        return int(self.executor.state_bytes() + self.front.state_bytes() + self.kv_llm.nbytes()
+                   + self.kv_tts.nbytes())
 
     def shared_weights(self) -> Optional[Dict[str, object]]:
         """The LLM, TTS and encoder modules (read-only while stepping) for another session's backbone."""
@@ -270,6 +275,6 @@ class MiniCPMO45Backbone(Backbone):
         return {"llm": self.llm, "tts": self.tts, "encoder": self.encoder}
 
     def close(self) -> None:
-        for name in ("protocol", "executor", "llm", "tts", "encoder", "kv_llm", "kv_tts", "tts_graphs", "llm_graphs"):
+        for name in ("protocol", "executor", "front", "llm", "tts", "encoder", "kv_llm", "kv_tts", "tts_graphs", "llm_graphs"):
             if hasattr(self, name):
                 delattr(self, name)
