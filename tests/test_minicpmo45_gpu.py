@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.backbones.minicpmo45.audio import AudioEncoder
+from engine.backbones.minicpmo45.audio import AudioEncoder, FrontEnd
 from engine.backbones.minicpmo45.dims import preset
 from engine.backbones.minicpmo45.kv import kv_regions, make_store
 from engine.backbones.minicpmo45.layers import pin_attention_kernels, seeded_init
@@ -40,11 +40,12 @@ def encoder_seconds(device: str, size: str, seconds: int, graphs: bool):
                     debug=True)
     captured = ours.prepare_graphs(lambda sp: enc.example_inputs(sp, device))
     g = torch.Generator(device="cpu").manual_seed(0)
+    front = FrontEnd(enc.fbank, enc.window, device, demand_sized=True)
     pairs = []
     with torch.no_grad():
         for _ in range(seconds):
-            pcm = (torch.randn(24000, generator=g) * 0.1).to(device)
-            pairs.append((stock.step({"pcm": pcm})["emb"], ours.step({"pcm": pcm})["emb"]))
+            feats = front((torch.randn(24000, generator=g) * 0.1).to(device))
+            pairs.append((stock.step({"features": feats})["emb"], ours.step({"features": feats})["emb"]))
     return pairs, captured, ours.stats
 
 
