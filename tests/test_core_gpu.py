@@ -76,3 +76,43 @@ def test_finite_session_replays_repeated_signatures_and_runs_one_offs_eagerly():
     out, ex = _run(m, plan, xs[:30], prompt, lambda k: {"demand_sized": True, "graph_replay": True})
     assert all(torch.equal(a, b) for a, b in zip(ref, out))
     assert ex.stats.replayed_steps > 20
+
+
+def test_captures_never_race_eager_draws_in_other_threads():
+    """Session 4's crash, reduced: thread A draws from the CUDA default generator (as a MiniCPM-o sampler
+    and a Step-Audio2 example input did) in its concurrent seconds while thread B, also in a concurrent
+    second, captures a graph that draws. Without the one gate A's draw during B's capture raised "Offset
+    increment outside graph capture"; with it B's capture is upgraded to exclusive, A waits, both go on,
+    and the graph's draws replay from the state it registered."""
+    import threading
+    from engine.core.gate import GATE
+    from engine.core.graphs import GraphRuntime
+    errors, stop = [], threading.Event()
+
+    def drawer():
+        s = torch.cuda.Stream()
+        try:
+            while not stop.is_set():
+                with GATE.shared(), torch.cuda.stream(s):
+                    torch.randint(0, 100, (64,), device=DEV).sum().item()
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    t = threading.Thread(target=drawer)
+    t.start()
+    rt = GraphRuntime(DEV, "test")
+    x = torch.randn(256, device=DEV)
+    try:
+        for _ in range(20):
+            with GATE.shared():
+                with rt.side():
+                    y = x * torch.rand_like(x)
+                graph, out = rt.capture(lambda: x * torch.rand_like(x))
+                rt.replay(graph)
+                torch.cuda.synchronize()
+                assert out.shape == y.shape and torch.isfinite(out).all()
+    finally:
+        stop.set()
+        t.join(30)
+    assert not errors, errors[0]
+    assert GATE.upgrades >= 20 and rt.captures == 20 and rt.replays == 20

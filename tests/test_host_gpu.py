@@ -84,3 +84,52 @@ def test_batched_listen_groups_keep_bits(n):
     assert sum(r.hosted.exclusive_seconds for r in runners) == 0             # the members' seconds interleaved
     for i in range(n):
         assert np.array_equal(outs[i], _solo(cfg, inputs[i])), f"batched session {i} differs from its solo run"
+
+
+def test_whole_minicpmo_sessions_start_and_stop_at_random_seconds(tmp_path):
+    """Five whole MiniCPM-o 4.5 sessions (encoder, LLM, TTS, token2wav; tiny dims) start and stop at random
+    seconds of each other, so their builds and captures overlap the others' seconds; one flips its
+    toggles, two have 2 s replies whose TTS store outgrows its room (a capture inside a concurrent second,
+    which the gate upgrades); one whose folder is empty fails to start, alone, with one line. Every other
+    session equals its solo run, bit for bit."""
+    import time
+    rng = np.random.default_rng(2026)
+    base = SessionConfig(backbone="minicpm-o-4.5", size="tiny", device="cuda")
+    cfgs = [base.replace(seed=10 + i, reply_seconds=2 if i in (1, 3) else 4) for i in range(5)]
+    starts = [0] + sorted(int(x) for x in rng.integers(1, 6, size=4))
+    lengths = [int(x) for x in rng.integers(5, 9, size=5)]
+    inputs = [frames_of(speech_like(10, seed=700 + i))[:10] for i in range(5)]
+    flips = {2: {1: {"graph_replay": False}, 3: {"graph_replay": True}}}
+    host = EngineHost(device="cuda", launch="threads")
+    bad = host.open(base.replace(seed=1, backbone_checkpoint=str(tmp_path)), force=True)
+    runners, fed, outs = {}, {i: 0 for i in range(5)}, {i: [] for i in range(5)}
+    for tick in range(max(s + n for s, n in zip(starts, lengths)) + 1):
+        if tick == 2:
+            bad.start()
+        for i in range(5):
+            if starts[i] == tick:
+                runners[i] = host.open(cfgs[i], force=True)
+                runners[i].start()                   # builds (and captures) while the others run
+            if i in runners and fed[i] < lengths[i] and tick >= starts[i]:
+                if i in flips and fed[i] in flips[i]:
+                    runners[i].set_toggles(runners[i].asked_toggles().merged(**flips[i][fed[i]]))
+                runners[i].submit(inputs[i][fed[i]])
+                fed[i] += 1
+                if fed[i] == lengths[i]:
+                    runners[i].stop(timeout=600, drain=True)
+        time.sleep(0.05)
+    for i, r in runners.items():
+        assert r.done.wait(600)
+        while not r.results.empty():
+            res = r.results.get()
+            assert not isinstance(res, LiveError), f"session {i}: {res.message}"
+            outs[i].append(res.audio)
+        assert len(outs[i]) == lengths[i], (i, len(outs[i]))
+    failed = bad.results.get(timeout=300)
+    assert isinstance(failed, LiveError) and "cannot start the session" in failed.message
+    assert "\n" not in failed.message.strip()
+    print("captures upgraded from a concurrent second:", host.gate.upgrades)
+    host.close()
+    for i in range(5):
+        solo = _solo(cfgs[i], inputs[i][:lengths[i]])
+        assert np.array_equal(np.concatenate(outs[i]), solo), f"MiniCPM-o session {i} differs from its solo run"
