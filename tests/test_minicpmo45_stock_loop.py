@@ -18,11 +18,14 @@ in both KV modes (our stock-policy ``torch.cat`` history and our optimized preal
 * encoder output: our encoder's convolutions, positions, layers (their key/value history dropped where the
   stock drops its cache), final norm, projector and pooling on the stock's audio features of each second
   (its first second has no left context: 102 frames, nothing cut before) — every second;
+* reference audio: our whole-clip path (ref_audio.py) on the folder's ``assets/HT_ref_audio.wav`` — the
+  clip as loaded, its Whisper features and its embeddings — and our backbone's own prelude (system prompt
+  around those embeddings), after which the first second's LLM logits are the stock's;
 * audio features and encoder output in a session: our ``FrontEnd`` (the stock's streaming log-mel rules)
   and our encoder stepped second by second on their executors over the same 16 kHz input, in both arenas —
   every second's features and audio tokens.
 
-Where our loop still differs from the stock (the reference audio's prefill, token2wav's chunking), there is
+Where our loop still differs from the stock (token2wav's chunking), there is
 no test here: see the module ``STOCK_DIFFERENCES`` list below, said plainly.
 """
 from __future__ import annotations
@@ -55,9 +58,6 @@ pytestmark = [pytest.mark.oracle, pytest.mark.bits]
 
 #: where our loop is not yet the stock's (issue 21), so no stage test claims it
 STOCK_DIFFERENCES = (
-    "reference audio prefill in a session: the stock encodes the whole clip under a chunk mask in prepare; our "
-    "backbone feeds the system prompt's prefix and suffix ids only (the prelude itself equals the stock's when "
-    "handed the stock's reference embeddings)",
     "token2wav chunking: the stock decodes every buffer of >= 8 codes each speaking second (force_flush); "
     "ours waits for 28",
 )
@@ -271,41 +271,72 @@ def test_encoder_output_equals_the_stock_loop_on_its_features(runs, modules, one
             assert torch.equal(a, r), f"seed {seed} second {s}: encoder output {(a - r).abs().max():.3g}"
 
 
-@pytest.mark.parametrize("demand", [False, True], ids=["stock-policy", "optimized"])
-def test_prelude_and_first_second_equal_the_stock_loop(runs, modules, demand, one_torch_thread):
-    """Our prelude (prompt.py: the default system prompt through the folder's tokenizer, fed by
-    Protocol.prepare) is the stock's prepare: the same ids, and with the stock's reference-audio embeddings
-    the same KV history, so the first second's LLM logits (the stock's feeds of that second) are equal."""
-    from engine.backbones.minicpmo45.prompt import DEFAULT_SYSTEM_PROMPT, prelude
-    _, out = runs
-    p = modules.protocol
+def test_reference_audio_embeddings_equal_the_stock_loop(runs, modules, one_torch_thread):
+    """Our whole-clip path (ref_audio.py) on the folder's HT_ref_audio.wav: the clip as our WAV reader loads it,
+    its Whisper features (30 s window, max - 8 floor) and the encoder's output under the chunk mask, with the
+    streaming encoder's own modules, are the stock's prepare's."""
+    from engine.backbones.minicpmo45.ref_audio import choose_clip, clip_log_mel, load_clip, reference_embeddings
+    folder, out = runs
+    clip = choose_clip(folder, str(folder / "voice.npz"))         # an npz voice holds no audio: the folder's clip
+    assert clip == folder / "assets" / "HT_ref_audio.wav" == modules.reference_clip
+    pcm = torch.from_numpy(load_clip(clip))
+    enc = modules.encoder
+    with torch.no_grad():
+        feats = clip_log_mel(pcm, enc.fbank)
+        ours = reference_embeddings(enc, clip)
     for seed, run in out.items():
         prep = run["prepare"]
-        assert prep["system_prompt"] == DEFAULT_SYSTEM_PROMPT
-        ours = prelude(modules.folder.tokenizer, DEFAULT_SYSTEM_PROMPT, prep["ref_encoder"][0])
-        assert ours.prefix_ids == prep["prefix_ids"] and ours.suffix_ids == prep["suffix_ids"]
-        feeds = prep["feeds"]
-        assert [f[0] for f in feeds] == [ours.prefix_ids, None, ours.suffix_ids]
-        assert torch.equal(feeds[1][1], ours.reference)
-        saved, p.kv_llm = p.kv_llm, _store(modules.dims.llm, demand)
-        try:
+        assert torch.equal(pcm, prep["ref_audio"]), f"seed {seed}: the clip as loaded"
+        ref_feats = prep["ref_features"][0]
+        assert ref_feats.shape[0] == 1 and int(prep["ref_feature_lens"][0]) == feats.shape[1] == ref_feats.shape[2]
+        assert torch.equal(feats, ref_feats[0]), f"seed {seed}: features {(feats - ref_feats[0]).abs().max():.3g}"
+        ref = prep["ref_encoder"][0]
+        assert ours.shape == ref.shape and ours.shape[0] > 10, (ours.shape, ref.shape)
+        assert torch.equal(ours, ref), f"seed {seed}: reference embeddings {(ours - ref).abs().max():.3g}"
+
+
+@pytest.mark.parametrize("demand", [False, True], ids=["stock-policy", "optimized"])
+def test_prelude_and_first_second_equal_the_stock_loop(runs, demand, one_torch_thread):
+    """Our backbone's own prelude (started in either KV mode: the default system prompt through the folder's
+    tokenizer around our reference embeddings, fed by Protocol.prepare) is the stock's prepare: the same ids
+    and embeddings, so the same KV history, and the first second's LLM logits (the stock's feeds of that
+    second) are equal."""
+    from engine.backbones.base import TokenFormat
+    from engine.backbones.minicpmo45 import MiniCPMO45Backbone
+    from engine.backbones.minicpmo45.prompt import DEFAULT_SYSTEM_PROMPT, prelude
+    from engine.backbones.minicpmo45.ref_audio import reference_embeddings
+    folder, out = runs
+    b = MiniCPMO45Backbone(TokenFormat(1, 6561, 25.0), size="tiny", device="cpu", checkpoint=str(folder),
+                           turn_policy="model", demand_sized=demand, graph_replay=False)
+    b.start()
+    try:
+        with torch.no_grad():
+            ours = prelude(b.folder.tokenizer, b.system_prompt, reference_embeddings(b.encoder, b.reference_clip))
+        n = len(ours.prefix_ids) + ours.reference.shape[0] + len(ours.suffix_ids)
+        assert b.kv_llm.kind == ("demand" if demand else "stock") and b.kv_llm.length == n
+        k0, v0 = b.kv_llm.export()                                     # the prelude's history
+        for seed, run in out.items():
+            prep = run["prepare"]
+            assert prep["system_prompt"] == b.system_prompt == DEFAULT_SYSTEM_PROMPT
+            assert ours.prefix_ids == prep["prefix_ids"] and ours.suffix_ids == prep["suffix_ids"]
+            feeds = prep["feeds"]
+            assert [f[0] for f in feeds] == [ours.prefix_ids, None, ours.suffix_ids]
+            assert torch.equal(feeds[1][1], ours.reference), f"seed {seed}: the reference embeddings fed"
+            first = run["seconds"][0]
+            b.kv_llm.load(k0, v0)
+            rows = []
             with torch.no_grad():
-                p.prepare(ours.prefix_ids, ours.reference, ours.suffix_ids)
-                kv = p.kv_llm
-                n = len(ours.prefix_ids) + ours.reference.shape[0] + len(ours.suffix_ids)
-                assert kv.length == n
-                first = run["seconds"][0]
-                rows = []
                 for ids, emb, want in first["feeds"]:
-                    h = modules.llm(modules.llm.embed(ids) if ids is not None else emb, kv)
+                    h = b.llm(b.llm.embed(ids) if ids is not None else emb, b.kv_llm)
                     if want:
-                        rows.append(modules.llm.logits(h))
-        finally:
-            p.kv_llm = saved
-        ref = first["llm_logits"]
-        assert len(rows) == len(ref) > 0
-        for i, (a, r) in enumerate(zip(rows, ref)):
-            assert torch.equal(a, r), f"seed {seed}: first second's logits row {i}: max |diff| {(a - r).abs().max():.3g}"
+                        rows.append(b.llm.logits(h))
+            ref = first["llm_logits"]
+            assert len(rows) == len(ref) > 0
+            for i, (a, r) in enumerate(zip(rows, ref)):
+                assert torch.equal(a, r), f"seed {seed}: first second's logits row {i}: max |diff| " \
+                                          f"{(a - r).abs().max():.3g}"
+    finally:
+        b.close()
 
 
 def test_our_session_seeds_and_voices_as_the_stock_does(runs, monkeypatch, one_torch_thread):

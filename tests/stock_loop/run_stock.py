@@ -22,7 +22,7 @@ session as the demo's worker does for its duplex page:
 Per second it saves ``second_NNNN.pt``: audio features, encoder output (the LLM-width audio tokens), every
 LLM logits row the loop takes, the unit's token ids, every TTS logits row, the codes, each token2wav call's
 float waveform (before the int16 step) and the returned waveform; ``prepare.pt`` holds the prompt's ids and
-the reference audio's embeddings. Usage::
+the reference audio (as loaded), its Whisper features and lengths and its embeddings. Usage::
 
     .venv-stock/bin/python tests/stock_loop/run_stock.py --folder F --wav in.wav --out DIR --seed S
 """
@@ -221,6 +221,7 @@ class Recorder:
         dec = self.d.decoder
         self._wrap(model.processor, "process_audio_streaming", self._features)
         self._wrap(model, "get_audio_embedding_streaming", self._encoder)
+        self._wrap(model.processor, "process_audio", self._ref_features)
         self._wrap(model, "get_audio_embedding", self._ref_encoder)
         self._wrap(dec, "embed_token", self._embedded)
         self._wrap(dec, "embed_tokens", self._embedded)
@@ -255,6 +256,10 @@ class Recorder:
 
     def _encoder(self, out, a, kw):
         self._add("encoder", torch.cat([t for g in out for t in g], dim=0))
+
+    def _ref_features(self, out, a, kw):
+        self._add("ref_features", out["audio_features"])
+        self._add("ref_feature_lens", torch.cat(list(out["audio_feature_lens"])))
 
     def _ref_encoder(self, out, a, kw):
         self._add("ref_encoder", torch.cat([t for g in out for t in g], dim=0))

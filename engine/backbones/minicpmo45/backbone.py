@@ -11,8 +11,9 @@ reset; the codes it held are dropped), so each reply's token2wav buffer starts w
 
 Before the first second a checkpoint folder's session feeds its prelude as the stock's ``prepare`` does
 (prompt.py): the system prompt (``system_prompt``, default the demo's default duplex preset) wrapped around
-the reference audio. The reference audio's embeddings (the stock's whole-clip encoder pass) are not fed
-yet: our encoder has no path for them, so the prelude is the prefix ids and the suffix ids.
+the reference audio's embeddings (ref_audio.py: the whole clip through the encoder under a chunk mask). The
+clip is ``reference_audio`` when it names an audio file (the session's ``--voice`` WAV), else the folder's
+``assets/HT_ref_audio.wav`` (a ``.npz`` voice is token2wav's prompt and holds no audio), else none.
 
 Modes (the engine toggles): *stock* (demand_sized off) keeps every history as MiniCPM-o's PyTorch
 runtime does — HF-style caches grown with ``torch.cat``, all eager; *demand* allocates every region
@@ -39,6 +40,7 @@ from .llm import Qwen3
 from .llm_graphs import LayerGraphs, make_layer_graphs
 from .prompt import DEFAULT_SYSTEM_PROMPT, prelude
 from .protocol import Protocol
+from .ref_audio import choose_clip, reference_embeddings
 from .tts import TTS, DecodeGraphs
 from .turns import make_turns
 from . import weights as W
@@ -58,7 +60,8 @@ class MiniCPMO45Backbone(Backbone):
     def __init__(self, fmt: TokenFormat, *, size: str, device, seed: int = 0, checkpoint: Optional[str] = None,
                  demand_sized: bool = True, graph_replay: bool = True, reply_seconds: int = 4,
                  debug: bool = False, turn_policy: Optional[str] = None, horizon_seconds: int = 60,
-                 shared: Optional[Dict[str, object]] = None, system_prompt: Optional[str] = None):
+                 shared: Optional[Dict[str, object]] = None, system_prompt: Optional[str] = None,
+                 reference_audio: Optional[str] = None):
         if fmt.codebooks != 1 or fmt.vocab != 6561:
             raise ValueError("the minicpm-o-4.5 backbone speaks Step-Audio2 tokens: use it with the 'step-audio2' tail")
         self.fmt, self.size, self.seed = fmt, size, int(seed)
@@ -72,6 +75,7 @@ class MiniCPMO45Backbone(Backbone):
         self.debug = debug
         self._shared = shared
         self.system_prompt = DEFAULT_SYSTEM_PROMPT if system_prompt is None else str(system_prompt)
+        self.reference_clip = choose_clip(self.folder.path if self.folder else None, reference_audio)
         self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.tts_graphs: Optional[DecodeGraphs] = None
         self._in_reply = False
@@ -119,7 +123,8 @@ class MiniCPMO45Backbone(Backbone):
                                      self._one_token, self.folder.bad_token_ids if self.folder else ())
             self.protocol.tap = self._tap
             if tok is not None:                 # the stock's prepare: the system prompt around the reference audio
-                pre = prelude(tok, self.system_prompt)
+                clip = self.reference_clip
+                pre = prelude(tok, self.system_prompt, reference_embeddings(self.encoder, clip) if clip else None)
                 self.protocol.prepare(pre.prefix_ids, pre.reference, pre.suffix_ids)
 
     def _fill_weights(self) -> None:
