@@ -23,10 +23,13 @@ in both KV modes (our stock-policy ``torch.cat`` history and our optimized preal
   around those embeddings), after which the first second's LLM logits are the stock's;
 * audio features and encoder output in a session: our ``FrontEnd`` (the stock's streaming log-mel rules)
   and our encoder stepped second by second on their executors over the same 16 kHz input, in both arenas —
-  every second's features and audio tokens.
+  every second's features and audio tokens;
+* token2wav: the stock's code stream, per second as its loop buffered it, through our tail with our chunking
+  (every buffer of >= 8 codes each speaking second, as the stock's force_flush) — every call's tokens,
+  generator state and float waveform, over a folder whose TTS sometimes stops early (short chunks that are
+  not a turn's last).
 
-Where our loop still differs from the stock (token2wav's chunking), there is
-no test here: see the module ``STOCK_DIFFERENCES`` list below, said plainly.
+Where our loop still differs from the stock, the module's ``STOCK_DIFFERENCES`` list says so plainly (none now).
 """
 from __future__ import annotations
 
@@ -57,10 +60,7 @@ SECONDS = 33
 pytestmark = [pytest.mark.oracle, pytest.mark.bits]
 
 #: where our loop is not yet the stock's (issue 21), so no stage test claims it
-STOCK_DIFFERENCES = (
-    "token2wav chunking: the stock decodes every buffer of >= 8 codes each speaking second (force_flush); "
-    "ours waits for 28",
-)
+STOCK_DIFFERENCES: tuple = ()
 
 
 def _skip_reason() -> str:
@@ -373,6 +373,111 @@ def test_our_session_seeds_and_voices_as_the_stock_does(runs, monkeypatch, one_t
             monkeypatch.setattr(sampling.TextSampler, "__call__", real)
         assert states, "our session drew nothing in 8 s"
         assert torch.equal(states[0], _stock(run, "llm_rng")[0]), f"seed {seed}: first draw's generator state"
+
+
+#: the TTS head's <eos> row scaled in the token2wav test's folder, so that replies' first and last seconds
+#: (where the stock lets the TTS stop) sometimes end early: seconds of fewer than 25 codes, whose buffers the
+#: stock decodes as short chunks (8 to 27 tokens) that are not a turn's last
+T2W_EOS_NUDGE = 6.0
+
+
+@pytest.fixture(scope="module")
+def t2w_runs(tmp_path_factory):
+    """The stock loop over a folder whose TTS sometimes stops early (``T2W_EOS_NUDGE``), both seeds."""
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    import json
+    from safetensors.torch import load_file, save_file
+    sys.path.insert(0, str(ROOT / "tests"))
+    import minicpmo45_stock_folder as F
+    tmp = tmp_path_factory.mktemp("stock-loop-t2w")
+    folder = F.write(tmp / "MiniCPM-o-4_5", nudge=NUDGE)
+    key = "tts.head_code.0.parametrizations.weight.original0"        # the weight norm's row gains
+    shard = folder / json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"][key]
+    w = load_file(str(shard))
+    w[key] = w[key].clone()
+    w[key][preset("tiny").tts.eos] *= T2W_EOS_NUDGE
+    save_file(w, str(shard))
+    wav = _input(tmp / "in16.wav")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    out: Dict[int, list] = {}
+    for seed in SEEDS:
+        d = tmp / f"seed{seed}"
+        r = subprocess.run([str(STOCK_PY), str(RUNNER), "--oracle", str(ORACLE), "--folder", str(folder),
+                            "--wav", str(wav), "--out", str(d), "--seed", str(seed),
+                            "--force-listen", str(BARGE_IN)], capture_output=True, text=True, env=env, timeout=900)
+        assert r.returncode == 0, r.stderr[-3000:]
+        out[seed] = [torch.load(d / f"second_{s:04d}.pt", weights_only=False) for s in range(SECONDS)]
+    return folder, out
+
+
+def _replay_token2wav(folder: Path, seconds: list, seed: int, mode: str) -> List[dict]:
+    """The stock's code stream, per second as its duplex loop buffered it, through our Step-Audio2 tail as the
+    session drives it for MiniCPM-o (keep_turn_base: our chunking; a reply's first push behind 3 silences,
+    new_turn at its end or at the barge-in that cuts it), the global generator set to the stock's state before
+    each speaking second's first token2wav call. Returns each of our token2wav steps: its tokens, the
+    generator's state before it and its float waveform."""
+    from engine.models import registry
+    tail = registry.get("step-audio2").make_tail(size="tiny", device="cpu", seed=seed, mode=mode,
+                                                 checkpoint=str(folder / "assets" / "token2wav"),
+                                                 prompt=str(folder / "voice.npz"))
+    tail.keep_turn_base = True
+    tail.start(seed=seed)
+    calls: List[dict] = []
+    step_inputs, audio = tail.step_inputs, tail._audio
+
+    def rec_inputs(chunk):
+        calls.append({"tokens": chunk.reshape(-1).clone(), "rng": torch.get_rng_state()})
+        return step_inputs(chunk)
+
+    def rec_audio(out):
+        calls[-1]["speech"] = out["audio"].reshape(-1).float().clone()
+        return audio(out)
+    tail.step_inputs, tail._audio = rec_inputs, rec_audio
+    fresh, ended = True, True            # token2wav restarted (3 silences next); the LLM's turn ended
+    with torch.no_grad():
+        for s in seconds:
+            if s["is_listen"]:
+                # a second forced to listen (the first three, the page's Force Listen) while the turn is open
+                # cuts it and restarts token2wav; a turn the LLM ended inside a listening unit keeps token2wav
+                if not ended and (s["second"] < 3 or s["second"] == BARGE_IN):
+                    tail.new_turn(flush=False)
+                    fresh = True
+                ended = True
+                continue
+            if s.get("t2w_rng"):
+                torch.set_rng_state(s["t2w_rng"][0])
+            codes = s["codes"][0].view(1, -1)
+            tail.push(torch.cat([torch.full((1, 3), 4218), codes], dim=1) if fresh else codes)
+            fresh, ended = False, s["end_of_turn"]
+            if ended:
+                tail.new_turn(flush=True)
+                fresh = True
+    return calls
+
+
+@pytest.mark.parametrize("mode", ["stock", "demand"], ids=["stock-policy", "optimized"])
+def test_token2wav_chunks_and_waveform_equal_the_stock_loop(t2w_runs, mode, one_torch_thread):
+    """Our tail decodes exactly the stock duplex loop's token2wav calls (its force_flush chunking: every
+    buffer of >= 8 codes each speaking second, chunks of up to 25 + 3, a turn's rest as its last chunk), from
+    the same generator state, and each call's float waveform is the stock's (torch.equal)."""
+    folder, out = t2w_runs
+    short = 0
+    for seed, seconds in out.items():
+        stock = [(t, last, w, rng) for s in seconds for t, last, w, rng in
+                 zip(s.get("t2w_tokens", []), s.get("t2w_last", []), s.get("speech", []), s.get("t2w_rng", []))]
+        lengths = [(len(t), last) for t, last, _, _ in stock]
+        short += sum(1 for n, last in lengths if 8 <= n < 28 and not last)
+        assert sum(last for _, last in lengths) >= 2 and (28, False) in lengths
+        ours = _replay_token2wav(folder, seconds, seed, mode)
+        assert [len(c["tokens"]) for c in ours] == [n for n, _ in lengths], f"seed {seed}: chunk lengths"
+        for i, (c, (tokens, last, wav, rng)) in enumerate(zip(ours, stock)):
+            assert torch.equal(c["tokens"], tokens), f"seed {seed}: call {i}: tokens"
+            assert torch.equal(c["rng"], rng), f"seed {seed}: call {i}: generator state"
+            gap = (c["speech"] - wav).abs().max() if c["speech"].shape == wav.shape else "shape"
+            assert torch.equal(c["speech"], wav), f"seed {seed}: call {i} ({len(tokens)} tokens, last {last}): {gap}"
+    assert short > 0, "no short chunk that is not a turn's last in the stock's runs"
 
 
 @pytest.mark.parametrize("demand", [False, True], ids=["stock-policy", "optimized"])
