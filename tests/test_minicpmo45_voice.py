@@ -100,6 +100,7 @@ def test_the_folders_default_voice_is_the_prompt(released, onnx_stand_in, one_to
     fb = (fb - fb.mean(dim=0, keepdim=True)).numpy()        # the stand-in speaker model: each bin's spread
     assert torch.equal(s.tail.prompt.spk[0], torch.from_numpy(np.resize(fb.std(axis=0), 192).astype(np.float32)))
     assert s.info["voice"] == "HT_ref_audio.wav (checkpoint default)" and not s.info["synthetic"]
+    assert s.backbone.reference_clip == released / DEFAULT_VOICE               # the LLM's reference clip too
     out, rec = s.process(np.zeros(24000, np.float32))       # the session runs (the model's own turns)
     assert out.shape == (24000,) and (rec.decision == "listen") == (not np.any(out))
     s.close()
@@ -114,6 +115,13 @@ def test_a_named_voice_overrides_the_default(released, onnx_stand_in, tmp_path, 
     default = PA.prompt_from_wav(released / DEFAULT_VOICE, released / "assets" / "token2wav")
     assert not torch.equal(s.tail.prompt.spk, default.spk)
     assert s.info["voice"] == "mine.wav (--voice)"
+    b = s.backbone                                          # the LLM's prelude takes the same clip
+    assert b.reference_clip == mine
+    from engine.backbones.minicpmo45.prompt import prelude
+    from engine.backbones.minicpmo45.ref_audio import reference_embeddings
+    with torch.no_grad():
+        pre = prelude(b.folder.tokenizer, b.system_prompt, reference_embeddings(b.encoder, mine))
+    assert pre.reference.shape[0] == 20 and b.kv_llm.length == len(pre.prefix_ids) + 20 + len(pre.suffix_ids)
     s.close()
 
 
