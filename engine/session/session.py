@@ -25,6 +25,8 @@ from engine.backbones import Backbone, TokenFormat
 from engine.core.toggles import PendingToggles, Toggles
 from engine.tail import DecoderTail
 
+from . import devicemem
+from .card_memory import device_memory
 from .config import SessionConfig
 from .records import DEADLINE_MS, SecondRecord, lateness, summarize
 from .timing import StageClock, allocator_bytes
@@ -139,6 +141,19 @@ class DuplexSession:
         if self.device.type == "cpu":
             torch.set_num_threads(cpu_threads(c.cpu_threads))
         torch.manual_seed(c.seed)
+        with devicemem.too_small(self.device, c.backbone, c.size, "to start the session",
+                                 devicemem.free_gib(self.device)):
+            self._build()
+        # graph captures restore the RNG they used; seeding here makes second 0 start identically
+        # whichever toggles the session was built with
+        torch.manual_seed(c.seed)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self._started = True
+
+    def _build(self) -> None:
+        c = self.cfg
         if self.tail is None:
             entry, extra = registry.get_tail(c.tail), {}
             if entry.conditioning is not None:   # the voice the config chose (a file's errors name the file)
@@ -162,13 +177,6 @@ class DuplexSession:
                                         reply_seconds=c.reply_seconds, debug=c.debug,
                                         shared=self._backbone_shared)
         self.backbone.start()
-        # graph captures restore the RNG they used; seeding here makes second 0 start identically
-        # whichever toggles the session was built with
-        torch.manual_seed(c.seed)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-        self._started = True
 
     def close(self) -> None:
         """Release the models; ``records`` and ``info`` stay."""
@@ -200,6 +208,7 @@ class DuplexSession:
             "device": str(self.device), "size": self.cfg.size,
             "voice": self.cfg.voice_label(),
             "fast_paths": [v.line() for v in self.tail.fast_paths()] if self.tail is not None else [],
+            **device_memory(self.device),    # the card's size and the process cap, MiB (None on the CPU)
             # the text the backbone started from (its default when none was given); None: it takes none
             "system_prompt": (getattr(self.backbone, "system_prompt", None) if self.backbone is not None
                               else self.cfg.system_prompt),
@@ -241,7 +250,8 @@ class DuplexSession:
         k = len(self.records)
         frames = self.fmt.frames_in_second(k)
         clock = StageClock(self.device)
-        with torch.no_grad():
+        too_small = devicemem.too_small(self.device, self.cfg.backbone, self.cfg.size, f"in second {k}")
+        with torch.no_grad(), too_small:
             early = np.zeros(0, dtype=np.float32)
             if self._turn_flush:                 # the last reply's last chunk, deferred (see _speak)
                 clock.mark("flush")

@@ -1,0 +1,64 @@
+"""A card too small for a session: one clear line instead of an allocator's out-of-memory trace.
+
+:func:`too_small` wraps a session's build (and each second): a CUDA out-of-memory error there becomes
+:class:`DeviceTooSmall`, whose one line names the card, its size and what was free when the session
+began building, what this configuration was measured to need where we know it, and what to do. The
+allocator's cache is emptied first, so the process (and the host's other sessions) go on.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Dict, Iterator, Optional, Tuple
+
+import torch
+
+GIB = float(1 << 30)
+
+#: (backbone, size) -> (GiB the torch allocator reserved at its peak, where it was measured)
+MEASURED: Dict[Tuple[str, str], Tuple[float, str]] = {
+    ("minicpm-o-4.5", "released"): (20.8, "graphs mode, 60 s on an H200, docs/minicpmo45/session_60s_s4.json"),
+}
+
+
+class DeviceTooSmall(RuntimeError):
+    """The session does not fit in the GPU memory this process may use."""
+
+
+def card(device: torch.device) -> Tuple[str, float, float]:
+    """(name, total GiB, free GiB now) of a CUDA device."""
+    free, total = torch.cuda.mem_get_info(device)
+    return torch.cuda.get_device_name(device), total / GIB, free / GIB
+
+
+def message(device: torch.device, backbone: Optional[str], size: Optional[str], doing: str,
+            free_before: Optional[float]) -> str:
+    name, total, free = card(device)
+    free_at = free_before if free_before is not None else free
+    need = MEASURED.get((str(backbone), str(size)))
+    needs = f"; this configuration was measured to reserve {need[0]:.1f} GiB ({need[1]})" if need else ""
+    return (f"not enough GPU memory {doing}: {name} has {total:.1f} GiB, {free_at:.1f} GiB was free for this "
+            f"process (a per-process memory cap, if set, allows less){needs}. Use a larger card, close other "
+            f"sessions or programs on it, or choose a smaller size")
+
+
+def _is_oom(e: BaseException) -> bool:
+    return isinstance(e, torch.cuda.OutOfMemoryError) or (
+        isinstance(e, RuntimeError) and "CUDA out of memory" in str(e))
+
+
+@contextlib.contextmanager
+def too_small(device: torch.device, backbone: Optional[str], size: Optional[str], doing: str,
+              free_before: Optional[float] = None) -> Iterator[None]:
+    """Turn a CUDA out-of-memory error in the block into :class:`DeviceTooSmall` (one line)."""
+    try:
+        yield
+    except BaseException as e:  # noqa: BLE001 - only out-of-memory is translated, the rest re-raised
+        if torch.device(device).type != "cuda" or not _is_oom(e):
+            raise
+        torch.cuda.empty_cache()
+        raise DeviceTooSmall(message(torch.device(device), backbone, size, doing, free_before)) from None
+
+
+def free_gib(device: torch.device) -> Optional[float]:
+    """Free GiB on a CUDA device now (None elsewhere)."""
+    return torch.cuda.mem_get_info(device)[0] / GIB if torch.device(device).type == "cuda" else None

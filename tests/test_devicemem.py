@@ -1,0 +1,50 @@
+"""A card too small for a session: one clear line (engine.session.devicemem), checked with a fake CUDA."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.session import devicemem
+
+
+@pytest.fixture
+def fake_card(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (3 << 30, 24 << 30))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "Tiny Card")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+
+
+def test_out_of_memory_becomes_one_line(fake_card):
+    with pytest.raises(devicemem.DeviceTooSmall) as e:
+        with devicemem.too_small(torch.device("cuda"), "minicpm-o-4.5", "released", "to start the session", 5.0):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB ...\n(trace)")
+    msg = str(e.value)
+    assert "\n" not in msg and e.value.__cause__ is None
+    assert "Tiny Card has 24.0 GiB, 5.0 GiB was free" in msg
+    assert "measured to reserve 20.8 GiB" in msg and "to start the session" in msg
+
+
+def test_other_errors_and_the_cpu_pass_through(fake_card):
+    with pytest.raises(ValueError, match="bad"):
+        with devicemem.too_small(torch.device("cuda"), "synthetic", "tiny", "in second 3"):
+            raise ValueError("bad")
+    with pytest.raises(RuntimeError, match="CUDA out of memory"):
+        with devicemem.too_small(torch.device("cpu"), "synthetic", "tiny", "in second 3"):
+            raise RuntimeError("CUDA out of memory")
+    with pytest.raises(devicemem.DeviceTooSmall, match="in second 3: Tiny Card .* 3.0 GiB was free"):
+        with devicemem.too_small(torch.device("cuda"), "synthetic", "tiny", "in second 3"):
+            raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB")
+    assert devicemem.free_gib(torch.device("cpu")) is None
+
+
+def test_a_session_that_does_not_fit_says_so(monkeypatch, fake_card):
+    """The session's build goes through the guard: an allocator failure there is the one line."""
+    from engine.session import DuplexSession, SessionConfig
+
+    def boom(self):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 GiB")
+    monkeypatch.setattr(DuplexSession, "_build", boom)
+    s = DuplexSession(SessionConfig(size="tiny", device="cpu"))
+    s.device = torch.device("cuda")                     # as if on a card: the guard's CUDA branch
+    with pytest.raises(devicemem.DeviceTooSmall, match="not enough GPU memory to start the session: Tiny Card"):
+        s.start()
