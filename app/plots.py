@@ -4,9 +4,12 @@
 line, missed seconds outlined and marked in red, a labelled vertical line where a toggle took
 effect, and SPEAK in a paler green in listening seconds (the tail runs on silence tokens; a second
 whose record says the tail was skipped has no SPEAK bar). :class:`MemoryPlot`: the engine's state arena and
-the torch allocator's reserved bytes over time. Both redraw from a :class:`SessionSeries`.
+the torch allocator's reserved bytes over time, and on CUDA the card's total memory (and the process cap) as
+labelled lines from the session's info. Both redraw from a :class:`SessionSeries`.
 """
 from __future__ import annotations
+
+from typing import List, Tuple
 
 import numpy as np
 import pyqtgraph as pg
@@ -128,40 +131,133 @@ class TimingPlot(pg.PlotWidget):
             line.setVisible(i < len(changes))
 
 
+#: the card's total memory and the process cap (torch.cuda's per-process memory fraction), as horizontal lines
+CARD_COLOUR = "#d62728"
+CAP_COLOUR = "#8c2d04"
+CPU_NOTE = "CPU session: no card line (the GPU's memory does not apply)"
+UNRECORDED_NOTE = "card size not recorded in this session"
+#: a card line joins the y-range once the reserved memory reaches this share of it
+NEAR_SHARE = 0.5
+
+
+def mib_text(mib: float) -> str:
+    """"140.4 GiB" / "812 MiB" / "96 KiB"."""
+    return f"{mib / 1024:.1f} GiB" if mib >= 1024 else f"{mib:.0f} MiB" if mib >= 1 else f"{mib * 1024:.0f} KiB"
+
+
+def memory_limits(info: dict) -> Tuple[List[Tuple[str, float]], str]:
+    """From a session's info: the lines to draw, [(label, MiB)] (the card, then the process cap when one is
+    set below it), and a note when there are none ("" when nothing is known about the device yet)."""
+    device = str((info or {}).get("device") or "")
+    if not device:
+        return [], ""
+    if not device.startswith("cuda"):
+        return [], CPU_NOTE
+    total = info.get("device_memory_mib")
+    if not total:
+        return [], UNRECORDED_NOTE
+    lines = [(f"card {mib_text(float(total))}", float(total))]
+    cap = info.get("memory_cap_mib")
+    if cap and float(cap) < float(total):
+        lines.append((f"process cap {mib_text(float(cap))} ({100 * float(cap) / float(total):.0f}% of the card)",
+                      float(cap)))
+    return lines, ""
+
+
 class MemoryPlot(pg.PlotWidget):
-    """State arena bytes and allocator reserved bytes (MiB) per second."""
+    """State arena bytes and allocator reserved bytes per second; on CUDA the card's total memory (and the
+    process cap, when set) as labelled lines, in range once the reserved bytes come within half of one."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
         self.setMinimumHeight(110)
         item = self.getPlotItem()
         _style(item, "State memory", "MiB")
-        item.addLegend(offset=(8, 4), colCount=2, labelTextSize="8pt")
+        self.legend = item.addLegend(offset=(8, 4), colCount=2, labelTextSize="8pt")
         self.state = item.plot([], [], pen=pg.mkPen("#4c78a8", width=2), symbol="o", symbolSize=4,
                                symbolBrush="#4c78a8", name="engine state arena")
         self.reserved = item.plot([], [], pen=pg.mkPen("#f28e2b", width=2, style=Qt.DashLine), symbol="s",
                                   symbolSize=4, symbolBrush="#f28e2b", name="torch allocator reserved (CUDA only)")
+        self.lines = []
+        for colour in (CARD_COLOUR, CAP_COLOUR):
+            line = pg.InfiniteLine(angle=0, movable=False, pen=pg.mkPen(colour, width=1.5, style=Qt.DashDotLine),
+                                   label="", labelOpts={"position": 0.02, "color": colour, "anchors": [(0, 1), (0, 1)]})
+            line.hide()
+            item.addItem(line)
+            self.lines.append(line)
+        self.key = pg.PlotDataItem([], [])       # the legend's line for the card, or the CPU's note
+        item.addItem(self.key)
+        self.limits: List[Tuple[str, float]] = []
+        self.note = ""
+        self.top_mib = 0.0                       # the y-range the data needs, MiB (a comparison shares the larger)
+        self._series = SessionSeries()
         item.setXRange(-0.5, 10.5)
         self.visible_s = VISIBLE_S
         theme.apply_plot(self)
 
-    def update_from(self, series: SessionSeries) -> None:
+    def set_info(self, info: dict) -> None:
+        """The session's device: CUDA with ``device_memory_mib`` (and ``memory_cap_mib``) draws the lines;
+        the CPU, or an older session without them, gets a one-line note in the legend instead."""
+        self.limits, self.note = memory_limits(info)
+        self.legend.removeItem(self.key)
+        if self.limits:
+            self.key.setPen(pg.mkPen(CARD_COLOUR, width=1.5, style=Qt.DashDotLine))
+            self.legend.addItem(self.key, "card total" + (" · process cap" if len(self.limits) > 1 else ""))
+        elif self.note:
+            self.key.setPen(pg.mkPen(None))
+            self.legend.addItem(self.key, self.note)
+        self.update_from(self._series)
+
+    def update_from(self, series: SessionSeries, min_top_mib: float = 0.0) -> None:
+        """Redraw the visible seconds; ``min_top_mib``: the y-range reaches at least this far (a comparison)."""
+        self._series = series
         series = series.window(self.visible_s)
+        item = self.getPlotItem()
         if not len(series):
             self.state.setData([], [])
             self.reserved.setData([], [])
+            for line in self.lines:
+                line.hide()
+            self._texts("MiB", "State memory")
             return
         x = series.index()
         mem = series.memory_mib()
-        peak = max(float(mem["state"].max()), float(mem["reserved"].max()))
-        unit, scale = ("GiB", 1 / 1024) if peak >= 4096 else ("MiB", 1.0) if peak >= 1 else ("KiB", 1024.0)
+        reserved = float(mem["reserved"].max())
+        near = [mib for _, mib in self.limits if reserved >= NEAR_SHARE * mib]
+        self.top_mib = max(float(mem["state"].max()), reserved, *near) * 1.35     # room for the legend
+        shown = max(self.top_mib, min_top_mib)
+        top = shown / 1.35
+        unit, scale = ("GiB", 1 / 1024) if top >= 4096 else ("MiB", 1.0) if top >= 1 else ("KiB", 1024.0)
         self.state.setData(x, mem["state"] * scale)
         self.reserved.setData(x, mem["reserved"] * scale)
-        item = self.getPlotItem()
-        item.setLabel("left", unit)
-        item.setYRange(0, max(peak * scale, 1e-3) * 1.35, padding=0)
+        for i, line in enumerate(self.lines):
+            line.setVisible(i < len(self.limits))
+            if i < len(self.limits):
+                line.setValue(self.limits[i][1] * scale)
+                line.label.setFormat(self.limits[i][0])
+        curves = ("state arena, reserved, card" + (" and cap" if len(self.limits) > 1 else "") if self.limits
+                  else "state arena, reserved (CUDA only)")
+        self._texts(f"{unit}: {curves}", self._title(reserved))
+        item.setYRange(0, max(shown * scale, 1e-3), padding=0)
         first, last = float(x[0]), float(x[-1])
         item.setXRange(first - 0.5, max(first + 10.5, last + 0.5), padding=0)
+
+    def _texts(self, axis: str, title: str) -> None:
+        """The left axis label and the title, set only when they change (a relayout costs the GUI thread)."""
+        item = self.getPlotItem()
+        if item.getAxis("left").labelText != axis:
+            item.setLabel("left", axis)
+        if item.titleLabel.text != title:
+            item.titleLabel.setText(title)
+
+    def _title(self, reserved_mib: float) -> str:
+        """"State memory", and on CUDA how much of the card (or of the cap) the reserved bytes reached."""
+        if not self.limits:
+            return "State memory"
+        name = "the process cap" if len(self.limits) > 1 else "the card"
+        mib = self.limits[-1][1]
+        return (f"Memory: reserved peak {mib_text(reserved_mib)}, {100 * reserved_mib / mib:.0f}% of {name} "
+                f"({mib_text(mib)})")
 
 
 class LevelMeter(QWidget):

@@ -2,7 +2,8 @@
 
 :class:`SessionView` shows one :class:`~app.replay.LoadedSession`: its summary chips, the timing
 plot over the whole session (drag and wheel to browse), per-stage statistics with the histogram,
-state memory and the recorded microphone and speech. :class:`CompareWindow` holds one view, or
+memory (with the card's size when the session ran on CUDA and recorded it) and the recorded microphone and
+speech. :class:`CompareWindow` holds one view, or
 two side by side with all their axes linked (timing, memory, recording, histogram) and a line saying
 which side is slower and by how much (e.g. a stock-like run against an optimized one). Each view has its
 whole-session chips, the audio-path readouts, the transcript, and a Play button for its recorded audio.
@@ -81,6 +82,7 @@ class SessionView(QWidget):
         self.stats.show_stats(self.series, note=f"over all {n} s of the session")
         self.memory_plot = MemoryPlot()
         self.memory_plot.visible_s = max(1, n)
+        self.memory_plot.set_info(session.info)           # the card line when the session recorded its size
         self.memory_plot.update_from(self.series)
         self.recording = RecordingPlot(session)
         self.cursor = pg.InfiniteLine(pos=0.0, angle=90, pen=pg.mkPen("#e17c05", width=1.5))
@@ -196,12 +198,13 @@ class CompareWindow(QMainWindow):
         top = max(a.timing_plot.getPlotItem().viewRange()[1][1], b.timing_plot.getPlotItem().viewRange()[1][1])
         for v in (a, b):
             v.timing_plot.getPlotItem().setYRange(0, top, padding=0)
+        top = max(a.memory_plot.top_mib, b.memory_plot.top_mib)       # in MiB: one unit for both sides
+        for v in (a, b):
+            v.memory_plot.update_from(v.series, min_top_mib=top)
         for name in ("timing_plot", "memory_plot", "recording"):       # every axis: one scale for both
             pa, pb = getattr(a, name).getPlotItem(), getattr(b, name).getPlotItem()
             pb.setXLink(pa)
             pb.setYLink(pa)
-        top = max(a.memory_plot.getPlotItem().viewRange()[1][1], b.memory_plot.getPlotItem().viewRange()[1][1])
-        a.memory_plot.getPlotItem().setYRange(0, top, padding=0)
         ha, hb = a.stats.histogram.getPlotItem(), b.stats.histogram.getPlotItem()
         hb.setXLink(ha)
         hb.setYLink(ha)

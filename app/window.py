@@ -417,17 +417,17 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
 
     def on_info(self, info: dict) -> None:
         self.synthetic_banner.setVisible(bool(info.get("synthetic")))
+        self.memory_plot.set_info(info)             # the card's size (CUDA) or the CPU's note
         self.session_label.setText(f"{info.get('tail_title', '?')} · {info.get('backbone_title', '?')} · "
                                    f"{info.get('size', '?')} on {info.get('device', '?')}")
         self.events.add("session", f"running: {info.get('tail_title')} + {info.get('backbone_title')} on "
                                    f"{info.get('device')} ({info.get('size')})", info)
         paths = info.get("fast_paths") or []
         on = [line.split(": ", 1)[0] for line in paths if ": on" in line]
-        if paths:
-            self.session_label.setText(self.session_label.text() + f" · faster paths: {', '.join(on) or 'none'}")
         self.session_label.setToolTip("Faster paths (start-up self-check against the reference path):\n"
                                       + "\n".join(paths) if paths else "")
         if paths:                          # one line: the details are in its data and the label's tooltip
+            self.session_label.setText(self.session_label.text() + f" · faster paths: {', '.join(on) or 'none'}")
             off = len(paths) - len(on)
             self.events.add("session", f"faster paths: {len(on)} on ({', '.join(on) or 'none'}), {off} off or "
                                        "not applicable (see the tooltip)", {"fast_paths": list(paths)})
