@@ -9,7 +9,8 @@ labelled lines from the session's info. Both redraw from a :class:`SessionSeries
 """
 from __future__ import annotations
 
-from typing import List, Tuple
+import math
+from typing import List, Optional, Tuple
 
 import numpy as np
 import pyqtgraph as pg
@@ -153,15 +154,19 @@ def memory_limits(info: dict) -> Tuple[List[Tuple[str, float]], str]:
         return [], ""
     if not device.startswith("cuda"):
         return [], CPU_NOTE
-    total = info.get("device_memory_mib")
-    if not total:
+    total, cap = _size(info.get("device_memory_mib")), _size(info.get("memory_cap_mib"))
+    if total is None:
         return [], UNRECORDED_NOTE
-    lines = [(f"card {mib_text(float(total))}", float(total))]
-    cap = info.get("memory_cap_mib")
-    if cap and float(cap) < float(total):
-        lines.append((f"process cap {mib_text(float(cap))} ({100 * float(cap) / float(total):.0f}% of the card)",
-                      float(cap)))
+    lines = [(f"card {mib_text(total)}", total)]
+    if cap is not None and cap < total:
+        lines.append((f"process cap {mib_text(cap)} ({100 * cap / total:.0f}% of the card)", cap))
     return lines, ""
+
+
+def _size(value) -> Optional[float]:
+    """A positive, finite number of MiB, else None (a remote engine's info is not trusted to hold one)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    return float(value) if ok else None
 
 
 class MemoryPlot(pg.PlotWidget):

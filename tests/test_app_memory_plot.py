@@ -103,6 +103,9 @@ def test_memory_limits_from_info():
     assert memory_limits({"device": "cuda"}) == ([], UNRECORDED_NOTE)         # an older session
     assert memory_limits({"device": "cpu"}) == ([], CPU_NOTE)
     assert memory_limits(dict(CUDA_INFO, memory_cap_mib=CARD_MIB))[0] == [("card 140.4 GiB", CARD_MIB)]
+    for bad in ("140 GiB", -1.0, float("nan"), True, [1]):         # a remote engine's info, not trusted
+        assert memory_limits(dict(CUDA_INFO, device_memory_mib=bad)) == ([], UNRECORDED_NOTE)
+    assert len(memory_limits(dict(CUDA_INFO, memory_cap_mib="22 GiB"))[0]) == 1
 
 
 def test_device_memory_reads_the_card_and_the_cap(monkeypatch):
