@@ -63,7 +63,8 @@ def test_card_line_on_cuda_info(qtbot):
     assert _top(p) > card.value()
     item = p.getPlotItem()
     assert item.getAxis("left").labelText == "GiB: state arena, reserved, card"
-    assert item.titleLabel.text.startswith("Memory: reserved peak ") and "of the card (140.4 GiB)" in item.titleLabel.text
+    title = item.titleLabel.text
+    assert title.startswith("Memory: reserved peak ") and "of the card (140.4 GiB)" in title
     assert "card total" in _legend(p) and CPU_NOTE not in _legend(p)
 
 
