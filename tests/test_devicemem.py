@@ -12,6 +12,8 @@ def fake_card(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (3 << 30, 24 << 30))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "Tiny Card")
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda i=None: 1.0, raising=False)
 
 
 def test_out_of_memory_becomes_one_line(fake_card):
@@ -20,7 +22,7 @@ def test_out_of_memory_becomes_one_line(fake_card):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB ...\n(trace)")
     msg = str(e.value)
     assert "\n" not in msg and e.value.__cause__ is None
-    assert "Tiny Card has 24.0 GiB, 5.0 GiB was free" in msg
+    assert "Tiny Card has 24.0 GiB, 5.0 GiB was free;" in msg and "(tried to allocate 2.00 GiB)" in msg
     assert "measured to reserve 20.8 GiB" in msg and "to start the session" in msg
 
 
@@ -31,7 +33,7 @@ def test_other_errors_and_the_cpu_pass_through(fake_card):
     with pytest.raises(RuntimeError, match="CUDA out of memory"):
         with devicemem.too_small(torch.device("cpu"), "synthetic", "tiny", "in second 3"):
             raise RuntimeError("CUDA out of memory")
-    with pytest.raises(devicemem.DeviceTooSmall, match="in second 3: Tiny Card .* 3.0 GiB was free"):
+    with pytest.raises(devicemem.DeviceTooSmall, match=r"in second 3 \(tried to allocate 20.00 MiB\): Tiny Card .* 3.0 GiB was free"):
         with devicemem.too_small(torch.device("cuda"), "synthetic", "tiny", "in second 3"):
             raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB")
     assert devicemem.free_gib(torch.device("cpu")) is None
@@ -46,5 +48,11 @@ def test_a_session_that_does_not_fit_says_so(monkeypatch, fake_card):
     monkeypatch.setattr(DuplexSession, "_build", boom)
     s = DuplexSession(SessionConfig(size="tiny", device="cpu"))
     s.device = torch.device("cuda")                     # as if on a card: the guard's CUDA branch
-    with pytest.raises(devicemem.DeviceTooSmall, match="not enough GPU memory to start the session: Tiny Card"):
+    with pytest.raises(devicemem.DeviceTooSmall, match=r"not enough GPU memory to start the session \(tried to allocate 16.00 GiB\): Tiny Card"):
         s.start()
+
+
+def test_the_cap_is_named(fake_card, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda i=None: 0.5, raising=False)
+    msg = devicemem.message(torch.device("cuda"), "synthetic", "tiny", "in second 1", None)
+    assert "3.0 GiB was free, and this process may use 12.0 GiB (its memory cap)" in msg

@@ -61,5 +61,5 @@ def test_an_8_gib_cap_refuses_in_one_line():
     got = _child(8.0, 1)
     assert "refused" in got, got
     msg = got["refused"]
-    assert msg.startswith("not enough GPU memory to start the session") and "\n" not in msg, msg
+    assert msg.startswith("not enough GPU memory to start the session (tried to allocate") and "\n" not in msg, msg
     assert "measured to reserve" in msg

@@ -20,6 +20,7 @@ def device_memory(device) -> Dict[str, Optional[float]]:
     if device.type != "cuda":
         return {"device_memory_mib": None, "memory_cap_mib": None}
     total = float(torch.cuda.get_device_properties(device).total_memory)
-    fraction = float(torch.cuda.get_per_process_memory_fraction(device))
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    fraction = float(torch.cuda.get_per_process_memory_fraction(index))
     cap = round(total * fraction / MIB, 3) if 0 < fraction < 1 else None
     return {"device_memory_mib": round(total / MIB, 3), "memory_cap_mib": cap}

@@ -8,6 +8,7 @@ allocator's cache is emptied first, so the process (and the host's other session
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Dict, Iterator, Optional, Tuple
 
 import torch
@@ -24,21 +25,27 @@ class DeviceTooSmall(RuntimeError):
     """The session does not fit in the GPU memory this process may use."""
 
 
-def card(device: torch.device) -> Tuple[str, float, float]:
-    """(name, total GiB, free GiB now) of a CUDA device."""
+def card(device: torch.device) -> Tuple[str, float, float, Optional[float]]:
+    """(name, total GiB, free GiB now, this process's cap in GiB or None) of a CUDA device."""
     free, total = torch.cuda.mem_get_info(device)
-    return torch.cuda.get_device_name(device), total / GIB, free / GIB
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    fraction = float(getter(index)) if getter is not None else 1.0
+    cap = total * fraction / GIB if 0 < fraction < 1 else None
+    return torch.cuda.get_device_name(device), total / GIB, free / GIB, cap
 
 
 def message(device: torch.device, backbone: Optional[str], size: Optional[str], doing: str,
-            free_before: Optional[float]) -> str:
-    name, total, free = card(device)
+            free_before: Optional[float], error: str = "") -> str:
+    name, total, free, cap = card(device)
     free_at = free_before if free_before is not None else free
+    room = f"{free_at:.1f} GiB was free" + (f", and this process may use {cap:.1f} GiB (its memory cap)" if cap else "")
     need = MEASURED.get((str(backbone), str(size)))
     needs = f"; this configuration was measured to reserve {need[0]:.1f} GiB ({need[1]})" if need else ""
-    return (f"not enough GPU memory {doing}: {name} has {total:.1f} GiB, {free_at:.1f} GiB was free for this "
-            f"process (a per-process memory cap, if set, allows less){needs}. Use a larger card, close other "
-            f"sessions or programs on it, or choose a smaller size")
+    tried = re.search(r"Tried to allocate [0-9.]+ [KMG]iB", error)
+    at = f" (t{tried.group(0)[1:]})" if tried else ""
+    return (f"not enough GPU memory {doing}{at}: {name} has {total:.1f} GiB, {room}{needs}. Use a larger card, "
+            f"close other sessions or programs on it, or choose a smaller size")
 
 
 def _is_oom(e: BaseException) -> bool:
@@ -56,7 +63,7 @@ def too_small(device: torch.device, backbone: Optional[str], size: Optional[str]
         if torch.device(device).type != "cuda" or not _is_oom(e):
             raise
         torch.cuda.empty_cache()
-        raise DeviceTooSmall(message(torch.device(device), backbone, size, doing, free_before)) from None
+        raise DeviceTooSmall(message(torch.device(device), backbone, size, doing, free_before, str(e))) from None
 
 
 def free_gib(device: torch.device) -> Optional[float]:
