@@ -187,4 +187,8 @@ def seeded_init(module: nn.Module, seed: int, std: float = 0.02) -> None:
             elif name.endswith("bias"):
                 p.zero_()
             else:
-                p.copy_(torch.randn(p.shape, generator=g, device=dev, dtype=torch.float32).to(p.dtype) * std)
+                # the float32 draw rounded into the parameter, then scaled in place: the bits of
+                # ``randn(...).to(dtype) * std`` without its two extra parameter-sized temporaries (the
+                # 1.2 GiB lm_head's copy and product broke a 22 GiB cap while the released model built)
+                p.copy_(torch.randn(p.shape, generator=g, device=dev, dtype=torch.float32))
+                p.mul_(std)
