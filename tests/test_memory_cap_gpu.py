@@ -30,7 +30,9 @@ s = DuplexSession(SessionConfig(backbone="minicpm-o-4.5", size="released", devic
 try:
     s.start()
 except DeviceTooSmall as e:
-    print(json.dumps({"refused": str(e)}))
+    import traceback
+    where = "".join(traceback.format_exception(e.__context__))[-1500:] if e.__context__ else ""
+    print(json.dumps({"refused": str(e), "where": where}))
     raise SystemExit(0)
 late = 0
 for f in frames_of(speech_like(seconds, seed=909))[:seconds]:
