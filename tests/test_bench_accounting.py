@@ -4,6 +4,7 @@ import csv
 import json
 
 import pytest
+import torch
 
 from engine.bench import accounting
 
@@ -38,6 +39,29 @@ def test_count_events_sums_kernels_and_counts_launches_graphs_and_copies():
     assert c["kernel_ms"] == pytest.approx(3.75) and c["kernels"] == 3
     assert c["kernel_launches"] == 3                  # runtime (versioned name too) and driver launch calls
     assert c["graph_launches"] == 1 and c["memcpy"] == 1 and c["memset"] == 1 and c["cpu_ops"] == 2
+
+
+class DeviceEvent:
+    """torch 2.11's _KinetoEvent: no activity_type(), a device_type() instead."""
+
+    def __init__(self, e):
+        self.e = e
+
+    def device_type(self):
+        gpu = self.e.kind in ("kernel", "gpu_memcpy", "gpu_memset")
+        return torch.autograd.DeviceType.CUDA if gpu else torch.autograd.DeviceType.CPU
+
+    def name(self):
+        return self.e.name()
+
+    def duration_ns(self):
+        return self.e.ns
+
+
+def test_count_events_from_device_types_where_torch_has_no_activity_type():
+    """Device call D (torch 2.11): '_KinetoEvent' object has no attribute 'activity_type' — the same counts."""
+    assert accounting.count_events([DeviceEvent(e) for e in EVENTS], cuda=True) == \
+        accounting.count_events(EVENTS, cuda=True)
 
 
 def test_count_events_on_the_cpu_leaves_the_cuda_fields_empty_not_zero():

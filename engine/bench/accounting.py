@@ -67,13 +67,28 @@ def _api(name: str) -> str:
     return _VERSION.sub("", name)
 
 
+def _kind(e) -> str:
+    """The event's kineto activity: from ``activity_type()`` where torch has it; else (torch 2.11's
+    ``_KinetoEvent``) from its device and name: device events are kernels unless named Memcpy / Memset,
+    host events are CUDA API calls when named like one (``cuda...`` / ``cu...``), else CPU ops."""
+    if hasattr(e, "activity_type"):
+        return str(e.activity_type())
+    name = e.name()
+    if e.device_type() == torch.autograd.DeviceType.CUDA:
+        return "gpu_memcpy" if name.startswith("Memcpy") else "gpu_memset" if name.startswith("Memset") else "kernel"
+    api = _api(name)
+    if api in KERNEL_LAUNCH_CALLS or api in GRAPH_LAUNCH_CALLS or re.match(r"cu[A-Z]|cuda[A-Z]", api):
+        return "cuda_runtime"
+    return "cpu_op"
+
+
 def count_events(events: Iterable[object], cuda: bool) -> Dict[str, Optional[float]]:
     """Counts over kineto events (objects with ``activity_type()``, ``name()`` and ``duration_ns()``).
     Without ``cuda`` the CUDA fields are None: the CPU has none to count."""
     c = {"kernel_ns": 0, "kernels": 0, "kernel_launches": 0, "graph_launches": 0, "memcpy": 0, "memset": 0,
          "cpu_ops": 0}
     for e in events:
-        kind, name = str(e.activity_type()), e.name()
+        kind, name = _kind(e), e.name()
         if kind == "cpu_op":
             c["cpu_ops"] += 1
         elif kind == "kernel":
