@@ -29,6 +29,10 @@ in both KV modes (our stock-policy ``torch.cat`` history and our optimized preal
   generator state and float waveform, over a folder whose TTS sometimes stops early (short chunks that are
   not a turn's last).
 
+And the integrating proof: OUR whole ``DuplexSession`` (the folder, --seed S, 16 kHz frames, the model's turns,
+the page's Force Listen at ``BARGE_IN``) in both modes, every second, every stage above and the tail's waveform
+torch.equal to the stock's record (``test_our_whole_session_equals_the_stock_loop_every_second``).
+
 Where our loop still differs from the stock, the module's ``STOCK_DIFFERENCES`` list says so plainly (none now).
 """
 from __future__ import annotations
@@ -509,3 +513,117 @@ def test_front_end_and_encoder_equal_the_stock_loop_in_a_session(runs, modules, 
                 emb = ex.step({"features": feats})["emb"]
                 assert torch.equal(emb, rec["encoder"][0]), \
                     f"seed {seed} second {s}: encoder output {(emb - rec['encoder'][0]).abs().max():.3g}"
+
+
+class _Recorder:
+    """Wraps one of the backbone's callables (its FrontEnd, its text sampler): each output goes to ``sink``."""
+
+    def __init__(self, inner, sink):
+        self._inner, self._sink = inner, sink
+
+    def __call__(self, *a, **kw):
+        out = self._inner(*a, **kw)
+        self._sink(out)
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def _our_session_seconds(folder: Path, pcm: np.ndarray, seed: int, demand: bool) -> List[dict]:
+    """OUR whole session over the stock's input: ``DuplexSession`` (minicpm-o-4.5 over the folder, --seed S,
+    the folder's voice.npz and reference clip, the default system prompt, 16 kHz frames as they are), the
+    page's Force Listen at ``BARGE_IN``. Per second: the front end's features, the encoder's audio tokens, every
+    LLM logits row, every draw of the text sampler, every TTS logits row, the codes, the record, and the tail's
+    output for the second (``last_speech``: before playback levelling, where ``run --log`` takes speech.npy);
+    the optimized mode's deferred last chunk of the final second is run after it (``tail_after``)."""
+    from engine.session.config import SessionConfig
+    from engine.session.session import DuplexSession
+    cfg = SessionConfig(backbone="minicpm-o-4.5", backbone_checkpoint=str(folder), device="cpu", size="tiny",
+                        seed=seed, cpu_threads=1, voice=str(folder / "voice.npz"), input_rate=16000,
+                        **({} if demand else {"demand_sized": False, "graph_replay": False}))
+    s = DuplexSession(cfg)
+    s.start()
+    cur: Dict[str, list] = {}
+    seconds: List[dict] = []
+    try:
+        b = s.backbone
+        b.set_tap(lambda stage, t: cur.setdefault(stage, []).append(t.detach().clone()))
+        b.front = _Recorder(b.front, lambda y: cur.setdefault("features", []).append(y.clone()))
+        b.protocol.sampler = _Recorder(b.protocol.sampler, lambda t: cur.setdefault("sampled", []).append(int(t)))
+        with torch.no_grad():
+            for k in range(SECONDS):
+                cur = {}
+                _, rec = s.process(pcm[k * 16000:(k + 1) * 16000], force_listen=k == BARGE_IN)
+                seconds.append(dict(cur, record=rec, speech=torch.from_numpy(s.last_speech.copy())))
+            tail_after = s.tail.new_turn(flush=True) if s._turn_flush else np.zeros(0, np.float32)
+        seconds.append({"speech": torch.from_numpy(np.asarray(tail_after, np.float32).reshape(-1))})
+    finally:
+        s.close()
+    return seconds
+
+
+def _stock_speech(seconds: list, k: int, deferred: bool) -> torch.Tensor:
+    """The stock's token2wav float output of second ``k`` (its calls concatenated); ``deferred``: as our
+    optimized schedule plays it, a turn's last chunk one second later (before that second's own calls)."""
+    def calls(i: int) -> list:
+        s = seconds[i] if 0 <= i < len(seconds) else {}
+        return list(zip(s.get("speech", []), s.get("t2w_last", [])))
+    got = calls(k)
+    if deferred:
+        got = [c for c in calls(k - 1) if c[1]] + [c for c in got if not c[1]]
+    return torch.cat([w for w, _ in got]) if got else torch.zeros(0)
+
+
+def _first_difference(ours: dict, stock: dict, speech: torch.Tensor) -> str:
+    """'' when every stage of the second is torch.equal, else the first stage that differs and how."""
+    def rows(a: list, b: list) -> str:
+        if len(a) != len(b):
+            return f"{len(a)} rows vs the stock's {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x.shape != y.shape or not torch.equal(x, y):
+                return f"row {i}: " + (f"max |diff| {(x - y).abs().max():.3g}" if x.shape == y.shape
+                                       else f"shape {tuple(x.shape)} vs {tuple(y.shape)}")
+        return ""
+    rec = ours["record"]
+    checks = (
+        ("decision", "" if (rec.decision == "listen") == stock["is_listen"] else f"ours {rec.decision}"),
+        ("audio features", rows(ours.get("features", []), [stock["audio_features"][0][0]])),
+        ("encoder output", rows(ours.get("encoder", []), [stock["encoder"][0]])),
+        ("LLM logits", rows(ours.get("llm_logits", []), stock.get("llm_logits", []))),
+        ("LLM tokens", "" if ours.get("sampled", []) == stock.get("llm_sampled", [])
+         else f"ours {ours.get('sampled', [])}, stock {stock.get('llm_sampled', [])}"),
+        ("TTS logits", rows(ours.get("tts_logits", []), stock.get("tts_logits", []))),
+        ("TTS codes", rows(ours.get("codes", []), stock.get("codes", []))),
+        ("waveform", rows([ours["speech"]], [speech])),
+    )
+    return next((f"{stage}: {why}" for stage, why in checks if why), "")
+
+
+@pytest.mark.parametrize("demand", [False, True], ids=["stock-policy", "optimized"])
+def test_our_whole_session_equals_the_stock_loop_every_second(runs, demand, tmp_path, one_torch_thread):
+    """Issue 21 item 4, the integrating proof: OUR ``DuplexSession`` over the stock's 33 s input (speech and
+    pauses, the three forced listens, >= 2 replies, the page's Force Listen at ``BARGE_IN`` cutting a reply),
+    seeded S, the folder's voice and reference clip, the default system prompt, 16 kHz frames
+    (``input_rate=16000``), the model's own turns (the voice-activity policy is off with a checkpoint folder):
+    every second, every stage torch.equal to the stock loop's record — audio features, encoder output, every
+    LLM logits row, every text draw, every TTS logits row, the codes, and the tail's float waveform for the
+    second (before rate conversion and playback levelling) against the stock's token2wav float output.
+
+    Both our modes: stock-policy (demand_sized=False, graph_replay=False) and optimized (the defaults; on the
+    CPU graph replay does not run, so this is the demand-sized arena eager). The optimized schedule runs a
+    turn's last token2wav chunk first thing the next second (same draws, same order): there the second's
+    waveform is the stock's with that chunk moved one second later; the final second's is run after it."""
+    import soundfile as sf
+    folder, out = runs
+    pcm, rate = sf.read(str(_input(tmp_path / "in16.wav")), dtype="float32")
+    assert rate == 16000 and len(pcm) == SECONDS * rate
+    for seed, run in out.items():
+        stock = run["seconds"]
+        ours = _our_session_seconds(folder, pcm, seed, demand)
+        assert sum(not s["is_listen"] for s in stock) >= 6 and stock[BARGE_IN]["is_listen"]
+        for k in range(SECONDS):
+            why = _first_difference(ours[k], stock[k], _stock_speech(stock, k, deferred=demand))
+            assert not why, f"seed {seed} second {k}: {why}"
+        after = _stock_speech(stock, SECONDS, deferred=True) if demand else torch.zeros(0)
+        assert torch.equal(ours[SECONDS]["speech"], after), f"seed {seed}: the last second's deferred chunk"

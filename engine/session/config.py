@@ -47,6 +47,7 @@ class SessionConfig:
     voice_origin: str = ""          # resolved: "--voice" | "checkpoint default" | "synthetic" ("" without a voice)
     cpu_threads: int = 0            # torch threads on the CPU; 0 = auto: all cores but one (audio, GUI)
     system_prompt: Optional[str] = None   # minicpm-o-4.5: the session's system prompt (None: the demo's default)
+    input_rate: int = 24000         # the rate of process()'s frames: 24 kHz, or 16 kHz for minicpm-o-4.5
 
     def replace(self, **changes) -> "SessionConfig":
         return dataclasses.replace(self, **changes)
@@ -70,6 +71,7 @@ class SessionConfig:
         if self.system_prompt is not None and self.backbone != "minicpm-o-4.5":
             raise ValueError(f"a system prompt is for the minicpm-o-4.5 backbone; the {self.backbone} backbone "
                              "takes none (drop --system-prompt or use --backbone minicpm-o-4.5)")
+        _check_input_rate(self.backbone, self.input_rate)
         checkpoint = registry.resolve_checkpoint(self.tail, self.checkpoint)   # checked by the decoder
         folder = registry.open_backbone_folder(self.backbone, self.backbone_checkpoint, size)
         if checkpoint is None and folder is not None and folder.tail_checkpoint:
@@ -102,6 +104,18 @@ class SessionConfig:
         """The (resolved) voice for people; "" when the tail takes none."""
         cond = registry.get_tail(self.tail).conditioning
         return cond.describe(self.voice, self.voice_origin) if cond is not None else ""
+
+
+#: input rates a backbone takes besides the session's 24 kHz: its native rate, handed to it as is
+NATIVE_INPUT_RATES = {"minicpm-o-4.5": 16000}
+
+
+def _check_input_rate(backbone: str, rate) -> None:
+    """24 kHz for every backbone; a backbone's native rate (MiniCPM-o 4.5: 16 kHz, the stock's own input)."""
+    allowed = sorted({24000, NATIVE_INPUT_RATES.get(backbone, 24000)})
+    if isinstance(rate, bool) or not isinstance(rate, int) or rate not in allowed:
+        raise ValueError(f"input_rate {rate!r} is not one the {backbone} backbone takes; choose "
+                         + " or ".join(f"{r} Hz" for r in allowed))
 
 
 def _check_choice(what: str, value, choices) -> None:

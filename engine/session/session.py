@@ -91,11 +91,12 @@ def cpu_threads(requested: int = 0) -> int:
     return max(1, (os.cpu_count() or 1) - 1)
 
 
-def check_frame(frame) -> np.ndarray:
-    """A one-second mono frame as float32 (24000,), or ValueError saying what is wrong."""
+def check_frame(frame, rate: int = RATE) -> np.ndarray:
+    """A one-second mono frame as float32 (rate,), or ValueError saying what is wrong."""
     x = np.asarray(frame)
-    if x.ndim != 1 or x.shape[0] != RATE:
-        raise ValueError(f"a session frame is one second of mono 24 kHz audio, shape ({RATE},); got {x.shape}")
+    if x.ndim != 1 or x.shape[0] != rate:
+        raise ValueError(f"a session frame is one second of mono {rate // 1000} kHz audio (the session's "
+                         f"input_rate), shape ({rate},); got {x.shape}")
     if not np.issubdtype(x.dtype, np.floating):
         raise ValueError(f"a session frame holds float samples in [-1, 1]; got dtype {x.dtype}")
     x = x.astype(np.float32, copy=False)
@@ -125,7 +126,7 @@ class DuplexSession:
         self.tail: Optional[DecoderTail] = tail
         self.backbone: Optional[Backbone] = None
         self.fmt: Optional[TokenFormat] = None
-        self.vad = EnergyVAD(RATE)
+        self.vad = EnergyVAD(self.cfg.input_rate)
         self.fifo = AudioFifo()
         self._toggles = PendingToggles(Toggles(self.cfg.demand_sized, self.cfg.graph_replay))
         self._started = False
@@ -237,12 +238,20 @@ class DuplexSession:
             self.backbone.set_toggles(asked)
 
     # -- one second ----------------------------------------------------------------------------------
-    def process(self, frame, arrival: Optional[float] = None, backlog: int = 0) -> Tuple[np.ndarray, SecondRecord]:
-        """Run one second. ``arrival``: ``time.perf_counter()`` when the frame came in (defaults to
-        now: no queueing); ``backlog``: frames still waiting behind this one."""
+    def process(self, frame, arrival: Optional[float] = None, backlog: int = 0,
+                force_listen: bool = False) -> Tuple[np.ndarray, SecondRecord]:
+        """Run one second of ``cfg.input_rate`` samples (24 kHz; 16 kHz where the backbone takes its native
+        rate: handed to it as is). ``arrival``: ``time.perf_counter()`` when the frame came in (defaults to
+        now: no queueing); ``backlog``: frames still waiting behind this one; ``force_listen``: this second
+        the backbone listens whatever it would decide, closing a reply that is open (the duplex page's Force
+        Listen; backbones with ``force_listen()`` only)."""
         if not self._started:
             raise RuntimeError("the session is not started: call start() first")
-        x = check_frame(frame)
+        x = check_frame(frame, self.cfg.input_rate)
+        if force_listen:
+            if not hasattr(self.backbone, "force_listen"):
+                raise ValueError(f"the {self.cfg.backbone} backbone takes no forced listen")
+            self.backbone.force_listen()
         wall_start, t0 = time.time(), time.perf_counter()
         queue_wait = max(0.0, (t0 - arrival) * 1000.0) if arrival is not None else 0.0
         self._apply_toggles()

@@ -42,7 +42,7 @@ from .prompt import DEFAULT_SYSTEM_PROMPT, prelude
 from .protocol import Protocol
 from .ref_audio import choose_clip, reference_embeddings
 from .tts import TTS, DecodeGraphs
-from .turns import make_turns
+from .turns import TurnDecision, make_turns
 from . import weights as W
 
 if TYPE_CHECKING:
@@ -80,6 +80,7 @@ class MiniCPMO45Backbone(Backbone):
         self.tts_graphs: Optional[DecodeGraphs] = None
         self._in_reply = False
         self._speech = False
+        self._force_listen = False            # the next THINK listens (the page's Force Listen)
         self._tap: Optional[Callable[[str, torch.Tensor], None]] = None
         l, t = self.dims.llm, self.dims.tts
         weights = f"checkpoint {self.folder.path}" if self.folder else "seeded random weights"
@@ -114,6 +115,7 @@ class MiniCPMO45Backbone(Backbone):
             self._make_stores()
             self._prepare_tts_graphs()
             self.llm_graphs: Optional[LayerGraphs] = make_layer_graphs(self.llm, self.kv_llm, dev, self._graphs_on())
+            self.llm_feeds: Dict[int, LayerGraphs] = {}     # short feeds' layer graphs, by width (made on first use)
             tok = self.folder.tokenizer if self.folder else None
             too_long = None
             if tok is not None:
@@ -178,15 +180,21 @@ class MiniCPMO45Backbone(Backbone):
         return self.tts.step_code(code, kv)
 
     def _one_token(self, embed: torch.Tensor):
-        """A single-token LLM forward through the layer graphs (None: the eager path runs it)."""
+        """A forward of ``embed``'s rows [t, hidden] through layer graphs of that width — a decode step (t 1)
+        or a short feed (LISTEN's close and audio tokens) — or None: the eager path runs it."""
         if not self._graphs_on() or self.kv_llm.kind != "demand":
             return None
-        kv = self.kv_llm
-        if kv.length + 1 > kv.capacity:
-            kv._room(kv.length + 1)                                     # a long session: more room, new graphs
-        if self.llm_graphs is None or not self.llm_graphs.valid_for(kv):
-            self.llm_graphs = make_layer_graphs(self.llm, kv, self.device, True)
-        return self.llm_graphs.forward(embed)
+        kv, t = self.kv_llm, int(embed.shape[0])
+        if kv.length + t > kv.capacity:
+            kv._room(kv.length + t)                                     # a long session: more room, new graphs
+        graphs = self.llm_graphs if t == 1 else self.llm_feeds.get(t)
+        if graphs is None or not graphs.valid_for(kv):
+            graphs = make_layer_graphs(self.llm, kv, self.device, True, tokens=t)
+            if t == 1:
+                self.llm_graphs = graphs
+            else:
+                self.llm_feeds[t] = graphs
+        return graphs.forward(embed)
 
     # -- per second ------------------------------------------------------------------------------------
     def listen(self, audio: torch.Tensor, vad: "VadResult") -> None:
@@ -200,9 +208,17 @@ class MiniCPMO45Backbone(Backbone):
                 self._tap("encoder", emb)
             self.protocol.prefill(emb)
 
+    def force_listen(self) -> None:
+        """The next second listens whatever the turn policy or the LLM would decide; a reply still open is
+        closed first (``<|turn_eos|>`` fed, token2wav restarted): the duplex page's Force Listen."""
+        self._force_listen = True
+
     def think(self, frames: int) -> Thought:
+        turn = self.turns.decide(self._speech)          # counted every second, forced or not (as the stock's)
+        if self._force_listen:
+            turn, self._force_listen = TurnDecision("listen"), False
         with torch.no_grad():
-            unit, hidden = self.protocol.decode(self.turns.decide(self._speech))
+            unit, hidden = self.protocol.decode(turn)
             if unit.decision == "listen":
                 # only a cut restarts token2wav: a reply the LLM closed inside a listening unit keeps its
                 # buffer and state, and the next speaking second goes on from them (as in the stock loop)
@@ -254,6 +270,7 @@ class MiniCPMO45Backbone(Backbone):
             self.tts_graphs = None
         if not self._graphs_on():
             self.llm_graphs = None
+            self.llm_feeds = {}
 
     def set_tap(self, tap: Optional[Callable[[str, torch.Tensor], None]]) -> None:
         """Hand each stage's output to ``tap(stage, tensor)`` as it is made (None stops it): ``encoder``

@@ -30,6 +30,10 @@ from .sampling import TextSampler, code_logits, draw
 from .tts import TTS
 from .turns import TurnDecision
 
+#: the widest feed replayed through layer graphs of its width (a second's close + audio tokens are 2 and 10;
+#: the prelude's hundreds run eagerly, once)
+GRAPHED_FEED = 16
+
 
 @dataclass
 class Unit:
@@ -80,7 +84,13 @@ class Protocol:
 
     # -- LISTEN ----------------------------------------------------------------------------------------
     def feed(self, embeds: torch.Tensor) -> torch.Tensor:
-        """Feed embeddings [T, hidden]; the final hidden state of each position [T, hidden]."""
+        """Feed embeddings [T, hidden]; the final hidden state of each position [T, hidden]. A short feed
+        (2 .. GRAPHED_FEED positions: LISTEN's close and audio tokens) goes to ``one_token``'s layer graphs
+        of that width where the backbone has them (the same kernels; None: eager)."""
+        if self.one_token is not None and 1 < embeds.shape[0] <= GRAPHED_FEED:
+            out = self.one_token(embeds)
+            if out is not None:
+                return out[0]
         return self.llm(embeds, self.kv_llm)
 
     def step_ids(self, ids: List[int], logits: bool) -> tuple:
@@ -210,5 +220,7 @@ class Protocol:
             self.end_turn()
 
     def end_turn(self) -> None:
+        """The TTS's turn ends: its history goes. The LLM's reply state is the unit's own: a token drawn
+        after ``<|turn_eos|>`` and dropped at the character limit has reopened it (as in the stock loop),
+        so a Force Listen next second closes it again with ``<|turn_eos|>``."""
         self.kv_tts.reset()
-        self.turn_ended = True
