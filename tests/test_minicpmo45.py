@@ -298,19 +298,22 @@ def test_llm_layer_segments_give_the_eager_bits(one_torch_thread):
     seeded_init(llm, 6)
     regions = kv_regions("llm", d.layers, d.kv_heads, d.head_dim, 33, d.max_positions, torch.float32, "")
     ref, ours = (make_store(True, regions[0], d.layers, 64, "cpu") for _ in range(2))
-    seg = LayerGraphs(llm, ours, torch.device("cpu"), capture=False)
+    segs = {t: LayerGraphs(llm, ours, torch.device("cpu"), capture=False, tokens=t) for t in (1, 2, 10)}
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
-        for t in (11, 1, 1, 2, 1, 10, 1, 1):
+        for t in (11, 1, 1, 2, 1, 10, 1, 1, 2, 10):
             x = torch.randn(t, d.hidden, generator=g)
             h = llm(x, ref)
             if t == 1:
-                h2, logits = seg.forward(x)
+                h2, logits = segs[1].forward(x)
                 assert torch.equal(h2, h) and torch.equal(logits, llm.logits(h[-1]))
+            elif t in segs:                                      # a short feed: its own width's segments
+                h2, none = segs[t].forward(x)
+                assert torch.equal(h2, h) and none is None and torch.equal(llm.logits(h2), llm.logits(h))
             else:
                 assert torch.equal(llm(x, ours), h)
-    assert ours.length == ref.length == 28 and seg.replays == 5
-    assert torch.equal(ours.k_buf[:, :, :28], ref.k_buf[:, :, :28])
+    assert ours.length == ref.length == 40 and [segs[t].replays for t in (1, 2, 10)] == [5, 2, 2]
+    assert torch.equal(ours.k_buf[:, :, :40], ref.k_buf[:, :, :40])
 
 
 def test_a_second_session_shares_the_weights(one_torch_thread):

@@ -108,6 +108,7 @@ def llm_steps(device: str, size: str, layers: int, graphs: bool, feeds=(11, 1, 1
     stock = make_store(False, regions[0], d.layers, 0, device)
     ours = make_store(True, regions[0], d.layers, sum(feeds), device)
     seg = LayerGraphs(llm, ours, torch.device(device), capture=graphs)
+    feed = LayerGraphs(llm, ours, torch.device(device), capture=graphs, tokens=2)     # LISTEN's close: 2 wide
     g = torch.Generator(device="cpu").manual_seed(2)
     pairs = []
     with torch.no_grad():
@@ -117,6 +118,9 @@ def llm_steps(device: str, size: str, layers: int, graphs: bool, feeds=(11, 1, 1
             if t == 1:
                 h2, logits = seg.forward(x)
                 pairs += [(h, h2), (llm.logits(h[-1]), logits)]
+            elif t == 2:
+                h2, _ = feed.forward(x)
+                pairs += [(h, h2), (llm.logits(h), llm.logits(h2))]
             else:
                 pairs.append((h, llm(x, ours)))
     return pairs, seg

@@ -24,24 +24,31 @@ from engine.core.gate import GATE
 from engine.core.graphs import GraphRuntime
 
 from .kv import DemandKV
-from .layers import apply_rope, explicit_attention, rope_tables
+from .layers import apply_rope, causal_mask, explicit_attention, rope_tables
 from .llm import Qwen3
 
 
 class LayerGraphs:
-    """Single-token forwards of ``llm`` over ``kv`` (a :class:`~.kv.DemandKV`), graphed per layer."""
+    """``tokens``-token forwards of ``llm`` over ``kv`` (a :class:`~.kv.DemandKV`), graphed per layer.
+
+    ``tokens`` 1: a decode step or a one-token feed, the head's logits inside the last graph. More: a feed of
+    that many new positions (LISTEN's ``</unit>`` close and its 10 audio embeddings), the segments' kernels
+    those of the eager forward at that width, attention eager under the eager path's causal mask; the final
+    hidden states only (the caller takes the logits as the stock does, over every row)."""
 
     def __init__(self, llm: Qwen3, kv: DemandKV, device: torch.device, capture: bool,
-                 head: Optional[torch.nn.Linear] = None):
+                 head: Optional[torch.nn.Linear] = None, tokens: int = 1):
         # ``llm``: any decoder with ``.model.layers`` / ``.model.norm`` and dims ``.d`` (the Qwen3 LLM, or the
         # TTS, whose ``head`` is its code head instead of ``lm_head``)
         self.llm, self.kv, self.device = llm, kv, torch.device(device)
         self.head = head if head is not None else llm.lm_head
         d = llm.d
         dt = self.head.weight.dtype
-        self.x_in = torch.zeros(1, 1, d.hidden, dtype=dt, device=self.device)          # [1, 1, hidden]
-        self.pos = torch.zeros(1, dtype=torch.long, device=self.device)                 # [1] position
-        self.att = [torch.zeros(1, d.heads, 1, d.head_dim, dtype=dt, device=self.device) for _ in range(d.layers)]
+        self.t = t = int(tokens)
+        self.x_in = torch.zeros(1, t, d.hidden, dtype=dt, device=self.device)          # [1, t, hidden]
+        self.pos = torch.zeros(t, dtype=torch.long, device=self.device)                 # [t] positions
+        self._steps = torch.arange(t, dtype=torch.long, device=self.device)             # 0 .. t-1
+        self.att = [torch.zeros(1, d.heads, t, d.head_dim, dtype=dt, device=self.device) for _ in range(d.layers)]
         self.graphs: List[torch.cuda.CUDAGraph] = []
         self.outs: List[Tuple[torch.Tensor, ...]] = []
         self.buffers = (kv.k_buf.data_ptr(), kv.v_buf.data_ptr())
@@ -52,33 +59,35 @@ class LayerGraphs:
 
     # -- the segments ------------------------------------------------------------------------------------
     def _pre(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Layer ``i`` up to attention: the query [1, H, 1, hd]; its key/value written at ``pos``."""
+        """Layer ``i`` up to attention: the query [1, H, t, hd]; its keys/values written at ``pos``."""
         layer = self.llm.model.layers[i]
-        a = layer.self_attn
+        a, t = layer.self_attn, self.t
         h = layer.input_layernorm(x)
-        q = a.q_proj(h).view(1, 1, a.h, a.hd)
-        k = a.k_proj(h).view(1, 1, a.hkv, a.hd)
-        v = a.v_proj(h).view(1, 1, a.hkv, a.hd).transpose(1, 2)                       # [1, Hkv, 1, hd]
+        q = a.q_proj(h).view(1, t, a.h, a.hd)
+        k = a.k_proj(h).view(1, t, a.hkv, a.hd)
+        v = a.v_proj(h).view(1, t, a.hkv, a.hd).transpose(1, 2)                       # [1, Hkv, t, hd]
         if a.q_norm is not None:                                                        # Qwen3's; not the TTS's
             q, k = a.q_norm(q), a.k_norm(k)
-        q = apply_rope(q.transpose(1, 2), cos, sin)                                     # [1, H, 1, hd]
-        k = apply_rope(k.transpose(1, 2), cos, sin)                                     # [1, Hkv, 1, hd]
+        q = apply_rope(q.transpose(1, 2), cos, sin)                                     # [1, H, t, hd]
+        k = apply_rope(k.transpose(1, 2), cos, sin)                                     # [1, Hkv, t, hd]
         self.kv.k_buf[i].index_copy_(1, self.pos, k[0])
         self.kv.v_buf[i].index_copy_(1, self.pos, v[0])
         return q
 
     def _post(self, i: int, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
-        """Layer ``i`` after attention: o_proj, residual, MLP -> the residual stream [1, 1, hidden]."""
+        """Layer ``i`` after attention: o_proj, residual, MLP -> the residual stream [1, t, hidden]."""
         layer = self.llm.model.layers[i]
         a = layer.self_attn
-        x = x + a.o_proj(att.transpose(1, 2).reshape(1, 1, a.h * a.hd))
+        x = x + a.o_proj(att.transpose(1, 2).reshape(1, self.t, a.h * a.hd))
         return x + layer.mlp(layer.post_attention_layernorm(x))
 
-    def _head(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        h = self.llm.model.norm(x)[0]                                                   # [1, hidden]
+    def _head(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        h = self.llm.model.norm(x)[0]                                                   # [t, hidden]
+        if self.t > 1:
+            return (h,)
         return h, self.head(h[-1].view(1, -1)).float()                                  # [1, V]
 
-    def _attend(self, i: int, q: torch.Tensor, n: int) -> torch.Tensor:
+    def _attend(self, i: int, q: torch.Tensor, n: int, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Eager attention of layer ``i`` over exactly ``n`` positions (the stock path's kernels: SDPA for the
         LLM, the written-out sequence for the TTS)."""
         a = self.llm.model.layers[i].self_attn
@@ -86,7 +95,7 @@ class LayerGraphs:
         if a.hkv != a.h:
             k_all = k_all.repeat_interleave(a.h // a.hkv, dim=1)
             v_all = v_all.repeat_interleave(a.h // a.hkv, dim=1)
-        return (explicit_attention if a.explicit else F.scaled_dot_product_attention)(q, k_all, v_all)
+        return (explicit_attention if a.explicit else F.scaled_dot_product_attention)(q, k_all, v_all, attn_mask=mask)
 
     def _segment(self, s: int):
         """Segment ``s`` of the step: 0 = first layer's pre; s = post(s-1) + pre(s); last = post + head."""
@@ -103,7 +112,7 @@ class LayerGraphs:
     def _capture(self) -> None:
         """Warm every segment up for real on the runtime's side stream, then capture each (one gate
         hold for all of them: a capture that has to upgrade a shared second does so once)."""
-        self.pos.fill_(self.kv.length)          # warm-up writes land where the next real token will
+        torch.add(self._steps, self.kv.length, out=self.pos)    # warm-up writes land where the next real ones will
         rt = self.runtime
         with GATE.exclusive():
             with rt.side():
@@ -119,14 +128,18 @@ class LayerGraphs:
         """Whether these graphs write into ``kv``'s current buffers (a grown store needs new graphs)."""
         return kv is self.kv and self.buffers == (kv.k_buf.data_ptr(), kv.v_buf.data_ptr())
 
-    def forward(self, embed: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """One token [1, hidden] at position ``kv.length`` -> (final hidden [1, hidden], logits [1, V])."""
-        kv = self.kv
-        n = kv.length + 1
+    def forward(self, embed: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """``t`` embeddings [t, hidden] at positions ``kv.length`` on -> (final hidden [t, hidden], logits
+        [1, V] for one token, else None)."""
+        kv, t = self.kv, self.t
+        n = kv.length + t
         if n > kv.capacity:
             raise RuntimeError("the LLM store is full: regrow it before replaying")
-        self.x_in.copy_(embed.view(1, 1, -1))
-        self.pos.fill_(kv.length)
+        if embed.shape[0] != t:
+            raise ValueError(f"these layer graphs take {t} embeddings, not {embed.shape[0]}")
+        self.x_in.copy_(embed.view(1, t, -1))
+        torch.add(self._steps, kv.length, out=self.pos)
+        mask = causal_mask(t, n, self.device)
         layers = self.llm.d.layers
         for s in range(layers + 1):
             if self.graphs:
@@ -134,16 +147,16 @@ class LayerGraphs:
             else:
                 self.outs = self.outs[:s] + [self._segment(s)] if s else [self._segment(0)]
             if s < layers:
-                self.att[s].copy_(self._attend(s, self.outs[s][1], n))
-        kv.commit(1)
+                self.att[s].copy_(self._attend(s, self.outs[s][1], n, mask))
+        kv.commit(t)
         self.replays += 1
-        h, logits = self.outs[layers]
-        return h.clone(), logits.clone()
+        h = self.outs[layers][0]
+        return h.clone(), (self.outs[layers][1].clone() if t == 1 else None)
 
 
-def make_layer_graphs(llm: Qwen3, kv, device, want: bool) -> Optional[LayerGraphs]:
-    """Layer graphs for a demand store on CUDA (None otherwise: the eager path runs)."""
+def make_layer_graphs(llm: Qwen3, kv, device, want: bool, tokens: int = 1) -> Optional[LayerGraphs]:
+    """Layer graphs of ``tokens`` positions for a demand store on CUDA (None otherwise: the eager path runs)."""
     dev = torch.device(device)
     if not want or not isinstance(kv, DemandKV) or dev.type != "cuda" or not torch.cuda.is_available():
         return None
-    return LayerGraphs(llm, kv, dev, capture=True)
+    return LayerGraphs(llm, kv, dev, capture=True, tokens=tokens)
