@@ -308,15 +308,23 @@ def _shown(v: Any) -> str:
     return f"{type(v).__name__} {v!r:.40}" if isinstance(v, (list, dict, str)) else f"{v!r:.40}"
 
 
-def integer(doc: Any, key: str, source: str, lo: int, hi: int, default: Any = REQUIRED) -> int:
-    """``doc[key]`` as an integer (not a bool) in [lo, hi]; ``default`` when absent (REQUIRED: refused)."""
+def _lookup(doc: Any, key: str, source: str, default: Any) -> Tuple[bool, Any]:
+    """(True, ``doc[key]``) when ``doc`` is a mapping holding ``key``; (False, ``default``) when it lacks it
+    (REQUIRED: refused)."""
     if not isinstance(doc, dict):
         raise FileCheckError(f"{source} has the wrong type: a mapping is needed, found {_shown(doc)}")
-    if key not in doc:
-        if default is REQUIRED:
-            raise FileCheckError(f"{source} lacks {key!r}")
-        return default
-    v = doc[key]
+    if key in doc:
+        return True, doc[key]
+    if default is REQUIRED:
+        raise FileCheckError(f"{source} lacks {key!r}")
+    return False, default
+
+
+def integer(doc: Any, key: str, source: str, lo: int, hi: int, default: Any = REQUIRED) -> int:
+    """``doc[key]`` as an integer (not a bool) in [lo, hi]; ``default`` when absent (REQUIRED: refused)."""
+    found, v = _lookup(doc, key, source, default)
+    if not found:
+        return v
     if isinstance(v, float) and v.is_integer() and lo <= v <= hi:
         v = int(v)
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
@@ -326,13 +334,9 @@ def integer(doc: Any, key: str, source: str, lo: int, hi: int, default: Any = RE
 
 def number(doc: Any, key: str, source: str, lo: float, hi: float, default: Any = REQUIRED) -> float:
     """``doc[key]`` as a finite number (not a bool) in [lo, hi]; ``default`` when absent."""
-    if not isinstance(doc, dict):
-        raise FileCheckError(f"{source} has the wrong type: a mapping is needed, found {_shown(doc)}")
-    if key not in doc:
-        if default is REQUIRED:
-            raise FileCheckError(f"{source} lacks {key!r}")
-        return default
-    v = doc[key]
+    found, v = _lookup(doc, key, source, default)
+    if not found:
+        return v
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
         raise FileCheckError(f"{source}: {key} must be a finite number from {lo:g} to {hi:g}, found {_shown(v)}")
     return float(v)
