@@ -3,14 +3,13 @@ each, and writing decoded audio atomically (:func:`save_audio`)."""
 from __future__ import annotations
 
 import math
-import os
-import stat
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from engine.atomic import atomic_write
+from engine.safeload import regular_file
 
 
 #: the largest array a user's file may hold (a day of 25 Hz int64 tokens is 17 MB; a prompt a few MB)
@@ -72,14 +71,7 @@ def load_array(path, what: str, max_bytes: int = MAX_ARRAY_BYTES):
     pickle) a ValueError naming it. Never unpickles.
     """
     p = Path(path)
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{what} {p} does not exist or is not a regular file") from None
-    except OSError as e:
-        raise ValueError(f"cannot read {what} {p}: {e.strerror or e}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"{what} {p} is not a regular file (a FIFO, a device or a folder)")
+    st = regular_file(p, what)
     try:
         _check_claims(p, st.st_size, max_bytes)
         return np.load(p, allow_pickle=False)

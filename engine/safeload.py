@@ -63,6 +63,31 @@ def _reason(e: OSError) -> str:
     return e.strerror or str(e)
 
 
+def _stat(p: Path, what: str, verb: str, missing: type = FileCheckError) -> os.stat_result:
+    """``os.stat(p)``, or one line naming ``p``: ``missing`` when nothing is there, a FileCheckError
+    ("cannot ``verb`` ...") when it cannot be looked at."""
+    try:
+        return os.stat(p)
+    except FileNotFoundError:
+        raise missing(f"{what} {p} does not exist") from None
+    except OSError as e:
+        raise FileCheckError(f"cannot {verb} {what} {p}: {_reason(e)}") from None
+
+
+def _check_regular(st: os.stat_result, what: str, p: Path) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise FileCheckError(f"cannot read {what} {p}: it is {_kind(st.st_mode)}, not a regular file")
+
+
+def regular_file(path, what: str) -> os.stat_result:
+    """The ``os.stat`` of ``path`` when it is a regular file (a FIFO, a device or a folder is refused before
+    anything opens it); a FileNotFoundError naming it when it is missing, a FileCheckError otherwise."""
+    p = Path(path)
+    st = _stat(p, what, "read", missing=FileNotFoundError)
+    _check_regular(st, what, p)
+    return st
+
+
 def read_capped(path, cap: int, what: str) -> bytes:
     """The bytes of the regular file ``path``, refused when larger than ``cap`` (never blocks)."""
     p = Path(path)
@@ -72,8 +97,7 @@ def read_capped(path, cap: int, what: str) -> bytes:
         raise FileCheckError(f"cannot read {what} {p}: {_reason(e)}") from None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise FileCheckError(f"cannot read {what} {p}: it is {_kind(st.st_mode)}, not a regular file")
+        _check_regular(st, what, p)
         if st.st_size > cap:
             raise FileCheckError(f"{what} {p} is larger than {cap >> 10} KiB ({st.st_size:,} bytes); it cannot "
                                  f"be what its name says")
@@ -347,12 +371,7 @@ def number(doc: Any, key: str, source: str, lo: float, hi: float, default: Any =
 def folder(path, what: str) -> Path:
     """``path`` as a folder this process can list and read inside; one line otherwise."""
     p = Path(path).expanduser()
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        raise FileCheckError(f"{what} {p} does not exist") from None
-    except OSError as e:
-        raise FileCheckError(f"cannot open {what} {p}: {_reason(e)}") from None
+    st = _stat(p, what, "open")
     if not stat.S_ISDIR(st.st_mode):
         raise FileCheckError(f"{what} {p} is {_kind(st.st_mode) if not stat.S_ISREG(st.st_mode) else 'a file'}, "
                              f"not a folder")

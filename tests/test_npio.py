@@ -1,4 +1,6 @@
 """User-supplied NumPy files: one clear error naming the file, never unpickling."""
+import os
+
 import numpy as np
 import pytest
 
@@ -22,3 +24,6 @@ def test_load_array_errors_name_the_file(tmp_path):
     np.save(tmp_path / "o.npy", np.array([{"a": 1}], dtype=object))
     with pytest.raises(ValueError, match="o.npy"):
         load_array(tmp_path / "o.npy", "tokens file")          # object arrays would need pickle: refused
+    os.mkfifo(tmp_path / "f.npy")
+    with pytest.raises(ValueError, match="tokens file .*f.npy: it is a FIFO, not a regular file"):
+        load_array(tmp_path / "f.npy", "tokens file")          # refused before anything opens it (never blocks)
