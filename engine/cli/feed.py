@@ -6,7 +6,6 @@ from __future__ import annotations
 import queue
 import signal
 import sys
-import threading
 import time
 from typing import Callable, List
 
@@ -14,6 +13,7 @@ import numpy as np
 
 from engine.session import LiveError
 from engine.session.journal import SessionJournal
+from engine.signals import CaughtSignals
 from engine.stats import progress as progress_bar
 
 
@@ -60,33 +60,22 @@ class Interrupted(Exception):
         self.signum = signum
 
 
-class StopSignals:
-    """SIGINT and SIGTERM stop the session at the next second boundary (while it is built: at once).
+class StopSignals(CaughtSignals):
+    """SIGINT and SIGTERM stop the session at the next second boundary (while it is built: at once, by
+    raising :class:`Interrupted`).
 
-    Used as a context manager; the previous handlers come back on exit. ``signum`` is the first
-    signal received (0: none).
+    Used as a context manager; the previous handlers come back on exit (outside the main thread none is
+    installed). ``signum`` is the first signal received (0: none).
     """
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    quiet_off_main_thread = True
 
     def __init__(self):
-        self.signum = 0
+        super().__init__()
         self.building = True
-        self._old = {}
-
-    def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            for s in self.SIGNALS:
-                self._old[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, h in self._old.items():
-            signal.signal(s, h)
 
     def _handle(self, signum, frame) -> None:
-        if not self.signum:
-            self.signum = signum
+        super()._handle(signum, frame)
         if self.building:
             self.building = False            # once: a second signal must not break the clean-up
             raise Interrupted(signum)

@@ -13,9 +13,10 @@ the whole foreground process group: Ray's processes survive it, the command drai
 from __future__ import annotations
 
 import signal
-import threading
 import time
 from typing import Callable, Optional
+
+from engine.signals import CaughtSignals
 
 KEY = b"duplexcadence:drain-until"
 NAMESPACE = "duplexcadence"
@@ -47,33 +48,9 @@ def deadline() -> Optional[float]:
 
 
 # -- the command's side -----------------------------------------------------------------------------
-class DrainSignals:
+class DrainSignals(CaughtSignals):
     """SIGINT and SIGTERM: the first starts the drain (``event``), a second one stops at once
     (``now``). A context manager; the previous handlers come back on exit."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.now = threading.Event()
-        self.signum = 0
-        self._old: dict = {}
-
-    def __enter__(self) -> "DrainSignals":
-        for s in self.SIGNALS:
-            self._old[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, h in self._old.items():
-            signal.signal(s, h)
-
-    def _handle(self, signum: int, frame) -> None:
-        if self.event.is_set():
-            self.now.set()
-        else:
-            self.signum = signum
-            self.event.set()
 
     def wait(self) -> None:
         """Until the first signal (short sleeps keep the handlers responsive)."""
