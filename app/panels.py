@@ -6,13 +6,14 @@ import threading
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QTimer, Signal
 from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import (QApplication, QButtonGroup, QCheckBox, QComboBox, QFileDialog, QFormLayout,
-                               QGridLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton,
+                               QGroupBox, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton,
                                QRadioButton, QVBoxLayout, QWidget)
 
 from app import theme
+from app.badges import badge_grid, paint
 from app.audio_io import DeviceInfo
 from app.plots import LevelMeter
 from app.viewmodel import GREEN, RED, YELLOW, EventLog, Summary
@@ -396,27 +397,13 @@ class SummaryRow(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        lay = QGridLayout(self)                 # two rows: the row fits a narrow window
-        lay.setContentsMargins(0, 0, 0, 0)
-        lay.setSpacing(4)
-        self.labels = {}
-        for i, k in enumerate(self.KEYS):
-            lab = QLabel()
-            lab.setAlignment(Qt.AlignCenter)
-            lab.setToolTip(self.TIPS[k])
-            lay.addWidget(lab, i // 4, i % 4)
-            self.labels[k] = lab
+        self.labels = badge_grid(self, self.KEYS, self.TIPS, 4)     # two rows: the row fits a narrow window
         self.show_summary(Summary())
 
     def show_summary(self, s: Summary) -> None:
         texts = s.text()
         for k, lab in self.labels.items():
-            colour = s.colours.get(k, "#8a8f98")
-            lab.setText(texts[k])
-            if lab.property("colour") != colour:        # restyling costs a polish: only on change
-                lab.setProperty("colour", colour)
-                lab.setStyleSheet(f"background: {colour}; color: white; border-radius: 4px; padding: 3px 6px;"
-                                  "font-weight: bold;")
+            paint(lab, texts[k], s.colours.get(k, "#8a8f98"), bold=True)
 
 
 def _shape(text: str) -> str:

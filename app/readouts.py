@@ -9,11 +9,12 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGridLayout, QGroupBox, QLabel,
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QLabel,
                                QWidget)
 
 from app import theme
+from app.badges import badge_grid, paint
 from app.viewmodel import GREEN, GREY, RED, YELLOW
 from engine.echo import SENSITIVITY
 
@@ -37,25 +38,12 @@ class ReadoutRow(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        lay = QGridLayout(self)
-        lay.setContentsMargins(0, 0, 0, 0)
-        lay.setSpacing(4)
-        self.labels = {}
-        for i, k in enumerate(self.KEYS):
-            lab = QLabel()
-            lab.setAlignment(Qt.AlignCenter)
-            lab.setToolTip(self.TIPS[k])
-            lay.addWidget(lab, i // 2, i % 2)            # two rows: the row fits a narrow window
-            self.labels[k] = lab
+        self.labels = badge_grid(self, self.KEYS, self.TIPS, 2)     # two rows: the row fits a narrow window
         self._barge = (0, None)
         self.show_row(None)
 
     def _set(self, key: str, text: str, colour: str) -> None:
-        lab = self.labels[key]
-        lab.setText(text)
-        if lab.property("colour") != colour:
-            lab.setProperty("colour", colour)
-            lab.setStyleSheet(f"background: {colour}; color: white; border-radius: 4px; padding: 3px 6px;")
+        paint(self.labels[key], text, colour)
 
     def reset(self) -> None:
         self._barge = (0, None)
