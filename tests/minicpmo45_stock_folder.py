@@ -202,3 +202,145 @@ def write(folder: Path, seed: int = 11, nudge: tuple = (1.0, 1.0)) -> Path:
     ref_audio(folder / "assets" / "HT_ref_audio.wav", seed)
     voice(folder / "voice.npz", seed)
     return folder
+
+
+# -- any preset, streamed: ``write(..., size="released")`` / ``python tests/minicpmo45_stock_folder.py DIR --size released``
+
+SHARD_BYTES = 4 << 30                     # released shards of about 4 GiB, as the released checkpoint's
+DRAW_ELEMENTS = 1 << 24                   # one float32 draw at most this big (64 MiB) before its bf16 rounding
+
+
+def dims_of(size: str):
+    """A preset with its Whisper FFN 4x its width (the stock sizes its projector from it)."""
+    d = preset(size)
+    return replace(d, audio=replace(d.audio, ffn=4 * d.audio.d_model))
+
+
+def weight_specs(d) -> list:
+    """(released key, shape, init) of every tensor in the folder, in order, from our modules (the LLM and the
+    TTS built on the meta device, no memory; the audio encoder, whose buffers need data, on the CPU, one at a
+    time): init is "one" (norms), "zero" (biases), "head_norm:N" (the TTS code head's weight-norm gain), else
+    "randn"."""
+    def shapes(build):
+        return [(k, v.shape) for k, v in build().state_dict().items()]
+    with torch.device("meta"):
+        parts = [("llm.", shapes(lambda: Qwen3(d.llm))), ("tts.", shapes(lambda: TTS(d.tts, d.llm)))]
+    parts.append(("", shapes(lambda: AudioEncoder(d.audio, d.llm.hidden))))
+    specs = []
+    for prefix, named in parts:
+        for k, shape in named:
+            v = torch.empty(shape, device="meta")
+            kind = ("one" if k.endswith("norm.weight") or "layernorm" in k or "layer_norm" in k else
+                    "zero" if k.endswith("bias") else "randn")
+            if prefix == "":
+                k = ("audio_projection_layer." + k[5:]) if k.startswith("proj.") else f"apm.{k}"
+            if prefix == "tts." and k == "head_code.0.weight":
+                specs += [("tts.head_code.0.parametrizations.weight.original0", (v.shape[0], 1),
+                           f"head_norm:{v.shape[1]}"),
+                          ("tts.head_code.0.parametrizations.weight.original1", tuple(v.shape), "randn")]
+                continue
+            specs.append((prefix + k, tuple(v.shape), kind))
+    h, t = d.llm.hidden, d.tts.hidden
+    specs += [("tts.projector_spk.linear1.weight", (t, h), "randn"), ("tts.projector_spk.linear1.bias", (t,), "randn"),
+              ("tts.projector_spk.linear2.weight", (t, t), "randn"), ("tts.projector_spk.linear2.bias", (t,), "randn"),
+              ("tts.model.embed_tokens.weight", (32000, t), "randn")]
+    return sorted(specs)
+
+
+def draw_tensor(shape: tuple, kind: str, seed: int, dtype: torch.dtype, std: float = 0.05) -> torch.Tensor:
+    """One tensor in ``dtype``, drawn in float32 blocks of rows (never a float32 copy of the whole tensor)."""
+    out = torch.empty(shape, dtype=dtype)
+    if kind in ("one", "zero"):
+        return out.fill_(1.0 if kind == "one" else 0.0)
+    if kind.startswith("head_norm:"):                 # a std row's expected norm x1.5, as the tiny folder's
+        return out.fill_(std * float(kind.split(":")[1]) ** 0.5 * 1.5)
+    g = torch.Generator().manual_seed(seed)
+    flat = out.view(-1)
+    for i in range(0, flat.numel(), DRAW_ELEMENTS):
+        n = min(DRAW_ELEMENTS, flat.numel() - i)
+        flat[i:i + n] = torch.randn(n, generator=g) * std
+    return out
+
+
+def write_streamed(folder: Path, size: str = "released", seed: int = 11, nudge: tuple = (1.0, 1.0),
+                   dtype: torch.dtype = torch.bfloat16, shard_bytes: int = SHARD_BYTES) -> Path:
+    """The folder at ``size`` with seeded random weights in ``dtype``, written shard by shard: at most one
+    shard's tensors and one 64 MiB float32 draw are in memory at once. The rest of the folder is what
+    :func:`write` writes, at that preset's dims. Not the tiny folder's values (another draw order)."""
+    global D
+    folder = Path(folder)
+    d = dims_of(size)
+    (folder / "assets" / "token2wav").mkdir(parents=True, exist_ok=True)
+    saved, D = D, d                                  # config() and tokenizer() read the module's dims
+    try:
+        cfg = config()
+        tokenizer(folder)
+    finally:
+        D = saved
+    cfg["torch_dtype"] = str(dtype).replace("torch.", "")
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    specs = weight_specs(d)
+    groups, cur, cur_bytes = [], [], 0
+    for spec in specs:
+        nbytes = int(np.prod(spec[1])) * torch.empty(0, dtype=dtype).element_size()
+        if cur and cur_bytes + nbytes > shard_bytes:
+            groups.append(cur)
+            cur, cur_bytes = [], 0
+        cur.append(spec)
+        cur_bytes += nbytes
+    groups.append(cur)
+    weight_map, index = {}, {k: i for i, (k, _, _) in enumerate(specs)}
+    nudged = dict(zip((d.tokens.listen, d.tokens.turn_eos), nudge))
+    for n, group in enumerate(groups, 1):
+        name = f"model-{n:05d}-of-{len(groups):05d}.safetensors"
+        tensors = {}
+        for key, shape, kind in group:
+            tensors[key] = draw_tensor(shape, kind, seed * 1000003 + index[key], dtype)
+            if key == "llm.lm_head.weight":
+                for row, factor in nudged.items():
+                    tensors[key][row] *= factor
+        save_file(tensors, str(folder / name))
+        weight_map.update({k: name for k in tensors})
+        del tensors
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    _token2wav_at(folder / "assets" / "token2wav", seed, t2w_preset(size))
+    ref_audio(folder / "assets" / "HT_ref_audio.wav", seed)
+    voice(folder / "voice.npz", seed)
+    return folder
+
+
+def _token2wav_at(path: Path, seed: int, cfg) -> None:
+    from stock_step_audio2 import voiced
+    state = voiced(T2W.random_state_dict(cfg, seed), cfg)
+    torch.save({k[5:]: v for k, v in state.items() if k.startswith("flow.")}, path / "flow.pt")
+    torch.save({"generator." + k[5:]: v for k, v in state.items() if k.startswith("hift.")}, path / "hift.pt")
+    (path / "flow.yaml").write_text(FLOW_YAML.format(e=cfg.flow.encoder, d=cfg.flow.dit))
+
+
+def main(argv=None) -> int:
+    import argparse
+    import sys
+    p = argparse.ArgumentParser(description="Write a MiniCPM-o 4.5 folder in the released layout (random weights) "
+                                            "that both our loader and the stock loop read.")
+    p.add_argument("folder")
+    p.add_argument("--size", default="tiny", choices=["tiny", "released"],
+                   help="tiny: float32, two shards (the tests' folder); released: bfloat16, ~4 GiB shards, "
+                        "written shard by shard")
+    p.add_argument("--seed", type=int, default=11)
+    p.add_argument("--nudge", default="4.0,1.8", help="<|listen|>,<|turn_eos|> head-row factors")
+    a = p.parse_args(argv)
+    try:
+        nudge = tuple(float(x) for x in a.nudge.split(","))
+        if len(nudge) != 2:
+            raise ValueError
+    except ValueError:
+        print(f"minicpmo45_stock_folder: --nudge takes two numbers, not {a.nudge!r}", file=sys.stderr)
+        return 2
+    out = write(a.folder, a.seed, nudge) if a.size == "tiny" else write_streamed(a.folder, a.size, a.seed, nudge)
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main())

@@ -232,7 +232,43 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per mode, this many seconds (half speaking, half listening) re-run under torch.profiler "
                         "in a separate run: kernel ms, kernel and graph launches per speaking / listening second "
                         f"(default {accounting.DEFAULT_SECONDS}; 0: none). The main run is never profiled")
+    p.add_argument("--stock-loop", default=None, metavar="PYTHON",
+                   help="minicpm-o-4.5: also run MiniCPM-o-Demo's own duplex loop with this interpreter (its venv, "
+                        "e.g. .venv-stock/bin/python) over the same folder, input and seed, interleaved with our "
+                        "modes, and print the rows side by side (engine/bench/stock_loop.py); this replaces the "
+                        "usual tables")
+    p.add_argument("--stock-loop-folder", default=None, metavar="DIR",
+                   help="the folder in the released layout both sides read (default: --backbone-checkpoint)")
+    p.add_argument("--stock-loop-repeats", type=int, default=3,
+                   help="interleaved repeats (stock, ours, stock, ours...); each metric is the median (default 3)")
+    p.add_argument("--stock-loop-modes", default="eager,compile",
+                   help="the stock loop's modes: eager, compile (the demo's torch.compile mode)")
+    p.add_argument("--stock-loop-timeout", type=int, default=3600, help="seconds one stock-loop run may take")
     return p
+
+
+def _stock_loop(a) -> int:
+    """``--stock-loop``: check its inputs (one line each), then the interleaved rows (engine/bench/stock_loop.py)."""
+    from engine.bench import stock_loop
+    stock_modes = [m.strip() for m in a.stock_loop_modes.split(",") if m.strip()]
+    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    try:
+        if not stock_modes or any(m not in stock_loop.STOCK_MODES for m in stock_modes):
+            raise ValueError(f"--stock-loop-modes {a.stock_loop_modes!r}: choose from "
+                             f"{', '.join(stock_loop.STOCK_MODES)}")
+        if a.stock_loop_repeats < 1:
+            raise ValueError(f"--stock-loop-repeats must be 1 or more, not {a.stock_loop_repeats}")
+        folder = stock_loop.check(a.stock_loop, a.stock_loop_folder, a.backbone, a.backbone_checkpoint)
+        base = SessionConfig(tail=a.tail, backbone=a.backbone, size=a.size, device=a.device, seed=a.seed,
+                             checkpoint=a.checkpoint, backbone_checkpoint=str(folder), input_rate=stock_loop.RATE,
+                             voice=str(folder / "voice.npz")).resolved()
+        audio = (load_mono(a.input, rate=stock_loop.RATE, max_seconds=a.seconds) if a.input
+                 else speech_like(a.seconds, a.seed, rate=stock_loop.RATE))
+    except ValueError as e:
+        print(f"duplexcadence-bench session: error: {e}", file=sys.stderr)
+        return 2
+    a.stock_loop_modes = stock_modes
+    return stock_loop.compare(a, base, audio, modes)
 
 
 def run_keys(modes: List[str]) -> List[str]:
@@ -306,6 +342,8 @@ def main(argv=None) -> int:
         print(f"duplexcadence-bench session: error: --account-seconds must be 0 or more, not {a.account_seconds}",
               file=sys.stderr)
         return 2
+    if a.stock_loop is not None:
+        return _stock_loop(a)
     try:
         base = SessionConfig(tail=a.tail, backbone=a.backbone, size=a.size, device=a.device, seed=a.seed,
                              checkpoint=a.checkpoint, backbone_checkpoint=a.backbone_checkpoint).resolved()

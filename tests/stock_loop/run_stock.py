@@ -22,7 +22,12 @@ session as the demo's worker does for its duplex page:
 Per second it saves ``second_NNNN.pt``: audio features, encoder output (the LLM-width audio tokens), every
 LLM logits row the loop takes, the unit's token ids, every TTS logits row, the codes, each token2wav call's
 float waveform (before the int16 step) and the returned waveform; ``prepare.pt`` holds the prompt's ids and
-the reference audio (as loaded), its Whisper features and lengths and its embeddings. Usage::
+the reference audio (as loaded), its Whisper features and lengths and its embeddings. ``timing.json`` holds
+each second's wall ms (``duplex_prefill`` + ``duplex_generate``, in which token2wav runs, + ``duplex_finalize``;
+synchronized on CUDA), decision and a hash of its decision, text and waveform, and the process's peak memory
+(CUDA: ``max_memory_reserved``; CPU: peak RSS, VmHWM). ``--no-record``: only timing.json (the bench's runs);
+``--compile``: the demo's torch.compile mode (see :func:`compile_as_the_demo`); ``--device cuda``: bfloat16 and
+token2wav on CUDA, as the demo (not yet run anywhere). Usage::
 
     .venv-stock/bin/python tests/stock_loop/run_stock.py --folder F --wav in.wav --out DIR --seed S
 """
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import importlib
 import importlib.machinery
 import importlib.util
@@ -37,6 +43,7 @@ import io
 import json
 import os
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -47,6 +54,7 @@ STUBBED = ("onnxruntime", "torchaudio", "torchaudio.compliance", "torchaudio.com
 PRESET = "assets/presets/audio_duplex"
 PAGE_LENGTH_PENALTY = 1.05          # static/audio-duplex: the page sends config.length_penalty 1.05
 FORCE_LISTEN_COUNT = 3              # worker's DuplexConfig default, handed to init_unified
+WARMUP_SECONDS = 10                 # warmup_compile's max_warmup_chunks default
 
 
 class _Stub(types.ModuleType):
@@ -80,28 +88,30 @@ def default_system_prompt(oracle: Path) -> str:
 
 
 class _Token2wavOnCpu:
-    """Step-Audio2 ``Token2wav`` as the stock builds it, on the CPU: its ``.cuda()`` calls and ``device='cuda'``
-    literals go to the CPU; the voice prompt is the given tensors."""
+    """Step-Audio2 ``Token2wav`` as the stock builds it. On the CPU its ``.cuda()`` calls and ``device='cuda'``
+    literals go to the CPU; on CUDA it is built as the stock builds it. The voice prompt is the given tensors."""
 
-    def __init__(self, model_dir: str, voice: dict, seed: int):
+    def __init__(self, model_dir: str, voice: dict, seed: int, device: str = "cpu"):
         import stepaudio2.token2wav as t2w_mod
         self.mod = t2w_mod
         t2w_mod.s3tokenizer = types.SimpleNamespace(load_model=lambda path: _Null())
         t2w_mod.onnxruntime = types.SimpleNamespace(
             SessionOptions=lambda: types.SimpleNamespace(), GraphOptimizationLevel=types.SimpleNamespace(
                 ORT_ENABLE_ALL=None), InferenceSession=lambda *a, **kw: None)
-        t2w_mod.torch = _CpuTorch()
         t2w_mod.HiFTGenerator = _hift_at_checkpoint_width(Path(model_dir) / "hift.pt")
-        with _cuda_is_cpu():
+        if device == "cpu":
+            t2w_mod.torch = _CpuTorch()
+        with _cuda_is_cpu() if device == "cpu" else contextlib.nullcontext():
             t2w = t2w_mod.Token2wav(model_dir, float16=False, n_timesteps=10)
-        t2w.flow.decoder.rand_noise = torch.randn(1, 80, 30000, generator=torch.Generator().manual_seed(seed))
+        t2w.flow.decoder.rand_noise = torch.randn(1, 80, 30000, generator=torch.Generator().manual_seed(seed)).to(
+            device)
         ptok = torch.as_tensor(voice["prompt_tokens"]).reshape(1, -1).to(torch.int32)
         pmel = torch.as_tensor(voice["prompt_mel"]).reshape(1, -1, 80).float()
         pmel = torch.nn.functional.pad(pmel, (0, 0, 0, ptok.shape[1] * t2w.flow.up_rate - pmel.shape[1]),
                                        mode="replicate")
         spk = torch.as_tensor(voice["speaker_embedding"]).reshape(1, -1).float()
-        cache = (ptok, torch.tensor([ptok.shape[1]], dtype=torch.int32), spk, pmel,
-                 torch.tensor([pmel.shape[1]], dtype=torch.int32))
+        cache = tuple(t.to(device) for t in (ptok, torch.tensor([ptok.shape[1]], dtype=torch.int32), spk, pmel,
+                                             torch.tensor([pmel.shape[1]], dtype=torch.int32)))
         t2w._prepare_prompt = lambda wav: cache
         self.t2w = t2w
 
@@ -161,8 +171,8 @@ def _load_state(folder: Path) -> dict:
     return state
 
 
-def build(oracle: Path, folder: Path, voice: dict, seed: int, bf16: bool):
-    """The stock model, processor and duplex capability over ``folder``."""
+def build(oracle: Path, folder: Path, voice: dict, seed: int, bf16: bool, device: str = "cpu"):
+    """The stock model, processor and duplex capability over ``folder`` (on CUDA: bfloat16, as the demo)."""
     sys.path.insert(0, str(oracle))
     _stub_modules()
     import stepaudio2  # noqa: F401  (the sdist's package, with the stubs above in place)
@@ -181,7 +191,9 @@ def build(oracle: Path, folder: Path, voice: dict, seed: int, bf16: bool):
     missing = [k for k in missing if "rotary_emb" not in k]
     if missing or unexpected:
         raise SystemExit(f"stock model and folder disagree: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    model = (model.bfloat16() if bf16 else model.float()).eval()
+    model = (model.bfloat16() if bf16 or device == "cuda" else model.float()).eval()
+    if device == "cuda":
+        model.cuda()
 
     tk_cfg = json.loads((folder / "tokenizer_config.json").read_text())
     base = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), eos_token=tk_cfg["eos_token"],
@@ -196,12 +208,12 @@ def build(oracle: Path, folder: Path, voice: dict, seed: int, bf16: bool):
     state = {"t2w": None}
 
     def init_token2wav(streaming=False, model_dir=None, enable_float16=False, n_timesteps=5):
-        state["t2w"] = _Token2wavOnCpu(str(folder / "assets" / "token2wav"), voice, seed)
+        state["t2w"] = _Token2wavOnCpu(str(folder / "assets" / "token2wav"), voice, seed, device)
         model.tts.audio_tokenizer = state["t2w"].t2w
         return model.tts.audio_tokenizer
 
     model.init_token2wav = init_token2wav
-    model.init_unified(duplex_config={"force_listen_count": FORCE_LISTEN_COUNT}, device="cpu")
+    model.init_unified(duplex_config={"force_listen_count": FORCE_LISTEN_COUNT}, device=device)
     return model, M
 
 
@@ -322,53 +334,121 @@ def _float_speech(rec, t2w) -> None:
     t2w.stream = with_float
 
 
-def run(args) -> None:
-    import librosa
-    import soundfile as sf
-    torch.set_num_threads(1)
-    oracle, folder, out = Path(args.oracle), Path(args.folder), Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    voice = dict(np.load(args.voice or folder / "voice.npz"))
-    with contextlib.redirect_stdout(io.StringIO()):
-        model, _ = build(oracle, folder, voice, args.seed, args.bf16)
-    rec = Recorder(model)
+def peak_memory(device: str) -> dict:
+    """The process's peak memory: ``torch.cuda.max_memory_reserved`` on CUDA, else its own peak RSS (VmHWM)."""
+    if device == "cuda":
+        return {"peak_memory_bytes": int(torch.cuda.max_memory_reserved()), "peak_memory_kind": "cuda reserved"}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return {"peak_memory_bytes": int(line.split()[1]) * 1024, "peak_memory_kind": "process peak RSS"}
+    return {"peak_memory_bytes": None, "peak_memory_kind": "not available (no /proc/self/status)"}
 
-    system_prompt = args.system_prompt if args.system_prompt is not None else default_system_prompt(oracle)
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def prepare(model, oracle: Path, folder: Path, system_prompt, seed: int) -> tuple:
+    """``duplex_prepare`` as the duplex page calls it, seeded right before; (prefix, suffix, system prompt, ref)."""
+    import librosa
+    system_prompt = system_prompt if system_prompt is not None else default_system_prompt(oracle)
     ref, _ = librosa.load(str(folder / "assets" / "HT_ref_audio.wav"), sr=16000, mono=True)
     prefix = f"<|im_start|>system\n{system_prompt}\n<|audio_start|>"
     suffix = "<|audio_end|><|im_end|>"
-    torch.manual_seed(args.seed)
+    torch.manual_seed(seed)
     with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
         model.duplex_prepare(prefix_system_prompt=prefix, suffix_system_prompt=suffix, ref_audio=ref,
                              prompt_wav_path=str(folder / "assets" / "HT_ref_audio.wav"))
-    prep = rec.take()
-    prep.update(prefix_ids=model.duplex.tokenizer.encode(prefix, add_special_tokens=False),
-                suffix_ids=model.duplex.tokenizer.encode(suffix, add_special_tokens=False),
-                system_prompt=system_prompt, ref_audio=torch.from_numpy(ref))
-    torch.save(prep, out / "prepare.pt")
+    return prefix, suffix, system_prompt, ref
 
+
+def one_second(model, chunk: np.ndarray, force_listen: bool, device: str) -> tuple:
+    """``duplex_prefill`` + ``duplex_generate`` (token2wav runs inside it) + ``duplex_finalize`` of one second:
+    (the result, its wall ms, synchronized on CUDA)."""
+    _sync(device)
+    t0 = time.perf_counter()
+    with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+        model.duplex_prefill(audio_waveform=chunk)
+        res = model.duplex_generate(decode_mode="sampling", temperature=0.7, top_k=20, top_p=0.8,
+                                    listen_prob_scale=1.0, listen_top_k=None, text_repetition_penalty=1.05,
+                                    text_repetition_window_size=512, length_penalty=PAGE_LENGTH_PENALTY,
+                                    force_listen_override=force_listen)
+        model.duplex_finalize()
+    _sync(device)
+    return res, (time.perf_counter() - t0) * 1000.0
+
+
+def digest(res) -> str:
+    """The second's decision, text and waveform, hashed (taken after the second's timing)."""
+    h = hashlib.sha256()
+    h.update(b"L" if res["is_listen"] else b"S")
+    h.update(str(res["text"]).encode())
+    h.update(np.ascontiguousarray(np.asarray(res["audio_waveform"], np.float32)).tobytes())
+    return h.hexdigest()[:16]
+
+
+def compile_as_the_demo(model, oracle, folder, args, wav: np.ndarray) -> float:
+    """``--compile``: what the demo's loader does when its users set ``compile`` (``UnifiedProcessor._load_model``):
+    ``apply_torch_compile(mode="default", dynamic=True)`` (llm.model and tts.model), then a warm-up duplex
+    session. The demo warms up over its sample video's first 10 one-second units (``warmup_compile``,
+    ``max_warmup_chunks`` 10); that video is not in the oracle copy and the folder has no vision tower, so the
+    warm-up is the same loop over the input's first 10 seconds, audio only. Returns the seconds it took."""
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        model.apply_torch_compile(mode="default", dynamic=True, skip_modules=None)
+    prepare(model, oracle, folder, args.system_prompt, args.seed)
+    for s in range(min(WARMUP_SECONDS, len(wav) // 16000)):
+        one_second(model, wav[s * 16000:(s + 1) * 16000], False, args.device)
+    return time.perf_counter() - t0
+
+
+def run(args) -> None:
+    import soundfile as sf
+    torch.set_num_threads(args.threads)
+    oracle, folder, out = Path(args.oracle), Path(args.folder), Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     wav, sr = sf.read(args.wav, dtype="float32", always_2d=True)
     if sr != 16000:
         raise SystemExit(f"{args.wav}: the stock loop takes 16 kHz input, this is {sr} Hz")
     wav = wav.mean(axis=1).astype(np.float32)
+    voice = dict(np.load(args.voice or folder / "voice.npz"))
+    t_build = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        model, _ = build(oracle, folder, voice, args.seed, args.bf16, args.device)
+    build_s = time.perf_counter() - t_build
+    warmup_s = compile_as_the_demo(model, oracle, folder, args, wav) if args.compile else 0.0
+    rec = None if args.no_record else Recorder(model)
+
+    prefix, suffix, system_prompt, ref = prepare(model, oracle, folder, args.system_prompt, args.seed)
+    if rec is not None:
+        prep = rec.take()
+        prep.update(prefix_ids=model.duplex.tokenizer.encode(prefix, add_special_tokens=False),
+                    suffix_ids=model.duplex.tokenizer.encode(suffix, add_special_tokens=False),
+                    system_prompt=system_prompt, ref_audio=torch.from_numpy(ref))
+        torch.save(prep, out / "prepare.pt")
+
     forced = {int(s) for s in args.force_listen.split(",") if s} if args.force_listen else set()
     seconds = len(wav) // 16000 if args.seconds is None else args.seconds
+    timing = []
     for s in range(seconds):
-        chunk = wav[s * 16000:(s + 1) * 16000]
-        with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
-            model.duplex_prefill(audio_waveform=chunk)
-            res = model.duplex_generate(decode_mode="sampling", temperature=0.7, top_k=20, top_p=0.8,
-                                        listen_prob_scale=1.0, listen_top_k=None, text_repetition_penalty=1.05,
-                                        text_repetition_window_size=512, length_penalty=PAGE_LENGTH_PENALTY,
-                                        force_listen_override=s in forced)
-            model.duplex_finalize()
+        res, ms = one_second(model, wav[s * 16000:(s + 1) * 16000], s in forced, args.device)
+        timing.append({"second": s, "ms": ms, "decision": "listen" if res["is_listen"] else "speak",
+                       "digest": digest(res)})
+        if rec is None:
+            continue
         r = rec.take()
         r.update(second=s, is_listen=bool(res["is_listen"]), end_of_turn=bool(res["end_of_turn"]),
                  text=res["text"], waveform=torch.from_numpy(np.asarray(res["audio_waveform"], np.float32)),
-                 total_ids=list(model.duplex.total_ids))
+                 total_ids=list(model.duplex.total_ids), wall_ms=ms)
         torch.save(r, out / f"second_{s:04d}.pt")
         print(f"{s:4d} {'LISTEN' if r['is_listen'] else 'SPEAK '} eot={int(r['end_of_turn'])} "
-              f"codes={sum(len(c) for c in r.get('codes', []))} t2w_calls={len(r.get('speech', []))}", flush=True)
+              f"codes={sum(len(c) for c in r.get('codes', []))} t2w_calls={len(r.get('speech', []))} "
+              f"{ms:.1f} ms", flush=True)
+    doc = {"device": args.device, "compile": bool(args.compile), "threads": args.threads, "seed": args.seed,
+           "dtype": "bfloat16" if args.bf16 or args.device == "cuda" else "float32", "build_s": build_s,
+           "warmup_s": warmup_s, "torch": torch.__version__, "seconds": timing, **peak_memory(args.device)}
+    (out / "timing.json").write_text(json.dumps(doc, indent=1))
 
 
 def main() -> None:
@@ -384,7 +464,17 @@ def main() -> None:
     p.add_argument("--system-prompt", default=None)
     p.add_argument("--force-listen", default="", help="comma-separated seconds sent with force_listen (barge-in)")
     p.add_argument("--bf16", action="store_true")
-    run(p.parse_args())
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: bfloat16, as the demo")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1: the bits the tests compare)")
+    p.add_argument("--compile", action="store_true",
+                   help="the demo's torch.compile mode: apply_torch_compile(mode='default', dynamic=True) and "
+                        "a warm-up session, as its loader does when compile is set")
+    p.add_argument("--no-record", action="store_true",
+                   help="timing only: no per-stage capture, only timing.json (what the bench runs)")
+    a = p.parse_args()
+    if a.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("run_stock.py: --device cuda, but this torch has no CUDA (build .venv-stock with a CUDA torch)")
+    run(a)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,291 @@
+"""`duplexcadence-bench session --backbone minicpm-o-4.5 --stock-loop PYTHON`: MiniCPM-o 4.5's real duplex loop
+next to ours, interleaved, as its users run it.
+
+The stock loop is MiniCPM-o-Demo's own (``../shared/oracles/MiniCPM-o-Demo-28b60cf``), driven by the test
+harness ``tests/stock_loop/run_stock.py`` in a subprocess under the interpreter ``PYTHON`` (its own venv,
+``.venv-stock``: transformers 4.51). It is a benchmark oracle: nothing of it is imported here or by the product.
+
+Both sides read the SAME folder in the released layout (``--stock-loop-folder DIR``, or ``--backbone-checkpoint
+DIR``: ours is built from it too, so both run the same weights), the same 16 kHz samples (the bench's speech-like
+input made at 16 kHz, or ``--input`` read at 16 kHz; ours takes them as they are, ``input_rate`` 16000), the
+same seed, the folder's ``voice.npz`` as token2wav's prompt and its ``assets/HT_ref_audio.wav`` as the LLM's
+reference clip, the default system prompt; on the CPU both sides run one torch thread (the bits the oracle tests
+compare: each of our rows says how many of its decisions are the stock eager run's).
+
+Runs are interleaved: for each repeat, the stock loop eager, the stock loop under the demo's ``torch.compile``
+mode (``apply_torch_compile(mode="default", dynamic=True)`` and a warm-up session, as the demo's loader does
+when ``compile`` is set), then each of our modes; every metric is the median over the repeats. Per row: mean
+speaking second, mean listening second, p99 of the second, misses (the same virtual pacing as ours: second k
+arrives k seconds in, seconds run back to back, a second is missed when its wait plus its time passes 1,000 ms),
+peak memory (CUDA: ``torch.cuda.max_memory_reserved`` of the run; CPU: the process's peak RSS, VmHWM, reset
+before each of our runs), and for each of our rows the speed ratio against the stock eager row (stock ms / ours:
+above 1 is faster than the stock). The compile row says whether it kept the stock eager run's bits (each
+second's decision, text and waveform, hashed); where compile fails or does not finish, the row says so in one
+line and has no numbers.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+
+from engine.atomic import atomic_write
+from engine.session.records import DEADLINE_MS
+from engine.stats import MIB, percentile, table
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNNER = ROOT / "tests" / "stock_loop" / "run_stock.py"
+ORACLE = ROOT.parent / "shared" / "oracles" / "MiniCPM-o-Demo-28b60cf"
+RATE = 16000
+STOCK_MODES = ("eager", "compile")
+STOCK_LABELS = {"eager": "stock loop (MiniCPM-o-Demo, eager)",
+                "compile": "stock loop (MiniCPM-o-Demo, torch.compile)"}
+#: what the stock harness reads from the folder (a released folder's ONNX models are not used: voice.npz is
+#: token2wav's prompt on both sides)
+RELEASED_LAYOUT = ("config.json", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
+                   "assets/token2wav/flow.yaml", "assets/token2wav/flow.pt", "assets/token2wav/hift.pt",
+                   "assets/HT_ref_audio.wav", "voice.npz")
+METRICS = ("mean_speaking_second_ms", "mean_listening_second_ms", "p99_total_ms", "misses", "peak_memory_bytes")
+DEFAULT_TIMEOUT_S = 3600
+
+
+class StockLoopError(ValueError):
+    """Bad input for the stock-loop rows: one line saying what is wrong."""
+
+
+def check(python: Optional[str], folder: Optional[str], backbone: str, backbone_checkpoint: Optional[str],
+          oracle: Path = ORACLE, runner: Path = RUNNER) -> Path:
+    """The folder both sides read, after checking everything the stock loop needs; StockLoopError otherwise."""
+    if backbone != "minicpm-o-4.5":
+        raise StockLoopError(f"--stock-loop is MiniCPM-o 4.5's own duplex loop: use --backbone minicpm-o-4.5, "
+                             f"not {backbone}")
+    if not python or not Path(python).is_file() or not os.access(python, os.X_OK):
+        raise StockLoopError(f"the stock-loop interpreter {python!r} is not an executable file (the stock venv "
+                             ".venv-stock is built from tests/stock-loop-requirements.txt; make test builds it)")
+    if not oracle.is_dir():
+        raise StockLoopError(f"the stock oracle {oracle} is absent (../shared/oracles beside the clone holds "
+                             "MiniCPM-o-Demo at 28b60cf)")
+    if not runner.is_file():
+        raise StockLoopError(f"the stock-loop harness {runner} is absent (it ships with the source tree's tests/)")
+    if folder and backbone_checkpoint and Path(folder).resolve() != Path(backbone_checkpoint).resolve():
+        raise StockLoopError(f"--stock-loop-folder {folder} and --backbone-checkpoint {backbone_checkpoint} differ: "
+                             "both sides must read the same weights (give one of them)")
+    chosen = folder or backbone_checkpoint
+    if not chosen:
+        raise StockLoopError("--stock-loop needs --stock-loop-folder DIR (or --backbone-checkpoint DIR): the stock "
+                             "loop reads only a MiniCPM-o 4.5 folder in the released layout")
+    path = Path(chosen).expanduser()
+    missing = [f for f in RELEASED_LAYOUT if not (path / f).is_file()]
+    if missing:
+        raise StockLoopError(f"{path} is not a MiniCPM-o 4.5 folder in the released layout the stock loop reads: "
+                             f"no {', '.join(missing)} (tests/minicpmo45_stock_folder.py writes one)")
+    return path.resolve()
+
+
+def paced(ms: List[float]) -> List[bool]:
+    """Missed seconds of a run paced as the session bench paces ours: seconds run back to back, second k
+    arrives k seconds in, its wait is how far its start is past that, and it is missed when wait + time
+    passes the deadline (:func:`engine.session.records.lateness`)."""
+    out, start = [], 0.0
+    for k, t in enumerate(ms):
+        out.append(max(0.0, start - k * 1000.0) + t > DEADLINE_MS)
+        start += t
+    return out
+
+
+def row_of(ms: List[float], decisions: List[str], peak: Optional[int]) -> Dict[str, object]:
+    """A run's row from its per-second wall ms and decisions."""
+    speak = [t for t, d in zip(ms, decisions) if d == "speak"]
+    listen = [t for t, d in zip(ms, decisions) if d != "speak"]
+    return {"mean_speaking_second_ms": float(np.mean(speak)) if speak else None,
+            "mean_listening_second_ms": float(np.mean(listen)) if listen else None,
+            "p99_total_ms": percentile(ms, 99), "misses": sum(paced(ms)), "peak_memory_bytes": peak,
+            "seconds": len(ms), "speak_seconds": len(speak), "decisions": list(decisions)}
+
+
+def run_stock(python: Path, folder: Path, wav: Path, out: Path, seed: int, seconds: int, device: str,
+              threads: int, compile: bool, timeout_s: int = DEFAULT_TIMEOUT_S) -> Dict[str, object]:
+    """One stock-loop run in a subprocess: its row plus ``digests``, or ``{"error": one line}``."""
+    cmd = [str(python), str(RUNNER), "--oracle", str(ORACLE), "--folder", str(folder), "--wav", str(wav),
+           "--out", str(out), "--seed", str(seed), "--seconds", str(seconds), "--device", device,
+           "--threads", str(threads), "--no-record"] + (["--compile"] if compile else [])
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"not measured: did not finish in {timeout_s} s"}
+    if r.returncode != 0:
+        lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+        return {"error": f"not measured: the stock loop exited {r.returncode}: "
+                         f"{lines[-1].strip() if lines else 'no message'}"[:300]}
+    doc = json.loads((out / "timing.json").read_text())
+    secs = doc["seconds"]
+    row = row_of([s["ms"] for s in secs], [s["decision"] for s in secs], doc.get("peak_memory_bytes"))
+    row.update(digests=[s["digest"] for s in secs], peak_memory_kind=doc.get("peak_memory_kind"),
+               build_s=doc.get("build_s"), warmup_s=doc.get("warmup_s"), dtype=doc.get("dtype"))
+    return row
+
+
+def reset_peak_memory(cuda: bool) -> None:
+    """Start a run's peak afresh: CUDA's peak stats, or this process's VmHWM (``/proc/self/clear_refs`` 5)."""
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        return
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def peak_memory(cuda: bool) -> Optional[int]:
+    if cuda:
+        return int(torch.cuda.max_memory_reserved())
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def median_row(reps: List[Dict[str, object]]) -> Dict[str, object]:
+    """Each metric's median over the repeats (a metric missing in any repeat stays None)."""
+    out: Dict[str, object] = {}
+    for m in METRICS:
+        vals = [r.get(m) for r in reps]
+        out[m] = None if not vals or any(v is None for v in vals) else statistics.median(vals)
+    out["repeats"] = [{m: r.get(m) for m in METRICS} for r in reps]
+    out["decisions"] = reps[0]["decisions"]
+    return out
+
+
+def ratio(stock: Optional[float], ours: Optional[float]) -> Optional[float]:
+    return stock / ours if stock and ours else None
+
+
+def _ms(x) -> str:
+    return "—" if x is None else f"{x:.1f}"
+
+
+def _mib(x) -> str:
+    return "—" if x is None else f"{x / MIB:.0f}"
+
+
+def _x(x) -> str:
+    return "—" if x is None else f"{x:.2f}x"
+
+
+def format_rows(rows: Dict[str, Dict[str, object]], wrap: bool = True) -> str:
+    heads = ["row", "mean speaking ms", "mean listening ms", "p99 ms", "misses", "peak MiB", "speaking vs stock",
+             "listening vs stock", "note"]
+    body = []
+    for name, r in rows.items():
+        if "error" in r:
+            body.append([name, "—", "—", "—", "—", "—", "—", "—", r["error"]])
+            continue
+        body.append([name, _ms(r["mean_speaking_second_ms"]), _ms(r["mean_listening_second_ms"]),
+                     _ms(r["p99_total_ms"]), r["misses"], _mib(r["peak_memory_bytes"]),
+                     _x(r.get("speaking_ratio")), _x(r.get("listening_ratio")), r.get("note", "")])
+    return table(body, heads, max_widths=[44] + [None] * 7 + [44], header_width=10, wrap=wrap)
+
+
+def _bits_note(eager: Dict[str, object], compiled: Dict[str, object]) -> str:
+    """Whether the compile run kept the eager run's bits (each second's decision, text and waveform)."""
+    a, b = eager.get("digests", []), compiled.get("digests", [])
+    diff = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if diff is None and len(a) == len(b):
+        return "keeps the eager stock's bits (every second's decision, text, waveform)"
+    return f"does NOT keep the eager stock's bits: first differs at second {diff}"
+
+
+def compare(a, base_cfg, audio: np.ndarray, modes: List[str]) -> int:
+    """The interleaved runs and their rows (stdout table, ``bench.json`` under ``--out``); exit status."""
+    from engine.audio import frames_of
+    from engine.bench.session import LABELS, label, run_mode
+    from engine.core.toggles import Toggles
+    cuda = torch.device(base_cfg.device).type == "cuda"
+    threads = torch.get_num_threads() if cuda else 1
+    base_cfg = base_cfg if cuda else base_cfg.replace(cpu_threads=1)
+    frames = frames_of(audio, RATE)[: a.seconds]
+    seconds = len(frames)
+    work = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="stock-loop-"))
+    work.mkdir(parents=True, exist_ok=True)
+    wav = work / "stock-loop-input-16k.wav"
+    import soundfile as sf
+    sf.write(str(wav), np.concatenate(frames), RATE, subtype="FLOAT")
+    folder = Path(base_cfg.backbone_checkpoint)
+    stock_modes = [m for m in STOCK_MODES if m in a.stock_loop_modes]
+    reps: Dict[str, List[Dict[str, object]]] = {}
+    errors: Dict[str, str] = {}
+    for rep in range(a.stock_loop_repeats):
+        for sm in stock_modes:
+            if sm in errors:
+                continue
+            print(f"repeat {rep + 1}/{a.stock_loop_repeats}: {STOCK_LABELS[sm]}", file=sys.stderr, flush=True)
+            r = run_stock(Path(a.stock_loop), folder, wav, work / f"stock-{sm}-{rep + 1}", a.seed, seconds,
+                          base_cfg.device, threads, sm == "compile", a.stock_loop_timeout)
+            if "error" in r:
+                errors[sm] = r["error"]
+            else:
+                reps.setdefault(STOCK_LABELS[sm], []).append(r)
+        for m in modes:
+            t = Toggles.from_mode(m)
+            cfg = base_cfg.replace(demand_sized=t.demand_sized, graph_replay=t.graph_replay)
+            print(f"repeat {rep + 1}/{a.stock_loop_repeats}: ours, {LABELS[m]}", file=sys.stderr, flush=True)
+            reset_peak_memory(cuda)
+            run = run_mode(cfg, frames, desc=LABELS[m], quiet=a.quiet, digests=False)
+            recs = run["records"]
+            r = row_of([x.total_ms for x in recs], [x.decision for x in recs], peak_memory(cuda))
+            reps.setdefault(f"ours: {label(m, recs)}", []).append(r)
+    rows = build_rows(reps, errors, stock_modes)
+    print(textwrap.fill(f"MiniCPM-o 4.5, {base_cfg.device}, {seconds} s of 16 kHz input, seed {a.seed}, "
+                        f"{a.stock_loop_repeats} interleaved repeat(s), medians; folder {folder}", 120))
+    print(format_rows(rows))
+    kind = "torch.cuda.max_memory_reserved" if cuda else "the process's peak RSS (VmHWM)"
+    print(f"peak memory: {kind}; ratio: the stock eager row's ms / the row's ms (above 1: faster than the stock)")
+    doc = {"seconds": seconds, "seed": a.seed, "repeats": a.stock_loop_repeats, "device": base_cfg.device,
+           "folder": str(folder), "threads": threads, "peak_memory": kind, "rows": rows,
+           "reference": STOCK_LABELS["eager"], "torch": torch.__version__,
+           "gpu": torch.cuda.get_device_name(0) if cuda else "cpu"}
+    text = json.dumps(doc, indent=1)
+    try:
+        atomic_write(work / "bench.json", lambda f: f.write(text), text=True)
+    except OSError as e:
+        print(f"duplexcadence-bench session: error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {work / 'bench.json'}", file=sys.stderr)
+    return 0 if "eager" not in errors or "eager" not in stock_modes else 1
+
+
+def build_rows(reps: Dict[str, List[Dict[str, object]]], errors: Dict[str, str],
+               stock_modes: List[str]) -> Dict[str, Dict[str, object]]:
+    """Median rows in order (the stock's, then ours), each of ours with its ratios against the stock eager row,
+    the compile row with whether it kept the eager run's bits; a row that could not run carries ``error``."""
+    rows: Dict[str, Dict[str, object]] = {}
+    for sm in stock_modes:
+        name = STOCK_LABELS[sm]
+        rows[name] = {"error": errors[sm]} if sm in errors else median_row(reps[name])
+    eager = rows.get(STOCK_LABELS["eager"], {})
+    if "compile" in stock_modes and "error" not in rows[STOCK_LABELS["compile"]] and "error" not in eager:
+        note = _bits_note(reps[STOCK_LABELS["eager"]][0], reps[STOCK_LABELS["compile"]][0])
+        rows[STOCK_LABELS["compile"]].update(note=note, keeps_bits=note.startswith("keeps"))
+    for name, r in reps.items():
+        if name.startswith("ours: "):
+            row = median_row(r)
+            row["speaking_ratio"] = ratio(eager.get("mean_speaking_second_ms"), row["mean_speaking_second_ms"])
+            row["listening_ratio"] = ratio(eager.get("mean_listening_second_ms"), row["mean_listening_second_ms"])
+            if "decisions" in eager:
+                same = sum(x == y for x, y in zip(eager["decisions"], row["decisions"]))
+                row["note"] = f"decisions as the stock eager's: {same} of {len(row['decisions'])} s"
+            rows[name] = row
+    return rows
