@@ -206,6 +206,7 @@ class MiniCPMO45Backbone(Backbone):
             emb = self.executor.step({"features": self.front(audio)})["emb"]   # [10, llm hidden]
             if self._tap is not None:
                 self._tap("encoder", emb)
+            self.kv_llm.begin_step()            # the second's worst case fits now: no store moves mid-second
             self.protocol.prefill(emb)
 
     def force_listen(self) -> None:
@@ -225,6 +226,7 @@ class MiniCPMO45Backbone(Backbone):
                 self._in_reply = self._in_reply and not unit.cut
                 return Thought("listen", None, 0, text="", turn_end="cut" if unit.cut else "",
                                llm_ids=tuple(unit.ids))
+            self.kv_tts.begin_step()
             self.protocol.speak(unit, hidden)
         codes = unit.codes.view(1, -1)                                  # [1, n] int64 on the device
         parts: List[torch.Tensor] = []
