@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from engine.core import Clock, Executor, Plan, SessionSpec, StepPlan, StreamingModel, make_plan
-from engine.core.planner import _simulate_step   # the planner's own rule for one step's lengths
+from engine.core.planner import simulate_step   # the planner's own rule for one step's lengths
 from engine.core.toggles import Toggles, graphs_can_run
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ class DeclaredPlan(Plan):
             r.name: r.retention.initial(int(self.spec.prefix.get(r.name, 0))) for r in self.regions}
         regions = [replace(r, clock=Clock(r.clock.name, (int(advances[r.clock.name]),), r.clock.rate_hz))
                    if r.clock.name in advances else r for r in self.regions]
-        sp = _simulate_step(regions, lengths, k, SessionSpec(prefix=self.spec.prefix))
+        sp = simulate_step(regions, lengths, k, SessionSpec(prefix=self.spec.prefix))
         sp = replace(sp, is_last=bool(last))
         for r in self.regions:
             need = max(sp.before[r.name], sp.grown[r.name], sp.after[r.name])

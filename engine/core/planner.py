@@ -112,7 +112,10 @@ def _advance(clock: Clock, k: int, spec: SessionSpec) -> int:
     return clock.advance(k)
 
 
-def _simulate_step(regions, lengths, k, spec) -> StepPlan:
+def simulate_step(regions, lengths, k, spec) -> StepPlan:
+    """Step ``k``'s plan from the lengths the steps before it left (``lengths``: region -> length; the plan's
+    ``after`` is what it leaves): the planner's one-step rule, public for plans declared step by step
+    (``engine.tail.DeclaredPlan``)."""
     clocks = {}
     for r in regions:
         clocks.setdefault(r.clock.name, _advance(r.clock, k, spec))
@@ -153,7 +156,7 @@ def make_plan(regions: Sequence[Region], spec: SessionSpec) -> Plan:
                 period = k - settled_at
                 break
             history[key] = k
-        s = _simulate_step(regions, lengths, k, spec)
+        s = simulate_step(regions, lengths, k, spec)
         timeline.append(s)
         for r in regions:
             demand[r.name] = max(demand[r.name], s.before[r.name], s.grown[r.name], s.after[r.name])
