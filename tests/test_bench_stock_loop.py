@@ -52,7 +52,7 @@ def bench(tmp_path_factory):
     # the compile row is asked with a 1 s limit: it cannot finish (the model alone takes longer to build), so
     # the row must say so in one line and carry no numbers (the CPU compile's real behaviour: docs/benchmarks.md)
     r = _bench("--stock-loop", str(STOCK_PY), "--stock-loop-folder", str(folder), "--seconds", str(SECONDS),
-               "--stock-loop-repeats", "1", "--stock-loop-timeout", "1", "--modes", "stock,graphs",
+               "--stock-loop-repeats", "1", "--stock-loop-compile-timeout", "1", "--modes", "stock,graphs",
                "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     return r, json.loads((out / "bench.json").read_text()), out

@@ -20,8 +20,8 @@ arrives k seconds in, seconds run back to back, a second is missed when its wait
 peak memory (CUDA: ``torch.cuda.max_memory_reserved`` of the run; CPU: the process's peak RSS, VmHWM, reset
 before each of our runs), and for each of our rows the speed ratio against the stock eager row (stock ms / ours:
 above 1 is faster than the stock). The compile row says whether it kept the stock eager run's bits (each
-second's decision, text and waveform, hashed); where compile fails or does not finish, the row says so in one
-line and has no numbers.
+second's decision, text and waveform, hashed); where compile fails or does not finish within
+``--stock-loop-compile-timeout`` seconds, the row says so in one line and has no numbers.
 """
 from __future__ import annotations
 
@@ -233,7 +233,8 @@ def compare(a, base_cfg, audio: np.ndarray, modes: List[str]) -> int:
                 continue
             print(f"repeat {rep + 1}/{a.stock_loop_repeats}: {STOCK_LABELS[sm]}", file=sys.stderr, flush=True)
             r = run_stock(Path(a.stock_loop), folder, wav, work / f"stock-{sm}-{rep + 1}", a.seed, seconds,
-                          base_cfg.device, threads, sm == "compile", a.stock_loop_timeout)
+                          base_cfg.device, threads, sm == "compile",
+                          a.stock_loop_compile_timeout if sm == "compile" else DEFAULT_TIMEOUT_S)
             if "error" in r:
                 errors[sm] = r["error"]
             else:
