@@ -8,7 +8,6 @@ a fast scripted runner that speaks whenever the (cleaned) microphone is quiet, a
 from __future__ import annotations
 
 import os
-import queue
 import time
 import types
 
@@ -38,25 +37,17 @@ class TalkingRunner(SlowRunner):
     def __init__(self, cfg):
         super().__init__(cfg, work_s=0.005)
 
-    def _run(self) -> None:
-        k = 0
-        while not self._stop.is_set():
-            try:
-                frame, arrival = self._frames.get(timeout=0.05)
-            except queue.Empty:
-                continue
-            level = float(np.sqrt(np.mean(frame ** 2)))
-            speak = level < 0.02
-            audio = _speech_like(1.0, seed=k) if speak else np.zeros(ENGINE_RATE, np.float32)
-            rec = SecondRecord(index=k, wall_start=time.time(), listen_ms=1, think_ms=2, speak_ms=2, total_ms=5,
-                               deadline_ms=1000.0, late_ms=0.0, missed=False, queue_wait_ms=0.0,
-                               decision="speak" if speak else "listen", tokens=12, state_bytes=1 << 20,
-                               alloc_bytes=0, reserved_bytes=0, peak_bytes=0, demand_sized=True,
-                               graph_replay=False, tail="t", backbone="b", input_rms=level, output_rms=0.1,
-                               user_speech=not speak)
-            self.results.put(LiveResult(rec, audio))
-            k += 1
-        self.running = False
+    def _second(self, k: int, frame: np.ndarray, arrival: float) -> LiveResult:
+        level = float(np.sqrt(np.mean(frame ** 2)))
+        speak = level < 0.02
+        audio = _speech_like(1.0, seed=k) if speak else np.zeros(ENGINE_RATE, np.float32)
+        rec = SecondRecord(index=k, wall_start=time.time(), listen_ms=1, think_ms=2, speak_ms=2, total_ms=5,
+                           deadline_ms=1000.0, late_ms=0.0, missed=False, queue_wait_ms=0.0,
+                           decision="speak" if speak else "listen", tokens=12, state_bytes=1 << 20,
+                           alloc_bytes=0, reserved_bytes=0, peak_bytes=0, demand_sized=True,
+                           graph_replay=False, tail="t", backbone="b", input_rms=level, output_rms=0.1,
+                           user_speech=not speak)
+        return LiveResult(rec, audio)
 
 
 def _room_session(qtbot, tmp_path, voice: np.ndarray, echo: bool, speed: float = 2.0):
@@ -72,7 +63,7 @@ def _room_session(qtbot, tmp_path, voice: np.ndarray, echo: bool, speed: float =
 class SimpleCfg:
     """What start_with needs of a config for a scripted runner."""
     tail, backbone, size, checkpoint, backbone_checkpoint, voice, voice_origin = "t", "b", "tiny", None, "", "", ""
-    demand_sized, graph_replay, device, seed = True, False, "cpu", 0
+    demand_sized, graph_replay, device, seed, system_prompt = True, False, "cpu", 0, None
 
 
 def test_without_cancellation_the_model_interrupts_itself_and_with_it_not(qtbot, tmp_path):

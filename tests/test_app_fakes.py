@@ -80,22 +80,26 @@ class SlowRunner:
                 frame, arrival = self._frames.get(timeout=0.05)
             except queue.Empty:
                 continue
-            t0 = time.perf_counter()
-            wait = (t0 - arrival) * 1000.0
-            time.sleep(self.work_s)
-            total = (time.perf_counter() - t0) * 1000.0
-            late = max(0.0, wait + total - 1000.0)
-            rec = SecondRecord(index=k, wall_start=time.time(), listen_ms=total * 0.1, think_ms=total * 0.3,
-                               speak_ms=total * 0.6, total_ms=total, deadline_ms=1000.0, late_ms=late,
-                               missed=late > 0, queue_wait_ms=wait, decision="speak", tokens=25,
-                               state_bytes=1 << 20, alloc_bytes=0, reserved_bytes=0, peak_bytes=0,
-                               demand_sized=True, graph_replay=False, tail="slow", backbone="none",
-                               input_rms=float(np.sqrt(np.mean(frame ** 2))), output_rms=0.1,
-                               backlog=self._frames.qsize())
-            audio = (0.1 * np.sin(np.arange(24000) * 2 * np.pi * 220 / 24000)).astype(np.float32)
-            self.results.put(LiveResult(rec, audio))
+            self.results.put(self._second(k, frame, arrival))
             k += 1
         self.running = False
+
+    def _second(self, k: int, frame: np.ndarray, arrival: float) -> LiveResult:
+        """Second ``k``'s result for ``frame`` (submitted at ``arrival``, perf_counter): ``work_s`` of sleep."""
+        t0 = time.perf_counter()
+        wait = (t0 - arrival) * 1000.0
+        time.sleep(self.work_s)
+        total = (time.perf_counter() - t0) * 1000.0
+        late = max(0.0, wait + total - 1000.0)
+        rec = SecondRecord(index=k, wall_start=time.time(), listen_ms=total * 0.1, think_ms=total * 0.3,
+                           speak_ms=total * 0.6, total_ms=total, deadline_ms=1000.0, late_ms=late,
+                           missed=late > 0, queue_wait_ms=wait, decision="speak", tokens=25,
+                           state_bytes=1 << 20, alloc_bytes=0, reserved_bytes=0, peak_bytes=0,
+                           demand_sized=True, graph_replay=False, tail="slow", backbone="none",
+                           input_rms=float(np.sqrt(np.mean(frame ** 2))), output_rms=0.1,
+                           backlog=self._frames.qsize())
+        audio = (0.1 * np.sin(np.arange(24000) * 2 * np.pi * 220 / 24000)).astype(np.float32)
+        return LiveResult(rec, audio)
 
 
 class VanishingInput(FileInput):
