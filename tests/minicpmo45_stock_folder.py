@@ -183,13 +183,9 @@ def voice(path: Path, seed: int) -> None:
              speaker_embedding=torch.randn(192, generator=g).numpy())
 
 
-def write(folder: Path, seed: int = 11, nudge: tuple = (1.0, 1.0)) -> Path:
-    """Write the whole folder (see the module docstring); returns it."""
-    folder = Path(folder)
-    (folder / "assets" / "token2wav").mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config(), indent=2))
-    tokenizer(folder)
-    w = weights(seed, nudge)
+def write_shards(folder: Path, w: dict) -> None:
+    """``w`` as the released layout's two safetensors shards (keys in sorted order, split in half) and
+    ``model.safetensors.index.json``."""
     keys = sorted(w)
     shards = {"model-00001-of-00002.safetensors": keys[: len(keys) // 2],
               "model-00002-of-00002.safetensors": keys[len(keys) // 2:]}
@@ -198,6 +194,15 @@ def write(folder: Path, seed: int = 11, nudge: tuple = (1.0, 1.0)) -> Path:
         save_file({k: w[k] for k in ks}, str(folder / name))
         weight_map.update({k: name for k in ks})
     (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+def write(folder: Path, seed: int = 11, nudge: tuple = (1.0, 1.0)) -> Path:
+    """Write the whole folder (see the module docstring); returns it."""
+    folder = Path(folder)
+    (folder / "assets" / "token2wav").mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config(), indent=2))
+    tokenizer(folder)
+    write_shards(folder, weights(seed, nudge))
     token2wav(folder / "assets" / "token2wav", seed)
     ref_audio(folder / "assets" / "HT_ref_audio.wav", seed)
     voice(folder / "voice.npz", seed)

@@ -18,6 +18,7 @@ from engine.backbones.minicpmo45.layers import seeded_init
 from engine.backbones.minicpmo45.llm import Qwen3
 from engine.backbones.minicpmo45.tts import TTS
 from engine.backbones.minicpmo45.weights import open_folder
+from minicpmo45_stock_folder import write_shards
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -84,15 +85,7 @@ def folder(tmp_path_factory) -> Path:
     (p / "config.json").write_text(json.dumps(_config(), indent=2))
     specials = _tokenizer(p)
     (p / "added_tokens.json").write_text(json.dumps(specials))
-    w = _weights()
-    keys = sorted(w)
-    shards = {"model-00001-of-00002.safetensors": keys[: len(keys) // 2],
-              "model-00002-of-00002.safetensors": keys[len(keys) // 2:]}
-    weight_map = {}
-    for name, ks in shards.items():
-        save_file({k: w[k] for k in ks}, str(p / name))
-        weight_map.update({k: name for k in ks})
-    (p / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    write_shards(p, _weights())
     return p
 
 
