@@ -270,7 +270,7 @@ def _stock_loop(a) -> int:
         print(f"duplexcadence-bench session: error: {e}", file=sys.stderr)
         return 2
     a.stock_loop_modes = stock_modes
-    return stock_loop.compare(a, base, audio, modes)
+    return stock_loop.compare(a, base, audio, modes, ours=sys.modules[__name__])
 
 
 def run_keys(modes: List[str]) -> List[str]:

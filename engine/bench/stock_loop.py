@@ -208,10 +208,12 @@ def _bits_note(eager: Dict[str, object], compiled: Dict[str, object]) -> str:
     return f"does NOT keep the eager stock's bits: first differs at second {diff}"
 
 
-def compare(a, base_cfg, audio: np.ndarray, modes: List[str]) -> int:
-    """The interleaved runs and their rows (stdout table, ``bench.json`` under ``--out``); exit status."""
+def compare(a, base_cfg, audio: np.ndarray, modes: List[str], ours) -> int:
+    """The interleaved runs and their rows (stdout table, ``bench.json`` under ``--out``); exit status.
+    ``ours``: what runs our modes (the session bench: ``run_mode``, ``label``, ``LABELS``), handed in so this
+    module does not import the bench that imports it."""
     from engine.audio import frames_of
-    from engine.bench.session import LABELS, label, run_mode
+    LABELS, label, run_mode = ours.LABELS, ours.label, ours.run_mode
     from engine.core.toggles import Toggles
     cuda = torch.device(base_cfg.device).type == "cuda"
     threads = torch.get_num_threads() if cuda else 1
