@@ -41,15 +41,21 @@ def _store(prefix, d_layers, kv_heads, head_dim):
     return make_store(True, r[0], d_layers, 512, "cpu")
 
 
-def test_qwen3_matches_transformers_fed_like_the_duplex_loop(one_torch_thread):
-    from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
-    d = D.llm
+def qwen3_reference(d):
+    """transformers' Qwen3ForCausalLM at our LLM dims ``d`` (sdpa attention, eval mode, its own weights)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
     cfg = Qwen3Config(vocab_size=d.vocab, hidden_size=d.hidden, intermediate_size=d.ffn, num_hidden_layers=d.layers,
                       num_attention_heads=d.heads, num_key_value_heads=d.kv_heads, head_dim=d.head_dim,
                       rope_theta=d.rope_theta, rms_norm_eps=d.eps, max_position_embeddings=d.max_positions,
                       tie_word_embeddings=False, attention_bias=False)
     cfg._attn_implementation = "sdpa"
-    ref = Qwen3ForCausalLM(cfg).eval()
+    return Qwen3ForCausalLM(cfg).eval()
+
+
+def test_qwen3_matches_transformers_fed_like_the_duplex_loop(one_torch_thread):
+    from transformers import DynamicCache
+    d = D.llm
+    ref = qwen3_reference(d)
     ours = Qwen3(d).eval()
     seeded_init(ours, 8, std=0.1)
     missing = ref.load_state_dict(ours.state_dict(), strict=False)

@@ -4,19 +4,14 @@ torch.set_num_threads(1)
 import test_minicpmo45_oracle as O
 from op_signatures import record, differences
 from collections import Counter
-from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM, LlamaConfig, LlamaModel
+from transformers import DynamicCache, LlamaConfig, LlamaModel
 from engine.backbones.minicpmo45.llm import Qwen3
 from engine.backbones.minicpmo45.tts import TTS
 from engine.backbones.minicpmo45.layers import seeded_init
 D = O.D
 def qwen():
     d = D.llm
-    cfg = Qwen3Config(vocab_size=d.vocab, hidden_size=d.hidden, intermediate_size=d.ffn, num_hidden_layers=d.layers,
-                      num_attention_heads=d.heads, num_key_value_heads=d.kv_heads, head_dim=d.head_dim,
-                      rope_theta=d.rope_theta, rms_norm_eps=d.eps, max_position_embeddings=d.max_positions,
-                      tie_word_embeddings=False, attention_bias=False)
-    cfg._attn_implementation = "sdpa"
-    ref = Qwen3ForCausalLM(cfg).eval(); ours = Qwen3(d).eval(); seeded_init(ours, 8, std=0.1)
+    ref = O.qwen3_reference(d); ours = Qwen3(d).eval(); seeded_init(ours, 8, std=0.1)
     ref.load_state_dict(ours.state_dict(), strict=False)
     cache, kv = DynamicCache(), O._store("llm", d.layers, d.kv_heads, d.head_dim)
     g = torch.Generator().manual_seed(0); pos = 0
