@@ -54,7 +54,7 @@ class PromptServer:
         try:
             for msg in ws:
                 if isinstance(msg, bytes):
-                    runner.submit(P.unpack_frame(msg))
+                    runner.submit(P.unpack_frame(msg, runner.input_rate))   # as engine/serve/pump.py
                     ws.send(P.pack_result(runner.results.get(timeout=60)))
                 elif P.decode(msg)["type"] == "stop":
                     ws.send(P.encode("end", seconds=len(runner.session.records)))

@@ -16,7 +16,9 @@ import numpy as np
 from engine import system_prompt
 from engine.core.toggles import Toggles
 from engine.cli.feed import Interrupted, announce, feed, take
+from engine.cli.run import chosen_input_rate
 from engine.session import SessionConfig
+from engine.session.input_rate import check_input_rate
 
 from engine.serve.auth import read_token
 from engine.serve.client import RemoteRunner
@@ -35,9 +37,11 @@ def remote_config(a: argparse.Namespace) -> SessionConfig:
     prompt = getattr(a, "system_prompt", None)
     if prompt is not None:
         system_prompt.check(prompt)                  # the server checks it too; say so before connecting
+    rate = chosen_input_rate(a)
+    check_input_rate(a.backbone, rate)               # the server checks it too; say so before connecting
     return SessionConfig(tail=a.model, backbone=a.backbone, size=a.size, device=a.device,
                          demand_sized=t.demand_sized, graph_replay=t.graph_replay, seed=a.seed,
-                         system_prompt=prompt)
+                         system_prompt=prompt, input_rate=rate)
 
 
 def make_runner(a: argparse.Namespace, cfg: SessionConfig) -> RemoteRunner:

@@ -3,11 +3,12 @@
   duplexcadence run --input IN.wav --output OUT.wav --log DIR [--model TAIL]
                     [--backbone BACKBONE] [--checkpoint PATH] [--backbone-checkpoint DIR]
                     [--voice WAV|NPZ] [--size auto|released|tiny] [--device auto|cpu|cuda] [--mode stock|demand|graphs]
-                    [--realtime] [--seconds N] [--engine ws://HOST:PORT [--token-file F]]
+                    [--realtime] [--seconds N] [--input-rate 16000|24000] [--engine ws://HOST:PORT [--token-file F]]
 
 With --engine the session runs on a `duplexcadence serve` server (engine/serve); the files are the same.
 
-IN.wav may have any sample rate and channel count (mixed down, resampled to 24 kHz). OUT.wav is
+IN.wav may have any sample rate and channel count (mixed down, resampled to the session's input rate:
+24 kHz; 16 kHz by default for minicpm-o-4.5, the stock duplex loop's own input; --input-rate). OUT.wav is
 24 kHz mono with one second out per second in (second k's answer is second k of OUT.wav: it
 plays while second k+1 comes in). DIR receives session.csv, session.jsonl, session.trace.json
 (open it in Perfetto), summary.json, the session's input and output WAVs and speech.npy (float32 at
@@ -39,6 +40,7 @@ from engine.cli.validate import OneLineParser, output_file, output_folder, secon
 from engine.atomic import atomic_write
 from engine.session import (DuplexSession, ExportError, LiveRunner, SessionConfig, format_summary,
                             summarize)
+from engine.session.input_rate import InputRateJournal, default_input_rate
 from engine.session.journal import OUTPUT_WAV, SESSION_FILES, SessionJournal, fresh_folder, publish
 from engine.cli.feed import Interrupted, Progress, StopSignals, announce, feed
 from engine.core.toggles import MODES, Toggles
@@ -85,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="minicpm-o-4.5: the session's system prompt, fed before the first second "
                         "(default: the MiniCPM-o demo's default duplex preset); with --engine it goes to the "
                         "server, which refuses a blank one, one over 4000 characters or one with control characters")
+    p.add_argument("--input-rate", type=input_rate, default=None, metavar="HZ",
+                   help="the rate the session hears at (IN.wav is resampled to it): 24000, or 16000 with --backbone "
+                        "minicpm-o-4.5, whose backbone then takes the 16 kHz frames as the stock duplex loop does; "
+                        "default: 16000 for minicpm-o-4.5, 24000 for the other backbones")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--reference-paths", action="store_true",
                    help="keep every decoder on its reference path: no faster path, even where the start-up "
@@ -96,6 +102,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def input_rate(text: str) -> int:
+    """--input-rate: a whole number of Hz (which rates the backbone takes is the config's to say)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of Hz (16000 or 24000)") from None
+
+
+def chosen_input_rate(a: argparse.Namespace) -> int:
+    """--input-rate, else the backbone's default (:func:`engine.session.input_rate.default_input_rate`)."""
+    rate = getattr(a, "input_rate", None)
+    return default_input_rate(a.backbone) if rate is None else rate
+
+
 def make_config(a: argparse.Namespace) -> SessionConfig:
     t = Toggles.from_mode(a.mode)
     ckpt, bb_ckpt = a.checkpoint, a.backbone_checkpoint
@@ -104,7 +124,8 @@ def make_config(a: argparse.Namespace) -> SessionConfig:
         ckpt, bb_ckpt = None, ckpt
     cfg = SessionConfig(tail=a.model, backbone=a.backbone, size=a.size, device=a.device, checkpoint=ckpt,
                         backbone_checkpoint=bb_ckpt, demand_sized=t.demand_sized, graph_replay=t.graph_replay, seed=a.seed,
-                        voice=getattr(a, "voice", None), system_prompt=getattr(a, "system_prompt", None))
+                        voice=getattr(a, "voice", None), system_prompt=getattr(a, "system_prompt", None),
+                        input_rate=chosen_input_rate(a))
     return cfg.resolved()
 
 
@@ -168,7 +189,9 @@ def _journal_for(log: Path, cfg: SessionConfig) -> SessionJournal:
         folder = fresh_folder(log.parent, f"{log.name}.partial-")
     except OSError as e:
         raise ExportError(f"cannot write into {log.parent}: {e.strerror or e}") from None
-    return SessionJournal.create(folder, metadata={"config": {k: v for k, v in vars(cfg).items()}})
+    journal = InputRateJournal.create(folder, metadata={"config": {k: v for k, v in vars(cfg).items()}})
+    journal.input_rate = cfg.input_rate        # the heard seconds go on session_input.wav at 24 kHz
+    return journal
 
 
 def _finish(a: argparse.Namespace, cfg: SessionConfig, journal: SessionJournal, signum: int) -> Tuple[Path, Path]:
@@ -210,7 +233,8 @@ def _main(a: argparse.Namespace, stop: StopSignals) -> int:
             cfg = make_config(a)
         output_file(a.output, "--output", inputs=[a.input], suffixes=(".wav",))
         output_folder(a.log, "--log", inputs=[a.input], names=SESSION_FILES)
-        frames = InputFrames(a.input, max_seconds=a.seconds)     # streamed: read second by second
+        frames = InputFrames(a.input, rate=cfg.input_rate, max_seconds=a.seconds,   # streamed, at the session's rate
+                             size=cfg.input_rate)
     except (ValueError, AudioError) as e:
         print(f"duplexcadence run: error: {e}", file=sys.stderr)
         return 2

@@ -31,6 +31,7 @@ from engine import system_prompt
 from engine.core.toggles import Toggles
 from engine.session import LiveError, LiveResult, SessionConfig
 from engine.session.records import SecondRecord
+from engine.session.input_rate import default_input_rate
 from engine.session.session import check_frame
 
 from . import auth
@@ -68,9 +69,12 @@ class RemoteSession:
 
 def client_config(cfg: SessionConfig, leave: Sequence[str] = ()) -> Dict[str, Any]:
     """The fields of ``cfg`` a client asks the server for (the server owns weights and paths); those
-    named in ``leave`` are left to the server's defaults, and so is the system prompt when ``cfg`` has none
-    (a server that predates prompts then still serves the session)."""
-    leave = tuple(leave) + (("system_prompt",) if cfg.system_prompt is None else ())
+    named in ``leave`` are left to the server's defaults, and so are the system prompt when ``cfg`` has none
+    and the input rate of a backbone that takes only 24 kHz (a server that predates them then still serves
+    the session; a MiniCPM-o server may default to 16 kHz, so its clients always say theirs)."""
+    only_24k = cfg.input_rate == P.RATE and default_input_rate(cfg.backbone) == P.RATE
+    leave = tuple(leave) + (("system_prompt",) if cfg.system_prompt is None else ()) \
+        + (("input_rate",) if only_24k else ())
     return {k: getattr(cfg, k) for k in P.CLIENT_FIELDS if k not in leave}
 
 
@@ -121,7 +125,7 @@ class RemoteRunner:
 
     def submit(self, frame) -> None:
         """Queue one second of mono 24 kHz float32 audio for the server (never blocks)."""
-        data = P.pack_frame(check_frame(frame))
+        data = P.pack_frame(check_frame(frame, self.cfg.input_rate))
         with self._lock:
             self._submitted += 1
         self._out.put(data)

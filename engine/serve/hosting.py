@@ -62,7 +62,8 @@ class SessionHost:
                 raise ModelMismatch(f"this server serves {b.tail} + {b.backbone} ({b.size} size on {b.device}); "
                                     f"the client asked for {key} {want!r}")
         changes: Dict[str, Any] = {}
-        for key, kind in (("seed", int), ("reply_seconds", int), ("demand_sized", bool), ("graph_replay", bool)):
+        for key, kind in (("seed", int), ("reply_seconds", int), ("demand_sized", bool), ("graph_replay", bool),
+                          ("input_rate", int)):     # input_rate: which the backbone takes, resolved() says
             if asked.get(key) is not None:
                 value = asked[key]
                 if kind is int and (isinstance(value, bool) or not isinstance(value, int)):

@@ -5,9 +5,10 @@ Everything here is plain Python (no Ray, no FastAPI): the server and the client 
 Client -> server
   * text ``{"type": "hello", "protocol": 1, "config": {...}}`` first (what the client asks of the
     session: tail, backbone, size, device, seed, toggles, reply_seconds and, for a backbone that takes
-    one, its system prompt; see :data:`CLIENT_FIELDS`); the server checks the prompt as untrusted text
-    (:func:`engine.system_prompt.check`: at most 4,000 characters, no control characters);
-  * binary: one second of mono 24 kHz audio as little-endian float32, exactly ``4 * 24000`` bytes;
+    one, its system prompt and its input rate; see :data:`CLIENT_FIELDS`); the server checks the prompt
+    as untrusted text (:func:`engine.system_prompt.check`: at most 4,000 characters, no control characters);
+  * binary: one second of mono audio at the session's ``input_rate`` (24 kHz unless the hello asked for a
+    backbone's native rate: minicpm-o-4.5's 16 kHz) as little-endian float32, exactly ``4 * input_rate`` bytes;
   * text ``{"type": "toggles", "demand_sized": bool|null, "graph_replay": bool|null}``;
   * text ``{"type": "stop", "drain": bool}``: finish (with ``drain``: every queued second) and end.
 
@@ -20,7 +21,7 @@ Server -> client
   * text ``{"type": "end", "seconds": int}`` after a stop, then a normal close.
 
 Bounds (neither side trusts the other): a text message is at most :data:`MAX_TEXT_BYTES`, a frame
-exactly :data:`FRAME_BYTES`, a result at most :data:`MAX_SERVER_MESSAGE`; a client may be at most
+exactly ``4 * input_rate`` bytes (at most :data:`FRAME_BYTES`), a result at most :data:`MAX_SERVER_MESSAGE`; a client may be at most
 :data:`MAX_AHEAD` seconds ahead of its results (beyond: ``error`` and close :data:`CLOSE_TOO_FAST`);
 a draining server closes a live session at the end of its grace period (:data:`CLOSE_SHUTDOWN`).
 
@@ -49,7 +50,7 @@ PATH = "/session"
 
 #: SessionConfig fields a client may ask for; the model itself (weights, size, device) is the server's
 CLIENT_FIELDS = ("tail", "backbone", "size", "device", "seed", "demand_sized", "graph_replay", "reply_seconds",
-                 "system_prompt")
+                 "system_prompt", "input_rate")
 
 # WebSocket close codes (4000-4999 are the application's)
 CLOSE_NORMAL = 1000
@@ -138,15 +139,16 @@ def read_hello(text: str) -> Dict[str, Any]:
 
 
 def pack_frame(frame: np.ndarray) -> bytes:
-    """One second of audio ``[24000]`` float32 as little-endian bytes."""
+    """One second of audio (``[input_rate]`` in, ``[24000]`` out) float32 as little-endian bytes."""
     return np.ascontiguousarray(frame, dtype="<f4").tobytes()
 
 
-def unpack_frame(data: bytes) -> np.ndarray:
-    """The ``[24000]`` float32 frame of a binary message; ProtocolError when its size is wrong."""
-    if len(data) != FRAME_BYTES:
-        raise ProtocolError(f"a frame is one second of mono 24 kHz float32 audio ({FRAME_BYTES} bytes); "
-                            f"got {len(data)} bytes")
+def unpack_frame(data: bytes, rate: int = RATE) -> np.ndarray:
+    """The ``[rate]`` float32 frame of a binary message (``rate``: the session's input rate); ProtocolError
+    when its size is wrong."""
+    if len(data) != 4 * int(rate):
+        raise ProtocolError(f"a frame is one second of mono {int(rate) / 1000:g} kHz float32 audio (the session's "
+                            f"input_rate: {4 * int(rate)} bytes); got {len(data)} bytes")
     return np.frombuffer(data, dtype="<f4").astype(np.float32)
 
 

@@ -102,7 +102,7 @@ class Connection:
         try:
             data = msg.get("bytes")
             if data is not None:
-                frame = P.unpack_frame(data)
+                frame = P.unpack_frame(data, self.runner.input_rate)
                 if self.runner.backlog() >= P.MAX_AHEAD:
                     await self._end(sender, P.CLOSE_TOO_FAST, (
                         f"the client sent more than {P.MAX_AHEAD} seconds of audio ahead of the session (the "

@@ -23,7 +23,7 @@ from engine.core.toggles import PendingToggles, Toggles
 
 from .config import SessionConfig
 from .records import SecondRecord, keep_up_notice
-from .session import DuplexSession, check_frame
+from .session import RATE, DuplexSession, check_frame
 
 log = logging.getLogger("engine.session")
 
@@ -73,9 +73,15 @@ class FrameInbox:
         self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
         self._thread.start()
 
+    @property
+    def input_rate(self) -> int:
+        """The rate of the frames ``submit`` takes: the session config's ``input_rate`` (24 kHz without one)."""
+        return int(getattr(getattr(self, "cfg", None), "input_rate", RATE))
+
     def submit(self, frame, arrival: Optional[float] = None) -> None:
-        """Queue one second of mono 24 kHz float32 audio; ``arrival``: when it came in (default now)."""
-        x = np.array(check_frame(frame), dtype=np.float32, copy=True)
+        """Queue one second of mono float32 audio at :attr:`input_rate` (``input_rate`` samples; another length
+        is a ValueError in one line); ``arrival``: when it came in (default now)."""
+        x = np.array(check_frame(frame, self.input_rate), dtype=np.float32, copy=True)
         with self._cv:
             self._frames.append((x, time.perf_counter() if arrival is None else float(arrival)))
             self._cv.notify()
