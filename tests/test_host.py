@@ -17,7 +17,6 @@ from engine.audio import frames_of
 from engine.bench.session import speech_like
 from engine.host import EngineHost, HostFull, LoadMeter
 from engine.host.admission import memory_refusal, union_ms
-from engine.core.gate import Gate
 from engine.session import DuplexSession, LiveError, SessionConfig
 
 SECONDS = 5
@@ -172,25 +171,6 @@ def test_admission_arithmetic():
     assert idle.refusal(1, 2) is None
     assert memory_refusal(10 << 30, 1 << 30) is None
     assert "not enough GPU memory" in memory_refusal(1 << 30, 1 << 30)
-
-
-def test_gate_exclusive_waits_for_shared():
-    g, order = Gate(), []
-    inside = threading.Event()
-
-    def reader():
-        with g.shared():
-            inside.set()
-            time.sleep(0.2)
-            order.append("shared done")
-
-    t = threading.Thread(target=reader)
-    t.start()
-    inside.wait(5)
-    with g.exclusive():
-        order.append("exclusive")
-    t.join()
-    assert order == ["shared done", "exclusive"]
 
 
 def test_host_bad_arguments():
