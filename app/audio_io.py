@@ -304,11 +304,25 @@ class _PortAudioStream:
         return self.failure
 
 
-class DeviceInput(_PortAudioStream, InputSource):
-    """A PortAudio input device at its native rate, mono float32."""
+def capture_rate(device: DeviceInfo, wanted: Optional[int] = None) -> int:
+    """The rate to open ``device`` at: ``wanted`` (the session's input rate: 16 kHz for MiniCPM-o 4.5) where
+    PortAudio says the device takes it, else the device's native rate (the frame pump then resamples)."""
+    if wanted is None or int(wanted) == device.rate:
+        return device.rate
+    try:
+        sounddevice_module().check_input_settings(device=device.index, samplerate=int(wanted), channels=1,
+                                                  dtype="float32")
+    except Exception:  # noqa: BLE001 - PortAudio missing or the rate refused: capture natively
+        return device.rate
+    return int(wanted)
 
-    def __init__(self, device: DeviceInfo):
-        super().__init__(device.rate)
+
+class DeviceInput(_PortAudioStream, InputSource):
+    """A PortAudio input device, mono float32, at ``rate`` where it takes it (:func:`capture_rate`), else at
+    its native rate."""
+
+    def __init__(self, device: DeviceInfo, rate: Optional[int] = None):
+        super().__init__(capture_rate(device, rate))
         self.device = device
         self.label = device.name
         self._stream = None

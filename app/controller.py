@@ -39,6 +39,7 @@ from engine.atomic import atomic_write
 from engine.core.toggles import Toggles
 from engine.session import ExportError, LiveError, LiveResult, LiveRunner, SessionConfig
 from engine.session.export import to_csv, to_trace
+from engine.session.input_rate import journal_copy
 from engine.session.journal import (CSV, INPUT_WAV, OUTPUT_WAV, RECORDS, SESSION_FILES, TRACE, SessionJournal,
                                     export_folder)
 from engine.wavio import WavError, read_wav, write_wav
@@ -155,7 +156,7 @@ class SessionController(ConversationControls, QObject):
             raise
         u = self.controls
         self.pump = FramePump(source, self._submit, self._playback(sink), sensitivity=u.sensitivity,
-                              max_frames=max_seconds, echo=u.echo)
+                              max_frames=max_seconds, echo=u.echo, rate=getattr(cfg, "input_rate", ENGINE_RATE))
         self.pump.push_to_talk = self._push_to_talk
         self.pump.accepting = False
         self.monitor.clear()
@@ -379,7 +380,7 @@ class SessionController(ConversationControls, QObject):
             self.event.emit("warning", notice)
         audio = np.asarray(res.audio, dtype=np.float32)
         self.records.append(rec)
-        heard = self._heard.popleft() if self._heard else np.zeros(ENGINE_RATE, dtype=np.float32)
+        heard = self._heard.popleft() if self._heard else np.zeros(self.pump.rate, dtype=np.float32)
         frame_no = self._heard_no.popleft() if self._heard_no else rec.index
         pump = self.pump
         pump.model_speaking = rec.decision == "speak"
@@ -399,7 +400,7 @@ class SessionController(ConversationControls, QObject):
         self._fill_audio_path(rec)          # this second ran with the controls in effect; it carries the requests
         self._take_asked()                  # ... which are in effect from the next second
         try:
-            self.journal.append(rec, heard, audio)
+            self.journal.append(rec, journal_copy(heard, self.pump.rate), audio)   # 24 kHz on disk
         except ExportError as e:
             self.fail(f"{e}; the session stopped")
         self.notice.emit(notice)
@@ -414,7 +415,7 @@ class SessionController(ConversationControls, QObject):
             self.message.emit("warning", f"{failure}; the session continues on silence — pick another "
                                          "input or a WAV file")
             self.event.emit("device", failure)
-            self.replace_input(SilentInput(ENGINE_RATE))
+            self.replace_input(SilentInput(self.pump.rate))
         if self.sink is not None:
             failure = self.sink.check()
             if failure:

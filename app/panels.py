@@ -19,6 +19,7 @@ from app.plots import LevelMeter
 from app.viewmodel import GREEN, RED, YELLOW, EventLog, Summary
 from engine import registry
 from engine.session import SessionConfig
+from engine.session.input_rate import default_input_rate
 
 SIZES = [("auto", "auto"), ("released", "released"), ("tiny", "tiny")]
 
@@ -140,7 +141,9 @@ class ModelPanel(QGroupBox):
         self.voice.set_path(voice)
 
     def config(self, **toggles) -> SessionConfig:
-        """The unresolved config the panel shows (plus the given toggles)."""
+        """The unresolved config the panel shows (plus the given toggles); the input rate is the backbone's
+        default (MiniCPM-o 4.5: 16 kHz, the stock's own front end; the others 24 kHz)."""
+        toggles.setdefault("input_rate", default_input_rate(self.backbone.currentData()))
         return SessionConfig(tail=self.tail.currentData(), backbone=self.backbone.currentData(),
                              size=self.size.currentData(), checkpoint=self.checkpoint.path() or None,
                              backbone_checkpoint=self.backbone_checkpoint.path() or None,

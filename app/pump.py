@@ -1,10 +1,12 @@
 """The frame pump: the worker thread between the microphone ring and the engine.
 
 It waits on the input source's ring, applies the push-to-talk gate, measures the input level, resamples
-to 24 kHz with a streaming resampler, and then works on the engine's rate:
+to the session's input rate (``rate``: 24 kHz, or 16 kHz for a MiniCPM-o 4.5 session, the stock's own input)
+with a streaming resampler (nothing to do when the source already runs at it), and then works on that rate:
 
 * **echo cancellation** (:class:`engine.echo.EchoCanceller`, WebRTC AEC3): first the far end — exactly
-  what the output callback wrote to the speaker (``sink.played``, drained here, resampled to 24 kHz) —
+  what the output callback wrote to the speaker (``sink.played``, drained here, resampled to ``rate``, so
+  the reference and the microphone line up sample for sample at whichever rate the session hears) —
   then the microphone, which comes back with the speaker's sound removed. The canceller is told the
   speaker-to-microphone latency the audio layer reports (both streams' ``latency``);
 * **barge-in in a blink** (:class:`engine.echo.BargeInDetector` on 20 ms frames of the cleaned
@@ -34,7 +36,7 @@ PLAYING_DB = -45.0
 
 
 class FramePump(threading.Thread):
-    """Worker thread: source ring -> gate -> 24 kHz -> one-second frames -> ``submit(frame)``.
+    """Worker thread: source ring -> gate -> ``rate`` -> one-second frames of ``rate`` samples -> ``submit(frame)``.
 
     ``submitted`` counts the frames handed over. ``events`` is a deque of (kind, text) the GUI
     drains: "barge-in", "source".
@@ -42,15 +44,16 @@ class FramePump(threading.Thread):
 
     def __init__(self, source: InputSource, submit: Callable[[np.ndarray], None],
                  playback: Optional[Playback] = None, sensitivity: str = DEFAULT_SENSITIVITY,
-                 max_frames: Optional[int] = None, echo: bool = True):
+                 max_frames: Optional[int] = None, echo: bool = True, rate: int = ENGINE_RATE):
         super().__init__(name="frame-pump", daemon=True)
+        self.rate = int(rate)            # the session's input rate: frames, echo cancelling and barge-in run at it
         self._submit = submit
         self._source = source
         self._new_source: Optional[InputSource] = None
         self._lock = threading.Lock()
         self._halt = threading.Event()
-        self._resampler = StreamResampler(source.rate, ENGINE_RATE)
-        self._frames = FrameAssembler(ENGINE_RATE)
+        self._resampler = StreamResampler(source.rate, self.rate)
+        self._frames = FrameAssembler(self.rate)
         self.max_frames = max_frames     # stop submitting after this many frames (scripted runs)
         self.accepting = True            # False until the session is built: input is only metered
         self.push_to_talk = False        # True: the mic is muted unless ``talking``
@@ -64,7 +67,7 @@ class FramePump(threading.Thread):
         self.barge_in_ms: Deque[float] = collections.deque(maxlen=1000)   # latency of each, for the records
         self.echo_wanted = bool(echo)    # the user's toggle; on only while a speaker plays (nothing to cancel)
         self.echo_error: Optional[str] = None
-        self.detector = BargeInDetector(ENGINE_RATE, sensitivity=sensitivity)
+        self.detector = BargeInDetector(self.rate, sensitivity=sensitivity)
         self._sensitivity: Optional[str] = None   # a change asked from the GUI, taken on this thread
         self._detector_lock = threading.Lock()
         self.canceller: Optional[EchoCanceller] = None
@@ -84,7 +87,7 @@ class FramePump(threading.Thread):
     def playback(self, pb: Optional[Playback]) -> None:
         self._playback = pb
         sink = getattr(pb, "sink", None)
-        self._far_rs = StreamResampler(sink.rate, ENGINE_RATE) if sink is not None else None
+        self._far_rs = StreamResampler(sink.rate, self.rate) if sink is not None else None
 
     def _echo_on(self) -> bool:
         """Cancellation runs while wanted and a speaker plays (the canceller is built on first use)."""
@@ -94,7 +97,7 @@ class FramePump(threading.Thread):
             return False
         if self.canceller is None:
             try:
-                self.canceller = EchoCanceller(ENGINE_RATE)
+                self.canceller = EchoCanceller(self.rate)
             except EchoUnavailable as e:
                 self.echo_error = str(e)
                 self.events.append(("echo", str(e)))
@@ -154,7 +157,7 @@ class FramePump(threading.Thread):
         if new is None:
             return
         if new.rate != self._source.rate:
-            self._resampler = StreamResampler(new.rate, ENGINE_RATE)
+            self._resampler = StreamResampler(new.rate, self.rate)
         self._source = new
         self.events.append(("source", f"input switched to {new.label}"))
 
@@ -173,7 +176,7 @@ class FramePump(threading.Thread):
             x = self.canceller.near(x)
         self._detect(x)
         if self.on_block is not None:
-            self.on_block(x, ENGINE_RATE)
+            self.on_block(x, self.rate)
         for frame in self._frames.push(x):
             if self.done:
                 break
@@ -183,7 +186,7 @@ class FramePump(threading.Thread):
             self.submitted += 1
 
     def _drain_far(self) -> np.ndarray:
-        """What the speaker played since the last block, at 24 kHz (empty without a speaker)."""
+        """What the speaker played since the last block, at ``rate`` (empty without a speaker)."""
         pb = self._playback
         sink = getattr(pb, "sink", None)
         played = getattr(sink, "played", None)
@@ -215,7 +218,7 @@ class FramePump(threading.Thread):
         for b in hits:
             # from the user's onset or, when the model started over a user already talking, from its start
             start = max(b.onset_at, self._playing_since if self._playing_since is not None else b.onset_at)
-            self._flush_speech("user started talking", (b.fired_at - start) * 1000.0 / ENGINE_RATE)
+            self._flush_speech("user started talking", (b.fired_at - start) * 1000.0 / self.rate)
 
     def allows(self, frame_no: int) -> bool:
         """Whether the engine's speech made from input frame ``frame_no`` may play (after a barge-in, the

@@ -261,8 +261,8 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         demand, graphs = self.toggle_panel.values()
         return cfg.replace(demand_sized=demand, graph_replay=graphs, system_prompt=prompt)
 
-    def _make_source(self, kind: str, value):
-        return DeviceInput(value) if kind == "device" else FileInput(value)
+    def _make_source(self, kind: str, value, rate: int):        # a device captures at the session's rate
+        return DeviceInput(value, rate) if kind == "device" else FileInput(value)
 
     def _make_sink(self, kind: str, value):
         return DeviceOutput(value, self.controller.controls.delay_s) if kind == "device" else None
@@ -277,7 +277,7 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
             self.show_message("error", "Choose an input: a microphone or a WAV file.")
             return False
         try:
-            source = self._make_source(kind, value)
+            source = self._make_source(kind, value, cfg.input_rate)
             sink = self._make_sink(*self.device_panel.selected_output())
         except (AudioUnavailable, WavError) as e:
             self.show_message("error", str(e))
@@ -363,7 +363,7 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         kind, value = self.device_panel.selected_input()
         if self.controller.state in (ctl.STARTING, ctl.RUNNING) and kind in ("device", "file"):
             try:
-                self.controller.replace_input(self._make_source(kind, value))
+                self.controller.replace_input(self._make_source(kind, value, self.controller.pump.rate))
             except (AudioUnavailable, WavError) as e:
                 self.show_message("error", str(e))
 
