@@ -16,9 +16,8 @@ import numpy as np
 from engine import system_prompt
 from engine.core.toggles import Toggles
 from engine.cli.feed import Interrupted, announce, feed, take
-from engine.cli.run import chosen_input_rate
 from engine.session import SessionConfig
-from engine.session.input_rate import check_input_rate
+from engine.session.input_rate import check_input_rate, chosen_input_rate
 
 from engine.serve.auth import read_token
 from engine.serve.client import RemoteRunner

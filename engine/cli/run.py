@@ -40,7 +40,7 @@ from engine.cli.validate import OneLineParser, output_file, output_folder, secon
 from engine.atomic import atomic_write
 from engine.session import (DuplexSession, ExportError, LiveRunner, SessionConfig, format_summary,
                             summarize)
-from engine.session.input_rate import InputRateJournal, default_input_rate
+from engine.session.input_rate import InputRateJournal, chosen_input_rate
 from engine.session.journal import OUTPUT_WAV, SESSION_FILES, SessionJournal, fresh_folder, publish
 from engine.cli.feed import Interrupted, Progress, StopSignals, announce, feed
 from engine.core.toggles import MODES, Toggles
@@ -108,12 +108,6 @@ def input_rate(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of Hz (16000 or 24000)") from None
-
-
-def chosen_input_rate(a: argparse.Namespace) -> int:
-    """--input-rate, else the backbone's default (:func:`engine.session.input_rate.default_input_rate`)."""
-    rate = getattr(a, "input_rate", None)
-    return default_input_rate(a.backbone) if rate is None else rate
 
 
 def make_config(a: argparse.Namespace) -> SessionConfig:

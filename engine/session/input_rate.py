@@ -26,6 +26,12 @@ def default_input_rate(backbone: str) -> int:
     return int(NATIVE_INPUT_RATES.get(backbone, SESSION_RATE))
 
 
+def chosen_input_rate(a) -> int:
+    """A command line's ``--input-rate`` (``a.input_rate``), else its backbone's default."""
+    rate = getattr(a, "input_rate", None)
+    return default_input_rate(a.backbone) if rate is None else rate
+
+
 def check_input_rate(backbone: str, rate) -> None:
     """ValueError in one line unless ``backbone`` takes frames at ``rate`` (``SessionConfig.resolved``'s rule,
     for a config that is not resolved here: a remote session's)."""
