@@ -9,8 +9,8 @@ packages in each folder of ``$DUPLEXCADENCE_PARTS`` (``os.pathsep``-separated) o
 What a part *is* is declared on its entry and read here, in one place (vLLM's model registry): which
 tails a backbone pairs with, whether it speaks in turns or skips the tail while listening, how a
 checkpoint is checked by content, what a backbone's folder brings along (a tail checkpoint, a default
-voice), what a tail needs beyond its weights (:class:`Conditioning`), the command-line options a decoder's
-``synth`` adds.
+voice), how a backbone has its tail built (``tail_options``: MiniCPM-o's 5 flow steps), what a tail needs
+beyond its weights (:class:`Conditioning`), the command-line options a decoder's ``synth`` adds.
 Everything that names parts takes the names, titles and defaults from here: the session config, the
 host, the serve layer, the CLIs, the benches and the app.
 """
@@ -120,6 +120,18 @@ class BackboneEntry:
     #: owns_folder(path): a folder given as the *tail* checkpoint is really this backbone's
     owns_folder: Optional[Callable[[str], bool]] = None
     order: int = 50                             # listing order (the first backbone is the default)
+    #: keywords for its tail's make_tail, as its own stock loop builds the tail (MiniCPM-o 4.5: 5 flow
+    #: steps); a mapping, kept as sorted (name, value) pairs so the entry stays hashable
+    tail_options: Tuple[Tuple[str, object], ...] = ()
+
+    def __post_init__(self) -> None:
+        opts = self.tail_options
+        pairs = opts.items() if isinstance(opts, dict) else opts
+        object.__setattr__(self, "tail_options", tuple(sorted((str(k), v) for k, v in pairs)))
+
+    def tail_kwargs(self) -> Dict[str, object]:
+        """The keywords its tail is built with (``make_tail(**tail_kwargs())``)."""
+        return dict(self.tail_options)
 
     def check_tail(self, tail: str) -> None:
         """ValueError (one line) when ``tail`` cannot read this backbone's tokens."""

@@ -422,10 +422,12 @@ def _replay_token2wav(folder: Path, seconds: list, seed: int, mode: str) -> List
     new_turn at its end or at the barge-in that cuts it), the global generator set to the stock's state before
     each speaking second's first token2wav call. Returns each of our token2wav steps: its tokens, the
     generator's state before it and its float waveform."""
-    from engine.models import registry
+    from engine import registry
     tail = registry.get("step-audio2").make_tail(size="tiny", device="cpu", seed=seed, mode=mode,
                                                  checkpoint=str(folder / "assets" / "token2wav"),
-                                                 prompt=str(folder / "voice.npz"))
+                                                 prompt=str(folder / "voice.npz"),
+                                                 **registry.get_backbone("minicpm-o-4.5").tail_kwargs())
+    assert tail.model.cfg.flow.n_timesteps == 5          # the stock duplex loop's token2wav flow steps
     tail.keep_turn_base = True
     tail.start(seed=seed)
     calls: List[dict] = []

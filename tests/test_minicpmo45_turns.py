@@ -76,7 +76,8 @@ def session(request):
 
 def _fresh_turn(rng: torch.Tensor, tokens: torch.Tensor, flush: bool) -> np.ndarray:
     """The same tokens through a freshly started tail (same weights and voice), from the same RNG state."""
-    tail = registry.get("step-audio2").make_tail(size="tiny", device="cpu", seed=SEED, mode="stock")
+    tail = registry.get("step-audio2").make_tail(size="tiny", device="cpu", seed=SEED, mode="stock",
+                                                 **registry.get_backbone("minicpm-o-4.5").tail_kwargs())
     tail.start(seed=SEED)
     torch.set_rng_state(rng)
     out = [tail.push(tokens)]

@@ -1,8 +1,9 @@
 """Weights loaded once per host and shared by every session that runs the same model.
 
 A key names what fixes the weights: which part (tail or backbone), the model's name, its size, the
-device, the checkpoint, the seed of random weights and what the tail is conditioned on (its voice: the
-shared modules hold the voice prompt, so two voices are two keys). The first session of a key builds its
+device, the checkpoint, the seed of random weights, what the tail is conditioned on (its voice: the
+shared modules hold the voice prompt, so two voices are two keys) and how the backbone has the tail built
+(its flow-step count: the shared modules hold per-step constants). The first session of a key builds its
 models the usual way; the host then asks them for their shareable modules (``shared_weights()``:
 read-only while streaming) and keeps them here; the next sessions of that key are built around
 them (``make_tail(shared=...)`` / ``make_backbone(shared=...)``) and load nothing. Everything
@@ -12,17 +13,20 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Dict, Iterable, Optional
+from typing import Dict, Iterable, Optional, Tuple
 
 import torch
 
+from engine import registry
 from engine.session import SessionConfig
 
 
 @dataclass(frozen=True)
 class WeightsKey:
-    """What fixes a model's weights: part ("tail" | "backbone"), name, size, device, checkpoint, seed, and
-    the tail's conditioning (the voice file the resolved config chose; None: none, or the seeded prompt)."""
+    """What fixes a model's weights: part ("tail" | "backbone"), name, size, device, checkpoint, seed, the
+    tail's conditioning (the voice file the resolved config chose; None: none, or the seeded prompt) and the
+    options the backbone has its tail built with (``BackboneEntry.tail_options``: the shared Step-Audio2
+    modules hold per-step constants, so MiniCPM-o's 5 flow steps and a plain pair's 10 are two keys)."""
 
     part: str
     name: str
@@ -31,10 +35,12 @@ class WeightsKey:
     checkpoint: Optional[str]
     seed: int
     conditioning: Optional[str] = None
+    options: Tuple[Tuple[str, object], ...] = ()     # how the backbone has its tail built (flow steps)
 
     @classmethod
     def tail(cls, cfg: SessionConfig) -> "WeightsKey":
-        return cls("tail", cfg.tail, cfg.size, cfg.device, cfg.checkpoint, int(cfg.seed), cfg.voice)
+        return cls("tail", cfg.tail, cfg.size, cfg.device, cfg.checkpoint, int(cfg.seed), cfg.voice,
+                   registry.get_backbone(cfg.backbone).tail_options)
 
     @classmethod
     def backbone(cls, cfg: SessionConfig) -> "WeightsKey":
@@ -43,7 +49,8 @@ class WeightsKey:
     def label(self) -> str:
         src = self.checkpoint or f"seed {self.seed}"
         voice = f", voice {self.conditioning}" if self.conditioning else ""
-        return f"{self.part} {self.name} {self.size} on {self.device} ({src}{voice})"
+        opts = "".join(f", {k}={v}" for k, v in self.options)
+        return f"{self.part} {self.name} {self.size} on {self.device} ({src}{voice}{opts})"
 
 
 def _tensors(value, depth: int = 0):

@@ -159,6 +159,7 @@ class DuplexSession:
             entry, extra = registry.get_tail(c.tail), {}
             if entry.conditioning is not None:   # the voice the config chose (a file's errors name the file)
                 extra[entry.conditioning.keyword] = entry.conditioning.load(c.voice, c.checkpoint, c.seed)
+            extra.update(self.parts.tail_kwargs())    # how the backbone has its tail built (MiniCPM-o: 5 steps)
             self.tail = entry.make_tail(size=c.size, device=str(self.device), seed=c.seed,
                                         checkpoint=c.checkpoint, **extra)
         if self.parts.speaks_in_turns:

@@ -13,7 +13,8 @@ session as the demo's worker does for its duplex page:
   the LLM's reference audio = the folder's ``assets/HT_ref_audio.wav`` (librosa at 16 kHz), token2wav's
   prompt = the precomputed features of ``--voice`` (the folder has no speech tokenizer / campplus ONNX: the
   stock's ``_prepare_prompt`` is replaced by those tensors; ``s3tokenizer`` / ``onnxruntime`` / ``torchaudio``
-  are stubbed because nothing else of theirs runs);
+  are stubbed because nothing else of theirs runs); token2wav gets the stock's own flow-step count (the default
+  of ``init_token2wav``, which ``init_unified`` calls: 5);
 * ``torch.manual_seed(S)`` immediately before ``prepare``; the flow's noise buffer is
   ``torch.randn(1, 80, 30000, generator=torch.Generator().manual_seed(S))``;
 * every second: ``duplex_prefill`` of 16,000 samples, ``duplex_generate`` (the page's ``length_penalty`` 1.05,
@@ -39,6 +40,7 @@ import hashlib
 import importlib
 import importlib.machinery
 import importlib.util
+import inspect
 import io
 import json
 import os
@@ -91,7 +93,7 @@ class _Token2wavOnCpu:
     """Step-Audio2 ``Token2wav`` as the stock builds it. On the CPU its ``.cuda()`` calls and ``device='cuda'``
     literals go to the CPU; on CUDA it is built as the stock builds it. The voice prompt is the given tensors."""
 
-    def __init__(self, model_dir: str, voice: dict, seed: int, device: str = "cpu"):
+    def __init__(self, model_dir: str, voice: dict, seed: int, device: str, n_timesteps: int):
         import stepaudio2.token2wav as t2w_mod
         self.mod = t2w_mod
         t2w_mod.s3tokenizer = types.SimpleNamespace(load_model=lambda path: _Null())
@@ -102,7 +104,7 @@ class _Token2wavOnCpu:
         if device == "cpu":
             t2w_mod.torch = _CpuTorch()
         with _cuda_is_cpu() if device == "cpu" else contextlib.nullcontext():
-            t2w = t2w_mod.Token2wav(model_dir, float16=False, n_timesteps=10)
+            t2w = t2w_mod.Token2wav(model_dir, float16=False, n_timesteps=n_timesteps)
         t2w.flow.decoder.rand_noise = torch.randn(1, 80, 30000, generator=torch.Generator().manual_seed(seed)).to(
             device)
         ptok = torch.as_tensor(voice["prompt_tokens"]).reshape(1, -1).to(torch.int32)
@@ -207,8 +209,12 @@ def build(oracle: Path, folder: Path, voice: dict, seed: int, bf16: bool, device
 
     state = {"t2w": None}
 
-    def init_token2wav(streaming=False, model_dir=None, enable_float16=False, n_timesteps=5):
-        state["t2w"] = _Token2wavOnCpu(str(folder / "assets" / "token2wav"), voice, seed, device)
+    # init_unified calls init_token2wav(streaming=True): the flow-step count is the stock method's own default
+    # (n_timesteps=5 in modeling_minicpmo_unified.py), read from its signature, not chosen here
+    stock_steps = inspect.signature(M.MiniCPMO.init_token2wav).parameters["n_timesteps"].default
+
+    def init_token2wav(streaming=False, model_dir=None, enable_float16=False, n_timesteps=stock_steps):
+        state["t2w"] = _Token2wavOnCpu(str(folder / "assets" / "token2wav"), voice, seed, device, n_timesteps)
         model.tts.audio_tokenizer = state["t2w"].t2w
         return model.tts.audio_tokenizer
 

@@ -1,7 +1,8 @@
 """MiniCPM-o 4.5 as a duplex backbone: streaming audio encoder -> Qwen3 LLM -> TTS (-> Step-Audio2 tail).
 
 Registers ``minicpm-o-4.5``: it speaks Step-Audio2 tokens, ends its replies in turns, runs no tail while
-it listens; its released folder (checked by content) brings the tail's token2wav weights and the default
+it listens, and has its tail built with 5 flow steps (``TAIL_FLOW_STEPS``, as its own duplex loop builds
+token2wav); its released folder (checked by content) brings the tail's token2wav weights and the default
 voice (``assets/HT_ref_audio.wav``).
 """
 from pathlib import Path
@@ -14,6 +15,7 @@ from .dims import PRESETS, Dims, preset
 
 NAME = "minicpm-o-4.5"
 DEFAULT_VOICE = Path("assets") / "HT_ref_audio.wav"     # the released folder's default voice
+TAIL_FLOW_STEPS = 5     # its streaming token2wav's flow (Euler) steps; Step-Audio2's own stock uses 10
 
 
 def default_voice(folder) -> Optional[Path]:
@@ -39,6 +41,9 @@ register_backbone(BackboneEntry(
     name=NAME, title="MiniCPM-o 4.5", make=MiniCPMO45Backbone, tails=("step-audio2",),
     speaks="Step-Audio2 tokens", speaks_in_turns=True, listen_skips_tail=True, open_folder=open_folder,
     folder_hint="MiniCPM-o 4.5 folder (config.json, shards, tokenizer.json; its assets/token2wav is the tail's)",
-    owns_folder=_owns, order=20))
+    owns_folder=_owns, order=20,
+    # the stock duplex loop's token2wav: init_unified -> init_token2wav(streaming=True), n_timesteps=5
+    tail_options={"n_timesteps": TAIL_FLOW_STEPS}))
 
-__all__ = ["MiniCPMO45Backbone", "PRESETS", "Dims", "preset", "DEFAULT_VOICE", "default_voice", "open_folder"]
+__all__ = ["MiniCPMO45Backbone", "PRESETS", "Dims", "preset", "DEFAULT_VOICE", "default_voice", "open_folder",
+           "TAIL_FLOW_STEPS"]

@@ -1,11 +1,12 @@
 """Step-Audio2 token2wav (Step-Audio-2-mini) on the engine.
 
 Registers ``step-audio2``: ``plan(size=, steps=, prompt_seconds=6)``, ``make_tail(size=, device=, seed=,
-checkpoint=, prompt=)``, ``synth(args)`` for ``duplexcadence synth`` (with its own options) and its
+checkpoint=, prompt=, n_timesteps=)``, ``synth(args)`` for ``duplexcadence synth`` (with its own options) and its
 conditioning, the voice prompt (:mod:`.voice`).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 import torch
@@ -18,28 +19,47 @@ from .model import StepAudio2Token2Wav
 from .voice import CONDITIONING
 
 
-def plan(size: str = "released", steps: Optional[int] = None, prompt_seconds: float = 6.0, **_):
+def plan(size: str = "released", steps: Optional[int] = None, prompt_seconds: float = 6.0,
+         n_timesteps: Optional[int] = None, **_):
     """The planner's view of a session (no weights: built on the meta device)."""
+    cfg = preset(size)
+    if n_timesteps is not None:
+        cfg = replace(cfg, flow=replace(cfg.flow, n_timesteps=_flow_steps(n_timesteps)))
     with torch.device("meta"):
-        model = StepAudio2Token2Wav(preset(size))
+        model = StepAudio2Token2Wav(cfg)
     frames = 2 * max(1, int(round(prompt_seconds * TOKEN_RATE)))
     spec = model.spec(frames, steps, label=f"step-audio2 {size}, {prompt_seconds:g} s prompt")
     return make_plan(model.regions(spec), spec)
 
 
+def _flow_steps(n) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n_timesteps: the flow needs a positive whole number of steps, got {n!r}")
+    return n
+
+
 def make_tail(size: str = "released", device="cpu", seed: int = 0, checkpoint: Optional[str] = None,
-              prompt=None, mode: str = "graphs", shared: Optional[dict] = None):
+              prompt=None, mode: str = "graphs", shared: Optional[dict] = None, n_timesteps: Optional[int] = None):
     """``prompt``: a voice file (.npz / .wav), a ready :class:`~.stream.Prompt`, or None (synthetic).
-    ``shared``: another tail's ``shared_weights()`` (same size/device/checkpoint/seed): nothing is loaded."""
+    ``shared``: another tail's ``shared_weights()`` (same size/device/checkpoint/seed/steps): nothing is loaded.
+    ``n_timesteps``: the flow's Euler steps (None: the config's, 10 as Step-Audio2's stock; MiniCPM-o 4.5's
+    duplex loop asks for 5). Shared weights hold their step count's constants: another count is an error."""
     from .prompt import load_prompt
     from .stream import Prompt
     from .tail import StepAudio2Tail
     from .weights import load_model
+    steps = None if n_timesteps is None else _flow_steps(n_timesteps)
     if shared is not None:
         model, voice = shared["model"], shared["prompt"]
+        have = model.cfg.flow.n_timesteps
+        if steps is not None and steps != have:
+            raise ValueError(f"the shared step-audio2 weights solve the flow in {have} steps, not {steps}: "
+                             f"the flow-step count must be part of the shared-weights key")
     else:
         voice = prompt if isinstance(prompt, Prompt) else load_prompt(prompt, checkpoint, seed)
         model = load_model(checkpoint, size, seed, device)
+        if steps is not None:
+            model.with_flow_steps(steps)
     return StepAudio2Tail(model, voice, "checkpoint" if checkpoint else size, synthetic=checkpoint is None, mode=mode)
 
 
@@ -63,7 +83,8 @@ def resolve_checkpoint(path: str) -> str:
 
 
 register(ModelEntry(name="step-audio2", title="Step-Audio2 token2wav (Step-Audio-2-mini)",
-                    architecture="conformer encoder + DiT flow matching (10 Euler steps, CFG) + HiFT vocoder",
+                    architecture="conformer encoder + DiT flow matching (10 Euler steps, 5 under MiniCPM-o 4.5; "
+                                 "CFG) + HiFT vocoder",
                     plan=plan, make_tail=make_tail, synth=_synth, resolve_checkpoint=resolve_checkpoint,
                     checkpoint_hint="token2wav folder (flow.yaml, flow.pt, hift.pt)",
                     conditioning=CONDITIONING,
