@@ -84,18 +84,28 @@ def runs(tmp_path_factory):
     import minicpmo45_stock_folder as F
     tmp = tmp_path_factory.mktemp("stock-loop")
     folder = F.write(tmp / "MiniCPM-o-4_5", nudge=NUDGE)
-    wav = _input(tmp / "in16.wav")
     out: Dict[int, dict] = {}
+    for seed, d in _run_stock(folder, tmp).items():
+        out[seed] = {"prepare": torch.load(d / "prepare.pt", weights_only=False), "seconds": _seconds(d)}
+    return folder, out
+
+
+def _run_stock(folder: Path, tmp: Path) -> Dict[int, Path]:
+    """The stock loop over ``folder`` and the 33 s input, once per seed (one thread); each seed's record folder."""
+    wav = _input(tmp / "in16.wav")
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    dirs: Dict[int, Path] = {}
     for seed in SEEDS:
-        d = tmp / f"seed{seed}"
+        d = dirs[seed] = tmp / f"seed{seed}"
         r = subprocess.run([str(STOCK_PY), str(RUNNER), "--oracle", str(ORACLE), "--folder", str(folder),
                             "--wav", str(wav), "--out", str(d), "--seed", str(seed),
                             "--force-listen", str(BARGE_IN)], capture_output=True, text=True, env=env, timeout=900)
         assert r.returncode == 0, r.stderr[-3000:]
-        out[seed] = {"prepare": torch.load(d / "prepare.pt", weights_only=False),
-                     "seconds": [torch.load(d / f"second_{s:04d}.pt", weights_only=False) for s in range(SECONDS)]}
-    return folder, out
+    return dirs
+
+
+def _seconds(d: Path) -> list:
+    return [torch.load(d / f"second_{s:04d}.pt", weights_only=False) for s in range(SECONDS)]
 
 
 def _input(path: Path) -> Path:
@@ -403,17 +413,7 @@ def t2w_runs(tmp_path_factory):
     w[key] = w[key].clone()
     w[key][preset("tiny").tts.eos] *= T2W_EOS_NUDGE
     save_file(w, str(shard))
-    wav = _input(tmp / "in16.wav")
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    out: Dict[int, list] = {}
-    for seed in SEEDS:
-        d = tmp / f"seed{seed}"
-        r = subprocess.run([str(STOCK_PY), str(RUNNER), "--oracle", str(ORACLE), "--folder", str(folder),
-                            "--wav", str(wav), "--out", str(d), "--seed", str(seed),
-                            "--force-listen", str(BARGE_IN)], capture_output=True, text=True, env=env, timeout=900)
-        assert r.returncode == 0, r.stderr[-3000:]
-        out[seed] = [torch.load(d / f"second_{s:04d}.pt", weights_only=False) for s in range(SECONDS)]
-    return folder, out
+    return folder, {seed: _seconds(d) for seed, d in _run_stock(folder, tmp).items()}
 
 
 def _replay_token2wav(folder: Path, seconds: list, seed: int, mode: str) -> List[dict]:
