@@ -77,17 +77,23 @@ def _skip_reason() -> str:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
+    tmp, folder = _stock_folder(tmp_path_factory, "stock-loop")
+    out: Dict[int, dict] = {}
+    for seed, d in _run_stock(folder, tmp).items():
+        out[seed] = {"prepare": torch.load(d / "prepare.pt", weights_only=False), "seconds": _seconds(d)}
+    return folder, out
+
+
+def _stock_folder(tmp_path_factory, name: str):
+    """(a new temporary folder, the tiny released-layout checkpoint written in it); skips, saying why, where
+    the oracle or its venv is absent."""
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
     sys.path.insert(0, str(ROOT / "tests"))
     import minicpmo45_stock_folder as F
-    tmp = tmp_path_factory.mktemp("stock-loop")
-    folder = F.write(tmp / "MiniCPM-o-4_5", nudge=NUDGE)
-    out: Dict[int, dict] = {}
-    for seed, d in _run_stock(folder, tmp).items():
-        out[seed] = {"prepare": torch.load(d / "prepare.pt", weights_only=False), "seconds": _seconds(d)}
-    return folder, out
+    tmp = tmp_path_factory.mktemp(name)
+    return tmp, F.write(tmp / "MiniCPM-o-4_5", nudge=NUDGE)
 
 
 def _run_stock(folder: Path, tmp: Path) -> Dict[int, Path]:
@@ -398,15 +404,9 @@ T2W_EOS_NUDGE = 6.0
 @pytest.fixture(scope="module")
 def t2w_runs(tmp_path_factory):
     """The stock loop over a folder whose TTS sometimes stops early (``T2W_EOS_NUDGE``), both seeds."""
-    reason = _skip_reason()
-    if reason:
-        pytest.skip(reason)
     import json
     from safetensors.torch import load_file, save_file
-    sys.path.insert(0, str(ROOT / "tests"))
-    import minicpmo45_stock_folder as F
-    tmp = tmp_path_factory.mktemp("stock-loop-t2w")
-    folder = F.write(tmp / "MiniCPM-o-4_5", nudge=NUDGE)
+    tmp, folder = _stock_folder(tmp_path_factory, "stock-loop-t2w")
     key = "tts.head_code.0.parametrizations.weight.original0"        # the weight norm's row gains
     shard = folder / json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"][key]
     w = load_file(str(shard))
