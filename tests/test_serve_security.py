@@ -285,7 +285,12 @@ def test_replica_memory_stays_flat_over_22_sessions(server):
         rss.append(replica_rss_mb())
     time.sleep(1.0)
     rss.append(replica_rss_mb())
-    assert rss[-1] - min(rss[3:6]) < 80, [round(x) for x in rss]
+    # between sessions the RSS swings by ~250 MB (a seed's weights loaded, then dropped; malloc trimming), so
+    # compare like with like: the lows of the last sessions with the lows after warm-up, and the end with the
+    # highs after warm-up (before the fix it grew ~110 MB a session: 2 GB over these 18)
+    shown = [round(x) for x in rss]
+    assert min(rss[-6:]) - min(rss[3:6]) < 80, shown
+    assert rss[-1] - max(rss[3:6]) < 80, shown
 
 
 # -- drain -------------------------------------------------------------------------------------------
