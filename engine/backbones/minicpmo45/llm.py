@@ -47,8 +47,9 @@ class Qwen3(nn.Module):
         return self.model.norm(x)[0]                                              # [T, hidden]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 logits [1, vocab] of the last of a feed's hidden states [T, hidden] (or one, [hidden]).
+        """Logits [1, vocab] of the last of a feed's hidden states [T, hidden] (or one, [hidden]), in the LLM's
+        own dtype (bfloat16 on CUDA), as the stock samples them.
 
         As the stock's ``StreamDecoder.feed(..., return_logits=True)``: ``lm_head`` over every position of
         the feed, then the last row; one row alone would be another matrix product (other bits)."""
-        return self.lm_head(hidden.reshape(1, -1, self.d.hidden))[:, -1].float()
+        return self.lm_head(hidden.reshape(1, -1, self.d.hidden))[:, -1]

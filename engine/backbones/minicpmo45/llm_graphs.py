@@ -42,6 +42,9 @@ class LayerGraphs:
         # TTS, whose ``head`` is its code head instead of ``lm_head``)
         self.llm, self.kv, self.device = llm, kv, torch.device(device)
         self.head = head if head is not None else llm.lm_head
+        # the LLM's logits stay in its dtype (the stock samples bfloat16 logits on CUDA); the TTS's code
+        # logits are float32, as the stock's TTS writes them into a float buffer
+        self.logits_dtype = self.head.weight.dtype if head is None else torch.float32
         d = llm.d
         dt = self.head.weight.dtype
         self.t = t = int(tokens)
@@ -85,7 +88,7 @@ class LayerGraphs:
         h = self.llm.model.norm(x)[0]                                                   # [t, hidden]
         if self.t > 1:
             return (h,)
-        return h, self.head(h[-1].view(1, -1)).float()                                  # [1, V]
+        return h, self.head(h[-1].view(1, -1)).to(self.logits_dtype)                    # [1, V]
 
     def _attend(self, i: int, q: torch.Tensor, n: int, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Eager attention of layer ``i`` over exactly ``n`` positions (the stock path's kernels: SDPA for the
