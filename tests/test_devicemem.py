@@ -1,6 +1,8 @@
 """A card too small for a session: one clear line (engine.session.devicemem), checked with a fake CUDA."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -10,6 +12,7 @@ from engine.session import devicemem
 @pytest.fixture
 def fake_card(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (3 << 30, 24 << 30))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: SimpleNamespace(total_memory=24 << 30))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "Tiny Card")
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)

@@ -13,6 +13,8 @@ from typing import Dict, Iterator, Optional, Tuple
 
 import torch
 
+from .card_memory import device_memory
+
 GIB = float(1 << 30)
 
 #: (backbone, size) -> (GiB the torch allocator reserved at its peak, where it was measured)
@@ -25,20 +27,17 @@ class DeviceTooSmall(RuntimeError):
     """The session does not fit in the GPU memory this process may use."""
 
 
-def card(device: torch.device) -> Tuple[str, float, float, Optional[float]]:
-    """(name, total GiB, free GiB now, this process's cap in GiB or None) of a CUDA device."""
-    free, total = torch.cuda.mem_get_info(device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
-    fraction = float(getter(index)) if getter is not None else 1.0
-    cap = total * fraction / GIB if 0 < fraction < 1 else None
-    return torch.cuda.get_device_name(device), total / GIB, free / GIB, cap
+def _sizes(device: torch.device) -> Tuple[float, Optional[float]]:
+    """(total GiB, this process's cap in GiB or None) of a CUDA device, from :func:`device_memory`."""
+    mib = device_memory(device)
+    cap = mib["memory_cap_mib"]
+    return mib["device_memory_mib"] / 1024, (cap / 1024 if cap else None)
 
 
 def message(device: torch.device, backbone: Optional[str], size: Optional[str], doing: str,
             free_before: Optional[float], error: str = "") -> str:
-    name, total, free, cap = card(device)
-    free_at = free_before if free_before is not None else free
+    name, (total, cap) = torch.cuda.get_device_name(device), _sizes(device)
+    free_at = free_before if free_before is not None else free_gib(device)
     room = f"{free_at:.1f} GiB was free" + (f", and this process may use {cap:.1f} GiB (its memory cap)" if cap else "")
     need = MEASURED.get((str(backbone), str(size)))
     needs = f"; this configuration was measured to reserve {need[0]:.1f} GiB ({need[1]})" if need else ""
