@@ -41,7 +41,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 import pytest
@@ -96,30 +96,35 @@ def _stock_folder(tmp_path_factory, name: str):
     return tmp, F.write(tmp / "MiniCPM-o-4_5", nudge=NUDGE)
 
 
-def _run_stock(folder: Path, tmp: Path) -> Dict[int, Path]:
-    """The stock loop over ``folder`` and the 33 s input, once per seed (one thread); each seed's record folder."""
-    wav = _input(tmp / "in16.wav")
+def _run_stock(folder: Path, tmp: Path, python: Path = STOCK_PY, device: str = "cpu", seeds: tuple = SEEDS,
+               seconds: int = SECONDS, barge_in: int = BARGE_IN, timeout: int = 900) -> Dict[int, Path]:
+    """The stock loop over ``folder`` and the input (``seconds`` long), once per seed (on the CPU one thread;
+    ``device`` cuda: bfloat16, as the demo); each seed's record folder."""
+    wav = _input(tmp / "in16.wav", seconds)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     dirs: Dict[int, Path] = {}
-    for seed in SEEDS:
+    for seed in seeds:
         d = dirs[seed] = tmp / f"seed{seed}"
-        r = subprocess.run([str(STOCK_PY), str(RUNNER), "--oracle", str(ORACLE), "--folder", str(folder),
-                            "--wav", str(wav), "--out", str(d), "--seed", str(seed),
-                            "--force-listen", str(BARGE_IN)], capture_output=True, text=True, env=env, timeout=900)
+        r = subprocess.run([str(python), str(RUNNER), "--oracle", str(ORACLE), "--folder", str(folder),
+                            "--wav", str(wav), "--out", str(d), "--seed", str(seed), "--device", device,
+                            "--force-listen", str(barge_in)], capture_output=True, text=True, env=env,
+                           timeout=timeout)
         assert r.returncode == 0, r.stderr[-3000:]
     return dirs
 
 
-def _seconds(d: Path) -> list:
-    return [torch.load(d / f"second_{s:04d}.pt", weights_only=False) for s in range(SECONDS)]
+def _seconds(d: Path, seconds: int = SECONDS) -> list:
+    return [torch.load(d / f"second_{s:04d}.pt", weights_only=False, map_location="cpu") for s in range(seconds)]
 
 
-def _input(path: Path) -> Path:
-    """33 s at 16 kHz: voiced stretches (a gliding tone with harmonics) between quiet pauses."""
+def _input(path: Path, seconds: int = SECONDS) -> Path:
+    """33 s at 16 kHz: voiced stretches (a gliding tone with harmonics) between quiet pauses (longer inputs
+    repeat the pattern, each stretch drawn afresh, and stop at ``seconds``)."""
     import soundfile as sf
     rng, sr = np.random.RandomState(5), 16000
     parts = []
-    for kind, sec in (("s", 4), ("q", 5), ("s", 3), ("q", 6), ("s", 2), ("q", 2), ("s", 3), ("q", 8)):
+    pattern = (("s", 4), ("q", 5), ("s", 3), ("q", 6), ("s", 2), ("q", 2), ("s", 3), ("q", 8))
+    for kind, sec in pattern * (-(-seconds // SECONDS)):
         n = sec * sr
         t = np.arange(n) / sr
         if kind == "s":
@@ -129,7 +134,7 @@ def _input(path: Path) -> Path:
         else:
             x = rng.randn(n) * 0.003
         parts.append(x)
-    sf.write(str(path), np.concatenate(parts).astype(np.float32), sr, subtype="PCM_16")
+    sf.write(str(path), np.concatenate(parts)[:seconds * sr].astype(np.float32), sr, subtype="PCM_16")
     return path
 
 
@@ -376,7 +381,7 @@ def test_our_session_seeds_and_voices_as_the_stock_does(runs, monkeypatch, one_t
             states.append(torch.get_rng_state())
             return real(self, logits, *a, **kw)
         monkeypatch.setattr(sampling.TextSampler, "__call__", spy)
-        cfg = SessionConfig(backbone="minicpm-o-4.5", backbone_checkpoint=str(folder), device="cpu", size="tiny",
+        cfg = SessionConfig(backbone="minicpm-o-4.5", backbone_checkpoint=str(folder), device=device, size=size,
                             seed=seed, cpu_threads=1, voice=str(folder / "voice.npz"), demand_sized=False,
                             graph_replay=False).resolved()
         s = DuplexSession(cfg)
@@ -532,16 +537,19 @@ class _Recorder:
         return getattr(self._inner, name)
 
 
-def _our_session_seconds(folder: Path, pcm: np.ndarray, seed: int, demand: bool) -> List[dict]:
+def _our_session_seconds(folder: Path, pcm: np.ndarray, seed: int, demand: bool, device: str = "cpu",
+                         size: str = "tiny", seconds: int = SECONDS, barge_in: int = BARGE_IN,
+                         toggles: Optional[list] = None) -> List[dict]:
     """OUR whole session over the stock's input: ``DuplexSession`` (minicpm-o-4.5 over the folder, --seed S,
     the folder's voice.npz and reference clip, the default system prompt, 16 kHz frames as they are), the
     page's Force Listen at ``BARGE_IN``. Per second: the front end's features, the encoder's audio tokens, every
     LLM logits row, every draw of the text sampler, every TTS logits row, the codes, the record, and the tail's
     output for the second (``last_speech``: before playback levelling, where ``run --log`` takes speech.npy);
-    the optimized mode's deferred last chunk of the final second is run after it (``tail_after``)."""
+    the optimized mode's deferred last chunk of the final second is run after it (``tail_after``).
+    ``toggles``: the toggles asked before each second (the GPU test's flip run), else the mode's own."""
     from engine.session.config import SessionConfig
     from engine.session.session import DuplexSession
-    cfg = SessionConfig(backbone="minicpm-o-4.5", backbone_checkpoint=str(folder), device="cpu", size="tiny",
+    cfg = SessionConfig(backbone="minicpm-o-4.5", backbone_checkpoint=str(folder), device=device, size=size,
                         seed=seed, cpu_threads=1, voice=str(folder / "voice.npz"), input_rate=16000,
                         **({} if demand else {"demand_sized": False, "graph_replay": False}))
     s = DuplexSession(cfg)
@@ -554,9 +562,11 @@ def _our_session_seconds(folder: Path, pcm: np.ndarray, seed: int, demand: bool)
         b.front = _Recorder(b.front, lambda y: cur.setdefault("features", []).append(y.clone()))
         b.protocol.sampler = _Recorder(b.protocol.sampler, lambda t: cur.setdefault("sampled", []).append(int(t)))
         with torch.no_grad():
-            for k in range(SECONDS):
+            for k in range(seconds):
                 cur = {}
-                _, rec = s.process(pcm[k * 16000:(k + 1) * 16000], force_listen=k == BARGE_IN)
+                if toggles is not None:
+                    s.set_toggles(toggles[k])
+                _, rec = s.process(pcm[k * 16000:(k + 1) * 16000], force_listen=k == barge_in)
                 seconds.append(dict(cur, record=rec, speech=torch.from_numpy(s.last_speech.copy())))
             tail_after = s.tail.new_turn(flush=True) if s._turn_flush else np.zeros(0, np.float32)
         seconds.append({"speech": torch.from_numpy(np.asarray(tail_after, np.float32).reshape(-1))})
@@ -577,12 +587,20 @@ def _stock_speech(seconds: list, k: int, deferred: bool) -> torch.Tensor:
     return torch.cat([w for w, _ in got]) if got else torch.zeros(0)
 
 
-def _first_difference(ours: dict, stock: dict, speech: torch.Tensor) -> str:
-    """'' when every stage of the second is torch.equal, else the first stage that differs and how."""
+def _host(t: torch.Tensor) -> torch.Tensor:
+    """On the CPU; floating tensors as float32 (exact for the bfloat16 rows of a CUDA run: the stock's record
+    holds its rows as float32)."""
+    t = t.detach().cpu()
+    return t.float() if t.is_floating_point() else t
+
+
+def _first_difference(ours: dict, stock: dict, speech: Optional[torch.Tensor]) -> str:
+    """'' when every stage of the second is torch.equal, else the first stage that differs and how (the
+    waveform is not compared where ``speech`` is None)."""
     def rows(a: list, b: list) -> str:
         if len(a) != len(b):
             return f"{len(a)} rows vs the stock's {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(map(_host, a), map(_host, b))):
             if x.shape != y.shape or not torch.equal(x, y):
                 return f"row {i}: " + (f"max |diff| {(x - y).abs().max():.3g}" if x.shape == y.shape
                                        else f"shape {tuple(x.shape)} vs {tuple(y.shape)}")
@@ -597,7 +615,7 @@ def _first_difference(ours: dict, stock: dict, speech: torch.Tensor) -> str:
          else f"ours {ours.get('sampled', [])}, stock {stock.get('llm_sampled', [])}"),
         ("TTS logits", rows(ours.get("tts_logits", []), stock.get("tts_logits", []))),
         ("TTS codes", rows(ours.get("codes", []), stock.get("codes", []))),
-        ("waveform", rows([ours["speech"]], [speech])),
+        ("waveform", rows([ours["speech"]], [speech]) if speech is not None else ""),
     )
     return next((f"{stage}: {why}" for stage, why in checks if why), "")
 

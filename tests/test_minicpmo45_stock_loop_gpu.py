@@ -1,0 +1,134 @@
+"""Our whole MiniCPM-o 4.5 session on CUDA against MiniCPM-o's own duplex loop on CUDA (issue 21 item 4, GPU).
+
+The stock loop (MiniCPM-o-Demo at 28b60cf, ``tests/stock_loop/run_stock.py --device cuda``: bfloat16 as the
+demo casts it, its Step-Audio2 token2wav in float32 on CUDA) and our ``DuplexSession`` on CUDA read the same
+folder in the released layout, the same 16 kHz input (speech and pauses), the same seed, the folder's voice and
+reference clip, the default system prompt; the page's Force Listen once. Every second, every stage is compared
+with ``torch.equal`` (the stock's record holds floating rows as float32; ours are raised to float32 for the
+comparison, which is exact for bfloat16): audio features, encoder output, every LLM logits row (bfloat16, as the
+stock samples them), every text draw, every TTS logits row, the codes, and the tail's float waveform.
+
+Three of our runs: stock-policy (demand_sized and graph replay off), optimized (both on: the arena and one CUDA
+graph per shape signature), and the toggles flipped every second (both off in second 0, then flipped before every
+later second). In the flip run a turn's last token2wav chunk may be played one second later or not, so its
+waveform is checked whole: every second's speech concatenated (and the deferred last chunk after the final
+second) against the stock's token2wav calls concatenated.
+
+Environment (the device script ``docs/bench/s6/device_stock_gpu.sh`` sets them):
+``DC_STOCK_PYTHON``: the stock venv's interpreter (default ``.venv-stock/bin/python``, which must be a CUDA
+torch); ``DC_STOCK_FOLDER``: a folder in the released layout (``python tests/minicpmo45_stock_folder.py DIR
+--size released``), else the tiny folder is written; ``DC_STOCK_SECONDS``: input length (default 33 tiny, 60
+with a folder); ``DC_STOCK_REPORT``: a JSON file for each run's per-second first difference (or none).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import test_minicpmo45_stock_loop as S  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.oracle, pytest.mark.bits]
+
+SEED = 1
+MODES = ("stock-policy", "optimized", "flipped")
+
+
+def _stock_python() -> Path:
+    return Path(os.environ.get("DC_STOCK_PYTHON", str(S.STOCK_PY)))
+
+
+def _skip_reason() -> str:
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if not S.ORACLE.is_dir():
+        return f"the stock oracle {S.ORACLE} is absent"
+    if not _stock_python().exists():
+        return f"the stock interpreter {_stock_python()} is absent (DC_STOCK_PYTHON)"
+    return ""
+
+
+@pytest.fixture(scope="module")
+def gpu_runs(tmp_path_factory):
+    """(folder, size, seconds, the stock's per-second records) of one stock CUDA run, seed ``SEED``."""
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    given = os.environ.get("DC_STOCK_FOLDER")
+    if given:
+        tmp, folder, size = tmp_path_factory.mktemp("stock-gpu"), Path(given), "released"
+    else:
+        (tmp, folder), size = S._stock_folder(tmp_path_factory, "stock-gpu"), "tiny"
+    seconds = int(os.environ.get("DC_STOCK_SECONDS", 60 if given else S.SECONDS))
+    d = S._run_stock(folder, tmp, python=_stock_python(), device="cuda", seeds=(SEED,), seconds=seconds,
+                     timeout=3000)[SEED]
+    return folder, size, seconds, S._seconds(d, seconds), tmp / "in16.wav"
+
+
+def _toggles(mode: str, seconds: int):
+    if mode != "flipped":
+        return None
+    from engine.bench.session import flip_schedule
+    return flip_schedule(seconds)
+
+
+def _speech_whole(stock: list) -> torch.Tensor:
+    calls = [w for s in stock for w in s.get("speech", [])]
+    return torch.cat(calls) if calls else torch.zeros(0)
+
+
+def _compare(ours: List[dict], stock: list, mode: str) -> Dict[int, str]:
+    """Each second's first differing stage ('' where all are equal); -1: the whole waveform (flip run)."""
+    n = len(stock)
+    demand = mode == "optimized"
+    diffs = {}
+    for k in range(n):
+        speech = None if mode == "flipped" else S._stock_speech(stock, k, deferred=demand)
+        diffs[k] = S._first_difference(ours[k], stock[k], speech)
+    if mode == "flipped":
+        mine = torch.cat([S._host(s["speech"]) for s in ours])
+        theirs = S._host(_speech_whole(stock))
+        diffs[-1] = "" if mine.shape == theirs.shape and torch.equal(mine, theirs) else (
+            f"whole waveform: {tuple(mine.shape)} vs the stock's {tuple(theirs.shape)}")
+    else:
+        after = S._stock_speech(stock, n, deferred=True) if demand else torch.zeros(0)
+        diffs[-1] = "" if torch.equal(S._host(ours[n]["speech"]), S._host(after)) else "the deferred last chunk"
+    return diffs
+
+
+def _report(mode: str, stock: list, diffs: Dict[int, str], size: str) -> None:
+    path = os.environ.get("DC_STOCK_REPORT")
+    if not path:
+        return
+    p = Path(path)
+    doc = json.loads(p.read_text()) if p.exists() else {}
+    doc[mode] = {"size": size, "seconds": len(stock),
+                 "speaking_seconds": sum(not s["is_listen"] for s in stock),
+                 "turn_ends": sum(bool(s.get("end_of_turn")) for s in stock),
+                 "equal_seconds": sum(1 for k, v in diffs.items() if k >= 0 and not v),
+                 "first_differences": {str(k): v for k, v in diffs.items() if v}}
+    p.write_text(json.dumps(doc, indent=1))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_our_cuda_session_equals_the_stock_loop_on_cuda(gpu_runs, mode):
+    """Every second, every stage, torch.equal to the stock loop's CUDA record (see the module docstring)."""
+    import soundfile as sf
+    folder, size, seconds, stock, wav = gpu_runs
+    pcm, rate = sf.read(str(wav), dtype="float32")
+    assert rate == 16000 and len(pcm) == seconds * rate
+    ours = S._our_session_seconds(folder, pcm, SEED, demand=mode == "optimized", device="cuda", size=size,
+                                  seconds=seconds, toggles=_toggles(mode, seconds))
+    diffs = _compare(ours, stock, mode)
+    _report(mode, stock, diffs, size)
+    bad = {k: v for k, v in diffs.items() if v}
+    assert not bad, f"{mode}: {len(bad)} seconds differ; first: " + "; ".join(
+        f"second {k}: {v}" for k, v in sorted(bad.items())[:3])
+    assert sum(not s["is_listen"] for s in stock) >= 2, "the stock run never spoke: the check covered no reply"
