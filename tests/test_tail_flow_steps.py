@@ -74,3 +74,15 @@ def test_the_plan_sizes_the_estimator_caches_by_the_step_count():
     for asked, steps in ((5, 5), (None, 10)):
         p = plan(size="tiny", n_timesteps=asked)
         assert {p.region(n).shape[0] for n in ("est_att", "est_cnn")} == {steps}
+
+
+def test_the_step_count_is_set_in_the_config_the_model_is_built_from():
+    """``load_model(n_timesteps=)`` builds the model at that count (nothing is rebuilt after load): the same
+    seeded weights as the default count's, the schedule and the DiT constants made for it."""
+    import torch
+    from engine.models.step_audio2.weights import load_model
+    five, ten = load_model(None, "tiny", 2, n_timesteps=5), load_model(None, "tiny", 2)
+    assert (five.cfg.flow.n_timesteps, len(five.flow.dts), len(five.flow.decoder.estimator.mods)) == (5, 5, 5)
+    assert ten.cfg.flow.n_timesteps == 10 and len(ten.flow.dts) == 10
+    a, b = five.state_dict(), ten.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -6,7 +6,6 @@ conditioning, the voice prompt (:mod:`.voice`).
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional
 
 import torch
@@ -14,7 +13,7 @@ import torch
 from engine.core import make_plan
 from engine.registry import ModelEntry, Option, register
 
-from .config import TOKEN_RATE, preset
+from .config import TOKEN_RATE, flow_steps, preset, with_n_timesteps
 from .model import StepAudio2Token2Wav
 from .voice import CONDITIONING
 
@@ -22,9 +21,7 @@ from .voice import CONDITIONING
 def plan(size: str = "released", steps: Optional[int] = None, prompt_seconds: float = 6.0,
          n_timesteps: Optional[int] = None, **_):
     """The planner's view of a session (no weights: built on the meta device)."""
-    cfg = preset(size)
-    if n_timesteps is not None:
-        cfg = replace(cfg, flow=replace(cfg.flow, n_timesteps=_flow_steps(n_timesteps)))
+    cfg = with_n_timesteps(preset(size), n_timesteps)
     with torch.device("meta"):
         model = StepAudio2Token2Wav(cfg)
     frames = 2 * max(1, int(round(prompt_seconds * TOKEN_RATE)))
@@ -32,23 +29,18 @@ def plan(size: str = "released", steps: Optional[int] = None, prompt_seconds: fl
     return make_plan(model.regions(spec), spec)
 
 
-def _flow_steps(n) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n_timesteps: the flow needs a positive whole number of steps, got {n!r}")
-    return n
-
-
 def make_tail(size: str = "released", device="cpu", seed: int = 0, checkpoint: Optional[str] = None,
               prompt=None, mode: str = "graphs", shared: Optional[dict] = None, n_timesteps: Optional[int] = None):
     """``prompt``: a voice file (.npz / .wav), a ready :class:`~.stream.Prompt`, or None (synthetic).
     ``shared``: another tail's ``shared_weights()`` (same size/device/checkpoint/seed/steps): nothing is loaded.
     ``n_timesteps``: the flow's Euler steps (None: the config's, 10 as Step-Audio2's stock; MiniCPM-o 4.5's
-    duplex loop asks for 5). Shared weights hold their step count's constants: another count is an error."""
+    duplex loop asks for 5), fixed in the config the model is built from. Shared weights hold their step
+    count's constants: another count is an error."""
     from .prompt import load_prompt
     from .stream import Prompt
     from .tail import StepAudio2Tail
     from .weights import load_model
-    steps = None if n_timesteps is None else _flow_steps(n_timesteps)
+    steps = None if n_timesteps is None else flow_steps(n_timesteps)
     if shared is not None:
         model, voice = shared["model"], shared["prompt"]
         have = model.cfg.flow.n_timesteps
@@ -57,9 +49,7 @@ def make_tail(size: str = "released", device="cpu", seed: int = 0, checkpoint: O
                              f"the flow-step count must be part of the shared-weights key")
     else:
         voice = prompt if isinstance(prompt, Prompt) else load_prompt(prompt, checkpoint, seed)
-        model = load_model(checkpoint, size, seed, device)
-        if steps is not None:
-            model.with_flow_steps(steps)
+        model = load_model(checkpoint, size, seed, device, steps)
     return StepAudio2Tail(model, voice, "checkpoint" if checkpoint else size, synthetic=checkpoint is None, mode=mode)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from engine import safeload
 
@@ -92,6 +92,21 @@ class T2WConfig:
 
     flow: FlowConfig = field(default_factory=FlowConfig)
     hift: HiFTConfig = field(default_factory=HiFTConfig)
+
+
+def flow_steps(n) -> int:
+    """``n`` checked as a flow-step count: a positive whole number (one ValueError otherwise)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n_timesteps: the flow needs a positive whole number of steps, got {n!r}")
+    return n
+
+
+def with_n_timesteps(cfg: T2WConfig, n_timesteps: Optional[int]) -> T2WConfig:
+    """``cfg`` with its flow solved in ``n_timesteps`` Euler steps (None: ``cfg`` as it is), set before the
+    model is built so its regions, Euler schedule and DiT constants are made for that count."""
+    if n_timesteps is None:
+        return cfg
+    return replace(cfg, flow=replace(cfg.flow, n_timesteps=flow_steps(n_timesteps)))
 
 
 def preset(size: str) -> T2WConfig:

@@ -26,7 +26,6 @@ constant, so no device counter is needed; the HiFT draws use the device's defaul
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Dict, List, Optional
 
 import torch
@@ -62,17 +61,6 @@ class StepAudio2Token2Wav(StreamingModel):
         """Per-device constants: Euler schedule, adaLN modulations, folded weight norm."""
         self.flow.build_constants()
         self.hift.prepare()
-        return self
-
-    @torch.no_grad()
-    def with_flow_steps(self, n: int) -> "StepAudio2Token2Wav":
-        """The same weights solving the flow in ``n`` Euler steps: the config (so ``est_att`` / ``est_cnn``
-        and the solver loop follow it) and the per-step constants are rebuilt on the model's device. ``n`` is
-        checked by ``make_tail``."""
-        if n != self.cfg.flow.n_timesteps:
-            self.cfg = replace(self.cfg, flow=replace(self.cfg.flow, n_timesteps=n))
-            self.flow.cfg = self.cfg.flow
-            self.flow.build_constants()
         return self
 
     def check_fast_paths(self, prompt_frames: int) -> List[Verdict]:

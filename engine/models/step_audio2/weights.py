@@ -15,7 +15,7 @@ import torch
 
 from engine.checkpoints import check_tensor
 
-from .config import HiFTConfig, T2WConfig, flow_config_from_yaml, preset
+from .config import HiFTConfig, T2WConfig, flow_config_from_yaml, preset, with_n_timesteps
 from .model import StepAudio2Token2Wav
 
 FLOW_FILES = ("flow.yaml", "flow.pt", "hift.pt")
@@ -66,8 +66,10 @@ def build(cfg: T2WConfig, state: Dict[str, torch.Tensor], device="cpu") -> StepA
     return model
 
 
-def random_model(size: str = "released", seed: int = 0, device="cpu") -> StepAudio2Token2Wav:
-    cfg = preset(size)
+def random_model(size: str = "released", seed: int = 0, device="cpu",
+                 n_timesteps: Optional[int] = None) -> StepAudio2Token2Wav:
+    """Seeded random weights at ``size``; ``n_timesteps``: the flow's Euler steps (None: the preset's)."""
+    cfg = with_n_timesteps(preset(size), n_timesteps)
     return build(cfg, random_state_dict(cfg, seed), device)
 
 
@@ -139,13 +141,16 @@ def checkpoint_state(folder) -> Tuple[T2WConfig, Dict[str, torch.Tensor]]:
     return cfg, state
 
 
-def checkpoint_model(folder, device="cpu") -> StepAudio2Token2Wav:
+def checkpoint_model(folder, device="cpu", n_timesteps: Optional[int] = None) -> StepAudio2Token2Wav:
+    """The released folder's weights; ``n_timesteps``: the flow's Euler steps (None: the config's)."""
     cfg, state = checkpoint_state(folder)
-    return build(cfg, state, device)
+    return build(with_n_timesteps(cfg, n_timesteps), state, device)
 
 
-def load_model(checkpoint: Optional[str], size: str = "released", seed: int = 0, device="cpu"):
-    """A checkpoint folder if given, else seeded random weights at ``size``."""
+def load_model(checkpoint: Optional[str], size: str = "released", seed: int = 0, device="cpu",
+               n_timesteps: Optional[int] = None):
+    """A checkpoint folder if given, else seeded random weights at ``size``; the flow solved in
+    ``n_timesteps`` Euler steps (None: the config's, 10), fixed in the config the model is built from."""
     if checkpoint:
-        return checkpoint_model(checkpoint, device)
-    return random_model(size, seed, device)
+        return checkpoint_model(checkpoint, device, n_timesteps)
+    return random_model(size, seed, device, n_timesteps)
