@@ -2,14 +2,18 @@
 
 What CUDA itself would do with a capture is checked on the GPU (tests/test_host_gpu.py); here: the
 gate's re-entrancy, the upgrade of a shared hold (a lazy capture inside a concurrent second), two
-upgrades at once without a deadlock, writer preference, and that example inputs and the session
-generator never touch anyone's random stream."""
+upgrades at once without a deadlock, writer preference, that example inputs and the session
+generator never touch anyone's random stream, and the runtimes' counts (summed over live and gone
+runtimes, no lock on a replay) through a fake torch.cuda."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import threading
 import time
+import weakref
 
+import pytest
 import torch
 
 from engine.core import graphs
@@ -159,3 +163,74 @@ def test_session_rng_install_is_reentrant():
     assert torch.equal(torch.get_rng_state(), outer)
     torch.manual_seed(11)
     assert torch.equal(torch.cat([a, b, c]), torch.rand(6))     # nothing rewound or skipped
+
+
+class _FakeGraph:
+    def register_generator_state(self, g):
+        pass
+
+    def replay(self):
+        pass
+
+
+class _FakeStream:
+    def wait_stream(self, other):
+        pass
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """Just enough of torch.cuda for GraphRuntime.capture and replay to run their own code on the CPU."""
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: _FakeStream())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _FakeStream())
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, **kw: contextlib.nullcontext())
+
+
+def _run(rt, captures, replays_each):
+    for _ in range(captures):
+        graph, _ = rt.capture(lambda: None)
+        for _ in range(replays_each):
+            rt.replay(graph)
+    return graph
+
+
+def test_launches_sum_every_runtime_and_keep_the_gone_ones(fake_cuda):
+    cap0, rep0 = graphs.launches()
+    runtimes = [graphs.GraphRuntime("cpu", name) for name in "abc"]
+    graph = [_run(runtimes[i], i + 1, 10) for i in range(3)][0]
+    assert [(r.captures, r.replays) for r in runtimes] == [(1, 10), (2, 20), (3, 30)]
+    assert graphs.launches() == (cap0 + 6, rep0 + 60)
+    tally, gone = runtimes[-1]._tally, weakref.ref(runtimes.pop())
+    gc.collect()
+    assert gone() is None
+    assert graphs.launches() == (cap0 + 6, rep0 + 60)            # the gone runtime's counts stay
+    assert tally not in graphs._live                              # ... moved to the retired sums, once
+    runtimes[0].replay(graph)
+    assert graphs.launches() == (cap0 + 6, rep0 + 61)
+
+
+def test_replays_take_no_lock(fake_cuda, monkeypatch):
+    """The hot path (~37 replays per LLM token) counts on its runtime only: every lock the module holds
+    is swapped for one that fails when taken, and a thousand replays still go through."""
+    class Refuses:
+        def acquire(self, *args, **kwargs):
+            raise AssertionError("a replay took a lock")
+        __enter__ = acquire
+
+        def __exit__(self, *exc):
+            return False
+        release = __exit__
+
+    lock_types = (type(threading.Lock()), type(threading.RLock()))
+    rt = graphs.GraphRuntime("cpu", "hot")
+    graph, _ = rt.capture(lambda: None)
+    cap0, rep0 = graphs.launches()
+    with monkeypatch.context() as m:
+        for name, value in list(vars(graphs).items()):
+            if isinstance(value, lock_types):
+                m.setattr(graphs, name, Refuses())
+        for _ in range(1000):
+            rt.replay(graph)
+    assert rt.replays == 1000 and graphs.launches() == (cap0, rep0 + 1000)

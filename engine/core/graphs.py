@@ -16,13 +16,16 @@ and counters. :meth:`GraphRuntime.capture` is the only capture call, and it
   eager draws in a session's concurrent second take :func:`session_generator`.
 
 Replays are counted (:func:`launches`), so a second's graph launches can be reported next to its wall
-time without a profiler.
+time without a profiler. A replay only adds one to its runtime's own tally (no lock: a runtime is used by
+one thread at a time); :func:`launches` sums the tallies of the live runtimes and of those gone.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
-from typing import Callable, ContextManager, Iterator, Optional, Sequence, Tuple, TypeVar
+import weakref
+from typing import Callable, ContextManager, Iterator, Optional, Sequence, Set, Tuple, TypeVar
 
 import torch
 
@@ -32,8 +35,25 @@ T = TypeVar("T")
 CAPTURE_MODE = "thread_local"
 
 _local = threading.local()
-_count_lock = threading.Lock()
-_counts = {"captures": 0, "replays": 0}
+
+
+class _Tally:
+    """One runtime's counts, kept apart from it so they can still be added up once it is gone."""
+    __slots__ = ("captures", "replays")
+
+    def __init__(self):
+        self.captures = 0
+        self.replays = 0
+
+
+# The registry: the tallies of live runtimes, the sum of the gone ones', and the gone ones not yet moved
+# there. The lock guards the registry only (never a replay). A runtime's finalizer takes no lock — the
+# collector may run it on a thread inside launches() — it only queues the tally (deque appends are atomic);
+# whoever next takes the lock moves it from _live into _retired, so no count is lost or counted twice.
+_registry_lock = threading.Lock()
+_live: Set[_Tally] = set()
+_retired = _Tally()
+_gone: "collections.deque[_Tally]" = collections.deque()
 
 
 @contextlib.contextmanager
@@ -65,14 +85,30 @@ def session_generator(device) -> Optional["torch.Generator"]:
 
 
 def launches() -> Tuple[int, int]:
-    """(captures, replays) of every runtime in the process so far."""
-    with _count_lock:
-        return _counts["captures"], _counts["replays"]
+    """(captures, replays) of every runtime in the process so far, live or gone (never going down)."""
+    with _registry_lock:
+        _retire_gone()
+        return (_retired.captures + sum(t.captures for t in _live),
+                _retired.replays + sum(t.replays for t in _live))
 
 
-def _bump(key: str, n: int = 1) -> None:
-    with _count_lock:
-        _counts[key] += n
+def _register(runtime: "GraphRuntime") -> _Tally:
+    """A new tally for ``runtime``, counted by :func:`launches` while it lives and after."""
+    tally = _Tally()
+    with _registry_lock:
+        _retire_gone()
+        _live.add(tally)
+    weakref.finalize(runtime, _gone.append, tally)
+    return tally
+
+
+def _retire_gone() -> None:
+    """Move the tallies of collected runtimes into the retired sums (the caller holds the lock)."""
+    while _gone:
+        tally = _gone.popleft()
+        _live.discard(tally)
+        _retired.captures += tally.captures
+        _retired.replays += tally.replays
 
 
 class GraphRuntime:
@@ -83,8 +119,17 @@ class GraphRuntime:
         self.name = name
         self._stream: Optional[torch.cuda.Stream] = None
         self._pool = None
-        self.captures = 0
-        self.replays = 0
+        self._tally = _register(self)
+
+    @property
+    def captures(self) -> int:
+        """Graphs this runtime has captured."""
+        return self._tally.captures
+
+    @property
+    def replays(self) -> int:
+        """Graph launches through :meth:`replay`."""
+        return self._tally.replays
 
     @property
     def stream(self) -> "torch.cuda.Stream":
@@ -127,14 +172,13 @@ class GraphRuntime:
                                   capture_error_mode=CAPTURE_MODE):
                 out = fn()
             torch.cuda.current_stream(self.device).wait_stream(s)
-        self.captures += 1
-        _bump("captures")
+        self._tally.captures += 1
         return graph, out
 
     def replay(self, graph: "torch.cuda.CUDAGraph") -> None:
+        """``graph`` launched; counted on this runtime's tally (no lock: this is the hot path)."""
         graph.replay()
-        self.replays += 1
-        _bump("replays")
+        self._tally.replays += 1
 
 
 # -- example inputs for warm-ups and captures ---------------------------------------------------------------
