@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -59,3 +60,30 @@ def test_the_cap_is_named(fake_card, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda i=None: 0.5, raising=False)
     msg = devicemem.message(torch.device("cuda"), "synthetic", "tiny", "in second 1", None)
     assert "3.0 GiB was free, and this process may use 12.0 GiB (its memory cap)" in msg
+
+
+def test_one_guard_a_session_names_each_second(monkeypatch, fake_card):
+    """start() builds the session's guard once; each second enters it again, naming its own index."""
+    from engine.session import DuplexSession, SessionConfig
+    built = []
+
+    class Counted(devicemem.Guard):
+        def __init__(self, *args):
+            built.append(args)
+            super().__init__(*args)
+    monkeypatch.setattr(devicemem, "Guard", Counted)
+    s = DuplexSession(SessionConfig(size="tiny", device="cpu"))
+    s.start()
+    frame = np.zeros(s.cfg.input_rate, dtype=np.float32)
+    s.process(frame)
+    s.process(frame)
+    assert len(built) == 1 and isinstance(s._oom, Counted)
+
+    def boom(frames):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+    monkeypatch.setattr(s.backbone, "think", boom)
+    s._oom.device = torch.device("cuda")                # as if on a card: the guard's CUDA branch
+    with pytest.raises(devicemem.DeviceTooSmall, match=r"GPU memory in second 2 \(tried to allocate 1.00 GiB\): "
+                                                       r"Tiny Card has 24.0 GiB, 3.0 GiB was free\."):
+        s.process(frame)
+    assert len(built) == 1

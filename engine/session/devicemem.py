@@ -1,15 +1,14 @@
 """A card too small for a session: one clear line instead of an allocator's out-of-memory trace.
 
-:func:`too_small` wraps a session's build (and each second): a CUDA out-of-memory error there becomes
+:class:`Guard` (one per session) wraps its build and each second: a CUDA out-of-memory error there becomes
 :class:`DeviceTooSmall`, whose one line names the card, its size and what was free when the session
 began building, what this configuration was measured to need where we know it, and what to do. The
 allocator's cache is emptied first, so the process (and the host's other sessions) go on.
 """
 from __future__ import annotations
 
-import contextlib
 import re
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -52,17 +51,35 @@ def _is_oom(e: BaseException) -> bool:
         isinstance(e, RuntimeError) and "CUDA out of memory" in str(e))
 
 
-@contextlib.contextmanager
-def too_small(device: torch.device, backbone: Optional[str], size: Optional[str], doing: str,
-              free_before: Optional[float] = None) -> Iterator[None]:
-    """Turn a CUDA out-of-memory error in the block into :class:`DeviceTooSmall` (one line)."""
-    try:
-        yield
-    except BaseException as e:  # noqa: BLE001 - only out-of-memory is translated, the rest re-raised
-        if torch.device(device).type != "cuda" or not _is_oom(e):
-            raise
+class Guard:
+    """A session's out-of-memory guard, built once and entered around its build and each second: a CUDA
+    out-of-memory error in the block becomes :class:`DeviceTooSmall` (one line); anything else passes."""
+
+    def __init__(self, device: torch.device, backbone: Optional[str], size: Optional[str]):
+        self.device = torch.device(device)
+        self.backbone, self.size = backbone, size
+        self.doing, self.free_before = "", None
+
+    def __call__(self, doing: str, free_before: Optional[float] = None) -> "Guard":
+        """This guard, set for the next block: what the session does in it, and the GiB free before."""
+        self.doing, self.free_before = doing, free_before
+        return self
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, error: Optional[BaseException], trace) -> bool:
+        if error is None or self.device.type != "cuda" or not _is_oom(error):
+            return False
         torch.cuda.empty_cache()
-        raise DeviceTooSmall(message(torch.device(device), backbone, size, doing, free_before, str(e))) from None
+        raise DeviceTooSmall(message(self.device, self.backbone, self.size, self.doing, self.free_before,
+                                     str(error))) from None
+
+
+def too_small(device: torch.device, backbone: Optional[str], size: Optional[str], doing: str,
+              free_before: Optional[float] = None) -> Guard:
+    """Turn a CUDA out-of-memory error in the block into :class:`DeviceTooSmall` (one line)."""
+    return Guard(device, backbone, size)(doing, free_before)
 
 
 def free_gib(device: torch.device) -> Optional[float]:

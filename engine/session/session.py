@@ -131,6 +131,7 @@ class DuplexSession:
         self._toggles = PendingToggles(Toggles(self.cfg.demand_sized, self.cfg.graph_replay))
         self._started = False
         self._info: Optional[Dict[str, object]] = None
+        self._oom: Optional[devicemem.Guard] = None    # out of memory -> DeviceTooSmall; built by start()
         self._turn_flush = False                     # a reply ended: its last chunk runs next second
         self.last_speech = np.zeros(0, dtype=np.float32)   # what the tail produced in the last second (24 kHz)
         self.parts = registry.get_backbone(self.cfg.backbone)     # the backbone's traits
@@ -142,8 +143,8 @@ class DuplexSession:
         if self.device.type == "cpu":
             torch.set_num_threads(cpu_threads(c.cpu_threads))
         torch.manual_seed(c.seed)
-        with devicemem.too_small(self.device, c.backbone, c.size, "to start the session",
-                                 devicemem.free_gib(self.device)):
+        self._oom = devicemem.Guard(self.device, c.backbone, c.size)      # entered again each second
+        with self._oom("to start the session", devicemem.free_gib(self.device)):
             self._build()
         # graph captures restore the RNG they used; seeding here makes second 0 start identically
         # whichever toggles the session was built with
@@ -164,6 +165,8 @@ class DuplexSession:
                                         checkpoint=c.checkpoint, **extra)
         if self.parts.speaks_in_turns:
             self.tail.keep_turn_base = True     # the tail starts each turn afresh (DecoderTail.new_turn)
+        if self.parts.tail_chunking is not None:
+            pass  # short chunks, as the backbone's loop decodes them
         asked = Toggles(c.demand_sized, c.graph_replay).on(self.device)    # graphs asked only where they run
         self.tail.set_toggles(asked)
         self.tail.start(seed=c.seed)
@@ -260,8 +263,7 @@ class DuplexSession:
         k = len(self.records)
         frames = self.fmt.frames_in_second(k)
         clock = StageClock(self.device)
-        too_small = devicemem.too_small(self.device, self.cfg.backbone, self.cfg.size, f"in second {k}")
-        with torch.no_grad(), too_small:
+        with torch.no_grad(), self._oom(f"in second {k}"):
             early = np.zeros(0, dtype=np.float32)
             if self._turn_flush:                 # the last reply's last chunk, deferred (see _speak)
                 clock.mark("flush")
