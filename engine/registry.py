@@ -9,7 +9,8 @@ packages in each folder of ``$DUPLEXCADENCE_PARTS`` (``os.pathsep``-separated) o
 What a part *is* is declared on its entry and read here, in one place (vLLM's model registry): which
 tails a backbone pairs with, whether it speaks in turns or skips the tail while listening, how a
 checkpoint is checked by content, what a backbone's folder brings along (a tail checkpoint, a default
-voice), how a backbone has its tail built (``tail_options``: MiniCPM-o's 5 flow steps), what a tail needs
+voice), how a backbone has its tail built (``tail_options``: MiniCPM-o's 5 flow steps) and cut its tokens
+into steps (``tail_chunking``: MiniCPM-o's chunks of 8 tokens and up), what a tail needs
 beyond its weights (:class:`Conditioning`), the command-line options a decoder's ``synth`` adds.
 Everything that names parts takes the names, titles and defaults from here: the session config, the
 host, the serve layer, the CLIs, the benches and the app.
@@ -92,6 +93,22 @@ class ModelEntry:
 
 
 @dataclass(frozen=True)
+class TailChunking:
+    """How a backbone has its tail cut the tokens pushed to it into steps when not only into full steps: every
+    push decodes all it can, in chunks of at most a full step, down to a chunk of ``min_frames`` new frames
+    plus the tail's lookahead (MiniCPM-o 4.5's duplex loop, its ``force_flush``: any buffer of pre-lookahead
+    + 5 = 8 tokens); such chunks are steps of an :class:`engine.tail.DeclaredPlan`. A backbone without one
+    (``BackboneEntry.tail_chunking`` None) has its tail wait for full steps."""
+
+    min_frames: int                             # the fewest new frames a chunk decodes (5 for MiniCPM-o 4.5)
+
+    def __post_init__(self) -> None:
+        n = self.min_frames
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"TailChunking.min_frames: a positive whole number of frames, got {n!r}")
+
+
+@dataclass(frozen=True)
 class BackboneFolder:
     """A backbone's weights folder, checked by content, and what it brings for the rest of the session."""
 
@@ -123,6 +140,9 @@ class BackboneEntry:
     #: keywords for its tail's make_tail, as its own stock loop builds the tail (MiniCPM-o 4.5: 5 flow
     #: steps); a mapping, kept as sorted (name, value) pairs so the entry stays hashable
     tail_options: Tuple[Tuple[str, object], ...] = ()
+    #: how its tail cuts the pushed tokens into steps (MiniCPM-o 4.5: every buffer of 5 + lookahead tokens);
+    #: None: full steps only
+    tail_chunking: Optional[TailChunking] = None
 
     def __post_init__(self) -> None:
         opts = self.tail_options

@@ -21,6 +21,7 @@ from engine.core.toggles import Toggles, graphs_can_run
 
 if TYPE_CHECKING:
     from engine.fastpath import Verdict
+    from engine.registry import TailChunking
 
 
 @dataclass
@@ -153,11 +154,11 @@ class EngineTail(DecoderTail):
     frames_clock = "frames"
     lookahead = 0
     keep_turn_base = False      # set before start() by a session whose backbone speaks in turns (new_turn)
-    #: a stream that speaks in turns decodes as MiniCPM-o's duplex loop (the one backbone that does) decodes
-    #: token2wav: every push runs all it can, in chunks of at most a full step, down to a chunk of this many
-    #: new frames plus the lookahead (its force_flush: any buffer of pre-lookahead + 5 tokens); such chunks
-    #: are steps of a :class:`DeclaredPlan`. Otherwise a push waits for full steps.
-    turn_min_frames = 5
+    #: set before start() from the backbone's entry (``BackboneEntry.tail_chunking``, MiniCPM-o 4.5's): every
+    #: push runs all it can, in chunks of at most a full step, down to a chunk of ``chunking.min_frames`` new
+    #: frames plus the lookahead; such chunks are steps of a :class:`DeclaredPlan`. None: a push waits for
+    #: full steps.
+    chunking: Optional["TailChunking"] = None
 
     def __init__(self, model: StreamingModel, info: TailInfo, device, toggles: Optional[Toggles] = None):
         self.model, self.info, self.device = model, info, torch.device(device)
@@ -165,6 +166,7 @@ class EngineTail(DecoderTail):
         self.plan: Plan = self._plan(self.session_spec())
         self.executor: Optional[Executor] = None
         self._declared: Optional[DeclaredPlan] = None
+        self._chunking: Optional["TailChunking"] = None
         self._buf = torch.zeros((info.codebooks, 0), dtype=torch.int64)
         self._ended = False
         self._silence: Optional[torch.Tensor] = None
@@ -213,7 +215,8 @@ class EngineTail(DecoderTail):
     @torch.no_grad()
     def start(self, seed: int = 0) -> None:
         """New stream: fresh state, graphs captured ahead of time where they can run."""
-        self._declared = DeclaredPlan.over(self.plan) if self.keep_turn_base else None
+        self._chunking = self.chunking          # the rule this stream runs by (as it was at start)
+        self._declared = DeclaredPlan.over(self.plan) if self._chunking is not None else None
         ex = Executor(self.model, self._declared or self.plan, self.device, **self._toggles)
         ex.prepare_graphs(self.example_inputs)
         self.seed_stream(seed)
@@ -275,11 +278,11 @@ class EngineTail(DecoderTail):
 
     def _next_frames(self) -> int:
         """New frames the next step consumes now: a full step's when they and the lookahead are buffered;
-        in turns, else all but the lookahead once that is ``turn_min_frames``; otherwise 0 (wait)."""
+        with ``chunking``, else all but the lookahead once that is ``chunking.min_frames``; otherwise 0 (wait)."""
         full, have = self.frames_needed(), int(self._buf.shape[1])
         if have >= full + self.lookahead:
             return full
-        if self._declared is not None and have >= self.turn_min_frames + self.lookahead:
+        if self._chunking is not None and have >= self._chunking.min_frames + self.lookahead:
             return have - self.lookahead
         return 0
 

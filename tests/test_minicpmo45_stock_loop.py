@@ -423,10 +423,10 @@ def t2w_runs(tmp_path_factory):
 
 def _replay_token2wav(folder: Path, seconds: list, seed: int, mode: str) -> List[dict]:
     """The stock's code stream, per second as its duplex loop buffered it, through our Step-Audio2 tail as the
-    session drives it for MiniCPM-o (keep_turn_base: our chunking; a reply's first push behind 3 silences,
-    new_turn at its end or at the barge-in that cuts it), the global generator set to the stock's state before
-    each speaking second's first token2wav call. Returns each of our token2wav steps: its tokens, the
-    generator's state before it and its float waveform."""
+    session drives it for MiniCPM-o (the entry's tail_chunking: our chunking; keep_turn_base: new_turn at a
+    reply's end or at the barge-in that cuts it; a reply's first push behind 3 silences), the global generator
+    set to the stock's state before each speaking second's first token2wav call. Returns each of our
+    token2wav steps: its tokens, the generator's state before it and its float waveform."""
     from engine import registry
     tail = registry.get("step-audio2").make_tail(size="tiny", device="cpu", seed=seed, mode=mode,
                                                  checkpoint=str(folder / "assets" / "token2wav"),
@@ -434,6 +434,7 @@ def _replay_token2wav(folder: Path, seconds: list, seed: int, mode: str) -> List
                                                  **registry.get_backbone("minicpm-o-4.5").tail_kwargs())
     assert tail.model.cfg.flow.n_timesteps == 5          # the stock duplex loop's token2wav flow steps
     tail.keep_turn_base = True
+    tail.chunking = registry.get_backbone("minicpm-o-4.5").tail_chunking
     tail.start(seed=seed)
     calls: List[dict] = []
     step_inputs, audio = tail.step_inputs, tail._audio

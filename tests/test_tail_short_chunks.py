@@ -1,7 +1,8 @@
-"""Short token2wav chunks that are not a stream's last (issue 21): a tail that speaks in turns (MiniCPM-o's
-duplex loop) decodes every buffer of at least 8 Step-Audio2 tokens each push, in chunks of up to 25 + 3, so
-its steps are declared one at a time (:class:`engine.tail.DeclaredPlan`): each from the chunk it runs and the
-lengths the steps before it left. CPU, tiny sizes."""
+"""Short token2wav chunks that are not a stream's last (issue 21): a tail whose backbone declares its chunking
+(``BackboneEntry.tail_chunking``: MiniCPM-o's duplex loop) decodes every buffer of at least 8 Step-Audio2
+tokens each push, in chunks of up to 25 + 3, so its steps are declared one at a time
+(:class:`engine.tail.DeclaredPlan`): each from the chunk it runs and the lengths the steps before it left.
+The chunking is its own trait, apart from the turn base a tail keeps for ``new_turn``. CPU, tiny sizes."""
 from __future__ import annotations
 
 import pytest
@@ -67,9 +68,13 @@ def test_a_finished_plan_ends_with_the_last_chunk(base):
     assert big.demand["est_att"] == PROMPT + 100 + 54 > p.demand["est_att"]
 
 
-def _tail(mode: str, turns: bool):
+def _tail(mode: str, turns: bool, chunked=None):
+    """A tiny Step-Audio2 tail; ``turns``: it keeps a turn base, ``chunked`` (default: as ``turns``): it cuts
+    its tokens as MiniCPM-o 4.5's entry declares."""
     tail = registry.get("step-audio2").make_tail(size="tiny", device="cpu", seed=1, mode=mode)
     tail.keep_turn_base = turns
+    if turns if chunked is None else chunked:
+        tail.chunking = registry.get_backbone("minicpm-o-4.5").tail_chunking
     tail.start(seed=1)
     return tail
 
@@ -94,3 +99,41 @@ def test_pushes_in_turns_decode_every_buffer_of_8_tokens(one_torch_thread):
     assert last.size == (8 + 6) * 480 and tail.executor.k == 0 and tail._declared.declared == []
     assert arena.addresses() == addresses
     assert plain.push(codes(8)).size == 0 and plain._buf.shape[1] == 8            # waits for 28 as before
+
+
+def test_minicpmo_declares_its_tail_chunking_and_the_others_none():
+    assert registry.get_backbone("minicpm-o-4.5").tail_chunking == registry.TailChunking(min_frames=5)
+    others = [b.name for b in registry.backbones() if b.name != "minicpm-o-4.5"]
+    assert others and all(registry.get_backbone(n).tail_chunking is None for n in others)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "5"])
+def test_a_bad_chunk_minimum_is_one_clear_error(bad):
+    with pytest.raises(ValueError, match="min_frames: a positive whole number"):
+        registry.TailChunking(min_frames=bad)
+
+
+def test_chunking_and_the_turn_base_are_two_traits(one_torch_thread):
+    g = torch.Generator().manual_seed(3)
+    codes = lambda n: torch.randint(0, 6561, (1, n), generator=g)    # noqa: E731
+    chunked = _tail("demand", turns=False, chunked=True)             # short chunks, no turn base
+    assert chunked.push(codes(8)).size == 5 * 2 * 480 and chunked.executor.k == 1
+    with pytest.raises(RuntimeError, match="keep_turn_base"):
+        chunked.new_turn()
+    based = _tail("demand", turns=True, chunked=False)               # a turn base, full steps only
+    assert based.push(codes(8)).size == 0 and based._buf.shape[1] == 8
+    assert based.push(codes(20)).size == 24000 and based.executor.k == 1
+    assert based.new_turn(flush=True).size == (8 + 6) * 480 and based.executor.k == 0   # the last 3 tokens
+
+
+def test_a_session_sets_the_chunking_its_backbone_declares(one_torch_thread):
+    from engine.session import DuplexSession, SessionConfig
+    for backbone, tail, want in (("minicpm-o-4.5", "step-audio2", registry.TailChunking(5)),
+                                 ("synthetic", "step-audio2", None)):
+        s = DuplexSession(SessionConfig(backbone=backbone, tail=tail, size="tiny", device="cpu", seed=4,
+                                        cpu_threads=1))
+        s.start()
+        try:
+            assert s.tail.chunking == want and (s.tail._declared is not None) == (want is not None)
+        finally:
+            s.close()

@@ -166,7 +166,7 @@ class DuplexSession:
         if self.parts.speaks_in_turns:
             self.tail.keep_turn_base = True     # the tail starts each turn afresh (DecoderTail.new_turn)
         if self.parts.tail_chunking is not None:
-            pass  # short chunks, as the backbone's loop decodes them
+            self.tail.chunking = self.parts.tail_chunking   # short chunks, as the backbone's loop decodes them
         asked = Toggles(c.demand_sized, c.graph_replay).on(self.device)    # graphs asked only where they run
         self.tail.set_toggles(asked)
         self.tail.start(seed=c.seed)

@@ -1,14 +1,15 @@
 """MiniCPM-o 4.5 as a duplex backbone: streaming audio encoder -> Qwen3 LLM -> TTS (-> Step-Audio2 tail).
 
 Registers ``minicpm-o-4.5``: it speaks Step-Audio2 tokens, ends its replies in turns, runs no tail while
-it listens, and has its tail built with 5 flow steps (``TAIL_FLOW_STEPS``, as its own duplex loop builds
-token2wav); its released folder (checked by content) brings the tail's token2wav weights and the default
-voice (``assets/HT_ref_audio.wav``).
+it listens, has its tail built with 5 flow steps (``TAIL_FLOW_STEPS``, as its own duplex loop builds
+token2wav) and has it decode every buffer of ``TAIL_CHUNK_MIN_FRAMES`` + 3 lookahead = 8 tokens and up (as
+that loop's ``force_flush`` does); its released folder (checked by content) brings the tail's token2wav
+weights and the default voice (``assets/HT_ref_audio.wav``).
 """
 from pathlib import Path
 from typing import Optional
 
-from engine.registry import BackboneEntry, BackboneFolder, register_backbone
+from engine.registry import BackboneEntry, BackboneFolder, TailChunking, register_backbone
 
 from .backbone import MiniCPMO45Backbone
 from .dims import PRESETS, Dims, preset
@@ -16,6 +17,7 @@ from .dims import PRESETS, Dims, preset
 NAME = "minicpm-o-4.5"
 DEFAULT_VOICE = Path("assets") / "HT_ref_audio.wav"     # the released folder's default voice
 TAIL_FLOW_STEPS = 5     # its streaming token2wav's flow (Euler) steps; Step-Audio2's own stock uses 10
+TAIL_CHUNK_MIN_FRAMES = 5   # its token2wav decodes any buffer of pre-lookahead (3) + 5 tokens each second
 
 
 def default_voice(folder) -> Optional[Path]:
@@ -43,7 +45,9 @@ register_backbone(BackboneEntry(
     folder_hint="MiniCPM-o 4.5 folder (config.json, shards, tokenizer.json; its assets/token2wav is the tail's)",
     owns_folder=_owns, order=20,
     # the stock duplex loop's token2wav: init_unified -> init_token2wav(streaming=True), n_timesteps=5
-    tail_options={"n_timesteps": TAIL_FLOW_STEPS}))
+    tail_options={"n_timesteps": TAIL_FLOW_STEPS},
+    # the stock duplex loop's _generate_waveform_from_tokens(force_flush=True): chunks of 8 to 28 tokens
+    tail_chunking=TailChunking(min_frames=TAIL_CHUNK_MIN_FRAMES)))
 
 __all__ = ["MiniCPMO45Backbone", "PRESETS", "Dims", "preset", "DEFAULT_VOICE", "default_voice", "open_folder",
-           "TAIL_FLOW_STEPS"]
+           "TAIL_FLOW_STEPS", "TAIL_CHUNK_MIN_FRAMES"]
