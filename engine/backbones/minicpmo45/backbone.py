@@ -122,7 +122,7 @@ class MiniCPMO45Backbone(Backbone):
                 limit = d.sampling.max_chars_per_unit
                 too_long = lambda ids: len(tok.decode(ids, skip_special_tokens=True)) >= limit   # noqa: E731
             self.protocol = Protocol(d, self.llm, self.tts, self.kv_llm, self.kv_tts, self._tts_step, too_long,
-                                     self._one_token, self.folder.bad_token_ids if self.folder else ())
+                                     self._graphed_forward, self.folder.bad_token_ids if self.folder else ())
             self.protocol.tap = self._tap
             if tok is not None:                 # the stock's prepare: the system prompt around the reference audio
                 clip = self.reference_clip
@@ -179,9 +179,10 @@ class MiniCPMO45Backbone(Backbone):
             return self.tts_graphs.step(code, kv)
         return self.tts.step_code(code, kv)
 
-    def _one_token(self, embed: torch.Tensor):
-        """A forward of ``embed``'s rows [t, hidden] through layer graphs of that width — a decode step (t 1)
-        or a short feed (LISTEN's close and audio tokens) — or None: the eager path runs it."""
+    def _graphed_forward(self, embed: torch.Tensor):
+        """A forward of ``embed``'s rows [t, hidden] (t from 1 to the protocol's ``GRAPHED_FEED``) through
+        layer graphs of that width — a decode step (t 1) or a short feed (LISTEN's close and audio tokens) —
+        -> (final hidden [t, hidden], logits [1, V] for t 1, else None); or None: the eager path runs it."""
         if not self._graphs_on() or self.kv_llm.kind != "demand":
             return None
         kv, t = self.kv_llm, int(embed.shape[0])

@@ -52,23 +52,24 @@ class Protocol:
     """The per-second duplex protocol over an LLM KV store and a per-turn TTS KV store.
 
     ``kv_llm`` / ``kv_tts`` are attributes the backbone swaps when the demand toggle flips;
-    ``tts_step`` runs one TTS decode step (eager or a replayed graph); ``one_token`` (optional) runs a
-    single-token LLM forward -> (hidden, logits) through the layer graphs, or returns None to leave it
-    to the eager path; ``too_long`` (optional, with a tokenizer) says whether a unit's text has reached
-    the stock's 28-character limit.
+    ``tts_step`` runs one TTS decode step (eager or a replayed graph); ``graphed_forward`` (optional) runs
+    the LLM forward of 1 .. ``GRAPHED_FEED`` embedding rows [t, hidden] (a decode step's one token, or a short
+    feed: LISTEN's close and audio tokens) through layer graphs of width t -> (final hidden [t, hidden],
+    logits [1, V] for t = 1, else None), or returns None to leave it to the eager path; ``too_long``
+    (optional, with a tokenizer) says whether a unit's text has reached the stock's 28-character limit.
     """
 
     def __init__(self, dims: Dims, llm: Qwen3, tts: TTS, kv_llm: KVStore, kv_tts: KVStore,
                  tts_step: Callable[[torch.Tensor, KVStore], torch.Tensor],
                  too_long: Optional[Callable[[List[int]], bool]] = None,
-                 one_token: Optional[Callable[[torch.Tensor], Optional[tuple]]] = None,
+                 graphed_forward: Optional[Callable[[torch.Tensor], Optional[tuple]]] = None,
                  bad_token_ids: Sequence[int] = ()):
         self.d = dims
         self.llm, self.tts = llm, tts
         self.kv_llm, self.kv_tts = kv_llm, kv_tts
         self.tts_step = tts_step
         self.too_long = too_long
-        self.one_token = one_token
+        self.graphed_forward = graphed_forward
         tk = dims.tokens
         # the stock's text draw never gives <|tts_pad|> or the tokenizer's bad_token_ids (StreamDecoder's
         # forbidden list; <|chunk_eos|> is not in it: either draw may end the unit)
@@ -85,10 +86,10 @@ class Protocol:
     # -- LISTEN ----------------------------------------------------------------------------------------
     def feed(self, embeds: torch.Tensor) -> torch.Tensor:
         """Feed embeddings [T, hidden]; the final hidden state of each position [T, hidden]. A short feed
-        (2 .. GRAPHED_FEED positions: LISTEN's close and audio tokens) goes to ``one_token``'s layer graphs
-        of that width where the backbone has them (the same kernels; None: eager)."""
-        if self.one_token is not None and 1 < embeds.shape[0] <= GRAPHED_FEED:
-            out = self.one_token(embeds)
+        (2 .. GRAPHED_FEED positions: LISTEN's close and audio tokens) goes to ``graphed_forward``'s layer
+        graphs of that width where the backbone has them (the same kernels; None: eager)."""
+        if self.graphed_forward is not None and 1 < embeds.shape[0] <= GRAPHED_FEED:
+            out = self.graphed_forward(embeds)
             if out is not None:
                 return out[0]
         return self.llm(embeds, self.kv_llm)
@@ -96,8 +97,8 @@ class Protocol:
     def step_ids(self, ids: List[int], logits: bool) -> tuple:
         """Feed token ids; (final hidden [T, hidden], last logits [1, V] or None when not asked for)."""
         emb = self.llm.embed(ids)
-        if len(ids) == 1 and self.one_token is not None:
-            out = self.one_token(emb)
+        if len(ids) == 1 and self.graphed_forward is not None:
+            out = self.graphed_forward(emb)
             if out is not None:
                 return out
         h = self.feed(emb)
