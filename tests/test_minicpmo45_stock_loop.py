@@ -556,7 +556,7 @@ def _our_session_seconds(folder: Path, pcm: np.ndarray, seed: int, demand: bool,
     s = DuplexSession(cfg)
     s.start()
     cur: Dict[str, list] = {}
-    seconds: List[dict] = []
+    out: List[dict] = []
     try:
         b = s.backbone
         b.set_tap(lambda stage, t: cur.setdefault(stage, []).append(t.detach().clone()))
@@ -568,12 +568,12 @@ def _our_session_seconds(folder: Path, pcm: np.ndarray, seed: int, demand: bool,
                 if toggles is not None:
                     s.set_toggles(toggles[k])
                 _, rec = s.process(pcm[k * 16000:(k + 1) * 16000], force_listen=k == barge_in)
-                seconds.append(dict(cur, record=rec, speech=torch.from_numpy(s.last_speech.copy())))
+                out.append(dict(cur, record=rec, speech=torch.from_numpy(s.last_speech.copy())))
             tail_after = s.tail.new_turn(flush=True) if s._turn_flush else np.zeros(0, np.float32)
-        seconds.append({"speech": torch.from_numpy(np.asarray(tail_after, np.float32).reshape(-1))})
+        out.append({"speech": torch.from_numpy(np.asarray(tail_after, np.float32).reshape(-1))})
     finally:
         s.close()
-    return seconds
+    return out
 
 
 def _stock_speech(seconds: list, k: int, deferred: bool) -> torch.Tensor:

@@ -65,7 +65,9 @@ def gpu_runs(tmp_path_factory):
     if given:
         tmp, folder, size = tmp_path_factory.mktemp("stock-gpu"), Path(given), "released"
     else:
-        (tmp, folder), size = S._stock_folder(tmp_path_factory, "stock-gpu"), "tiny"
+        import minicpmo45_stock_folder as F
+        tmp, size = tmp_path_factory.mktemp("stock-gpu"), "tiny"
+        folder = F.write(tmp / "MiniCPM-o-4_5", nudge=S.NUDGE)
     seconds = int(os.environ.get("DC_STOCK_SECONDS", 60 if given else S.SECONDS))
     d = S._run_stock(folder, tmp, python=_stock_python(), device="cuda", seeds=(SEED,), seconds=seconds,
                      timeout=3000)[SEED]
