@@ -381,7 +381,7 @@ def test_our_session_seeds_and_voices_as_the_stock_does(runs, monkeypatch, one_t
             states.append(torch.get_rng_state())
             return real(self, logits, *a, **kw)
         monkeypatch.setattr(sampling.TextSampler, "__call__", spy)
-        cfg = SessionConfig(backbone="minicpm-o-4.5", backbone_checkpoint=str(folder), device=device, size=size,
+        cfg = SessionConfig(backbone="minicpm-o-4.5", backbone_checkpoint=str(folder), device="cpu", size="tiny",
                             seed=seed, cpu_threads=1, voice=str(folder / "voice.npz"), demand_sized=False,
                             graph_replay=False).resolved()
         s = DuplexSession(cfg)

@@ -71,7 +71,40 @@ def gpu_runs(tmp_path_factory):
     seconds = int(os.environ.get("DC_STOCK_SECONDS", 60 if given else S.SECONDS))
     d = S._run_stock(folder, tmp, python=_stock_python(), device="cuda", seeds=(SEED,), seconds=seconds,
                      timeout=3000)[SEED]
+    if not given:                       # a released folder's second backbone would cost a load: tiny only
+        _prelude_report(folder, torch.load(d / "prepare.pt", weights_only=False, map_location="cpu"))
     return folder, size, seconds, S._seconds(d, seconds), tmp / "in16.wav"
+
+
+def _prelude_report(folder: Path, prep: dict) -> None:
+    """The reference clip's features and embeddings, ours on CUDA against the stock's prepare (into the
+    report only: the whole-session tests below are the check)."""
+    from engine.backbones.base import TokenFormat
+    from engine.backbones.minicpmo45 import MiniCPMO45Backbone
+    from engine.backbones.minicpmo45.ref_audio import clip_log_mel, load_clip, reference_embeddings
+    b = MiniCPMO45Backbone(TokenFormat(1, 6561, 25.0), size="tiny", device="cuda", checkpoint=str(folder),
+                           turn_policy="model")
+    b.start()
+    clip = folder / "assets" / "HT_ref_audio.wav"
+    with torch.no_grad():
+        feats = clip_log_mel(torch.from_numpy(load_clip(clip)), b.encoder.fbank.cpu())
+        emb = S._host(reference_embeddings(b.encoder, clip))
+    ref_feats, ref_emb = prep["ref_features"][0][0], prep["ref_encoder"][0]
+    diff = {"ref_features": torch.equal(feats, ref_feats),
+            "ref_embeddings": bool(emb.shape == ref_emb.shape and torch.equal(emb, ref_emb)),
+            "ref_embeddings_max_diff": float((emb - ref_emb).abs().max()) if emb.shape == ref_emb.shape else None}
+    _report_extra("prelude", diff)
+    del b
+    torch.cuda.empty_cache()
+
+
+def _report_extra(key: str, value) -> None:
+    path = os.environ.get("DC_STOCK_REPORT")
+    if path:
+        p = Path(path)
+        doc = json.loads(p.read_text()) if p.exists() else {}
+        doc[key] = value
+        p.write_text(json.dumps(doc, indent=1))
 
 
 def _toggles(mode: str, seconds: int):

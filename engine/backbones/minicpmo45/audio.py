@@ -100,15 +100,20 @@ class FrontEnd:
     The input contract: one second of mono float32, either at 16 kHz (16,000 samples: the samples the stock
     receives, taken as they are, so the features are the stock's bit for bit) or at 24 kHz (24,000 samples:
     the session's frames, taken to 16 kHz by :class:`FirResampler` first). The first second fixes the rate.
-    The log-mel runs on its own executor (state in the arena the toggles choose; eager, no CUDA graphs)."""
+    The log-mel runs on its own executor (state in the arena the toggles choose; eager, no CUDA graphs) on the
+    CPU, whatever the session's device, as the stock's processor computes its features on the CPU before they
+    go to the model's device (a CUDA STFT and mel product round differently: features 1e-6 apart, measured on
+    the H200); the features [n_mels, frames] are then moved to ``device``."""
 
     def __init__(self, fbank: torch.Tensor, window: torch.Tensor, device, demand_sized: bool):
-        self.mel = StreamingLogMel(fbank, window)
+        cpu = torch.device("cpu")
+        self.device = torch.device(device)
+        self.mel = StreamingLogMel(fbank.to(cpu), window.to(cpu))
         spec = self.mel.session_spec()
-        self.executor = Executor(self.mel, make_plan(self.mel.regions(spec), spec), device,
+        self.executor = Executor(self.mel, make_plan(self.mel.regions(spec), spec), cpu,
                                  demand_sized=demand_sized, graph_replay=False)
         self.executor.init_state({})
-        self.resampler = FirResampler(device)
+        self.resampler = FirResampler(cpu)
         self.rate: Optional[int] = None
 
     def __call__(self, audio: torch.Tensor) -> torch.Tensor:
@@ -119,8 +124,9 @@ class FrontEnd:
         if self.rate is not None and rate != self.rate:
             raise ValueError(f"this session's audio is at {self.rate} Hz; a second at {rate} Hz cannot follow it")
         self.rate = rate
-        pcm = audio.to(torch.float32) if rate == RATE else self.resampler(audio)
-        return self.executor.step({"pcm": pcm})["features"]
+        audio = audio.to("cpu", torch.float32)
+        pcm = audio if rate == RATE else self.resampler(audio)
+        return self.executor.step({"pcm": pcm})["features"].to(self.device)
 
     def set_toggles(self, toggles: Toggles) -> None:
         self.executor.set_toggles(Toggles(toggles.demand_sized, False))
@@ -189,7 +195,9 @@ class EncoderLayer(nn.Module):
         q = att.q_proj(h).view(1, t, self.h, self.hd).transpose(1, 2)              # [1, H, T, hd]
         k_new.copy_(att.k_proj(h).view(t, self.h, self.hd).transpose(0, 1))
         v_new.copy_(att.v_proj(h).view(t, self.h, self.hd).transpose(0, 1))
-        o = F.scaled_dot_product_attention(q, k_all.unsqueeze(0), v_all.unsqueeze(0), attn_mask=mask)   # [1,H,T,hd]
+        # contiguous, as the stock's Whisper attention hands them to SDPA
+        o = F.scaled_dot_product_attention(q.contiguous(), k_all.unsqueeze(0).contiguous(),
+                                           v_all.unsqueeze(0).contiguous(), attn_mask=mask)   # [1, H, T, hd]
         x = x + att.out_proj(o.transpose(1, 2).reshape(1, t, -1))
         return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
 
@@ -253,8 +261,12 @@ class AudioEncoder(StreamingModel):
         x = x + self.embed_positions.weight[before:before + POSITIONS].unsqueeze(0)
         k_all, v_all = state["enc_k"].grow(), state["enc_v"].grow()  # [L, H, before + 50, hd]
         k_new, v_new = state["enc_k"].tail(), state["enc_v"].tail()  # [L, H, 50, hd]
+        # the stock's all-zero additive mask (full attention over history and the new positions): with a mask
+        # SDPA takes its memory-efficient kernel, without one flash, and on CUDA they round differently
+        # (equal up to 128 keys, apart beyond: measured on the H200 against the stock loop)
+        mask = torch.zeros(1, 1, POSITIONS, k_all.shape[2], dtype=x.dtype, device=x.device)
         for i, layer in enumerate(self.layers):
-            x = layer(x, k_all[i], v_all[i], k_new[i], v_new[i])
+            x = layer(x, k_all[i], v_all[i], k_new[i], v_new[i], mask)
         x = self.proj(self.layer_norm(x))                            # [1, 50, llm]
         emb = F.avg_pool1d(x.transpose(1, 2), self.a.pool, self.a.pool).transpose(1, 2)   # [1, 10, llm]
         return {"emb": emb[0]}

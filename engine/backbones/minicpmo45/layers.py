@@ -101,6 +101,22 @@ def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_m
     return torch.matmul(weights, v)
 
 
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], explicit: bool
+           ) -> torch.Tensor:
+    """Causal attention as the stock's decoder runs it. ``explicit`` (the TTS's eager Llama): the written-out
+    sequence under ``mask``. Otherwise (Qwen3 under SDPA) transformers' rule for when a causal mask is needed:
+    a feed with no history before it (``mask`` square) runs SDPA's own ``is_causal`` without a mask, any other
+    feed of several tokens the explicit mask, one token none. On CUDA they are different kernels (flash vs
+    memory-efficient) that round differently: the H200 run against the stock loop showed it at the prelude.
+    q: [1, H, T, hd]; k, v: [1, H, L, hd]; mask: bool [T, L] or None."""
+    if explicit:
+        return explicit_attention(q, k, v, attn_mask=mask)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()           # as transformers hands them to SDPA
+    if mask is not None and mask.shape[0] == mask.shape[1]:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
 class Attention(nn.Module):
     """Grouped-query self-attention with RoPE; ``qk_norm`` adds Qwen3's per-head RMSNorm on q and k;
     ``explicit`` computes it step by step (:func:`explicit_attention`) instead of through SDPA."""
@@ -133,7 +149,7 @@ class Attention(nn.Module):
             rep = self.h // self.hkv
             k_all = k_all.repeat_interleave(rep, dim=1)                         # [1, H, L, hd]
             v_all = v_all.repeat_interleave(rep, dim=1)
-        out = (explicit_attention if self.explicit else F.scaled_dot_product_attention)(q, k_all, v_all, attn_mask=mask)
+        out = attend(q, k_all, v_all, mask, self.explicit)
         return self.o_proj(out.transpose(1, 2).reshape(1, t, self.h * self.hd))
 
 

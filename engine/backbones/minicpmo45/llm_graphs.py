@@ -18,13 +18,12 @@ from __future__ import annotations
 from typing import List, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 
 from engine.core.gate import GATE
 from engine.core.graphs import GraphRuntime
 
 from .kv import DemandKV
-from .layers import apply_rope, causal_mask, explicit_attention, rope_tables
+from .layers import apply_rope, attend, causal_mask, rope_tables
 from .llm import Qwen3
 
 
@@ -98,7 +97,7 @@ class LayerGraphs:
         if a.hkv != a.h:
             k_all = k_all.repeat_interleave(a.h // a.hkv, dim=1)
             v_all = v_all.repeat_interleave(a.h // a.hkv, dim=1)
-        return (explicit_attention if a.explicit else F.scaled_dot_product_attention)(q, k_all, v_all, attn_mask=mask)
+        return attend(q, k_all, v_all, mask, a.explicit)
 
     def _segment(self, s: int):
         """Segment ``s`` of the step: 0 = first layer's pre; s = post(s-1) + pre(s); last = post + head."""
