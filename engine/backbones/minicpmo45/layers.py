@@ -7,6 +7,8 @@ the positions written so far (no padding, no mask beyond causality), so both giv
 """
 from __future__ import annotations
 
+import functools
+
 from typing import Optional, Protocol, Tuple
 
 import torch
@@ -33,10 +35,22 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
+@functools.lru_cache(maxsize=None)
+def inverse_frequencies(head_dim: int, theta: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """RoPE's inverse frequencies [hd/2] in float32 on ``device``, as the stock's rotary buffer holds them:
+    ``theta ** (-2i/hd)`` computed on the CPU in float32 when the model is built, then cast with the model to
+    its dtype (the demo's ``model.bfloat16()`` casts that buffer too: on CUDA the frequencies are bfloat16
+    values), read back as float32 for the angles. Made once per device (outside any graph capture: the first
+    forward is an eager warm-up)."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim))
+    return inv.to(dtype).to(torch.float32).to(device)
+
+
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
                 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [T, hd] for integer ``positions`` [T] (half-split layout, angles in float32)."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    """cos/sin [T, hd] for integer ``positions`` [T] (half-split layout, angles in float32; the frequencies
+    are :func:`inverse_frequencies` for a model in ``dtype``)."""
+    inv = inverse_frequencies(int(head_dim), float(theta), dtype, positions.device)
     ang = positions.to(torch.float32)[:, None] * inv[None, :]          # [T, hd/2]
     ang = torch.cat([ang, ang], dim=-1)                                 # [T, hd]
     return ang.cos().to(dtype), ang.sin().to(dtype)
