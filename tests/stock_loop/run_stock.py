@@ -442,6 +442,7 @@ def run(args) -> None:
         timing.append({"second": s, "ms": ms, "decision": "listen" if res["is_listen"] else "speak",
                        "digest": digest(res)})
         if rec is None:
+            print(f"{s:4d} {timing[-1]['decision'].upper():6s} {ms:.1f} ms", flush=True)
             continue
         r = rec.take()
         r.update(second=s, is_listen=bool(res["is_listen"]), end_of_turn=bool(res["end_of_turn"]),
