@@ -1,6 +1,6 @@
 """Serving on a local Ray Serve (CPU, tiny model): remote == embedded bit for bit, the token is checked
 before any model work, a wrong model or a full replica is refused in words, `run --engine` writes
-what the embedded run writes, and a replica killed mid-session costs the client nothing it had.
+what the embedded run writes (speech.npy included), and a replica killed mid-session costs the client nothing it had.
 
 One Ray per module (started here at its smallest: 2 CPUs, no dashboard), one replica."""
 from __future__ import annotations
@@ -180,6 +180,9 @@ def test_run_engine_cli_writes_what_embedded_writes(server, speech_wav, tmp_path
     assert a.shape == b.shape and np.array_equal(a, b)
     for name in ("session.csv", "session.jsonl", "session.trace.json", "session_output.wav", "summary.json"):
         assert (tmp_path / "rem" / name).is_file()
+    # what the tail produced each second, before levelling or queueing: the server sends it, bit for bit
+    emb, rem = np.load(tmp_path / "emb" / "speech.npy"), np.load(tmp_path / "rem" / "speech.npy")
+    assert emb.size and rem.dtype == np.float32 and np.array_equal(rem, emb)
     assert len((tmp_path / "rem" / "session.jsonl").read_text().splitlines()) == 4
     # no token: one line, exit 2, nothing written
     assert run_main(common + ["--output", str(tmp_path / "x.wav"), "--log", str(tmp_path / "x"),

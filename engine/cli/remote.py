@@ -44,8 +44,9 @@ def remote_config(a: argparse.Namespace) -> SessionConfig:
 
 
 def make_runner(a: argparse.Namespace, cfg: SessionConfig) -> RemoteRunner:
-    """The remote runner for ``--engine`` (the token from --token-file or $DUPLEXCADENCE_TOKEN)."""
-    return RemoteRunner(cfg, a.engine, read_token(a.token_file, role="client"))
+    """The remote runner for ``--engine`` (the token from --token-file or $DUPLEXCADENCE_TOKEN); it asks for each
+    second's tail output, which the journal writes as speech.npy (a server that predates the ask sends none)."""
+    return RemoteRunner(cfg, a.engine, read_token(a.token_file, role="client"), speech=True)
 
 
 def run_remote(runner: RemoteRunner, frames: List[np.ndarray], progress, journal, stop, realtime: bool) -> None:

@@ -105,7 +105,8 @@ class HostedRunner(FrameInbox):
             return False
         rec.backlog = self.backlog()
         notice = keep_up_notice(self.hosted.records)
-        self.results.put(LiveResult(rec, audio, not notice, notice))
+        # with a copy of what the tail produced this second (before levelling or queueing): sent later
+        self.results.put(LiveResult(rec, audio, not notice, notice, self.hosted.session.last_speech.copy()))
         return True
 
     # -- the runner's own thread ---------------------------------------------------------------------

@@ -13,7 +13,10 @@ before stays with the caller.
 The server is not trusted: a message is at most :data:`protocol.MAX_SERVER_MESSAGE` bytes (larger
 ones close the connection before they are read whole), every result is checked before use (header,
 record, the next index in order, exactly one second of finite float32 audio), the session must be
-ready within ``ready_timeout`` and each second sent must come back within ``second_timeout``. A
+ready within ``ready_timeout`` and each second sent must come back within ``second_timeout``. A runner
+built with ``speech`` asks for each second's tail output too (``LiveResult.speech``, checked like the audio:
+finite float32, at most :data:`protocol.MAX_SPEECH_SAMPLES`); every result then has it, or none does (a server
+that predates the ask sends none), and a runner that did not ask takes none. A
 server that breaks any of these ends the session with one :class:`ServerLost` line; every second
 received before is kept. The client also keeps its own side of the bound: at most
 :data:`SEND_AHEAD` seconds are sent ahead of the results (back-pressure; the rest wait here).
@@ -83,15 +86,18 @@ class RemoteRunner:
 
     def __init__(self, cfg: SessionConfig, url: str, token: str, connect_timeout: float = 15.0,
                  leave: Sequence[str] = (), second_timeout: Optional[float] = None,
-                 ready_timeout: Optional[float] = None):
+                 ready_timeout: Optional[float] = None, speech: bool = False):
         """``leave``: config fields the server decides (e.g. ``graph_replay`` from a client without CUDA,
         whose own switch for it is greyed out). ``second_timeout`` / ``ready_timeout``: the deadlines
-        (default :data:`SECOND_TIMEOUT_S` / :data:`READY_TIMEOUT_S`). A system prompt the server would
+        (default :data:`SECOND_TIMEOUT_S` / :data:`READY_TIMEOUT_S`). ``speech``: ask for each second's
+        tail output (what ``run --log`` writes as speech.npy). A system prompt the server would
         refuse is a ValueError here, before anything is sent."""
         if cfg.system_prompt is not None:
             system_prompt.check(cfg.system_prompt)
         self.cfg = cfg
         self.leave = tuple(leave)
+        self.speech = bool(speech)
+        self._with_speech: Optional[bool] = None      # whether this server's results carry it (from the first)
         self.url, self.where = P.session_url(url)
         self.token = token
         self.connect_timeout = float(connect_timeout)
@@ -185,7 +191,7 @@ class RemoteRunner:
             raise _Refused(f"the engine server at {self.where} refused the connection (HTTP {status}"
                            f"{': no session endpoint there' if status == 404 else ''})") from None
         try:
-            self._ws.send(P.hello(client_config(self.cfg, self.leave)))
+            self._ws.send(P.hello(client_config(self.cfg, self.leave), speech=self.speech))
         except ConnectionClosed:
             pass                                 # refused at once: the reason is still there to read
         try:
@@ -285,6 +291,7 @@ class RemoteRunner:
         return None
 
     def _on_result(self, res: LiveResult) -> None:
+        self._check_speech(res)
         with self._room:
             if res.record.index != self._received or self._received >= self._sent:
                 due = "was due" if self._received < self._sent else "was not sent yet"
@@ -295,6 +302,20 @@ class RemoteRunner:
             self._room.notify_all()
         self.session.records.append(res.record)
         self.results.put(res)
+
+    def _check_speech(self, res: LiveResult) -> None:
+        """A result carries the tail's output only when this runner asked for it, and as the first one did
+        (so a journal's speech.npy never skips a second)."""
+        has = res.speech is not None
+        if has and not self.speech:
+            raise P.ProtocolError(f"the result for second {res.record.index} carries speech this client did not "
+                                  "ask for")
+        if self._with_speech is None:
+            self._with_speech = has
+        elif has != self._with_speech:
+            raise P.ProtocolError(f"the result for second {res.record.index} "
+                                  f"{'carries' if has else 'lacks'} the tail's speech and the earlier ones "
+                                  f"{'did not' if has else 'had it'}")
 
     def _lose(self, detail: str, kind: str = "went away") -> None:
         n = len(self.session.records) if self.session is not None else 0

@@ -139,7 +139,8 @@ class SessionReplica:
             await _refuse(ws, P.CLOSE_SHUTDOWN, "the server is shutting down: no new sessions")
             return
         try:
-            cfg = self.host.config_for(P.read_hello(await receive_hello(ws)))
+            text = await receive_hello(ws)
+            cfg, speech = self.host.config_for(P.read_hello(text)), P.hello_asks_speech(text)
         except asyncio.TimeoutError:
             await _refuse(ws, P.CLOSE_BAD_REQUEST, f"no hello within {HELLO_TIMEOUT_S:.0f} s")
             return
@@ -157,7 +158,7 @@ class SessionReplica:
             await _refuse(ws, P.CLOSE_FULL, f"the cluster is full: {e} (on the replica with the most headroom) — "
                                             "try again later or add a GPU replica")
             return
-        conn = Connection(ws, runner, self._drain_state())
+        conn = Connection(ws, runner, self._drain_state(), speech)
         try:
             await self._run(conn)
         finally:

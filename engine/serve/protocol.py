@@ -3,10 +3,12 @@
 Everything here is plain Python (no Ray, no FastAPI): the server and the client both import it.
 
 Client -> server
-  * text ``{"type": "hello", "protocol": 1, "config": {...}}`` first (what the client asks of the
-    session: tail, backbone, size, device, seed, toggles, reply_seconds and, for a backbone that takes
+  * text ``{"type": "hello", "protocol": 1, "config": {...}, "speech": true}`` first (what the client asks of
+    the session: tail, backbone, size, device, seed, toggles, reply_seconds and, for a backbone that takes
     one, its system prompt and its input rate; see :data:`CLIENT_FIELDS`); the server checks the prompt
-    as untrusted text (:func:`engine.system_prompt.check`: at most 4,000 characters, no control characters);
+    as untrusted text (:func:`engine.system_prompt.check`: at most 4,000 characters, no control characters).
+    ``speech`` (optional, true or false): send each second's tail output with its result (see below); a
+    client that leaves it out gets results as before, and a server that predates it ignores it;
   * binary: one second of mono audio at the session's ``input_rate`` (24 kHz unless the hello asked for a
     backbone's native rate: minicpm-o-4.5's 16 kHz) as little-endian float32, exactly ``4 * input_rate`` bytes;
   * text ``{"type": "toggles", "demand_sized": bool|null, "graph_replay": bool|null}``;
@@ -14,7 +16,9 @@ Client -> server
 
 Server -> client
   * text ``{"type": "ready", "info": {...}, "replica": str, "node": str}`` once the session is built;
-  * binary: one finished second, :func:`pack_result` (a JSON header with the record, then the audio);
+  * binary: one finished second, :func:`pack_result` (a JSON header with the record, then the audio and,
+    for a client whose hello asked for ``speech``, what the tail produced that second: the header's
+    ``speech`` counts its samples, at most :data:`MAX_SPEECH_SAMPLES`);
   * text ``{"type": "refused", "message": str}`` then a close with a 44xx/45xx code (bad token,
     wrong model, full cluster): nothing was built;
   * text ``{"type": "error", "message": str}``: the session failed (it has stopped);
@@ -67,8 +71,15 @@ MAX_AHEAD = 32
 MAX_TEXT_BYTES = 16 * 1024
 #: the largest JSON header of a result (a record is well under 4 KiB)
 MAX_HEADER_BYTES = 64 * 1024
-#: the largest message a client accepts from a server (a result: header + one second of audio)
-MAX_SERVER_MESSAGE = 4 + MAX_HEADER_BYTES + FRAME_BYTES
+#: the most a second's tail output may hold (24 kHz samples) for the wire. A tail decodes what the second's tokens
+#: complete: a full step (1 s) and, with chunking (MiniCPM-o 4.5), a short chunk (< 8 frames at 25 Hz, 0.32 s)
+#: plus the last chunk of a turn that ended (< 8 frames): about 1.6 s at most; 4 s is well beyond any tail's.
+MAX_SPEECH_SECONDS = 4
+MAX_SPEECH_SAMPLES = MAX_SPEECH_SECONDS * RATE
+#: the largest message a client accepts from a server: a result's length prefix, header, one second of audio
+#: and, where the client asked for it, the second's tail output (4 + 64 KiB + 96,000 + 384,000 bytes: 533 KiB;
+#: it was 158 KiB before results carried the tail output)
+MAX_SERVER_MESSAGE = 4 + MAX_HEADER_BYTES + FRAME_BYTES + 4 * MAX_SPEECH_SAMPLES
 
 _HEADER = struct.Struct("<I")  # length of the JSON header that precedes a result's audio
 
@@ -109,11 +120,18 @@ def _first_line(e: BaseException) -> str:
     return (str(e).splitlines() or [type(e).__name__])[0][:200]
 
 
-def hello(config: Dict[str, Any]) -> str:
+def hello(config: Dict[str, Any], speech: bool = False) -> str:
     """The client's first message: the fields of :data:`CLIENT_FIELDS` it sets (a system prompt travels as
-    its own characters, not \\u escapes, so the longest one allowed fits in :data:`MAX_TEXT_BYTES`)."""
+    its own characters, not \\u escapes, so the longest one allowed fits in :data:`MAX_TEXT_BYTES`); with
+    ``speech``, the ask for each second's tail output (left out otherwise: the hello is as it always was)."""
     asked = {k: v for k, v in config.items() if k in CLIENT_FIELDS}
-    return json.dumps({"type": "hello", "protocol": PROTOCOL, "config": asked}, ensure_ascii=False)
+    extra = {"speech": True} if speech else {}
+    return json.dumps({"type": "hello", "protocol": PROTOCOL, "config": asked, **extra}, ensure_ascii=False)
+
+
+def hello_asks_speech(text: str) -> bool:
+    """Whether a hello (already read by :func:`read_hello`) asks for each second's tail output."""
+    return flag(decode(text), "speech") is True
 
 
 def read_hello(text: str) -> Dict[str, Any]:
@@ -124,6 +142,7 @@ def read_hello(text: str) -> Dict[str, Any]:
     if msg.get("protocol") != PROTOCOL:
         raise ProtocolError(f"protocol {msg.get('protocol')!r} is not supported (this server speaks {PROTOCOL}): "
                             "update the client or the server so both are the same version")
+    flag(msg, "speech")                              # true, false or absent
     config = msg.get("config")
     if not isinstance(config, dict):
         raise ProtocolError("a hello carries a 'config' object")
@@ -157,18 +176,30 @@ def record_fields(rec: SecondRecord) -> Dict[str, Any]:
     return dataclasses.asdict(rec)
 
 
-def pack_result(res: LiveResult) -> bytes:
-    """A finished second: ``[u32 header length][JSON header][float32 audio]``."""
-    header = json.dumps({"record": record_fields(res.record), "keeps_up": bool(res.keeps_up),
-                         "notice": res.notice}).encode("utf-8")
-    return _HEADER.pack(len(header)) + header + pack_frame(res.audio)
+def pack_result(res: LiveResult, speech: bool = False) -> bytes:
+    """A finished second: ``[u32 header length][JSON header][float32 audio]``; with ``speech``, then
+    ``[float32 speech]`` (``res.speech``, none when it is None), its sample count in the header's ``speech``.
+    ProtocolError when the speech is longer than :data:`MAX_SPEECH_SAMPLES`."""
+    fields = {"record": record_fields(res.record), "keeps_up": bool(res.keeps_up), "notice": res.notice}
+    tail = b""
+    if speech:
+        said = np.zeros(0, np.float32) if res.speech is None else np.asarray(res.speech).reshape(-1)
+        if said.size > MAX_SPEECH_SAMPLES:
+            raise ProtocolError(f"second {res.record.index}'s tail output is {said.size} samples "
+                                f"({said.size / RATE:.2f} s); a result carries at most {MAX_SPEECH_SAMPLES} "
+                                f"({MAX_SPEECH_SECONDS} s)")
+        fields["speech"], tail = int(said.size), pack_frame(said)
+    header = json.dumps(fields).encode("utf-8")
+    return _HEADER.pack(len(header)) + header + pack_frame(res.audio) + tail
 
 
 def unpack_result(data: bytes) -> LiveResult:
     """The :class:`LiveResult` of a binary server message (record and audio bit for bit).
 
     Checked before anything is used (the server is not trusted): the header's length and JSON, the
-    record's fields, and the audio: exactly one second of finite float32 samples.
+    record's fields, and the audio: exactly one second of finite float32 samples; where the header counts
+    ``speech`` samples, that many finite float32 samples (at most :data:`MAX_SPEECH_SAMPLES`) follow the
+    audio and become the result's ``speech`` (None where the header has no count).
     """
     if len(data) < _HEADER.size:
         raise ProtocolError("a result message is shorter than its header")
@@ -179,19 +210,33 @@ def unpack_result(data: bytes) -> LiveResult:
     try:
         meta = json.loads(head.decode("utf-8"))
         rec = SecondRecord(**meta["record"])
-        keeps_up, notice = meta.get("keeps_up", True), meta.get("notice", "")
+        keeps_up, notice, said = meta.get("keeps_up", True), meta.get("notice", ""), meta.get("speech")
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise ProtocolError(f"a result's header cannot be read: {_first_line(e)}") from None
     _check_record(rec)
     if not isinstance(notice, str) or len(notice) > 1000:
         raise ProtocolError("a result's notice is not a short text")
+    if said is not None and (isinstance(said, bool) or not isinstance(said, int)
+                             or not 0 <= said <= MAX_SPEECH_SAMPLES):
+        raise ProtocolError(f"a result's speech count is {said!r:.40}, not a number of samples from 0 to "
+                            f"{MAX_SPEECH_SAMPLES} ({MAX_SPEECH_SECONDS} s)")
     body = len(data) - _HEADER.size - n
-    if body != FRAME_BYTES:
-        raise ProtocolError(f"a result's audio is {body} bytes; one second of 24 kHz float32 is {FRAME_BYTES}")
-    audio = np.frombuffer(data, dtype="<f4", count=RATE, offset=_HEADER.size + n).astype(np.float32)
-    if not np.isfinite(audio).all():
-        raise ProtocolError("a result's audio holds NaN or infinite samples")
-    return LiveResult(rec, audio, bool(keeps_up), notice)
+    if body != FRAME_BYTES + 4 * (said or 0):
+        if said is None:
+            raise ProtocolError(f"a result's audio is {body} bytes; one second of 24 kHz float32 is {FRAME_BYTES}")
+        raise ProtocolError(f"a result's audio and speech are {body} bytes; one second of 24 kHz float32 and "
+                            f"{said} speech samples are {FRAME_BYTES + 4 * said}")
+    audio = _finite(data, RATE, _HEADER.size + n, "audio")
+    speech = None if said is None else _finite(data, said, _HEADER.size + n + FRAME_BYTES, "speech")
+    return LiveResult(rec, audio, bool(keeps_up), notice, speech)
+
+
+def _finite(data: bytes, count: int, offset: int, what: str) -> np.ndarray:
+    """``count`` float32 samples of ``data`` from ``offset``; ProtocolError when one is NaN or infinite."""
+    x = np.frombuffer(data, dtype="<f4", count=count, offset=offset).astype(np.float32)
+    if not np.isfinite(x).all():
+        raise ProtocolError(f"a result's {what} holds NaN or infinite samples")
+    return x
 
 
 _KINDS = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}

@@ -55,9 +55,10 @@ class ResultsQueue(queue.Queue):
 class Connection:
     """A live session's two directions over one WebSocket (``run`` until it ends)."""
 
-    def __init__(self, ws: WebSocket, runner, cut: asyncio.Event):
+    def __init__(self, ws: WebSocket, runner, cut: asyncio.Event, speech: bool = False):
         self.ws = ws
         self.runner = runner
+        self.speech = speech                  # the hello asked for each second's tail output with its result
         self.cut = cut                        # set when the drain's grace period has ended
         self.stopping = asyncio.Event()       # the client asked to stop (or the server ends it)
         self.drain = False                    # the client's stop asked for every queued second
@@ -158,7 +159,12 @@ class Connection:
                     await _wait(wake, IDLE_CHECK_S)
                     continue
             if isinstance(item, LiveResult):
-                await ws.send_bytes(P.pack_result(item))
+                try:
+                    data = P.pack_result(item, self.speech)
+                except P.ProtocolError as e:          # a tail output over the wire's bound: said, not sent
+                    await send_close(ws, P.encode("error", message=str(e)), 1011)
+                    return
+                await ws.send_bytes(data)
                 self.sent += 1
             elif isinstance(item, LiveError):
                 await send_close(ws, P.encode("error", message=item.message), 1011)
