@@ -97,9 +97,11 @@ def _stock_folder(tmp_path_factory, name: str):
 
 
 def _run_stock(folder: Path, tmp: Path, python: Path = STOCK_PY, device: str = "cpu", seeds: tuple = SEEDS,
-               seconds: int = SECONDS, barge_in: int = BARGE_IN, timeout: int = 900) -> Dict[int, Path]:
+               seconds: int = SECONDS, barge_in: int = BARGE_IN, timeout: int = 900, extra: tuple = ()
+               ) -> Dict[int, Path]:
     """The stock loop over ``folder`` and the input (``seconds`` long), once per seed (on the CPU one thread;
-    ``device`` cuda: bfloat16, as the demo); each seed's record folder."""
+    ``device`` cuda: bfloat16, as the demo; ``extra``: more of the harness's options); each seed's record
+    folder."""
     wav = _input(tmp / "in16.wav", seconds)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     dirs: Dict[int, Path] = {}
@@ -107,7 +109,7 @@ def _run_stock(folder: Path, tmp: Path, python: Path = STOCK_PY, device: str = "
         d = dirs[seed] = tmp / f"seed{seed}"
         r = subprocess.run([str(python), str(RUNNER), "--oracle", str(ORACLE), "--folder", str(folder),
                             "--wav", str(wav), "--out", str(d), "--seed", str(seed), "--device", device,
-                            "--force-listen", str(barge_in)], capture_output=True, text=True, env=env,
+                            "--force-listen", str(barge_in), *extra], capture_output=True, text=True, env=env,
                            timeout=timeout)
         assert r.returncode == 0, r.stderr[-3000:]
     return dirs
