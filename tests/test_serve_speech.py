@@ -23,6 +23,7 @@ from engine.serve import client as C  # noqa: E402
 from engine.serve import protocol as P  # noqa: E402
 from engine.serve.client import RemoteRunner  # noqa: E402
 from engine.session import LiveResult, SessionConfig  # noqa: E402
+from fake_websocket import FakeWs  # noqa: E402
 from runner_results import collect  # noqa: E402
 from test_serve_client_untrusted import TOKEN, FakeServer, fake, one_line_lost, record  # noqa: E402,F401 (a fixture)
 
@@ -83,31 +84,6 @@ def test_the_message_limit_holds_the_longest_result_and_no_more_speech():
 
 
 # -- the server's side ------------------------------------------------------------------------------------
-
-class FakeWs:
-    """The server side of one WebSocket: the client's messages in order, what the server sent."""
-
-    def __init__(self, messages):
-        from starlette.websockets import WebSocketState
-        self.application_state = WebSocketState.CONNECTED
-        self.messages, self.sent, self.closed = list(messages), [], None
-
-    async def receive(self):
-        if self.messages:
-            return self.messages.pop(0)
-        await asyncio.sleep(3600)
-
-    async def send_bytes(self, data):
-        self.sent.append(data)
-
-    async def send_text(self, text):
-        self.sent.append(text)
-
-    async def close(self, code=1000, reason=""):
-        from starlette.websockets import WebSocketState
-        self.closed = (code, reason)
-        self.application_state = WebSocketState.DISCONNECTED
-
 
 def serve_one(runner, messages, speech: bool) -> FakeWs:
     from engine.serve.pump import Connection

@@ -18,6 +18,7 @@ from engine.session import DuplexSession, LiveError, LiveResult, LiveRunner, Ses
 from engine.session.controls import Controls, ControlledSession
 from engine.session.input_rate import default_input_rate, journal_copy
 from engine.session.records import SecondRecord
+from fake_websocket import FakeWs
 
 SHORT = r"a session frame is one second of mono 16 kHz audio \(the session's input_rate\), shape \(16000,\); got"
 
@@ -138,37 +139,11 @@ def test_force_listen_control_reaches_a_backbone_that_has_one(one_torch_thread):
         s.close()
 
 
-class _FakeWs:
-    """The server side of one WebSocket: the client's messages in order, what the server sent."""
-
-    def __init__(self, messages):
-        from starlette.websockets import WebSocketState
-        self.application_state = WebSocketState.CONNECTED
-        self._messages = list(messages)
-        self.sent, self.closed = [], None
-
-    async def receive(self):
-        if self._messages:
-            return self._messages.pop(0)
-        await asyncio.sleep(3600)
-
-    async def send_bytes(self, data):
-        self.sent.append(data)
-
-    async def send_text(self, text):
-        self.sent.append(text)
-
-    async def close(self, code=1000, reason=""):
-        from starlette.websockets import WebSocketState
-        self.closed = (code, reason)
-        self.application_state = WebSocketState.DISCONNECTED
-
-
 def _serve(host, cfg, messages):
     from engine.serve.pump import Connection
     runner = host.admit(cfg)
     assert runner.ready.wait(120) and runner.session is not None
-    ws = _FakeWs(messages)
+    ws = FakeWs(messages)
 
     async def go():
         await Connection(ws, runner, asyncio.Event()).run()
