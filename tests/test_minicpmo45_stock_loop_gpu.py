@@ -14,10 +14,12 @@ later second). In the flip run a turn's last token2wav chunk may be played one s
 waveform is checked whole: every second's speech concatenated (and the deferred last chunk after the final
 second) against the stock's token2wav calls concatenated.
 
-The stock process runs with cuDNN attention taken out of SDPA (``run_stock.py --cudnn-attention off``; set
-``DC_STOCK_CUDNN=on`` for the stock exactly as its users run it): torch 2.11 on the H200 otherwise picks cuDNN's
-attention for bfloat16, whose forward does not repeat its own bits (docs/device-notes-minicpmo45.md, run 3), and
-our engine takes it out for that reason. Status (session 6, docs/device-notes-session6.md): not yet equal — the
+The stock process runs deterministically (``run_stock.py --deterministic``: cuDNN attention out of SDPA, cuDNN
+held to deterministic algorithms, as our engine runs on CUDA; ``DC_STOCK_AS_USERS=1`` runs it exactly as its
+users do): otherwise torch 2.11 on the H200 picks cuDNN attention for bfloat16 and atomics-based transposed convs
+for token2wav's HiFT, neither of which repeats its own bits (docs/device-notes-minicpmo45.md run 3; the
+Step-Audio2 tail's notes: 1.5e-2 between two identical stock calls), and our engine takes both out for that
+reason. Status (session 6, docs/device-notes-session6.md): not yet equal — the
 last run (with cuDNN attention still on in the stock) differed first in the reference clip's embeddings and the
 encoder's seconds with history, by one bfloat16 step.
 
@@ -77,7 +79,7 @@ def gpu_runs(tmp_path_factory):
         folder = F.write(tmp / "MiniCPM-o-4_5", nudge=S.NUDGE)
     seconds = int(os.environ.get("DC_STOCK_SECONDS", 60 if given else S.SECONDS))
     d = S._run_stock(folder, tmp, python=_stock_python(), device="cuda", seeds=(SEED,), seconds=seconds,
-                     timeout=3000, extra=("--cudnn-attention", os.environ.get("DC_STOCK_CUDNN", "off")))[SEED]
+                     timeout=3000, extra=() if os.environ.get("DC_STOCK_AS_USERS") else ("--deterministic",))[SEED]
     if not given:                       # a released folder's second backbone would cost a load: tiny only
         _prelude_report(folder, torch.load(d / "prepare.pt", weights_only=False, map_location="cpu"))
     return folder, size, seconds, S._seconds(d, seconds), tmp / "in16.wav"
