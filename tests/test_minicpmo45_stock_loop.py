@@ -650,3 +650,35 @@ def test_our_whole_session_equals_the_stock_loop_every_second(runs, demand, tmp_
             assert not why, f"seed {seed} second {k}: {why}"
         after = _stock_speech(stock, SECONDS, deferred=True) if demand else torch.zeros(0)
         assert torch.equal(ours[SECONDS]["speech"], after), f"seed {seed}: the last second's deferred chunk"
+
+
+# -- bfloat16 on the CPU: the stock's dtype semantics without a GPU ------------------------------------------
+
+@pytest.fixture(scope="module")
+def bf16_runs(tmp_path_factory):
+    """The stock loop cast to bfloat16 as the demo casts it (``run_stock.py --bf16``: ``model.bfloat16()``,
+    its rotary buffers and the TTS head's weight-norm parts included), on the CPU, seed 1, the 33 s input."""
+    tmp, folder = _stock_folder(tmp_path_factory, "stock-loop-bf16")
+    d = _run_stock(folder, tmp, seeds=(1,), extra=("--bf16",))[1]
+    return folder, _seconds(d), tmp / "in16.wav"
+
+
+@pytest.mark.parametrize("demand", [False, True], ids=["stock-policy", "optimized"])
+def test_our_bfloat16_session_equals_the_stock_loop_in_bfloat16(bf16_runs, demand, monkeypatch, one_torch_thread):
+    """Our whole session with the models in bfloat16 (as on CUDA) against the stock loop in bfloat16, on the CPU:
+    every second, every stage torch.equal (the bfloat16 rows raised to float32 on both sides, exactly). This is
+    where the dtype rules the CUDA run depends on are checked in CI: LLM logits sampled in bfloat16, RoPE
+    frequencies cast with the model, the TTS head folded from its bfloat16 weight-norm parts."""
+    import soundfile as sf
+    from engine.backbones.minicpmo45 import MiniCPMO45Backbone
+    monkeypatch.setattr(MiniCPMO45Backbone, "model_dtype", staticmethod(lambda device: torch.bfloat16))
+    folder, stock, wav = bf16_runs
+    pcm, _ = sf.read(str(wav), dtype="float32")
+    ours = _our_session_seconds(folder, pcm, 1, demand)
+    assert sum(not s["is_listen"] for s in stock) >= 6 and stock[BARGE_IN]["is_listen"]
+    assert ours[0]["llm_logits"][0].dtype == torch.bfloat16
+    for k in range(SECONDS):
+        why = _first_difference(ours[k], stock[k], _stock_speech(stock, k, deferred=demand))
+        assert not why, f"second {k}: {why}"
+    after = _stock_speech(stock, SECONDS, deferred=True) if demand else torch.zeros(0)
+    assert torch.equal(ours[SECONDS]["speech"], after), "the last second's deferred chunk"

@@ -57,6 +57,11 @@ TTS_TOKENS_PER_SECOND = 45     # worst case: 19 text + audio BOS + 25 codes fed 
 class MiniCPMO45Backbone(Backbone):
     """MiniCPM-o 4.5 (audio encoder, Qwen3 LLM, TTS) on released or seeded random weights."""
 
+    @staticmethod
+    def model_dtype(device: torch.device) -> torch.dtype:
+        """The models' dtype on ``device``: bfloat16 on CUDA (as the demo casts the model), float32 elsewhere."""
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+
     def __init__(self, fmt: TokenFormat, *, size: str, device, seed: int = 0, checkpoint: Optional[str] = None,
                  demand_sized: bool = True, graph_replay: bool = True, reply_seconds: int = 4,
                  debug: bool = False, turn_policy: Optional[str] = None, horizon_seconds: int = 60,
@@ -76,7 +81,7 @@ class MiniCPMO45Backbone(Backbone):
         self._shared = shared
         self.system_prompt = DEFAULT_SYSTEM_PROMPT if system_prompt is None else str(system_prompt)
         self.reference_clip = choose_clip(self.folder.path if self.folder else None, reference_audio)
-        self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.dtype = self.model_dtype(self.device)
         self.tts_graphs: Optional[DecodeGraphs] = None
         self._in_reply = False
         self._speech = False

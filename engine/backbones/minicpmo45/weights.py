@@ -165,8 +165,13 @@ def open_folder(path) -> Folder:
     return Folder(folder, dims, _weight_map(folder), tok, _bad_token_ids(folder, dims.llm.vocab))
 
 
-def fold_weight_norm(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """The weight-normed head's weight ``g * v / |v|`` (rows), computed as the stock computes it."""
+def fold_weight_norm(g: torch.Tensor, v: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """The weight-normed head's weight ``g * v / |v|`` (rows), computed as the stock computes it: in the model's
+    ``dtype`` from ``g`` and ``v`` already cast to it (the demo's ``model.bfloat16()`` casts the two
+    parametrization tensors, and the head folds them in bfloat16 at every forward; folding in float32 and
+    casting the product gives other bits)."""
+    if dtype is not None:
+        g, v = g.to(dtype), v.to(dtype)
     return torch._weight_norm(v, g, 0)
 
 
@@ -193,12 +198,12 @@ class _Shards:
         return f.get_tensor(key)
 
 
-def _head_weight(sh: _Shards, base: str) -> torch.Tensor:
+def _head_weight(sh: _Shards, base: str, dtype: torch.dtype) -> torch.Tensor:
     new_g, new_v = f"{base}.parametrizations.weight.original0", f"{base}.parametrizations.weight.original1"
     if new_g in sh.folder.weight_map:
-        return fold_weight_norm(sh.get(new_g), sh.get(new_v))
+        return fold_weight_norm(sh.get(new_g), sh.get(new_v), dtype)
     if f"{base}.weight_g" in sh.folder.weight_map:
-        return fold_weight_norm(sh.get(f"{base}.weight_g"), sh.get(f"{base}.weight_v"))
+        return fold_weight_norm(sh.get(f"{base}.weight_g"), sh.get(f"{base}.weight_v"), dtype)
     return sh.get(f"{base}.weight")
 
 
@@ -209,7 +214,7 @@ def load_module(module: nn.Module, sh: _Shards, prefix: str, rename: Optional[Di
         for name, p in module.named_parameters():
             key = prefix + rename.get(name, name)
             if name == "head_code.0.weight":
-                t = _head_weight(sh, prefix + "head_code.0")
+                t = _head_weight(sh, prefix + "head_code.0", p.dtype)
             else:
                 t = sh.get(key)
             if tuple(t.shape) != tuple(p.shape):
