@@ -35,7 +35,7 @@ from ..base import Backbone, BackboneInfo, Thought, TokenFormat
 from .audio import AudioEncoder, FrontEnd
 from .dims import Dims, preset
 from .kv import demand_units, kv_regions, make_store, switch_store
-from .layers import pin_attention_kernels, seeded_init
+from .layers import inverse_frequencies, pin_attention_kernels, seeded_init
 from .llm import Qwen3
 from .llm_graphs import LayerGraphs, make_layer_graphs
 from .prompt import DEFAULT_SYSTEM_PROMPT, prelude
@@ -111,6 +111,9 @@ class MiniCPMO45Backbone(Backbone):
                 self.encoder = W.build(AudioEncoder, d.audio, d.llm.hidden, device=dev, dtype=dt).eval()
                 self.encoder.float_buffers(dev)
                 self._fill_weights()
+            here = torch.empty(0, device=dev).device     # indexed, as a tensor's .device is
+            for dd in (d.llm, d.tts):                     # RoPE frequencies made before any capture
+                inverse_frequencies(int(dd.head_dim), float(dd.rope_theta), dt, here)
             spec = self.encoder.session_spec()
             self.executor = Executor(self.encoder, make_plan(self.encoder.regions(spec), spec), dev,
                                      debug=self.debug, **self._toggles)
