@@ -176,3 +176,44 @@ def test_our_cuda_session_equals_the_stock_loop_on_cuda(gpu_runs, mode):
     assert not bad, f"{mode}: {len(bad)} seconds differ; first: " + "; ".join(
         f"second {k}: {v}" for k, v in sorted(bad.items())[:3])
     assert sum(not s["is_listen"] for s in stock) >= 2, "the stock run never spoke: the check covered no reply"
+
+
+def test_the_deterministic_stock_repeats_itself_on_cuda(tmp_path_factory):
+    """The oracle itself: the stock loop run twice on CUDA with ``--deterministic`` gives the same record every
+    second (the precondition of any bit-for-bit claim against it); with ``DC_STOCK_AS_USERS=1`` the same check
+    is made of the stock as its users run it, where cuDNN's choices are expected to break it."""
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    import minicpmo45_stock_folder as F
+    tmp = tmp_path_factory.mktemp("stock-repeat")
+    folder = F.write(tmp / "MiniCPM-o-4_5", nudge=S.NUDGE)
+    extra = () if os.environ.get("DC_STOCK_AS_USERS") else ("--deterministic",)
+    seconds = 12
+    runs = []
+    for n in (1, 2):
+        (tmp / f"run{n}").mkdir()
+        d = S._run_stock(folder, tmp / f"run{n}", python=_stock_python(), device="cuda", seeds=(SEED,),
+                         seconds=seconds, timeout=1200, extra=extra)[SEED]
+        runs.append(S._seconds(d, seconds))
+    diffs = {k: S._first_difference(_as_ours(runs[0][k]), runs[1][k], S._host(_speech_of(runs[0][k])))
+             for k in range(seconds)}
+    _report_extra("stock_repeats" + ("_as_users" if extra == () else ""),
+                  {str(k): v for k, v in diffs.items() if v} or "every second equal")
+    assert not any(diffs.values()), {k: v for k, v in diffs.items() if v}
+
+
+def _speech_of(second: dict) -> torch.Tensor:
+    calls = second.get("speech", [])
+    return torch.cat(calls) if calls else torch.zeros(0)
+
+
+def _as_ours(second: dict) -> dict:
+    """One stock record in the shape ``_first_difference`` reads our seconds in."""
+    from types import SimpleNamespace
+    return {"record": SimpleNamespace(decision="listen" if second["is_listen"] else "speak"),
+            "features": [second["audio_features"][0][0]] if second.get("audio_features") else [],
+            "encoder": [second["encoder"][0]] if second.get("encoder") else [],
+            "llm_logits": second.get("llm_logits", []), "sampled": second.get("llm_sampled", []),
+            "tts_logits": second.get("tts_logits", []), "codes": second.get("codes", []),
+            "speech": _speech_of(second)}
