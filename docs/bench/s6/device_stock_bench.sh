@@ -2,7 +2,7 @@
 # next session: the bench's stock-loop rows at released dims on the H200 (issue 21 item 5): MiniCPM-o-Demo's
 # own loop as its users run it (eager; its torch.compile mode in a later call: its warm-up alone takes minutes),
 # interleaved with our modes, medians of repeats. Writes the released folder first (80 s on the H200).
-cd "$(dirname "$0")"
+cd "$(dirname "$0")/../../.."      # the repository copy (.snap) this script sits in
 source docs/bench/s6/device_stock_env.sh
 t0=$(date +%s)
 [ -f /tmp/mc-released/config.json ] || python3 tests/minicpmo45_stock_folder.py /tmp/mc-released --size released > $OUT/released-folder.txt 2>&1

@@ -1,7 +1,7 @@
 #!/bin/bash
 # session 6 call 10: the tiny CUDA comparison after the RoPE/contiguity fixes, then (time allowing) the stock
 # loop alone at released dims on CUDA, eager, no records: its per-second wall time as its users run it
-cd "$(dirname "$0")"
+cd "$(dirname "$0")/../../.."      # the repository copy (.snap) this script sits in
 source docs/bench/s6/device_stock_env.sh
 export DC_STOCK_REPORT=$OUT/tiny-report.json
 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/test_minicpmo45_stock_loop_gpu.py > $OUT/tiny.txt 2>&1

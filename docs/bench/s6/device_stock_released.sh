@@ -1,7 +1,7 @@
 #!/bin/bash
 # session 6: the stock duplex loop on CUDA at released dims (seeded random bf16 weights, written here) against
 # our run with the toggles flipped every second (both modes alternate), 60 s, every stage
-cd "$(dirname "$0")"
+cd "$(dirname "$0")/../../.."      # the repository copy (.snap) this script sits in
 source docs/bench/s6/device_stock_env.sh
 t0=$(date +%s)
 python3 tests/minicpmo45_stock_folder.py /tmp/mc-released --size released > $OUT/released-folder.txt 2>&1
