@@ -1,7 +1,7 @@
 #!/bin/bash
 # the MiniCPM-o 60 s graphs bench at HEAD (re-timed), then every GPU test (next session: after the CUDA-parity changes)
 cd "$(dirname "$0")/../../.."      # the repository copy (.snap) this script sits in
-python3 -m pip install -q --no-deps ../.whl/soxr*.whl ../.whl/einops*.whl 2>&1 | grep -v WARNING | tail -1
+python3 -m pip install -q --no-deps ../.whl/soxr*.whl ../.whl/einops*.whl $(ls ../.whl-stock/soundfile*.whl ../.whl-stock/cffi*.whl ../.whl-stock/pycparser*.whl 2>/dev/null) 2>&1 | grep -v WARNING | tail -1
 export PYTHONPATH=.:../.oracle:tests
 timeout 130 python3 -m engine.bench.cli session --backbone minicpm-o-4.5 --size released --device cuda --seconds 60 --modes graphs --flip-seconds 0 --account-seconds 4 --quiet --out $OUT/mc-final > $OUT/mc-final.txt 2>&1
 echo "exit $?" >> $OUT/mc-final.txt; grep -v Warning $OUT/mc-final.txt | grep -v "^  _warn" | tail -22
