@@ -601,12 +601,12 @@ def _first_difference(ours: dict, stock: dict, speech: Optional[torch.Tensor]) -
     """'' when every stage of the second is torch.equal, else the first stage that differs and how (the
     waveform is not compared where ``speech`` is None)."""
     def rows(a: list, b: list) -> str:
-        if len(a) != len(b):
-            return f"{len(a)} rows vs the stock's {len(b)}"
         for i, (x, y) in enumerate(zip(map(_host, a), map(_host, b))):
             if x.shape != y.shape or not torch.equal(x, y):
                 return f"row {i}: " + (f"max |diff| {(x - y).abs().max():.3g}" if x.shape == y.shape
                                        else f"shape {tuple(x.shape)} vs {tuple(y.shape)}")
+        if len(a) != len(b):
+            return f"{len(a)} rows vs the stock's {len(b)} (the first {min(len(a), len(b))} equal)"
         return ""
     rec = ours["record"]
     checks = (

@@ -161,6 +161,22 @@ def _report(mode: str, stock: list, diffs: Dict[int, str], size: str) -> None:
     p.write_text(json.dumps(doc, indent=1))
 
 
+def _dump(mode: str, ours: List[dict], stock: list, diffs: Dict[int, str]) -> None:
+    """With ``DC_STOCK_DUMP`` (a folder): both sides' LLM rows, draws and the stock's RNG states of the first
+    differing second, for reading off the device."""
+    out, first = os.environ.get("DC_STOCK_DUMP"), min((k for k, v in diffs.items() if v and k >= 0), default=None)
+    if not out or first is None:
+        return
+    Path(out).mkdir(parents=True, exist_ok=True)
+    o = ours[first]
+    torch.save({"second": first, "why": diffs[first],
+                "ours": {k: [S._host(t) for t in o.get(k, [])] for k in ("llm_logits", "tts_logits", "codes")}
+                | {"sampled": o.get("sampled", [])},
+                "stock": {k: stock[first].get(k) for k in ("llm_logits", "llm_sampled", "llm_rng", "llm_decode_in",
+                                                          "tts_logits", "codes")}},
+               Path(out) / f"{mode}-second{first}.pt")
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_our_cuda_session_equals_the_stock_loop_on_cuda(gpu_runs, mode):
     """Every second, every stage, torch.equal to the stock loop's CUDA record (see the module docstring)."""
@@ -172,6 +188,7 @@ def test_our_cuda_session_equals_the_stock_loop_on_cuda(gpu_runs, mode):
                                   seconds=seconds, toggles=_toggles(mode, seconds))
     diffs = _compare(ours, stock, mode)
     _report(mode, stock, diffs, size)
+    _dump(mode, ours, stock, diffs)
     bad = {k: v for k, v in diffs.items() if v}
     assert not bad, f"{mode}: {len(bad)} seconds differ; first: " + "; ".join(
         f"second {k}: {v}" for k, v in sorted(bad.items())[:3])
