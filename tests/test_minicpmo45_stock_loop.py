@@ -528,10 +528,12 @@ def test_front_end_and_encoder_equal_the_stock_loop_in_a_session(runs, modules, 
 class _Recorder:
     """Wraps one of the backbone's callables (its FrontEnd, its text sampler): each output goes to ``sink``."""
 
-    def __init__(self, inner, sink):
-        self._inner, self._sink = inner, sink
+    def __init__(self, inner, sink, before=None):
+        self._inner, self._sink, self._before = inner, sink, before
 
     def __call__(self, *a, **kw):
+        if self._before is not None:
+            self._before()
         out = self._inner(*a, **kw)
         self._sink(out)
         return out
@@ -563,7 +565,9 @@ def _our_session_seconds(folder: Path, pcm: np.ndarray, seed: int, demand: bool,
         b = s.backbone
         b.set_tap(lambda stage, t: cur.setdefault(stage, []).append(t.detach().clone()))
         b.front = _Recorder(b.front, lambda y: cur.setdefault("features", []).append(y.clone()))
-        b.protocol.sampler = _Recorder(b.protocol.sampler, lambda t: cur.setdefault("sampled", []).append(int(t)))
+        b.protocol.sampler = _Recorder(b.protocol.sampler, lambda t: cur.setdefault("sampled", []).append(int(t)),
+                                       before=(lambda: cur.setdefault("cuda_rng", []).append(torch.cuda.get_rng_state()))
+                                       if torch.device(device).type == "cuda" else None)
         with torch.no_grad():
             for k in range(seconds):
                 cur = {}
