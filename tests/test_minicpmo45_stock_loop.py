@@ -565,9 +565,13 @@ def _our_session_seconds(folder: Path, pcm: np.ndarray, seed: int, demand: bool,
         b = s.backbone
         b.set_tap(lambda stage, t: cur.setdefault(stage, []).append(t.detach().clone()))
         b.front = _Recorder(b.front, lambda y: cur.setdefault("features", []).append(y.clone()))
-        b.protocol.sampler = _Recorder(b.protocol.sampler, lambda t: cur.setdefault("sampled", []).append(int(t)),
-                                       before=(lambda: cur.setdefault("cuda_rng", []).append(torch.cuda.get_rng_state()))
-                                       if torch.device(device).type == "cuda" else None)
+        smp = b.protocol.sampler
+
+        def before():
+            cur.setdefault("history", []).append(list(smp.history))
+            if torch.device(device).type == "cuda":
+                cur.setdefault("cuda_rng", []).append(torch.cuda.get_rng_state())
+        b.protocol.sampler = _Recorder(smp, lambda t: cur.setdefault("sampled", []).append(int(t)), before=before)
         with torch.no_grad():
             for k in range(seconds):
                 cur = {}

@@ -171,9 +171,9 @@ def _dump(mode: str, ours: List[dict], stock: list, diffs: Dict[int, str]) -> No
     o = ours[first]
     torch.save({"second": first, "why": diffs[first],
                 "ours": {k: [S._host(t) for t in o.get(k, [])] for k in ("llm_logits", "tts_logits", "codes")}
-                | {"sampled": o.get("sampled", [])},
+                | {"sampled": o.get("sampled", []), "history": o.get("history", [])},
                 "stock": {k: stock[first].get(k) for k in ("llm_logits", "llm_sampled", "llm_rng", "llm_decode_in",
-                                                          "tts_logits", "codes")},
+                                                          "tts_logits", "codes", "llm_history")},
                 "rng": [(o.get("sampled", []), o.get("cuda_rng", []), s.get("llm_sampled", []), s.get("llm_cuda_rng", []))
                         for o, s in zip(ours, stock)]},
                Path(out) / f"{mode}-second{first}.pt")

@@ -299,6 +299,7 @@ class Recorder:
         self._add("llm_rng", torch.get_rng_state())
         if torch.cuda.is_available():               # the CUDA draws' state (seed and Philox offset)
             self._add("llm_cuda_rng", torch.cuda.get_rng_state())
+        self._add("llm_history", list(self.d.decoder.generated_tokens))   # its repetition window's source
         self._add("llm_decode_in", a[0] if a else kw["logits"])
 
     def _decode(self, out, a, kw):
