@@ -173,7 +173,8 @@ def _dump(mode: str, ours: List[dict], stock: list, diffs: Dict[int, str]) -> No
                 "ours": {k: [S._host(t) for t in o.get(k, [])] for k in ("llm_logits", "tts_logits", "codes")}
                 | {"sampled": o.get("sampled", []), "history": o.get("history", [])},
                 "stock": {k: stock[first].get(k) for k in ("llm_logits", "llm_sampled", "llm_rng", "llm_decode_in",
-                                                          "tts_logits", "codes", "llm_history")},
+                                                          "tts_logits", "codes", "llm_history",
+                                                          "llm_filter_in", "llm_filter_out")},
                 "rng": [(o.get("sampled", []), o.get("cuda_rng", []), s.get("llm_sampled", []), s.get("llm_cuda_rng", []))
                         for o, s in zip(ours, stock)]},
                Path(out) / f"{mode}-second{first}.pt")

@@ -245,6 +245,9 @@ class Recorder:
         self._wrap(dec, "embed_tokens", self._embedded)
         self._wrap(dec, "feed", self._feed, before=self._feed_in)
         self._wrap(dec, "decode", self._decode, before=self._decode_in)
+        mod = sys.modules[type(dec).__module__]            # decode's text filter, read as its module's global
+        self._wrap(mod, "top_k_top_p_filtering", lambda out, a, kw: self._add("llm_filter_out", out),
+                   before=lambda a, kw: self._add("llm_filter_in", a[0] if a else kw["logits"]))
         self._wrap(self.d, "_convert_results_to_tts_input", self._condition)
         self._wrap(model.tts, "generate_chunk", self._codes, before=self._tts_in)
         self._wrap(model.tts.audio_tokenizer, "stream", self._stream,
