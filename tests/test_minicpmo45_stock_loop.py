@@ -209,7 +209,7 @@ def test_llm_logits_equal_the_stock_loop(runs, modules, demand, one_torch_thread
 def test_llm_tokens_equal_the_stock_loop(runs, modules, one_torch_thread):
     _, out = runs
     d = modules.dims
-    forbidden = [d.tokens.tts_pad, *modules.folder.bad_token_ids]
+    forbidden = [d.tokens.tts_pad, *modules.folder.bad_token_ids, d.tokens.chunk_eos]
     for seed, run in out.items():
         sampler = TextSampler(d.sampling, d.tokens, forbidden=forbidden)
         ins, rngs, toks = (_stock(run, k) for k in ("llm_decode_in", "llm_rng", "llm_sampled"))

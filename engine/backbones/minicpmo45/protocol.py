@@ -71,9 +71,10 @@ class Protocol:
         self.too_long = too_long
         self.graphed_forward = graphed_forward
         tk = dims.tokens
-        # the stock's text draw never gives <|tts_pad|> or the tokenizer's bad_token_ids (StreamDecoder's
-        # forbidden list; <|chunk_eos|> is not in it: either draw may end the unit)
-        self.sampler = TextSampler(dims.sampling, tk, forbidden=[tk.tts_pad, *bad_token_ids])
+        # the stock's text draw never gives <|tts_pad|>, the tokenizer's bad_token_ids or <|chunk_eos|>
+        # (StreamDecoder's forbidden list, to which its constructor adds <|chunk_eos|>: only the decision
+        # draw ends a unit with it)
+        self.sampler = TextSampler(dims.sampling, tk, forbidden=[tk.tts_pad, *bad_token_ids, tk.chunk_eos])
         self.turn_ended = True
         self.pending_close: Optional[List[int]] = None
         self.logits: Optional[torch.Tensor] = None
