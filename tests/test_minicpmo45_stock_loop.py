@@ -50,7 +50,7 @@ import torch.nn.functional as F
 
 from engine.backbones.minicpmo45.dims import preset
 from engine.backbones.minicpmo45.kv import kv_regions, make_store
-from engine.backbones.minicpmo45.sampling import TextSampler, code_logits, draw
+from engine.backbones.minicpmo45.sampling import code_logits, draw, text_sampler
 
 ROOT = Path(__file__).resolve().parents[1]
 ORACLE = ROOT.parent / "shared" / "oracles" / "MiniCPM-o-Demo-28b60cf"
@@ -209,9 +209,8 @@ def test_llm_logits_equal_the_stock_loop(runs, modules, demand, one_torch_thread
 def test_llm_tokens_equal_the_stock_loop(runs, modules, one_torch_thread):
     _, out = runs
     d = modules.dims
-    forbidden = [d.tokens.tts_pad, *modules.folder.bad_token_ids, d.tokens.chunk_eos]
     for seed, run in out.items():
-        sampler = TextSampler(d.sampling, d.tokens, forbidden=forbidden)
+        sampler = text_sampler(d.sampling, d.tokens, modules.folder.bad_token_ids)
         ins, rngs, toks = (_stock(run, k) for k in ("llm_decode_in", "llm_rng", "llm_sampled"))
         assert len(toks) > 30
         for i, (x, rng, tok) in enumerate(zip(ins, rngs, toks)):

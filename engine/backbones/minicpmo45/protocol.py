@@ -26,7 +26,7 @@ import torch
 from .dims import Dims
 from .kv import KVStore
 from .llm import Qwen3
-from .sampling import TextSampler, code_logits, draw
+from .sampling import code_logits, draw, text_sampler
 from .tts import TTS
 from .turns import TurnDecision
 
@@ -70,11 +70,7 @@ class Protocol:
         self.tts_step = tts_step
         self.too_long = too_long
         self.graphed_forward = graphed_forward
-        tk = dims.tokens
-        # the stock's text draw never gives <|tts_pad|>, the tokenizer's bad_token_ids or <|chunk_eos|>
-        # (StreamDecoder's forbidden list, to which its constructor adds <|chunk_eos|>: only the decision
-        # draw ends a unit with it)
-        self.sampler = TextSampler(dims.sampling, tk, forbidden=[tk.tts_pad, *bad_token_ids, tk.chunk_eos])
+        self.sampler = text_sampler(dims.sampling, dims.tokens, bad_token_ids)
         self.turn_ended = True
         self.pending_close: Optional[List[int]] = None
         self.logits: Optional[torch.Tensor] = None

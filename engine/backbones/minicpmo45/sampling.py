@@ -95,6 +95,13 @@ class TextSampler:
         return x
 
 
+def text_sampler(s: Sampling, tokens: SpecialTokens, bad_token_ids: Sequence[int] = ()) -> TextSampler:
+    """The duplex loop's text sampler: the stock's forbidden list, ``<|tts_pad|>`` and the tokenizer's
+    ``bad_token_ids``, to which StreamDecoder's constructor adds ``<|chunk_eos|>`` (only the decision draw
+    ends a unit with it)."""
+    return TextSampler(s, tokens, forbidden=[tokens.tts_pad, *bad_token_ids, tokens.chunk_eos])
+
+
 def code_logits(logits: torch.Tensor, codes: torch.Tensor, t: int, s: Sampling, eos: int, min_codes: int
                 ) -> torch.Tensor:
     """The TTS step's logits after temperature, repetition penalty and the EOS rule.
