@@ -151,7 +151,7 @@ def test_sampler_draws_between_graph_replays_with_draws_equal_eager():
     token2wav tail's noise): the same tokens as with the graph's work run eagerly, and a seeded rerun
     repeats them. Near-tied logits (bf16-rounded) exercise the top-k / top-p boundaries."""
     from engine.backbones.minicpmo45.dims import SpecialTokens
-    from engine.backbones.minicpmo45.sampling import TextSampler, code_logits, draw
+    from engine.backbones.minicpmo45.sampling import code_logits, draw, text_sampler
     d = preset("released")
     dev = torch.device("cuda")
     noise_in = torch.zeros(1, 80, 300, device=dev)
@@ -175,7 +175,7 @@ def test_sampler_draws_between_graph_replays_with_draws_equal_eager():
 
     def run(graphed: bool):
         torch.manual_seed(0)
-        sampler = TextSampler(d.sampling, SpecialTokens(), forbidden=[SpecialTokens().tts_pad])
+        sampler = text_sampler(d.sampling, SpecialTokens())
         toks, noise = [], []
         codes = torch.zeros(d.sampling.tts_steps, dtype=torch.long, device=dev)
         for i, (row, trow) in enumerate(zip(rows, tts_rows)):

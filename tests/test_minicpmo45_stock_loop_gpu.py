@@ -19,9 +19,8 @@ held to deterministic algorithms, as our engine runs on CUDA; ``DC_STOCK_AS_USER
 users do): otherwise torch 2.11 on the H200 picks cuDNN attention for bfloat16 and atomics-based transposed convs
 for token2wav's HiFT, neither of which repeats its own bits (docs/device-notes-minicpmo45.md run 3; the
 Step-Audio2 tail's notes: 1.5e-2 between two identical stock calls), and our engine takes both out for that
-reason. Status (session 6, docs/device-notes-session6.md): not yet equal — the
-last run (with cuDNN attention still on in the stock) differed first in the reference clip's embeddings and the
-encoder's seconds with history, by one bfloat16 step.
+reason. Status (session 7, docs/device-notes-session7.md): at tiny dims, 33 of 33 seconds equal at every stage
+in all three modes on the H200; released dims not yet run.
 
 Environment (the device script ``docs/bench/s6/device_stock_gpu.sh`` sets them):
 ``DC_STOCK_PYTHON``: the stock venv's interpreter (default ``.venv-stock/bin/python``, which must be a CUDA
