@@ -58,6 +58,39 @@ class DeviceEvent:
         return self.e.ns
 
 
+def test_count_events_ranks_kernels_by_summed_time_under_their_short_names():
+    gemv = "void gemv2T_kernel_val<int, int, __nv_bfloat16, float, 128, 16>(cublasGemvParamsEx<int>, float)"
+    events = [Event("kernel", gemv, 300_000), Event("kernel", "elementwise", 250_000),
+              Event("kernel", gemv, 400_000), Event("kernel", "tiny", 1_000)]
+    top = accounting.count_events(events, cuda=True)["top_kernels"]
+    assert top == [{"kernel": "void gemv2T_kernel_val<int, int, __nv_bfloat16, float, 128, 16>", "n": 2,
+                    "ms": pytest.approx(0.7)},
+                   {"kernel": "elementwise", "n": 1, "ms": pytest.approx(0.25)},
+                   {"kernel": "tiny", "n": 1, "ms": pytest.approx(0.001)}]
+    many = [Event("kernel", f"k{i:02d}", 1000 * (i + 1)) for i in range(30)]
+    top = accounting.count_events(many, cuda=True)["top_kernels"]
+    assert [k["kernel"] for k in top] == [f"k{i:02d}" for i in range(29, 29 - accounting.TOP_KERNELS, -1)]
+    assert accounting.kernel_name("x" * 200).endswith("…") and len(accounting.kernel_name("x" * 200)) == 90
+
+
+def test_means_add_the_top_kernels_up_per_kind_and_the_table_lists_them():
+    sec = lambda speaking, ms: {"speaking": speaking, **{f: 1.0 for f in accounting.MEAN_FIELDS},  # noqa: E731
+                                "top_kernels": [{"kernel": "gemm", "n": 4, "ms": ms},
+                                                {"kernel": "norm", "n": 2, "ms": 1.0}]}
+    m = accounting.means([sec(True, 10.0), sec(True, 20.0), sec(False, 2.0)])
+    assert m["speaking"]["top_kernels"] == [{"kernel": "gemm", "n": 4.0, "ms": 15.0},
+                                            {"kernel": "norm", "n": 2.0, "ms": 1.0}]
+    assert m["listening"]["top_kernels"][0] == {"kernel": "gemm", "n": 4.0, "ms": 2.0}
+    text = accounting.format_kernels({"graphs": m})
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()]
+    assert ["graphs", "speaking", "15.0", "4.0", "gemm"] in cells
+    assert ["graphs", "listening", "2.0", "4.0", "gemm"] in cells
+    assert max(len(line) for line in text.splitlines()) <= 120
+    cpu = accounting.means([{**sec(True, 1.0), "top_kernels": None}])
+    assert cpu["speaking"]["top_kernels"] is None and cpu["listening"]["top_kernels"] is None
+    assert accounting.format_kernels({"eager": cpu}) == ""
+
+
 def test_count_events_from_device_types_where_torch_has_no_activity_type():
     """Device call D (torch 2.11): '_KinetoEvent' object has no attribute 'activity_type' — the same counts."""
     assert accounting.count_events([DeviceEvent(e) for e in EVENTS], cuda=True) == \
@@ -105,13 +138,16 @@ def test_bench_session_accounts_speaking_and_listening_seconds_on_cpu(tmp_path, 
         assert e["graph_replays_counted"] == e["graph_replays_main"] == e["graph_captures_counted"] == 0
         assert e["cpu_ops"] > 0 and e["profiled_wall_ms"] > 0
         assert all(e[f] is None for f in accounting.CUDA_FIELDS)            # no CUDA numbers made up on the CPU
+        assert e["top_kernels"] is None
     for kind, flag in (("speaking", True), ("listening", False)):
         rows = [e for e in per if e["speaking"] is flag]
         assert acc[kind]["seconds"] == len(rows) == 2
         for f in ("wall_ms", "cpu_ops", "graph_replays_counted"):
             assert acc[kind][f] == pytest.approx(sum(e[f] for e in rows) / len(rows)), (kind, f)
         assert acc[kind]["kernel_ms"] is None and acc[kind]["kernel_launches"] is None
+    assert acc["speaking"]["top_kernels"] is None
     md = (tmp_path / "bench.md").read_text()
+    assert "where the kernel time goes" not in md
     assert "**per-second accounting**" in md and "| eager (graph replay unavailable) | speaking" in md
 
 

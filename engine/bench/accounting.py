@@ -23,7 +23,10 @@ Counted from the profiler's events (kineto activity types):
 * ``graph_launches``: ``cudaGraphLaunch`` / ``cuGraphLaunch`` calls; ``graph_replays_counted``: the same
   window's delta of :func:`engine.core.graphs.launches` (our runtime's replay counter, no profiler needed),
   and ``graph_replays_main``: that counter's delta in the main run's same second;
-* ``memcpy`` / ``memset``: device copy and set activities; ``cpu_ops``: profiled CPU operators.
+* ``memcpy`` / ``memset``: device copy and set activities; ``cpu_ops``: profiled CPU operators;
+* ``top_kernels``: where the kernel time went, the ``TOP_KERNELS`` kernels with the most summed time (each
+  ``{"kernel": name, "n": how many ran, "ms": summed duration}``, the name cut at its argument list); the means
+  per speaking / listening second add them up by name over that kind's seconds.
 
 On the CPU there are no CUDA kernels: the CUDA fields are ``None`` (printed "—"), never zeros made up, and
 ``cpu_ops`` is the count to read.
@@ -48,6 +51,7 @@ CUDA_FIELDS = ("kernel_ms", "kernels", "kernel_launches", "graph_launches", "mem
 MEAN_FIELDS = ("wall_ms", "kernel_ms", "kernels", "kernel_launches", "graph_launches", "graph_replays_counted",
                "graph_replays_main", "memcpy", "cpu_ops")
 DEFAULT_SECONDS = 6
+TOP_KERNELS = 12
 _VERSION = re.compile(r"_v\d+$")
 
 
@@ -87,6 +91,7 @@ def count_events(events: Iterable[object], cuda: bool) -> Dict[str, Optional[flo
     Without ``cuda`` the CUDA fields are None: the CPU has none to count."""
     c = {"kernel_ns": 0, "kernels": 0, "kernel_launches": 0, "graph_launches": 0, "memcpy": 0, "memset": 0,
          "cpu_ops": 0}
+    by_kernel: Dict[str, List[int]] = {}
     for e in events:
         kind, name = _kind(e), e.name()
         if kind == "cpu_op":
@@ -94,6 +99,9 @@ def count_events(events: Iterable[object], cuda: bool) -> Dict[str, Optional[flo
         elif kind == "kernel":
             c["kernels"] += 1
             c["kernel_ns"] += int(e.duration_ns())
+            tally = by_kernel.setdefault(kernel_name(name), [0, 0])
+            tally[0] += 1
+            tally[1] += int(e.duration_ns())
         elif kind == "gpu_memcpy":
             c["memcpy"] += 1
         elif kind == "gpu_memset":
@@ -102,10 +110,30 @@ def count_events(events: Iterable[object], cuda: bool) -> Dict[str, Optional[flo
             api = _api(name)
             c["kernel_launches"] += api in KERNEL_LAUNCH_CALLS
             c["graph_launches"] += api in GRAPH_LAUNCH_CALLS
-    out: Dict[str, Optional[float]] = {"kernel_ms": c.pop("kernel_ns") / 1e6, **c}
+    out: Dict[str, object] = {"kernel_ms": c.pop("kernel_ns") / 1e6, **c}
+    out["top_kernels"] = _top({k: (n, ns / 1e6) for k, (n, ns) in by_kernel.items()})
     if not cuda:
-        out.update({k: None for k in CUDA_FIELDS})
+        out.update({k: None for k in CUDA_FIELDS + ("top_kernels",)})
     return out
+
+
+def kernel_name(name: str, width: int = 90) -> str:
+    """A kernel's name without its argument list (``void gemv<...>(float*, ...)`` -> ``void gemv<...>``),
+    white space folded, cut to ``width`` characters."""
+    depth, end = 0, len(name)
+    for i, ch in enumerate(name):
+        depth += (ch == "<") - (ch == ">")
+        if ch == "(" and depth <= 0 and i > 0:
+            end = i
+            break
+    short = " ".join(name[:end].split())
+    return short if len(short) <= width else short[: width - 1] + "…"
+
+
+def _top(tallies: Dict[str, Tuple[float, float]]) -> List[Dict[str, object]]:
+    """The ``TOP_KERNELS`` names with the most time: [{"kernel", "n", "ms"}], most first (ties by name)."""
+    ranked = sorted(tallies.items(), key=lambda kv: (-kv[1][1], kv[0]))[:TOP_KERNELS]
+    return [{"kernel": k, "n": n, "ms": ms} for k, (n, ms) in ranked]
 
 
 def _events(prof) -> List[object]:
@@ -185,8 +213,37 @@ def means(per_second: Sequence[Dict[str, object]]) -> Dict[str, Dict[str, object
     out = {}
     for kind, flag in (("speaking", True), ("listening", False)):
         rows = [e for e in per_second if e["speaking"] is flag]
-        out[kind] = {"seconds": len(rows), **{f: _mean([e[f] for e in rows]) for f in MEAN_FIELDS}}
+        out[kind] = {"seconds": len(rows), **{f: _mean([e[f] for e in rows]) for f in MEAN_FIELDS},
+                     "top_kernels": _mean_top([e.get("top_kernels") for e in rows])}
     return out
+
+
+def _mean_top(tops: List[Optional[List[Dict[str, object]]]]) -> Optional[List[Dict[str, object]]]:
+    """Per second of a kind, each kernel's mean count and time over its seconds' top lists (None where a
+    second has none: not measured, or no such second)."""
+    if not tops or any(t is None for t in tops):
+        return None
+    sums: Dict[str, List[float]] = {}
+    for top in tops:
+        for k in top:
+            acc = sums.setdefault(k["kernel"], [0.0, 0.0])
+            acc[0] += k["n"]
+            acc[1] += k["ms"]
+    return _top({k: (n / len(tops), ms / len(tops)) for k, (n, ms) in sums.items()})
+
+
+def format_kernels(rows: Dict[str, Dict[str, object]], wrap: bool = True) -> str:
+    """Per mode and kind, where a second's kernel time goes: mean ms and count per second, by kernel name
+    ('' when no mode has them: a CPU run)."""
+    body = []
+    for name, acc in rows.items():
+        for kind in ("speaking", "listening"):
+            for k in acc[kind].get("top_kernels") or []:
+                body.append([name, kind, k["ms"], k["n"], k["kernel"]])
+    if not body:
+        return ""
+    heads = ["mode", "second", "ms per second", "kernels per second", "kernel (summed over a second)"]
+    return table(body, heads, max_widths=[20, None, None, None, 60], header_width=10, wrap=wrap)
 
 
 def account(make_session: Callable[[], object], frames: Sequence[object], picks: Sequence[int],

@@ -392,8 +392,11 @@ def main(argv=None) -> int:
     print(textwrap.fill(title, 120))
     print(tab)
     print(means)
+    kernels = accounting.format_kernels(accounts) if accounts else ""
     if accounts:
         print(accounting.format_table(accounts))
+        if kernels:
+            print(kernels)
         print(textwrap.fill(acc_note, 120))
     print(textwrap.fill(same, 120))
     for line in where_lines:
@@ -416,7 +419,9 @@ def main(argv=None) -> int:
         md = report.markdown(title, report.command_line("duplexcadence-bench session", argv or sys.argv[1:]),
                              [("per second", _table(rows, wrap=False)), ("means", _means_table(rows, wrap=False))]
                              + ([("per-second accounting", accounting.format_table(accounts, wrap=False))]
-                                if accounts else []),
+                                if accounts else [])
+                             + ([("where the kernel time goes", accounting.format_kernels(accounts, wrap=False))]
+                                if kernels else []),
                              [same] + where_lines + ([acc_note] if accounts else []))
         try:
             report.write_all(out / "bench.json", doc, md, fig)
