@@ -5,12 +5,13 @@ Text (one decode step of the LLM; ``logits`` [1, V] in the LLM's own dtype):
 * a *decision draw* from softmax(logits) as they are; ``<|chunk_eos|>`` there ends the unit (the model keeps
   the say over when it stops) and nothing else is drawn;
 * otherwise the *text draw*: the forbidden ids (``<|tts_pad|>``, the tokenizer's ``bad_token_ids`` and
-  ``<|chunk_eos|>``) at -inf; each distinct id among the last 512 text draws divided by the repetition
-  penalty (1.05); the ``<|turn_eos|>`` logit pushed away from zero-crossing by the length penalty (a
-  positive one divided, any other multiplied); then temperature, the top-k keep-set (every logit not
-  below the k-th largest) and the nucleus: walking the logits from the largest down (``torch.sort``'s descending order), a logit is dropped
-  once the probability mass *before* it (a running ``torch.cumsum`` of the sorted softmax) exceeds p, so the
-  token that crosses p stays. Only the decision draw can end the unit with ``<|chunk_eos|>``.
+  ``<|chunk_eos|>``) at -inf; each distinct id among the last 512 text draws divided by the repetition penalty
+  (1.05); the ``<|turn_eos|>`` logit pushed away from zero-crossing by the length penalty (a positive one
+  divided, any other multiplied); then temperature, the top-k keep-set (every logit not below the k-th
+  largest) and the nucleus: walking the logits from the largest down (``torch.sort``'s descending order), a
+  logit is dropped once the probability mass *before* it (a running ``torch.cumsum`` of the sorted softmax)
+  exceeds p, so the token that crosses p stays. Only the decision draw can end the unit with
+  ``<|chunk_eos|>``.
 
 Speech codes (one TTS step; ``logits`` [1, C] float32): divided by the temperature (a [1, 1] float32 tensor,
 as the stock holds it); after the first step each code's logit is scaled by ``penalty ** n`` for its ``n``
