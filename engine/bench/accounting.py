@@ -117,9 +117,13 @@ def count_events(events: Iterable[object], cuda: bool) -> Dict[str, Optional[flo
     return out
 
 
-def kernel_name(name: str, width: int = 90) -> str:
-    """A kernel's name without its argument list (``void gemv<...>(float*, ...)`` -> ``void gemv<...>``),
-    white space folded, cut to ``width`` characters."""
+_NOISE = ("void ", "at::native::", "(anonymous namespace)::")
+
+
+def kernel_name(name: str, width: int = 120) -> str:
+    """A kernel's name without its argument list, ``void``, ``at::native::`` and anonymous namespaces
+    (``void at::native::k<a>(float*)`` -> ``k<a>``), white space folded, cut to ``width`` characters: the
+    elementwise kernels differ only deep in their template arguments."""
     depth, end = 0, len(name)
     for i, ch in enumerate(name):
         depth += (ch == "<") - (ch == ">")
@@ -127,6 +131,8 @@ def kernel_name(name: str, width: int = 90) -> str:
             end = i
             break
     short = " ".join(name[:end].split())
+    for noise in _NOISE:
+        short = short.replace(noise, "")
     return short if len(short) <= width else short[: width - 1] + "…"
 
 
