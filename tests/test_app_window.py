@@ -70,9 +70,13 @@ def test_live_session_from_wav(qtbot, tmp_path, speech_wav):
     assert all(r.demand_sized for r in recs[:n_at_toggle])
     assert not any(r.demand_sized for r in recs[n_at_toggle + 1:])
     assert "in effect from second" in w.events.view.toPlainText()
-    # the GUI thread never waited on the engine
+    # the GUI thread never waited on the engine: a wait would make the 20 ms timer late once every engine
+    # second (n of them); one or two scheduler hiccups on a loaded two-core runner (a 127 ms gap was seen
+    # once) are not that, so at most two gaps may pass 120 ms, and none 300 ms
     gaps = np.diff(ticks)
-    assert len(gaps) > 100 and gaps.max() < 0.020 + 0.100, f"timer late by {gaps.max() - 0.020:.3f} s"
+    late = gaps[gaps >= 0.020 + 0.100]
+    assert len(gaps) > 100 and len(late) <= min(2, n - 1) and gaps.max() < 0.300, \
+        f"timer late {len(late)} times, by up to {gaps.max() - 0.020:.3f} s"
     # export
     paths = w.export_to(tmp_path / "export")
     assert set(paths) == {"csv", "jsonl", "trace", "input_wav", "output_wav", "transcript"}

@@ -163,9 +163,9 @@ BROKEN = {
 
 
 def test_the_tokenizers_bad_token_ids_are_never_drawn(folder, tmp_path, one_torch_thread):
-    """tokenizer_config.json's bad_token_ids (as the released tokenizer lists them) join <|tts_pad|> in the
-    LLM's forbidden list (the stock's StreamDecoder list: <|chunk_eos|> is not in it): the second draw never
-    gives them, even when they dominate."""
+    """tokenizer_config.json's bad_token_ids (as the released tokenizer lists them) join <|tts_pad|> and
+    <|chunk_eos|> in the LLM's forbidden list (the stock's StreamDecoder list): the second draw never gives
+    them, even when they dominate."""
     p = _copy(folder, tmp_path)
     (p / "tokenizer_config.json").write_text(json.dumps({"bad_token_ids": [7, 3, 7], "model_max_length": 10}))
     f = open_folder(p)
@@ -173,7 +173,7 @@ def test_the_tokenizers_bad_token_ids_are_never_drawn(folder, tmp_path, one_torc
     b = _backbone(p)
     sampler = b.protocol.sampler
     tk = D.tokens
-    assert sampler.forbidden == sorted({3, 7, tk.tts_pad})
+    assert sampler.forbidden == sorted({3, 7, tk.tts_pad, tk.chunk_eos})
     logits = torch.full((1, D.llm.vocab), -20.0)
     logits[0, [3, 7, tk.tts_pad]] = 20.0                              # forbidden ones dominate ...
     logits[0, [11, 12]] = 19.0                                        # ... then these
