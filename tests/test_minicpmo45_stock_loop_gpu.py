@@ -174,8 +174,8 @@ def _dump(mode: str, ours: List[dict], stock: list, diffs: Dict[int, str]) -> No
                 "stock": {k: stock[first].get(k) for k in ("llm_logits", "llm_sampled", "llm_rng", "llm_decode_in",
                                                           "tts_logits", "codes", "llm_history",
                                                           "llm_filter_in", "llm_filter_out")},
-                "rng": [(o.get("sampled", []), o.get("cuda_rng", []), s.get("llm_sampled", []), s.get("llm_cuda_rng", []))
-                        for o, s in zip(ours, stock)]},
+                "rng": [(o.get("sampled", []), o.get("cuda_rng", []), s.get("llm_sampled", []),
+                         s.get("llm_cuda_rng", [])) for o, s in zip(ours, stock)]},
                Path(out) / f"{mode}-second{first}.pt")
 
 
@@ -215,24 +215,20 @@ def test_the_deterministic_stock_repeats_itself_on_cuda(tmp_path_factory):
         d = S._run_stock(folder, tmp / f"run{n}", python=_stock_python(), device="cuda", seeds=(SEED,),
                          seconds=seconds, timeout=1200, extra=extra)[SEED]
         runs.append(S._seconds(d, seconds))
-    diffs = {k: S._first_difference(_as_ours(runs[0][k]), runs[1][k], S._host(_speech_of(runs[0][k])))
+    diffs = {k: S._first_difference(_as_ours(runs[0], k), runs[1][k], S._stock_speech(runs[1], k, deferred=False))
              for k in range(seconds)}
     _report_extra("stock_repeats" + ("_as_users" if extra == () else ""),
                   {str(k): v for k, v in diffs.items() if v} or "every second equal")
     assert not any(diffs.values()), {k: v for k, v in diffs.items() if v}
 
 
-def _speech_of(second: dict) -> torch.Tensor:
-    calls = second.get("speech", [])
-    return torch.cat(calls) if calls else torch.zeros(0)
-
-
-def _as_ours(second: dict) -> dict:
-    """One stock record in the shape ``_first_difference`` reads our seconds in."""
+def _as_ours(seconds: list, k: int) -> dict:
+    """Second ``k`` of a stock record in the shape ``_first_difference`` reads our seconds in."""
     from types import SimpleNamespace
+    second = seconds[k]
     return {"record": SimpleNamespace(decision="listen" if second["is_listen"] else "speak"),
             "features": [second["audio_features"][0][0]] if second.get("audio_features") else [],
             "encoder": [second["encoder"][0]] if second.get("encoder") else [],
             "llm_logits": second.get("llm_logits", []), "sampled": second.get("llm_sampled", []),
             "tts_logits": second.get("tts_logits", []), "codes": second.get("codes", []),
-            "speech": _speech_of(second)}
+            "speech": S._stock_speech(seconds, k, deferred=False)}

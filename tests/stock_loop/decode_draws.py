@@ -14,7 +14,6 @@ the token and the decoder's history after it.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -22,16 +21,6 @@ import torch
 
 PAGE = dict(mode="sampling", temperature=0.7, top_k=20, top_p=0.8, listen_top_k=None, listen_prob_scale=1.0,
             text_repetition_penalty=1.05, text_repetition_window_size=512, length_penalty=1.05)
-
-
-def tokenizer(folder: Path):
-    from transformers import PreTrainedTokenizerFast
-    cfg = json.loads((folder / "tokenizer_config.json").read_text())
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), eos_token=cfg["eos_token"],
-                                  bos_token=cfg["bos_token"], unk_token=cfg["unk_token"],
-                                  pad_token=cfg["pad_token"])
-    tok.bad_token_ids = list(cfg.get("bad_token_ids", []))
-    return tok
 
 
 def case(i: int, vocab: int, ids: dict) -> tuple:
@@ -54,7 +43,8 @@ def main() -> None:
     a = p.parse_args()
     sys.path.insert(0, a.oracle)
     from MiniCPMO45.utils import StreamDecoder
-    tok = tokenizer(Path(a.folder))
+    from run_stock import stock_tokenizer              # beside this file
+    tok = stock_tokenizer(Path(a.folder))
     ids = {n: tok.convert_tokens_to_ids(f"<|{n}|>") for n in ("chunk_eos", "turn_eos", "tts_pad")}
     vocab = len(tok)
     torch.set_num_threads(1)

@@ -173,6 +173,16 @@ def _load_state(folder: Path) -> dict:
     return state
 
 
+def stock_tokenizer(folder: Path):
+    """The folder's tokenizer as the stock processor gets it, with tokenizer_config.json's ``bad_token_ids``."""
+    from transformers import PreTrainedTokenizerFast
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), eos_token=cfg["eos_token"],
+                                  bos_token=cfg["bos_token"], unk_token=cfg["unk_token"], pad_token=cfg["pad_token"])
+    tok.bad_token_ids = list(cfg.get("bad_token_ids", []))
+    return tok
+
+
 def build(oracle: Path, folder: Path, voice: dict, seed: int, bf16: bool, device: str = "cpu"):
     """The stock model, processor and duplex capability over ``folder`` (on CUDA: bfloat16, as the demo)."""
     sys.path.insert(0, str(oracle))
@@ -182,7 +192,6 @@ def build(oracle: Path, folder: Path, voice: dict, seed: int, bf16: bool, device
     from MiniCPMO45.configuration_minicpmo import MiniCPMOConfig
     from MiniCPMO45.processing_minicpmo import MiniCPMAAudioProcessor, MiniCPMOProcessor, MiniCPMVImageProcessor
     from MiniCPMO45.tokenization_minicpmo_fast import MiniCPMOTokenizerFast
-    from transformers import PreTrainedTokenizerFast
 
     cfg_dict = json.loads((folder / "config.json").read_text())
     config = MiniCPMOConfig(**cfg_dict)
@@ -197,11 +206,7 @@ def build(oracle: Path, folder: Path, voice: dict, seed: int, bf16: bool, device
     if device == "cuda":
         model.cuda()
 
-    tk_cfg = json.loads((folder / "tokenizer_config.json").read_text())
-    base = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), eos_token=tk_cfg["eos_token"],
-                                   bos_token=tk_cfg["bos_token"], unk_token=tk_cfg["unk_token"],
-                                   pad_token=tk_cfg["pad_token"])
-    base.bad_token_ids = list(tk_cfg.get("bad_token_ids", []))
+    base = stock_tokenizer(folder)
     del MiniCPMOTokenizerFast      # the released class is a Qwen2 BPE; ours is character level, same ids
     audio = MiniCPMAAudioProcessor(feature_size=config.audio_config.num_mel_bins, sampling_rate=16000,
                                    hop_length=160, chunk_length=30, n_fft=400, padding_value=0.0)
