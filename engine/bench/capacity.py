@@ -3,6 +3,7 @@
   duplexcadence-bench capacity [--tail step-audio2] [--backbone synthetic] [--size auto] [--device auto]
                                [--seconds 60] [--max-sessions 16] [--modes stock,optimized,batched]
                                [--launch threads|one|both] [--window 4] [--json OUT] [--plot PNG]
+                               [--stock-loop PYTHON --stock-loop-folder DIR]   (MiniCPM-o 4.5)
 
 For each mode an :class:`~engine.host.EngineHost` runs sessions of the same config (shared weights,
 each its own input: speech-like bursts and pauses, staggered phases), fed one frame a second in
@@ -17,12 +18,19 @@ Modes: *stock-like* (our models with the stock's state policy: stock-sized buffe
 eager), *optimized* (demand-sized state + exact-shape graph replay), *batched* (optimized, plus the
 host's batched LISTEN replay when its start-up check passes; else the reason). On a CPU this is a
 functional dry run at tiny size.
+
+``--stock-loop PYTHON`` (MiniCPM-o 4.5): first, MiniCPM-o-Demo's own duplex loop (eager, as its users run it;
+engine/bench/stock_loop.py) runs one session over the first session's input for ``--seconds``, in a subprocess
+under ``PYTHON``, and its row gives the stock's count: its worker serves one session per GPU, so 1 when every
+second kept the deadline, else 0. Our modes then read the same folder (``--stock-loop-folder``), its voice and
+16 kHz input, as the session bench's stock-loop rows do.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -30,7 +38,8 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
-from engine.audio import frames_of
+from engine.audio import SESSION_RATE, frames_of
+from engine.bench import stock_loop
 from engine.bench.session import speech_like
 from engine.host import EngineHost, WeightsKey
 from engine.host.drive import PacedLoad, Window
@@ -46,9 +55,10 @@ def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def session_inputs(n: int, seed: int) -> List[List[np.ndarray]]:
-    """Per session: 30 s of its own speech-like input (played cyclically)."""
-    return [frames_of(speech_like(CLIP_SECONDS, seed=seed + 1000 + i))[:CLIP_SECONDS] for i in range(n)]
+def session_inputs(n: int, seed: int, rate: int = SESSION_RATE) -> List[List[np.ndarray]]:
+    """Per session: 30 s of its own speech-like input at ``rate`` (played cyclically)."""
+    return [frames_of(speech_like(CLIP_SECONDS, seed=seed + 1000 + i, rate=rate), rate)[:CLIP_SECONDS]
+            for i in range(n)]
 
 
 # -- one mode -------------------------------------------------------------------------------------------
@@ -271,8 +281,35 @@ def table(doc: Dict[str, object], wrap: bool = True) -> str:
         p99 = f"{m['p99_ms']:.0f}" if m["p99_ms"] is not None else "-"
         body.append([name, m["launch"], m["max_sessions"], p50, p99, f"{per:.0f}",
                      f"{mem['shared_weights_bytes'] / 2**20:.0f}", str(m["bit_identical_to_solo"])])
+    stock = doc.get("stock_loop")
+    if stock:
+        body.insert(0, _stock_row(stock))
     heads = ["mode", "launch", "max sessions", "p50 ms", "p99 ms", "MiB/session", "shared MiB", "bit-identical"]
-    return aligned(body, heads, max_widths=[14, 8, None, None, None, None, None, 40], wrap=wrap)
+    return aligned(body, heads, max_widths=[36, 10, None, None, None, None, None, 40], wrap=wrap)
+
+
+def _stock_row(r: Dict[str, object]) -> List[object]:
+    """The stock loop's table row: its one session's count, latency and peak memory (the reference)."""
+    if "error" in r:
+        return [r["label"], "its worker", "-", "", "", "", "", r["error"]]
+    ms = lambda x: "-" if x is None else f"{x:.0f}"                          # noqa: E731
+    # its process's peak (weights and its one session's state: it shares nothing)
+    peak = "-" if r.get("peak_memory_bytes") is None else f"{r['peak_memory_bytes'] / 2**20:.0f} (peak)"
+    return [r["label"], "its worker", r["max_sessions"], ms(r.get("p50_total_ms")), ms(r.get("p99_total_ms")),
+            peak, "-", "reference"]
+
+
+def _versus_stock(doc: Dict[str, object]) -> Optional[str]:
+    """One line on the stock loop's count against the optimized mode's (None without a stock-loop row)."""
+    stock, opt = doc.get("stock_loop"), doc["modes"].get("optimized", {})
+    if not stock:
+        return None
+    if stock.get("max_sessions") is None:
+        return f"stock loop: not measured ({stock['error']})"
+    ours = opt.get("max_sessions")
+    have = f"; optimized keeps {ours}" if ours is not None else ""
+    return (f"stock loop keeps {stock['max_sessions']} session(s) on time ({stock['misses']} of "
+            f"{stock['seconds']} s missed by its one session){have}")
 
 
 def _markdown(doc: Dict[str, object], path: Path) -> None:
@@ -282,6 +319,8 @@ def _markdown(doc: Dict[str, object], path: Path) -> None:
     notes = [f"{doc['tail']} + {doc['backbone']}, {doc['size']}, {doc['gpu']}, {doc['seconds']:g} s at the knee"]
     if "optimized_vs_stock_like" in doc:
         notes.append(f"optimized keeps {doc['optimized_vs_stock_like']:.1f}x the sessions of stock-like on time")
+    if _versus_stock(doc):
+        notes += [_versus_stock(doc), doc["stock_loop"].get("why", "")]
     md = report.markdown("Sessions one device keeps on time", str(doc["command"]), [("", table(doc, wrap=False))],
                          notes)
     atomic_write(path, lambda f: f.write(md), text=True)
@@ -313,6 +352,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the results here (JSON)")
     p.add_argument("--plot", default=None, help="PNG of sessions vs p99 (default: next to --json)")
+    p.add_argument("--stock-loop", default=None, metavar="PYTHON",
+                   help="MiniCPM-o 4.5: first run MiniCPM-o-Demo's own duplex loop (one session, eager) under this "
+                        "interpreter (.venv-stock/bin/python) for the stock's count (1 or 0)")
+    p.add_argument("--stock-loop-folder", default=None, metavar="DIR",
+                   help="the MiniCPM-o 4.5 folder in the released layout both sides read")
     return p
 
 
@@ -332,9 +376,15 @@ def main(argv=None) -> int:
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     why = _check_args(a) or (f"unknown mode(s) {bad}; choose from {', '.join(MODES)}" if bad or not modes else None)
+    folder = None
     try:
-        base = SessionConfig(tail=a.tail, backbone=a.backbone, size=a.size, device=a.device, seed=a.seed,
-                             checkpoint=a.checkpoint, backbone_checkpoint=a.backbone_checkpoint).resolved()
+        folder = None if why or a.stock_loop is None else _stock_folder(a)
+        # with the stock loop, ours read its folder, its voice and 16 kHz input (as the session bench's rows do)
+        extra = {} if folder is None else dict(backbone_checkpoint=str(folder), voice=str(folder / "voice.npz"),
+                                               input_rate=stock_loop.RATE)
+        base = SessionConfig(**dict(dict(tail=a.tail, backbone=a.backbone, size=a.size, device=a.device,
+                                          seed=a.seed, checkpoint=a.checkpoint,
+                                          backbone_checkpoint=a.backbone_checkpoint), **extra)).resolved()
     except ValueError as e:
         why = why or str(e)
     if why:
@@ -344,12 +394,14 @@ def main(argv=None) -> int:
         torch.set_num_threads(1)
         base = base.replace(cpu_threads=1)
     a.deadline = time.perf_counter() + a.time_limit if a.time_limit > 0 else float("inf")
-    inputs = session_inputs(a.max_sessions, a.seed)
+    inputs = session_inputs(a.max_sessions, a.seed, base.input_rate)
     doc: Dict[str, object] = {
         "tail": base.tail, "backbone": base.backbone, "size": base.size, "device": base.device,
         "gpu": torch.cuda.get_device_name(0) if base.device == "cuda" else "cpu", "torch": torch.__version__,
         "seconds": a.seconds, "window_s": a.window, "deadline_ms": DEADLINE_MS, "command": " ".join(sys.argv),
         "modes": {}}
+    if folder is not None:                              # first, while the device is still empty
+        doc["stock_loop"] = _run_stock(a, base, folder, inputs[0])
     launch = a.launch
     if launch == "both":                                # ramps of the optimized mode: one thread vs several
         tried = {lm: _guarded(lambda lm=lm: run_mode("optimized", base, a, lm, inputs, ramp_only=True))
@@ -377,6 +429,8 @@ def main(argv=None) -> int:
     print(table(doc))
     if "optimized_vs_stock_like" in doc:
         print(f"optimized keeps {doc['optimized_vs_stock_like']:.1f}x the sessions of stock-like on time")
+    if _versus_stock(doc):
+        print(_versus_stock(doc))
     if a.json:
         _write(doc, a)
         _markdown(doc, Path(a.json).with_suffix(".md"))
@@ -384,7 +438,28 @@ def main(argv=None) -> int:
     elif a.plot:
         print(plot(doc, Path(a.plot)))
     ok = all(m.get("bit_identical_to_solo", True) for m in doc["modes"].values())
+    ok = ok and "error" not in doc.get("stock_loop", {})
     return 0 if ok else 1
+
+
+def _stock_folder(a) -> Path:
+    """``--stock-loop``'s folder after checking what the stock loop needs (StockLoopError: one line)."""
+    return stock_loop.check(a.stock_loop, a.stock_loop_folder, a.backbone, a.backbone_checkpoint)
+
+
+def _run_stock(a, base: SessionConfig, folder: Path, frames: List[np.ndarray]) -> Dict[str, object]:
+    """The stock loop's one session over ``--seconds`` of the first session's input (played cyclically, as
+    our sessions play theirs)."""
+    n = int(np.ceil(a.seconds))
+    audio = np.concatenate([frames[k % len(frames)] for k in range(n)])
+    work = (Path(a.json).parent if a.json else Path(tempfile.mkdtemp(prefix="capacity-"))) / "stock-loop"
+    threads = torch.get_num_threads() if base.device == "cuda" else 1
+    say(f"stock loop: one session of MiniCPM-o-Demo's duplex loop (eager) over {n} s ...")
+    r = stock_loop.capacity_row(Path(a.stock_loop), folder, audio, work, a.seed, base.device, threads)
+    say("stock loop: " + (r["error"] if "error" in r else
+                          f"{r['misses']} of {r['seconds']} s missed, p99 {r['p99_total_ms']:.0f} ms -> "
+                          f"{r['max_sessions']} session(s)"))
+    return r
 
 
 def _guarded(fn, launch: str = "") -> Dict[str, object]:

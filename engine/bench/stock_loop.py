@@ -108,7 +108,8 @@ def row_of(ms: List[float], decisions: List[str], peak: Optional[int]) -> Dict[s
     listen = [t for t, d in zip(ms, decisions) if d != "speak"]
     return {"mean_speaking_second_ms": float(np.mean(speak)) if speak else None,
             "mean_listening_second_ms": float(np.mean(listen)) if listen else None,
-            "p99_total_ms": percentile(ms, 99), "misses": sum(paced(ms)), "peak_memory_bytes": peak,
+            "p50_total_ms": percentile(ms, 50), "p99_total_ms": percentile(ms, 99), "misses": sum(paced(ms)),
+            "peak_memory_bytes": peak,
             "seconds": len(ms), "speak_seconds": len(speak), "decisions": list(decisions)}
 
 
@@ -133,6 +134,30 @@ def run_stock(python: Path, folder: Path, wav: Path, out: Path, seed: int, secon
     row.update(digests=[s["digest"] for s in secs], peak_memory_kind=doc.get("peak_memory_kind"),
                build_s=doc.get("build_s"), warmup_s=doc.get("warmup_s"), dtype=doc.get("dtype"))
     return row
+
+
+#: why the stock's count of sessions per device is 1 or 0 (the capacity bench's stock-loop row)
+ONE_PER_WORKER = ("MiniCPM-o-Demo's worker serves one duplex session per GPU: the stock's count is 1 when that "
+                  "session keeps every second on time, else 0")
+
+
+def capacity_row(python: Path, folder: Path, audio: np.ndarray, work: Path, seed: int, device: str,
+                 threads: int) -> Dict[str, object]:
+    """The stock loop's row in ``duplexcadence-bench capacity``: one session (eager, as its users run it) over
+    ``audio`` (16 kHz), paced as :func:`paced` says; ``max_sessions`` 1 when no second missed, else 0. A run
+    that could not finish gives ``{"error": one line, "max_sessions": None}``."""
+    import soundfile as sf
+    work.mkdir(parents=True, exist_ok=True)
+    wav = work / "stock-loop-input-16k.wav"
+    sf.write(str(wav), np.asarray(audio, np.float32), RATE, subtype="FLOAT")
+    seconds = -(-len(audio) // RATE)
+    r = run_stock(python, folder, wav, work / "stock-eager", seed, seconds, device, threads, compile=False)
+    if "error" in r:
+        return {"label": STOCK_LABELS["eager"], "error": r["error"], "max_sessions": None}
+    keys = ("p50_total_ms", "p99_total_ms", "misses", "peak_memory_bytes", "peak_memory_kind", "seconds",
+            "mean_speaking_second_ms", "mean_listening_second_ms", "build_s", "dtype")
+    return dict({k: r.get(k) for k in keys}, label=STOCK_LABELS["eager"], why=ONE_PER_WORKER,
+                max_sessions=1 if r["misses"] == 0 else 0)
 
 
 def reset_peak_memory(cuda: bool) -> None:
