@@ -100,15 +100,17 @@ class LayerGraphs:
         return attend(q, k_all, v_all, mask, a.explicit)
 
     def _segment(self, s: int):
-        """Segment ``s`` of the step: 0 = first layer's pre; s = post(s-1) + pre(s); last = post + head."""
+        """Segment ``s`` of the step: 0 = the step's RoPE tables and the first layer's pre; s = post(s-1) +
+        pre(s); last = post + head. The tables are made once per step, as the stock's rotary embedding makes
+        them once per forward, and every later segment reads segment 0's (``outs[0][2:]``)."""
         d = self.llm.d
-        cos, sin = rope_tables(self.pos, d.head_dim, d.rope_theta, self.x_in.dtype)
         if s == 0:
-            return self.x_in, self._pre(0, self.x_in, cos, sin)
+            cos, sin = rope_tables(self.pos, d.head_dim, d.rope_theta, self.x_in.dtype)
+            return self.x_in, self._pre(0, self.x_in, cos, sin), cos, sin
         x = self._post(s - 1, self.outs[s - 1][0], self.att[s - 1])
         if s == d.layers:
             return self._head(x)
-        return x, self._pre(s, x, cos, sin)
+        return x, self._pre(s, x, *self.outs[0][2:])
 
     # -- capture and run ------------------------------------------------------------------------------
     def _capture(self) -> None:
