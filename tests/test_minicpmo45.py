@@ -335,6 +335,12 @@ def test_a_second_session_shares_the_weights(one_torch_thread):
             texts.append(bb.think(25).text)
         out[name] = texts
     assert out["a"] == out["b"] and out["a"][1]
+    # the short feeds every second makes, by the declared clocks (LISTEN's 2-position close, 50 encoder
+    # positions a second over the pool); on the CPU nothing is captured ahead (graphs run on CUDA only)
+    assert a.feed_widths() == [2, 50 // a.dims.audio.pool] == [2, 10] and a.llm_feeds == {}
+    import dataclasses
+    a.dims = dataclasses.replace(a.dims, audio=dataclasses.replace(a.dims.audio, pool=2))
+    assert a.feed_widths() == [2]                        # 25 audio positions: past the graphed widths, eager
 
 
 def test_start_pins_the_attention_kernels_before_anything_is_built(monkeypatch, one_torch_thread):

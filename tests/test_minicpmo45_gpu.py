@@ -233,10 +233,17 @@ def test_tiny_session_turns_stock_equals_graphs():
         s = DuplexSession(SessionConfig(backbone="minicpm-o-4.5", size="tiny", device="cuda", seed=3,
                                         demand_sized=demand, graph_replay=graphs, reply_seconds=2))
         s.start()
+        # the short feeds' layer graphs are captured at start: no second pays them (the LLM store never moves
+        # in 14 s, so the same graphs serve every second)
+        before = dict(s.backbone.llm_feeds), s.backbone.llm_graphs
+        if graphs:
+            assert sorted(before[0]) == s.backbone.feed_widths() == [2, 10] and before[1] is not None
         outs[mode] = (np.concatenate([s.process(f)[0] for f in frames]), [r.text for r in s.records])
         if graphs:
             kv = s.backbone.kv_tts
             assert kv.kind == "demand" and kv.grown >= 1 and s.backbone.tts_graphs.grown == kv.grown
+            assert s.backbone.kv_llm.grown == 0 and s.backbone.llm_graphs is before[1]
+            assert all(s.backbone.llm_feeds[t] is g for t, g in before[0].items())
         s.close()
     assert outs["stock"][1] == outs["graphs"][1] and any(outs["stock"][1])
     assert np.array_equal(outs["stock"][0], outs["graphs"][0]) and np.abs(outs["stock"][0]).max() > 0

@@ -39,7 +39,7 @@ from .layers import inverse_frequencies, pin_attention_kernels, seeded_init
 from .llm import Qwen3
 from .llm_graphs import LayerGraphs, make_layer_graphs
 from .prompt import DEFAULT_SYSTEM_PROMPT, prelude
-from .protocol import Protocol
+from .protocol import GRAPHED_FEED, Protocol
 from .ref_audio import choose_clip, reference_embeddings
 from .tts import TTS, DecodeGraphs
 from .turns import TurnDecision, make_turns
@@ -123,7 +123,8 @@ class MiniCPMO45Backbone(Backbone):
             self._make_stores()
             self._prepare_tts_graphs()
             self.llm_graphs: Optional[LayerGraphs] = make_layer_graphs(self.llm, self.kv_llm, dev, self._graphs_on())
-            self.llm_feeds: Dict[int, LayerGraphs] = {}     # short feeds' layer graphs, by width (made on first use)
+            self.llm_feeds: Dict[int, LayerGraphs] = {}     # short feeds' layer graphs, by width
+            self._prepare_feed_graphs()
             tok = self.folder.tokenizer if self.folder else None
             too_long = None
             if tok is not None:
@@ -181,6 +182,21 @@ class MiniCPMO45Backbone(Backbone):
             rng = torch.cuda.get_rng_state(self.device)
             self.tts_graphs.prepare(self.kv_tts, self.tts_capacity)
             torch.cuda.set_rng_state(rng, self.device)
+
+    def feed_widths(self) -> List[int]:
+        """The short LLM feeds every second makes, by the declared clocks: LISTEN's close (a reply's terminator
+        and ``</unit>``: 2 positions) and the second's audio tokens (the encoder's 50 positions a second over
+        the pool). Their layer graphs are captured when the session starts, so no second pays their capture;
+        any other width (a prelude's short suffix) is captured where it first runs."""
+        return sorted(t for t in {2, 50 // self.dims.audio.pool} if 1 < t <= GRAPHED_FEED)
+
+    def _prepare_feed_graphs(self) -> None:
+        if not self._graphs_on() or self.kv_llm.kind != "demand":
+            return
+        for t in self.feed_widths():
+            graphs = make_layer_graphs(self.llm, self.kv_llm, self.device, True, tokens=t)
+            if graphs is not None:
+                self.llm_feeds[t] = graphs
 
     def _tts_step(self, code: torch.Tensor, kv) -> torch.Tensor:
         if self.tts_graphs is not None and kv.kind == "demand":
