@@ -78,6 +78,37 @@ def test_growth_past_the_room_migrates_once_and_keeps_the_contents():
     assert torch.equal(k[:, :, :7], before[0]) and torch.equal(k[:, :, 7:], new[0]) and s.grown == 1
 
 
+def test_growing_ahead_moves_early_once_keeps_the_contents_and_stops_at_the_horizon():
+    """``begin_step(ahead=k)``: a demand store grows now when the room after the step would not hold ``k`` more
+    worst-case steps (a moment the caller chose), bit for bit; not when it would; never past its horizon, and
+    never refusing there (only a step that does not fit refuses); the stock policy has nothing to do."""
+    g = torch.Generator().manual_seed(5)
+    s = DemandGrowth(regions(horizon=40), "cpu", capacity=16, growable=True)
+    forward(s, g, 4)
+    s.begin_step(ahead=1)                                    # 4 + 5 + 5 = 14 <= 16: room enough
+    assert s.grown == 0 and s.capacity == 16
+    forward(s, g, 3)
+    before, addr = history(s), s.addresses()
+    s.begin_step(ahead=1)                                    # 7 + 5 + 5 = 17 > 16: moves now, to 32
+    assert s.grown == 1 and s.capacity == 32 and s.addresses() != addr
+    assert all(torch.equal(a, b) for a, b in zip(history(s), before))
+    new = forward(s, g, 5)
+    assert torch.equal(history(s)[0][:, :, 7:], new[0])
+    s.begin_step(ahead=4)                                    # 12 + 5 + 20 = 37 > 32: to the horizon, 40
+    assert s.grown == 2 and s.capacity == 40
+    forward(s, g, 5)
+    s.begin_step(ahead=8)                                    # at the horizon: nothing more, no refusal
+    assert s.grown == 2 and s.capacity == 40
+    stock = StockGrowth(regions(), "cpu")
+    stock.begin_step(ahead=3)
+    assert stock.length == 0 and stock.state_bytes() == 0
+    fixed = DemandGrowth(regions(), "cpu", capacity=8)       # not growable: ahead never moves it
+    fixed.begin_step(ahead=5)
+    assert fixed.grown == 0 and fixed.capacity == 8
+    with pytest.raises(ValueError, match="steps ahead must be >= 0"):
+        s.begin_step(ahead=-1)
+
+
 def test_the_declared_worst_case_means_no_growth_inside_a_step():
     g = torch.Generator().manual_seed(2)
     s = DemandGrowth(regions(), "cpu", capacity=6, growable=True)

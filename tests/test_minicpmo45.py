@@ -172,12 +172,12 @@ def test_voice_activity_turns_force_only_the_decision_and_reply_end_tokens(runs)
     assert seen["turn_eos forced"] >= 1 and seen["drawn"] >= 5 and seen["cut"] == 1, seen
 
 
-def _backbone_seconds(seed: int, pattern=(1, 0, 0)):
-    """The backbone alone (no tail): text and codes of each second."""
+def _backbone_seconds(seed: int, pattern=(1, 0, 0), keep: list = None, **kw):
+    """The backbone alone (no tail): text and codes of each second (``keep``: the backbone is appended)."""
     from engine.backbones.base import TokenFormat
     from engine.backbones.minicpmo45 import MiniCPMO45Backbone
     from engine.vad import VadResult
-    b = MiniCPMO45Backbone(TokenFormat(1, 6561, 25.0), size="tiny", device="cpu", seed=seed)
+    b = MiniCPMO45Backbone(TokenFormat(1, 6561, 25.0), size="tiny", device="cpu", seed=seed, **kw)
     torch.manual_seed(seed)
     b.start()
     out = []
@@ -185,7 +185,25 @@ def _backbone_seconds(seed: int, pattern=(1, 0, 0)):
         b.listen(torch.from_numpy(f), VadResult(bool(sp), 1.0 if sp else 0.0, 0.0, -70.0))
         t = b.think(25)
         out.append((t.decision, t.text, None if t.tokens is None else t.tokens.tolist()))
+    if keep is not None:
+        keep.append(b)
     return out
+
+
+def test_the_llm_store_grows_ahead_after_a_listening_second(one_torch_thread):
+    """A 2-second planned LLM room (66 positions): the store grows in seconds that follow a listening one,
+    before its room runs out, and the seconds are those of the stock policy's growing caches, bit for bit."""
+    from engine.backbones.minicpmo45 import backbone as B
+    pattern = (1, 1, 0, 0, 1, 0, 0, 0, 1, 1, 0, 0)
+    kept = []
+    ahead = _backbone_seconds(3, pattern, kept, horizon_seconds=2)
+    stock = _backbone_seconds(3, pattern, kept, demand_sized=False)
+    a, st = kept
+    assert ahead == stock and any(d == "speak" for d, _, _ in ahead)
+    assert a.kv_llm.kind == "demand" and a.grown_ahead >= 1 and a.kv_llm.grown >= a.grown_ahead
+    assert a.kv_llm.capacity >= a.kv_llm.length + B.GROW_AHEAD_SECONDS * a.kv_llm.worst \
+        or a.kv_llm.capacity == a.kv_llm.limit
+    assert all(torch.equal(x, y) for x, y in zip(a.kv_llm.export(), st.kv_llm.export()))
 
 
 def test_seeded_sessions_repeat_and_seeds_differ(one_torch_thread):

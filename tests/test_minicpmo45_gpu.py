@@ -247,3 +247,32 @@ def test_tiny_session_turns_stock_equals_graphs():
         s.close()
     assert outs["stock"][1] == outs["graphs"][1] and any(outs["stock"][1])
     assert np.array_equal(outs["stock"][0], outs["graphs"][0]) and np.abs(outs["stock"][0]).max() > 0
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_tiny_llm_store_grows_ahead_with_its_graphs_captured_in_that_second():
+    """A 2-second LLM room on CUDA with graphs: the store grows in seconds after a listening one, and that
+    second captures the LLM's layer graphs (decode and the short feeds) over the new storage, so the graphs
+    every later second replays are already valid; the seconds equal the stock policy's, bit for bit."""
+    import numpy as np
+    from engine.backbones.base import TokenFormat
+    from engine.backbones.minicpmo45 import MiniCPMO45Backbone
+    from engine.vad import VadResult
+    pattern = (1, 1, 0, 0, 1, 0, 0, 0, 1, 1, 0, 0)
+    rng = np.random.default_rng(0)
+    frames = [(rng.standard_normal(24000) * (0.2 if s else 0.001)).astype(np.float32) for s in pattern]
+    out, kept = {}, {}
+    for mode, kw in {"ahead": dict(horizon_seconds=2), "stock": dict(demand_sized=False, graph_replay=False)}.items():
+        b = MiniCPMO45Backbone(TokenFormat(1, 6561, 25.0), size="tiny", device="cuda", seed=3, **kw)
+        b.start()
+        seconds = []
+        for f, sp in zip(frames, pattern):
+            b.listen(torch.from_numpy(f).cuda(), VadResult(bool(sp), 1.0 if sp else 0.0, 0.0, -70.0))
+            if mode == "ahead":                     # after LISTEN: every graph is over the current storage
+                assert b.llm_graphs.valid_for(b.kv_llm) and all(g.valid_for(b.kv_llm) for g in b.llm_feeds.values())
+            t = b.think(25)
+            seconds.append((t.decision, t.text, None if t.tokens is None else t.tokens.tolist()))
+        out[mode], kept[mode] = seconds, b
+    a = kept["ahead"]
+    assert out["ahead"] == out["stock"] and a.grown_ahead >= 1 and a.kv_llm.grown >= a.grown_ahead
+    assert all(torch.equal(x, y) for x, y in zip(a.kv_llm.export(), kept["stock"].kv_llm.export()))

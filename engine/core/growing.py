@@ -92,17 +92,28 @@ class GrowingStore:
         ret = self.regions[0].retention
         return int(ret.max_units) if isinstance(ret, Horizon) else None
 
-    def begin_step(self, worst: Optional[int] = None) -> None:
+    def begin_step(self, worst: Optional[int] = None, ahead: int = 0) -> None:
         """Open a step that adds at most ``worst`` rows (default: the clock's declared worst case). The room
-        is made now (a demand store grows here if it must), so nothing in the step moves the storage."""
+        is made now (a demand store grows here if it must), so nothing in the step moves the storage.
+
+        ``ahead``: also grow now if the room after this step would not hold ``ahead`` more worst-case steps —
+        the caller passes it in a step with time to spare (a second after a listening one), so the migration,
+        and the graph owners' captures after it, land there rather than in a later step that has none."""
         n = self.worst if worst is None else int(worst)
-        if n < 0:
-            raise ValueError(f"{self.names[0]}: a step's worst case must be >= 0, got {n}")
+        if n < 0 or int(ahead) < 0:
+            raise ValueError(f"{self.names[0]}: a step's worst case and its steps ahead must be >= 0, "
+                             f"got {n} and {ahead}")
         self.ensure(self.length + n)
+        if ahead:
+            self._grow_ahead(self.length + n + int(ahead) * self.worst)
         self._step = (self.length, n)
 
     def end_step(self) -> None:
         self._step = None
+
+    def _grow_ahead(self, end: int) -> None:
+        """Room for ``end`` rows if the policy grows ahead (a demand store within its horizon); never refuses."""
+        return None
 
     @property
     def in_step(self) -> bool:
@@ -246,6 +257,13 @@ class DemandGrowth(GrowingStore):
             bound = limit if self.growable else self.capacity
             raise RuntimeError(f"{self.names[0]}: {end} positions exceed the horizon of {bound} "
                                f"(start a new session)")
+        cap = max(2 * self.capacity, end)
+        self._move(cap if limit is None else min(limit, cap))
+
+    def _grow_ahead(self, end: int) -> None:
+        limit = self.limit
+        if end <= self.capacity or not self.growable or (limit is not None and self.capacity >= limit):
+            return
         cap = max(2 * self.capacity, end)
         self._move(cap if limit is None else min(limit, cap))
 

@@ -52,6 +52,9 @@ SILENCE = 4218                 # the Step-Audio2 silence token
 LOOKAHEAD = 3
 LLM_TOKENS_PER_SECOND = 33     # worst case: finalize 2 + <unit> 1 + audio 10 + turn_eos 1 + 19 decoded
 TTS_TOKENS_PER_SECOND = 45     # worst case: 19 text + audio BOS + 25 codes fed back
+#: the LLM store grows ahead, in a second after a listening one (time to spare for the captures), once its room
+#: would not hold this many more worst-case seconds; past it, a second that must have room grows then
+GROW_AHEAD_SECONDS = 10
 
 
 class MiniCPMO45Backbone(Backbone):
@@ -85,6 +88,8 @@ class MiniCPMO45Backbone(Backbone):
         self.tts_graphs: Optional[DecodeGraphs] = None
         self._in_reply = False
         self._speech = False
+        self._listened = False                  # the last second's unit listened (THINK's decision)
+        self.grown_ahead = 0                    # LLM store moves made ahead (in a second after a listening one)
         self._force_listen = False            # the next THINK listens (the page's Force Listen)
         self._tap: Optional[Callable[[str, torch.Tensor], None]] = None
         l, t = self.dims.llm, self.dims.tts
@@ -231,8 +236,25 @@ class MiniCPMO45Backbone(Backbone):
             emb = self.executor.step({"features": self.front(audio)})["emb"]   # [10, llm hidden]
             if self._tap is not None:
                 self._tap("encoder", emb)
-            self.kv_llm.begin_step()            # the second's worst case fits now: no store moves mid-second
+            self._begin_llm_step()
             self.protocol.prefill(emb)
+
+    def _begin_llm_step(self) -> None:
+        """Open the second's LLM step: its worst case fits now, so no store moves mid-second. After a listening
+        second the store also grows ahead when its room is near its end (GROW_AHEAD_SECONDS): a second that
+        follows a listening one usually listens too (~80 ms of its 1,000), so the move lands where there is
+        time. After any move the LLM's layer graphs are captured over the new storage at once, in this
+        second, never later in a speaking one."""
+        kv, before = self.kv_llm, self.kv_llm.grown
+        must = kv.kind == "demand" and kv.length + kv.worst > kv.capacity      # no room for this second
+        kv.begin_step(ahead=GROW_AHEAD_SECONDS if self._listened else 0)
+        if kv.grown == before:
+            return
+        self.grown_ahead += not must
+        if self._graphs_on() and kv.kind == "demand":
+            self.llm_graphs = make_layer_graphs(self.llm, kv, self.device, True)
+            self.llm_feeds = {}
+            self._prepare_feed_graphs()
 
     def force_listen(self) -> None:
         """The next second listens whatever the turn policy or the LLM would decide; a reply still open is
@@ -245,6 +267,7 @@ class MiniCPMO45Backbone(Backbone):
             turn, self._force_listen = TurnDecision("listen"), False
         with torch.no_grad():
             unit, hidden = self.protocol.decode(turn)
+            self._listened = unit.decision == "listen"
             if unit.decision == "listen":
                 # only a cut restarts token2wav: a reply the LLM closed inside a listening unit keeps its
                 # buffer and state, and the next speaking second goes on from them (as in the stock loop)
