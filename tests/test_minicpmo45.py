@@ -190,6 +190,25 @@ def _backbone_seconds(seed: int, pattern=(1, 0, 0), keep: list = None, **kw):
     return out
 
 
+def test_tts_decode_graphs_are_prepared_for_a_replys_first_seconds_under_either_policy(one_torch_thread):
+    """The voice-activity policy bounds a reply (its whole room gets per-length graphs at start); with the
+    model deciding (a real checkpoint) nothing bounds it, and the first PREPARED_REPLY_SECONDS seconds at the
+    declared worst case get them, so a real checkpoint's replies replay the same whole-step graphs the
+    random-weights bench measures."""
+    from engine.backbones.base import TokenFormat
+    from engine.backbones.minicpmo45 import MiniCPMO45Backbone
+    from engine.backbones.minicpmo45 import backbone as B
+    fmt = TokenFormat(1, 6561, 25.0)
+    va = MiniCPMO45Backbone(fmt, size="tiny", device="cpu", seed=1, reply_seconds=3)
+    model = MiniCPMO45Backbone(fmt, size="tiny", device="cpu", seed=1, turn_policy="model")
+    for b in (va, model):
+        b.start()
+    assert va.tts_prepared_length() == va.tts_capacity == 3 * B.TTS_TOKENS_PER_SECOND
+    assert model.tts_capacity == model.dims.tts.max_positions > B.PREPARED_REPLY_SECONDS * B.TTS_TOKENS_PER_SECOND
+    assert model.tts_prepared_length() == B.PREPARED_REPLY_SECONDS * B.TTS_TOKENS_PER_SECOND
+    assert model.tts_graphs is None and va.tts_graphs is None          # graphs run on CUDA only
+
+
 def test_the_llm_store_grows_ahead_after_a_listening_second(one_torch_thread):
     """A 2-second planned LLM room (66 positions): the store grows in seconds that follow a listening one,
     before its room runs out, and the seconds are those of the stock policy's growing caches, bit for bit."""

@@ -276,3 +276,26 @@ def test_tiny_llm_store_grows_ahead_with_its_graphs_captured_in_that_second():
     a = kept["ahead"]
     assert out["ahead"] == out["stock"] and a.grown_ahead >= 1 and a.kv_llm.grown >= a.grown_ahead
     assert all(torch.equal(x, y) for x, y in zip(a.kv_llm.export(), kept["stock"].kv_llm.export()))
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_tiny_model_policy_replies_replay_the_prepared_tts_graphs():
+    """With the model deciding (a real checkpoint's policy) the TTS's per-length decode graphs of a reply's
+    first seconds are captured at start, and a reply's steps replay them (not the between-attention graphs)."""
+    import numpy as np
+    from engine.backbones.base import TokenFormat
+    from engine.backbones.minicpmo45 import MiniCPMO45Backbone
+    from engine.vad import VadResult
+    b = MiniCPMO45Backbone(TokenFormat(1, 6561, 25.0), size="tiny", device="cuda", seed=3, turn_policy="model")
+    b.start()
+    dg = b.tts_graphs
+    assert dg.captures == b.tts_prepared_length() - 1 and dg.layered is None
+    rng = np.random.default_rng(1)
+    spoke = 0
+    for k in range(10):                                # the first 3 s listen; the random LLM decides after
+        b.listen(torch.from_numpy((rng.standard_normal(24000) * 0.1).astype(np.float32)).cuda(),
+                 VadResult(True, 1.0, 0.0, -70.0))
+        spoke += b.think(25).decision == "speak"
+    if spoke:
+        assert dg.replays >= 25 * min(spoke, 3)
+    assert dg.captures == b.tts_prepared_length() - 1  # nothing captured while the seconds ran

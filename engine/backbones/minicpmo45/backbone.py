@@ -55,6 +55,9 @@ TTS_TOKENS_PER_SECOND = 45     # worst case: 19 text + audio BOS + 25 codes fed 
 #: the LLM store grows ahead, in a second after a listening one (time to spare for the captures), once its room
 #: would not hold this many more worst-case seconds; past it, a second that must have room grows then
 GROW_AHEAD_SECONDS = 10
+#: a reply's first seconds whose TTS decode steps get their own graphs at start when no turn policy bounds a
+#: reply (the model decides: a real checkpoint); the voice-activity policy prepares its whole reply room
+PREPARED_REPLY_SECONDS = 4
 
 
 class MiniCPMO45Backbone(Backbone):
@@ -179,13 +182,21 @@ class MiniCPMO45Backbone(Backbone):
     def _graphs_on(self) -> bool:
         return self._toggles.effective(self.device).graph_replay
 
+    def tts_prepared_length(self) -> int:
+        """The TTS KV lengths whose decode step gets its own graph at start (2 .. this): a reply's whole room
+        under a turn policy that bounds it; else (the model decides) its first PREPARED_REPLY_SECONDS seconds
+        at the declared worst case — a longer reply's later steps replay the between-attention graphs."""
+        if self.turns.max_turn_seconds is not None:
+            return self.tts_capacity
+        return min(self.tts_capacity, PREPARED_REPLY_SECONDS * TTS_TOKENS_PER_SECOND)
+
     def _prepare_tts_graphs(self) -> None:
         if not self._graphs_on():
             return
-        self.tts_graphs = DecodeGraphs(self.tts, self.device, self.tts_capacity)
-        if self.turns.max_turn_seconds is not None and self.kv_tts.length == 0:
+        self.tts_graphs = DecodeGraphs(self.tts, self.device, self.tts_prepared_length())
+        if self.kv_tts.length == 0:
             rng = torch.cuda.get_rng_state(self.device)
-            self.tts_graphs.prepare(self.kv_tts, self.tts_capacity)
+            self.tts_graphs.prepare(self.kv_tts, self.tts_prepared_length())
             torch.cuda.set_rng_state(rng, self.device)
 
     def feed_widths(self) -> List[int]:
@@ -315,7 +326,9 @@ class MiniCPMO45Backbone(Backbone):
             self.tts_graphs = None                                      # graphs point into the old storage
         p.kv_tts = self.kv_tts = new_tts
         if self._graphs_on() and self.tts_graphs is None:
-            self.tts_graphs = DecodeGraphs(self.tts, self.device, self.tts_capacity)   # lazily from here on
+            # none prepared over the new store (its history may be mid-turn): the between-attention graphs
+            # serve every length from here on
+            self.tts_graphs = DecodeGraphs(self.tts, self.device, self.tts_prepared_length())
         elif not self._graphs_on():
             self.tts_graphs = None
         if not self._graphs_on():
