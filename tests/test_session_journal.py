@@ -238,3 +238,25 @@ def test_run_interrupted_while_building_writes_nothing(tmp_path):
     else:                                           # the signal came after the first second: still clean
         assert p.returncode == 130 and "interrupted after" in err, err
     assert "Traceback" not in err and not list(tmp_path.glob("logs.partial-*"))
+
+
+def test_a_signal_inside_a_deferred_block_interrupts_after_it():
+    """``StopSignals.deferred``: a signal while a worker thread starts does not break into ``Thread.start`` (CI
+    once saw the run above leave the building worker unjoined and the interpreter tear it down with a
+    traceback); it raises Interrupted right after the block, once, and only while building."""
+    import signal as sig
+
+    from engine.cli.feed import Interrupted, StopSignals
+    stop = StopSignals()                                   # not entered: no handler installed, _handle called
+    ran = []
+    with pytest.raises(Interrupted) as e:
+        with stop.deferred():
+            stop._handle(sig.SIGINT, None)                 # what the handler does when the signal comes
+            ran.append("the rest of the block")
+    assert ran == ["the rest of the block"] and e.value.signum == sig.SIGINT and stop.building is False
+    with stop.deferred():                                  # no longer building: a later block is not interrupted
+        stop._handle(sig.SIGTERM, None)
+    quiet = StopSignals()
+    with quiet.deferred():
+        pass
+    assert quiet.building is True and quiet.signum == 0

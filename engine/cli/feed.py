@@ -3,6 +3,7 @@ the loop that submits frames to a runner and journals each second as it comes ba
 """
 from __future__ import annotations
 
+import contextlib
 import queue
 import signal
 import sys
@@ -79,6 +80,21 @@ class StopSignals(CaughtSignals):
         if self.building:
             self.building = False            # once: a second signal must not break the clean-up
             raise Interrupted(signum)
+
+    @contextlib.contextmanager
+    def deferred(self):
+        """A block no signal breaks into: a worker thread's start (an Interrupted raised inside
+        ``Thread.start``, before it has seen its thread run, leaves a running thread that ``is_alive`` denies
+        and nothing joins; at exit the interpreter then tears it down with a traceback). A signal that came
+        meanwhile raises :class:`Interrupted` after the block, where the caller can stop and join."""
+        was, self.building = self.building, False
+        try:
+            yield
+        finally:
+            self.building = was
+        if was and self.signum:
+            self.building = False
+            raise Interrupted(self.signum)
 
 
 def feed(runner, frames: List[np.ndarray], progress: Progress, journal: SessionJournal, stop: StopSignals,

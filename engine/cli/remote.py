@@ -51,8 +51,9 @@ def make_runner(a: argparse.Namespace, cfg: SessionConfig) -> RemoteRunner:
 
 def run_remote(runner: RemoteRunner, frames: List[np.ndarray], progress, journal, stop, realtime: bool) -> None:
     """Feed ``frames`` to the remote session and journal each second as it comes back."""
-    runner.start()
     try:
+        with stop.deferred():                    # a signal inside Thread.start would leave the worker unjoined
+            runner.start()
         while not runner.ready.wait(0.1):
             pass
     except Interrupted:

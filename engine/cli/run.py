@@ -148,7 +148,8 @@ def run_realtime(cfg: SessionConfig, frames: List[np.ndarray], progress: Progres
     A stop signal ends it at the second in progress (which is kept)."""
     runner = LiveRunner(cfg)
     try:
-        runner.start()
+        with stop.deferred():                    # a signal inside Thread.start would leave the worker unjoined
+            runner.start()
         while not runner.ready.wait(0.1):
             pass
     except Interrupted:
