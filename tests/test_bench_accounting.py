@@ -62,13 +62,13 @@ def test_count_events_ranks_kernels_by_summed_time_under_their_short_names():
     gemv = "void gemv2T_kernel_val<int, int, __nv_bfloat16, float, 128, 16>(cublasGemvParamsEx<int>, float)"
     events = [Event("kernel", gemv, 300_000), Event("kernel", "elementwise", 250_000),
               Event("kernel", gemv.replace("float)", "int)"), 400_000), Event("kernel", "tiny", 1_000)]
-    top = accounting.count_events(events, cuda=True)["top_kernels"]
+    top = accounting.top_kernels(accounting.count_events(events, cuda=True)["kernel_tally"])
     assert top == [{"kernel": "gemv2T_kernel_val<int, int, __nv_bfloat16, float, 128, 16>", "n": 2,
                     "ms": pytest.approx(0.7)},
                    {"kernel": "elementwise", "n": 1, "ms": pytest.approx(0.25)},
                    {"kernel": "tiny", "n": 1, "ms": pytest.approx(0.001)}]
     many = [Event("kernel", f"k{i:02d}", 1000 * (i + 1)) for i in range(30)]
-    top = accounting.count_events(many, cuda=True)["top_kernels"]
+    top = accounting.top_kernels(accounting.count_events(many, cuda=True)["kernel_tally"])
     assert [k["kernel"] for k in top] == [f"k{i:02d}" for i in range(29, 29 - accounting.TOP_KERNELS, -1)]
     assert accounting.kernel_name("x" * 200).endswith("…") and len(accounting.kernel_name("x" * 200)) == 120
     assert accounting.kernel_name("void at::native::elementwise_kernel<128, 4, at::native::(anonymous namespace)::"
@@ -76,21 +76,34 @@ def test_count_events_ranks_kernels_by_summed_time_under_their_short_names():
 
 
 def test_means_add_the_top_kernels_up_per_kind_and_the_table_lists_them():
-    sec = lambda speaking, ms: {"speaking": speaking, **{f: 1.0 for f in accounting.MEAN_FIELDS},  # noqa: E731
-                                "top_kernels": [{"kernel": "gemm", "n": 4, "ms": ms},
-                                                {"kernel": "norm", "n": 2, "ms": 1.0}]}
-    m = accounting.means([sec(True, 10.0), sec(True, 20.0), sec(False, 2.0)])
+    sec = lambda speaking: {"speaking": speaking, **{f: 1.0 for f in accounting.MEAN_FIELDS}}  # noqa: E731
+    tally = lambda ms: {"gemm": (4, ms), "norm": (2, 1.0)}                                   # noqa: E731
+    m = accounting.means([sec(True), sec(True), sec(False)], [tally(10.0), tally(20.0), tally(2.0)])
     assert m["speaking"]["top_kernels"] == [{"kernel": "gemm", "n": 4.0, "ms": 15.0},
                                             {"kernel": "norm", "n": 2.0, "ms": 1.0}]
     assert m["listening"]["top_kernels"][0] == {"kernel": "gemm", "n": 4.0, "ms": 2.0}
+    # a kernel past one second's top list still counts in that second's mean: its whole tally is averaged
+    many = {f"k{i:02d}": (1, float(i)) for i in range(accounting.TOP_KERNELS + 5)}
+    low = dict(many, gemm=(1, 0.5))                       # gemm is last in this second
+    hi = dict(many, gemm=(1, 100.0))
+    top = accounting.means([sec(True), sec(True)], [low, hi])["speaking"]["top_kernels"]
+    assert top[0] == {"kernel": "gemm", "n": 1.0, "ms": 50.25}
     text = accounting.format_kernels({"graphs": m})
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()]
     assert ["graphs", "speaking", "15.0", "4.0", "gemm"] in cells
     assert ["graphs", "listening", "2.0", "4.0", "gemm"] in cells
     assert max(len(line) for line in text.splitlines()) <= 120
-    cpu = accounting.means([{**sec(True, 1.0), "top_kernels": None}])
+    cpu = accounting.means([sec(True)], [None])
     assert cpu["speaking"]["top_kernels"] is None and cpu["listening"]["top_kernels"] is None
     assert accounting.format_kernels({"eager": cpu}) == ""
+
+
+def test_decoder_benches_count_kernels_per_audio_second_from_the_same_tally():
+    """The Mimi and Nemotron codec benches' kernel numbers come from the accounting's counts (one tally)."""
+    c = accounting.count_events(EVENTS, cuda=True)
+    per = accounting.per_audio_second(c, 0.5, most=2)
+    assert per["kernels_per_audio_s"] == 6 and per["kernel_ms_per_audio_s"] == pytest.approx(7.5)
+    assert per["top_kernels_ms_per_audio_s"] == {"graph node": 4.0, "gemm": 3.0}
 
 
 def test_count_events_from_device_types_where_torch_has_no_activity_type():

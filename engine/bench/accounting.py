@@ -25,8 +25,9 @@ Counted from the profiler's events (kineto activity types):
   and ``graph_replays_main``: that counter's delta in the main run's same second;
 * ``memcpy`` / ``memset``: device copy and set activities; ``cpu_ops``: profiled CPU operators;
 * ``top_kernels``: where the kernel time went, the ``TOP_KERNELS`` kernels with the most summed time (each
-  ``{"kernel": name, "n": how many ran, "ms": summed duration}``, the name cut at its argument list); the means
-  per speaking / listening second add them up by name over that kind's seconds.
+  ``{"kernel": name, "n": how many ran, "ms": summed duration}``, the name cut at its argument list), from the
+  second's whole tally by name (``kernel_tally``, kept out of bench.json); the means per speaking / listening
+  second rank the mean of those whole tallies.
 
 On the CPU there are no CUDA kernels: the CUDA fields are ``None`` (printed "—"), never zeros made up, and
 ``cpu_ops`` is the count to read.
@@ -111,14 +112,10 @@ def count_events(events: Iterable[object], cuda: bool) -> Dict[str, Optional[flo
             c["kernel_launches"] += api in KERNEL_LAUNCH_CALLS
             c["graph_launches"] += api in GRAPH_LAUNCH_CALLS
     out: Dict[str, object] = {"kernel_ms": c.pop("kernel_ns") / 1e6, **c}
-    short: Dict[str, List[float]] = {}
-    for raw, (n, ns) in by_kernel.items():                 # ~100k kernels a second, a few hundred names
-        acc = short.setdefault(kernel_name(raw), [0, 0.0])
-        acc[0] += n
-        acc[1] += ns / 1e6
-    out["top_kernels"] = _top({k: (n, ms) for k, (n, ms) in short.items()})
+    # ~100k kernels a second under a few hundred raw names: each name shortened once
+    out["kernel_tally"] = _add_up([{kernel_name(raw): (n, ns / 1e6)} for raw, (n, ns) in by_kernel.items()])
     if not cuda:
-        out.update({k: None for k in CUDA_FIELDS + ("top_kernels",)})
+        out.update({k: None for k in CUDA_FIELDS + ("kernel_tally",)})
     return out
 
 
@@ -141,10 +138,33 @@ def kernel_name(name: str, width: int = 120) -> str:
     return short if len(short) <= width else short[: width - 1] + "…"
 
 
-def _top(tallies: Dict[str, Tuple[float, float]]) -> List[Dict[str, object]]:
-    """The ``TOP_KERNELS`` names with the most time: [{"kernel", "n", "ms"}], most first (ties by name)."""
-    ranked = sorted(tallies.items(), key=lambda kv: (-kv[1][1], kv[0]))[:TOP_KERNELS]
+Tally = Dict[str, Tuple[float, float]]           # kernel name -> (how many ran, summed ms)
+
+
+def _add_up(tallies: Iterable[Tally], divide: float = 1.0) -> Tally:
+    """The tallies summed by kernel name (each sum divided by ``divide``: a mean over that many seconds)."""
+    sums: Dict[str, List[float]] = {}
+    for tally in tallies:
+        for k, (n, ms) in tally.items():
+            acc = sums.setdefault(k, [0, 0.0])
+            acc[0] += n
+            acc[1] += ms
+    return {k: (n / divide, ms / divide) for k, (n, ms) in sums.items()}
+
+
+def top_kernels(tally: Tally, most: int = TOP_KERNELS) -> List[Dict[str, object]]:
+    """The ``most`` names with the most time: [{"kernel", "n", "ms"}], most first (ties by name)."""
+    ranked = sorted(tally.items(), key=lambda kv: (-kv[1][1], kv[0]))[:most]
     return [{"kernel": k, "n": n, "ms": ms} for k, (n, ms) in ranked]
+
+
+def per_audio_second(counts: Dict[str, object], audio_seconds: float, most: int) -> Dict[str, object]:
+    """A decoder bench's kernel numbers per audio second from :func:`profiled`'s CUDA counts: kernels, their
+    summed ms, and the ``most`` kernels' ms by name (the decoder tails' benches)."""
+    s = float(audio_seconds)
+    return {"kernels_per_audio_s": counts["kernels"] / s, "kernel_ms_per_audio_s": counts["kernel_ms"] / s,
+            "top_kernels_ms_per_audio_s": {k["kernel"]: round(k["ms"] / s, 3)
+                                           for k in top_kernels(counts["kernel_tally"], most)}}
 
 
 def _events(prof) -> List[object]:
@@ -200,11 +220,14 @@ def pick_seconds(speaking: Sequence[bool], captures: Sequence[int], n: int) -> L
 
 def entries(picks: Sequence[int], counted: Dict[int, Dict[str, object]], records: Sequence[object],
             replays_main: Sequence[int]) -> List[Dict[str, object]]:
-    """The per-second list: each picked second's counts with the main run's wall time and speaking flag."""
+    """The per-second list: each picked second's counts with the main run's wall time and speaking flag, and
+    its ``top_kernels`` (from its whole kernel tally, which stays out of the list)."""
     out = []
     for k in picks:
         c = dict(counted[k])
         profiled_speaking, profiled_wall = c.pop("speaking"), c.pop("profiled_wall_ms")
+        tally = c.pop("kernel_tally")
+        c["top_kernels"] = None if tally is None else top_kernels(tally)
         speaking = records[k].decision == "speak"
         e = {"index": k, "speaking": speaking, "wall_ms": records[k].total_ms, "profiled_wall_ms": profiled_wall}
         e.update(c)
@@ -219,28 +242,20 @@ def _mean(vals: List[Optional[float]]) -> Optional[float]:
     return sum(vals) / len(vals)
 
 
-def means(per_second: Sequence[Dict[str, object]]) -> Dict[str, Dict[str, object]]:
-    """Means per speaking and per listening second of each field (None: not measured here, or no such second)."""
+def means(per_second: Sequence[Dict[str, object]], tallies: Sequence[Optional[Tally]]
+          ) -> Dict[str, Dict[str, object]]:
+    """Means per speaking and per listening second of each field (None: not measured here, or no such second);
+    ``top_kernels`` from the mean of the seconds' whole kernel ``tallies`` (one per entry, None on the CPU), so
+    a kernel outside one second's top list still counts there."""
     out = {}
     for kind, flag in (("speaking", True), ("listening", False)):
-        rows = [e for e in per_second if e["speaking"] is flag]
-        out[kind] = {"seconds": len(rows), **{f: _mean([e[f] for e in rows]) for f in MEAN_FIELDS},
-                     "top_kernels": _mean_top([e.get("top_kernels") for e in rows])}
+        rows = [i for i, e in enumerate(per_second) if e["speaking"] is flag]
+        kind_tallies = [tallies[i] for i in rows]
+        top = (None if not rows or any(t is None for t in kind_tallies)
+               else top_kernels(_add_up(kind_tallies, divide=len(rows))))
+        out[kind] = {"seconds": len(rows), **{f: _mean([per_second[i][f] for i in rows]) for f in MEAN_FIELDS},
+                     "top_kernels": top}
     return out
-
-
-def _mean_top(tops: List[Optional[List[Dict[str, object]]]]) -> Optional[List[Dict[str, object]]]:
-    """Per second of a kind, each kernel's mean count and time over its seconds' top lists (None where a
-    second has none: not measured, or no such second)."""
-    if not tops or any(t is None for t in tops):
-        return None
-    sums: Dict[str, List[float]] = {}
-    for top in tops:
-        for k in top:
-            acc = sums.setdefault(k["kernel"], [0.0, 0.0])
-            acc[0] += k["n"]
-            acc[1] += k["ms"]
-    return _top({k: (n / len(tops), ms / len(tops)) for k, (n, ms) in sums.items()})
 
 
 def format_kernels(rows: Dict[str, Dict[str, object]], wrap: bool = True) -> str:
@@ -286,7 +301,7 @@ def summary(picks: Sequence[int], counted: Dict[int, Dict[str, object]], records
     """A mode's ``accounting`` entry in bench.json."""
     per_second = entries(picks, counted, records, replays_main)
     return {"counts": "cuda" if cuda else "cpu (CUDA fields None; cpu_ops counted)", "seconds": list(picks),
-            "per_second": per_second, **means(per_second)}
+            "per_second": per_second, **means(per_second, [counted[k]["kernel_tally"] for k in picks])}
 
 
 def _cell(v: Optional[float], fmt: str = "{:.1f}") -> str:

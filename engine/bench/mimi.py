@@ -26,7 +26,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from engine.bench import report
+from engine.bench import accounting, report
 from engine.bench.mathmode import tf32_off
 from engine.core import Executor
 from engine.core.toggles import MODES, Toggles
@@ -168,21 +168,12 @@ def _stats(times: List[float], cfg: MimiConfig, skip: int) -> Dict[str, float]:
 
 
 def _kernels(fn, audio_seconds: float) -> Dict[str, float]:
-    """CUDA kernels (all device events) and their summed device time per audio second."""
-    from torch.profiler import ProfilerActivity, profile
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    ev = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    by_name: Dict[str, List[float]] = {}
-    for e in ev:
-        by_name.setdefault(e.name[:60], []).append(e.device_time)
-    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:6]
-    return {"top_kernels_ms_per_audio_s": {k: round(sum(v) / 1e3 / audio_seconds, 2) for k, v in top},
-            "kernels_per_audio_s": len(ev) / audio_seconds,
-            "kernels_per_frame": len(ev) / (audio_seconds * 12.5),
-            "kernel_ms_per_audio_s": sum(e.device_time for e in ev) / 1e3 / audio_seconds}
+    """CUDA kernels and their summed device time per audio second (:func:`engine.bench.accounting.profiled`),
+    and per 80 ms frame."""
+    _, counts = accounting.profiled(fn, cuda=True)
+    out = accounting.per_audio_second(counts, audio_seconds, most=6)
+    out["kernels_per_frame"] = out["kernels_per_audio_s"] / 12.5
+    return out
 
 
 def _memory(fn, cuda: bool):

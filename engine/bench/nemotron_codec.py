@@ -31,7 +31,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from engine.bench import report
+from engine.bench import accounting, report
 from engine.bench.mathmode import tf32_off
 from engine.core import Executor, make_plan
 from engine.stats import percentile, progress
@@ -151,20 +151,9 @@ def summary(ms: List[float]) -> Dict[str, float]:
 
 
 def kernels(fn: Callable[[], object], audio_seconds: float) -> Dict[str, object]:
-    """CUDA kernels and their summed GPU time per audio second (torch.profiler, CUPTI)."""
-    from torch.profiler import ProfilerActivity, profile
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    ev = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    by: Dict[str, float] = {}
-    for e in ev:
-        by[e.name[:60]] = by.get(e.name[:60], 0.0) + e.device_time
-    top = sorted(by.items(), key=lambda kv: -kv[1])[:5]
-    return {"kernels_per_audio_s": len(ev) / audio_seconds,
-            "kernel_ms_per_audio_s": sum(e.device_time for e in ev) / 1e3 / audio_seconds,
-            "top_kernels_ms_per_audio_s": {k: round(v / 1e3 / audio_seconds, 3) for k, v in top}}
+    """CUDA kernels and their summed GPU time per audio second (:func:`engine.bench.accounting.profiled`)."""
+    _, counts = accounting.profiled(fn, cuda=True)
+    return accounting.per_audio_second(counts, audio_seconds, most=5)
 
 
 def equal(a: torch.Tensor, b: torch.Tensor) -> Dict[str, object]:
