@@ -319,8 +319,9 @@ def _markdown(doc: Dict[str, object], path: Path) -> None:
     notes = [f"{doc['tail']} + {doc['backbone']}, {doc['size']}, {doc['gpu']}, {doc['seconds']:g} s at the knee"]
     if "optimized_vs_stock_like" in doc:
         notes.append(f"optimized keeps {doc['optimized_vs_stock_like']:.1f}x the sessions of stock-like on time")
-    if _versus_stock(doc):
-        notes += [_versus_stock(doc), doc["stock_loop"].get("why", "")]
+    versus = _versus_stock(doc)
+    if versus:
+        notes += [versus, doc["stock_loop"].get("why", "")]
     md = report.markdown("Sessions one device keeps on time", str(doc["command"]), [("", table(doc, wrap=False))],
                          notes)
     atomic_write(path, lambda f: f.write(md), text=True)
@@ -378,13 +379,12 @@ def main(argv=None) -> int:
     why = _check_args(a) or (f"unknown mode(s) {bad}; choose from {', '.join(MODES)}" if bad or not modes else None)
     folder = None
     try:
-        folder = None if why or a.stock_loop is None else _stock_folder(a)
-        # with the stock loop, ours read its folder, its voice and 16 kHz input (as the session bench's rows do)
-        extra = {} if folder is None else dict(backbone_checkpoint=str(folder), voice=str(folder / "voice.npz"),
-                                               input_rate=stock_loop.RATE)
-        base = SessionConfig(**dict(dict(tail=a.tail, backbone=a.backbone, size=a.size, device=a.device,
-                                          seed=a.seed, checkpoint=a.checkpoint,
-                                          backbone_checkpoint=a.backbone_checkpoint), **extra)).resolved()
+        fields = dict(tail=a.tail, backbone=a.backbone, size=a.size, device=a.device, seed=a.seed,
+                      checkpoint=a.checkpoint, backbone_checkpoint=a.backbone_checkpoint)
+        if not why and a.stock_loop is not None:       # ours read the stock's folder, voice and 16 kHz input
+            folder = stock_loop.check(a.stock_loop, a.stock_loop_folder, a.backbone, a.backbone_checkpoint)
+            fields.update(stock_loop.ours_reading(folder))
+        base = SessionConfig(**fields).resolved()
     except ValueError as e:
         why = why or str(e)
     if why:
@@ -429,8 +429,9 @@ def main(argv=None) -> int:
     print(table(doc))
     if "optimized_vs_stock_like" in doc:
         print(f"optimized keeps {doc['optimized_vs_stock_like']:.1f}x the sessions of stock-like on time")
-    if _versus_stock(doc):
-        print(_versus_stock(doc))
+    versus = _versus_stock(doc)
+    if versus:
+        print(versus)
     if a.json:
         _write(doc, a)
         _markdown(doc, Path(a.json).with_suffix(".md"))
@@ -440,11 +441,6 @@ def main(argv=None) -> int:
     ok = all(m.get("bit_identical_to_solo", True) for m in doc["modes"].values())
     ok = ok and "error" not in doc.get("stock_loop", {})
     return 0 if ok else 1
-
-
-def _stock_folder(a) -> Path:
-    """``--stock-loop``'s folder after checking what the stock loop needs (StockLoopError: one line)."""
-    return stock_loop.check(a.stock_loop, a.stock_loop_folder, a.backbone, a.backbone_checkpoint)
 
 
 def _run_stock(a, base: SessionConfig, folder: Path, frames: List[np.ndarray]) -> Dict[str, object]:

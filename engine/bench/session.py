@@ -262,8 +262,7 @@ def _stock_loop(a) -> int:
             raise ValueError(f"--stock-loop-repeats must be 1 or more, not {a.stock_loop_repeats}")
         folder = stock_loop.check(a.stock_loop, a.stock_loop_folder, a.backbone, a.backbone_checkpoint)
         base = SessionConfig(tail=a.tail, backbone=a.backbone, size=a.size, device=a.device, seed=a.seed,
-                             checkpoint=a.checkpoint, backbone_checkpoint=str(folder), input_rate=stock_loop.RATE,
-                             voice=str(folder / "voice.npz")).resolved()
+                             checkpoint=a.checkpoint, **stock_loop.ours_reading(folder)).resolved()
         audio = (load_mono(a.input, rate=stock_loop.RATE, max_seconds=a.seconds) if a.input
                  else speech_like(a.seconds, a.seed, rate=stock_loop.RATE))
     except ValueError as e:

@@ -91,6 +91,21 @@ def check(python: Optional[str], folder: Optional[str], backbone: str, backbone_
     return path.resolve()
 
 
+def ours_reading(folder: Path) -> Dict[str, object]:
+    """What our side of a stock-loop comparison takes from the stock's folder (SessionConfig fields): its
+    weights, its ``voice.npz`` as token2wav's prompt, and 16 kHz input (the stock's own)."""
+    return {"backbone_checkpoint": str(folder), "voice": str(folder / "voice.npz"), "input_rate": RATE}
+
+
+def write_input(work: Path, audio: np.ndarray) -> Path:
+    """The 16 kHz samples the stock loop reads, as a float WAV under ``work``."""
+    import soundfile as sf
+    work.mkdir(parents=True, exist_ok=True)
+    wav = work / "stock-loop-input-16k.wav"
+    sf.write(str(wav), np.asarray(audio, np.float32), RATE, subtype="FLOAT")
+    return wav
+
+
 def paced(ms: List[float]) -> List[bool]:
     """Missed seconds of a run paced as the session bench paces ours: seconds run back to back, second k
     arrives k seconds in, its wait is how far its start is past that, and it is missed when wait + time
@@ -146,12 +161,9 @@ def capacity_row(python: Path, folder: Path, audio: np.ndarray, work: Path, seed
     """The stock loop's row in ``duplexcadence-bench capacity``: one session (eager, as its users run it) over
     ``audio`` (16 kHz), paced as :func:`paced` says; ``max_sessions`` 1 when no second missed, else 0. A run
     that could not finish gives ``{"error": one line, "max_sessions": None}``."""
-    import soundfile as sf
-    work.mkdir(parents=True, exist_ok=True)
-    wav = work / "stock-loop-input-16k.wav"
-    sf.write(str(wav), np.asarray(audio, np.float32), RATE, subtype="FLOAT")
     seconds = -(-len(audio) // RATE)
-    r = run_stock(python, folder, wav, work / "stock-eager", seed, seconds, device, threads, compile=False)
+    r = run_stock(python, folder, write_input(work, audio), work / "stock-eager", seed, seconds, device, threads,
+                  compile=False)
     if "error" in r:
         return {"label": STOCK_LABELS["eager"], "error": r["error"], "max_sessions": None}
     keys = ("p50_total_ms", "p99_total_ms", "misses", "peak_memory_bytes", "peak_memory_kind", "seconds",
@@ -246,10 +258,7 @@ def compare(a, base_cfg, audio: np.ndarray, modes: List[str], ours) -> int:
     frames = frames_of(audio, RATE)[: a.seconds]
     seconds = len(frames)
     work = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="stock-loop-"))
-    work.mkdir(parents=True, exist_ok=True)
-    wav = work / "stock-loop-input-16k.wav"
-    import soundfile as sf
-    sf.write(str(wav), np.concatenate(frames), RATE, subtype="FLOAT")
+    wav = write_input(work, np.concatenate(frames))
     folder = Path(base_cfg.backbone_checkpoint)
     stock_modes = [m for m in STOCK_MODES if m in a.stock_loop_modes]
     reps: Dict[str, List[Dict[str, object]]] = {}
