@@ -68,7 +68,7 @@ def test_growth_past_the_room_migrates_once_and_keeps_the_contents():
     s = DemandGrowth(regions(), "cpu", capacity=8, growable=True)
     forward(s, g, 7)
     before, addr = history(s), s.addresses()
-    s.begin_step()                                           # 7 + 5 > 8: one move, to 16 units
+    assert s.begin_step() == "needed"                        # 7 + 5 > 8: one move, to 16 units
     assert s.grown == 1 and s.capacity == 16 and s.addresses() != addr
     after = history(s)
     assert torch.equal(after[0], before[0]) and torch.equal(after[1], before[1])
@@ -85,11 +85,11 @@ def test_growing_ahead_moves_early_once_keeps_the_contents_and_stops_at_the_hori
     g = torch.Generator().manual_seed(5)
     s = DemandGrowth(regions(horizon=40), "cpu", capacity=16, growable=True)
     forward(s, g, 4)
-    s.begin_step(ahead=1)                                    # 4 + 5 + 5 = 14 <= 16: room enough
+    assert s.begin_step(ahead=1) is None                     # 4 + 5 + 5 = 14 <= 16: room enough
     assert s.grown == 0 and s.capacity == 16
     forward(s, g, 3)
     before, addr = history(s), s.addresses()
-    s.begin_step(ahead=1)                                    # 7 + 5 + 5 = 17 > 16: moves now, to 32
+    assert s.begin_step(ahead=1) == "ahead"                  # 7 + 5 + 5 = 17 > 16: moves now, to 32
     assert s.grown == 1 and s.capacity == 32 and s.addresses() != addr
     assert all(torch.equal(a, b) for a, b in zip(history(s), before))
     new = forward(s, g, 5)
@@ -105,6 +105,10 @@ def test_growing_ahead_moves_early_once_keeps_the_contents_and_stops_at_the_hori
     fixed = DemandGrowth(regions(), "cpu", capacity=8)       # not growable: ahead never moves it
     fixed.begin_step(ahead=5)
     assert fixed.grown == 0 and fixed.capacity == 8
+    short = DemandGrowth(regions(), "cpu", capacity=8, growable=True)
+    forward(short, g, 6)
+    assert short.begin_step(ahead=2) == "needed"             # 6 + 5 > 8, and 6 + 5 + 10 = 21: one move, to 21
+    assert short.grown == 1 and short.capacity == 21
     with pytest.raises(ValueError, match="steps ahead must be >= 0"):
         s.begin_step(ahead=-1)
 

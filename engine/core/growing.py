@@ -92,21 +92,31 @@ class GrowingStore:
         ret = self.regions[0].retention
         return int(ret.max_units) if isinstance(ret, Horizon) else None
 
-    def begin_step(self, worst: Optional[int] = None, ahead: int = 0) -> None:
+    def begin_step(self, worst: Optional[int] = None, ahead: int = 0) -> Optional[str]:
         """Open a step that adds at most ``worst`` rows (default: the clock's declared worst case). The room
         is made now (a demand store grows here if it must), so nothing in the step moves the storage.
 
         ``ahead``: also grow now if the room after this step would not hold ``ahead`` more worst-case steps —
         the caller passes it in a step with time to spare (a second after a listening one), so the migration,
-        and the graph owners' captures after it, land there rather than in a later step that has none."""
+        and the graph owners' captures after it, land there rather than in a later step that has none (one
+        move covers both). Returns how the storage moved: None (it did not), ``"needed"`` (the step had no
+        room) or ``"ahead"``."""
         n = self.worst if worst is None else int(worst)
         if n < 0 or int(ahead) < 0:
             raise ValueError(f"{self.names[0]}: a step's worst case and its steps ahead must be >= 0, "
                              f"got {n} and {ahead}")
-        self.ensure(self.length + n)
+        need, room, before = self.length + n, self.room(), self.grown
         if ahead:
-            self._grow_ahead(self.length + n + int(ahead) * self.worst)
+            self._grow_ahead(need + int(ahead) * self.worst)
+        self.ensure(need)
         self._step = (self.length, n)
+        if self.grown == before:
+            return None
+        return "needed" if room is not None and need > room else "ahead"
+
+    def room(self) -> Optional[int]:
+        """Rows the storage holds without moving (None: it grows as it writes)."""
+        return None
 
     def end_step(self) -> None:
         self._step = None
@@ -245,6 +255,9 @@ class DemandGrowth(GrowingStore):
         self.growable = bool(growable)
         self.storage: Dict[str, torch.Tensor] = {
             r.name: torch.zeros(r.shape_at(self.capacity), dtype=r.dtype, device=self.device) for r in self.regions}
+
+    def room(self) -> Optional[int]:
+        return self.capacity
 
     def addresses(self) -> Dict[str, int]:
         return {n: t.data_ptr() for n, t in self.storage.items()}

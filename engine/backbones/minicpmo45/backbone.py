@@ -130,9 +130,7 @@ class MiniCPMO45Backbone(Backbone):
             self.front = FrontEnd(self.encoder.fbank, self.encoder.window, dev, self._toggles.demand_sized)
             self._make_stores()
             self._prepare_tts_graphs()
-            self.llm_graphs: Optional[LayerGraphs] = make_layer_graphs(self.llm, self.kv_llm, dev, self._graphs_on())
-            self.llm_feeds: Dict[int, LayerGraphs] = {}     # short feeds' layer graphs, by width
-            self._prepare_feed_graphs()
+            self._capture_llm_graphs()
             tok = self.folder.tokenizer if self.folder else None
             too_long = None
             if tok is not None:
@@ -193,10 +191,11 @@ class MiniCPMO45Backbone(Backbone):
     def _prepare_tts_graphs(self) -> None:
         if not self._graphs_on():
             return
-        self.tts_graphs = DecodeGraphs(self.tts, self.device, self.tts_prepared_length())
+        prepared = self.tts_prepared_length()
+        self.tts_graphs = DecodeGraphs(self.tts, self.device, prepared)
         if self.kv_tts.length == 0:
             rng = torch.cuda.get_rng_state(self.device)
-            self.tts_graphs.prepare(self.kv_tts, self.tts_prepared_length())
+            self.tts_graphs.prepare(self.kv_tts, prepared)
             torch.cuda.set_rng_state(rng, self.device)
 
     def feed_widths(self) -> List[int]:
@@ -206,9 +205,14 @@ class MiniCPMO45Backbone(Backbone):
         any other width (a prelude's short suffix) is captured where it first runs."""
         return sorted(t for t in {2, 50 // self.dims.audio.pool} if 1 < t <= GRAPHED_FEED)
 
-    def _prepare_feed_graphs(self) -> None:
+    def _capture_llm_graphs(self) -> None:
+        """The LLM's layer graphs over its store as it is now (at start, and after the store moved): the decode
+        step's and the short feeds' (:meth:`feed_widths`); none where graphs are off or the store is stock."""
+        self.llm_graphs: Optional[LayerGraphs] = None
+        self.llm_feeds: Dict[int, LayerGraphs] = {}
         if not self._graphs_on() or self.kv_llm.kind != "demand":
             return
+        self.llm_graphs = make_layer_graphs(self.llm, self.kv_llm, self.device, True)
         for t in self.feed_widths():
             graphs = make_layer_graphs(self.llm, self.kv_llm, self.device, True, tokens=t)
             if graphs is not None:
@@ -256,16 +260,10 @@ class MiniCPMO45Backbone(Backbone):
         follows a listening one usually listens too (~80 ms of its 1,000), so the move lands where there is
         time. After any move the LLM's layer graphs are captured over the new storage at once, in this
         second, never later in a speaking one."""
-        kv, before = self.kv_llm, self.kv_llm.grown
-        must = kv.kind == "demand" and kv.length + kv.worst > kv.capacity      # no room for this second
-        kv.begin_step(ahead=GROW_AHEAD_SECONDS if self._listened else 0)
-        if kv.grown == before:
-            return
-        self.grown_ahead += not must
-        if self._graphs_on() and kv.kind == "demand":
-            self.llm_graphs = make_layer_graphs(self.llm, kv, self.device, True)
-            self.llm_feeds = {}
-            self._prepare_feed_graphs()
+        moved = self.kv_llm.begin_step(ahead=GROW_AHEAD_SECONDS if self._listened else 0)
+        if moved is not None:
+            self.grown_ahead += moved == "ahead"
+            self._capture_llm_graphs()
 
     def force_listen(self) -> None:
         """The next second listens whatever the turn policy or the LLM would decide; a reply still open is
