@@ -264,6 +264,7 @@ def test_tiny_llm_store_grows_ahead_with_its_graphs_captured_in_that_second():
     out, kept = {}, {}
     for mode, kw in {"ahead": dict(horizon_seconds=2), "stock": dict(demand_sized=False, graph_replay=False)}.items():
         b = MiniCPMO45Backbone(TokenFormat(1, 6561, 25.0), size="tiny", device="cuda", seed=3, **kw)
+        torch.manual_seed(3)                    # both runs draw from the same generator state (CPU and CUDA)
         b.start()
         seconds = []
         for f, sp in zip(frames, pattern):
@@ -299,3 +300,23 @@ def test_tiny_model_policy_replies_replay_the_prepared_tts_graphs():
     if spoke:
         assert dg.replays >= 25 * min(spoke, 3)
     assert dg.captures == b.tts_prepared_length() - 1  # nothing captured while the seconds ran
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_the_code_head_is_folded_on_the_device_the_model_runs_on():
+    """The weight-normed code head is folded where the stock folds it at every forward: on the model's device,
+    in bfloat16. Folded on the CPU, some of the released 768-wide rows' norms round otherwise (H200, session 9:
+    the TTS logits one bfloat16 step off in every speaking second against the stock loop)."""
+    from types import SimpleNamespace
+    from engine.backbones.minicpmo45.weights import _head_weight
+    gen = torch.Generator().manual_seed(9)
+    g, v = torch.rand(6562, 1, generator=gen) + 0.5, torch.randn(6562, 768, generator=gen)
+    base = "tts.head_code.0"
+    keys = {f"{base}.parametrizations.weight.original0": g, f"{base}.parametrizations.weight.original1": v}
+    sh = SimpleNamespace(folder=SimpleNamespace(weight_map=dict.fromkeys(keys, "shard")), get=keys.__getitem__)
+    like = torch.empty(6562, 768, dtype=torch.bfloat16, device="cuda")
+    ours = _head_weight(sh, base, like)
+    stock = torch._weight_norm(v.cuda().bfloat16(), g.cuda().bfloat16(), 0)
+    assert ours.device.type == "cuda" and torch.equal(ours, stock)
+    on_cpu = torch._weight_norm(v.bfloat16(), g.bfloat16(), 0)
+    print(f"  the fold on the CPU differs from CUDA's in {int((on_cpu != stock.cpu()).sum())} of {stock.numel()}")

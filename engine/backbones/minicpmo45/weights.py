@@ -165,11 +165,16 @@ def open_folder(path) -> Folder:
     return Folder(folder, dims, _weight_map(folder), tok, _bad_token_ids(folder, dims.llm.vocab))
 
 
-def fold_weight_norm(g: torch.Tensor, v: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+def fold_weight_norm(g: torch.Tensor, v: torch.Tensor, dtype: Optional[torch.dtype] = None,
+                     device=None) -> torch.Tensor:
     """The weight-normed head's weight ``g * v / |v|`` (rows), computed as the stock computes it: in the model's
     ``dtype`` from ``g`` and ``v`` already cast to it (the demo's ``model.bfloat16()`` casts the two
     parametrization tensors, and the head folds them in bfloat16 at every forward; folding in float32 and
-    casting the product gives other bits)."""
+    casting the product gives other bits), and on the ``device`` the model runs on: each row's norm is a
+    reduction whose order differs between the CPU and the CUDA kernel (at the released 768-wide rows some rows
+    round differently: H200, session 9, TTS logits off by one bfloat16 step in every speaking second)."""
+    if device is not None:
+        g, v = g.to(device), v.to(device)
     if dtype is not None:
         g, v = g.to(dtype), v.to(dtype)
     return torch._weight_norm(v, g, 0)
@@ -198,12 +203,13 @@ class _Shards:
         return f.get_tensor(key)
 
 
-def _head_weight(sh: _Shards, base: str, dtype: torch.dtype) -> torch.Tensor:
+def _head_weight(sh: _Shards, base: str, like: torch.Tensor) -> torch.Tensor:
+    """The code head's weight for the parameter ``like``: folded in its dtype on its device (as the stock)."""
     new_g, new_v = f"{base}.parametrizations.weight.original0", f"{base}.parametrizations.weight.original1"
     if new_g in sh.folder.weight_map:
-        return fold_weight_norm(sh.get(new_g), sh.get(new_v), dtype)
+        return fold_weight_norm(sh.get(new_g), sh.get(new_v), like.dtype, like.device)
     if f"{base}.weight_g" in sh.folder.weight_map:
-        return fold_weight_norm(sh.get(f"{base}.weight_g"), sh.get(f"{base}.weight_v"), dtype)
+        return fold_weight_norm(sh.get(f"{base}.weight_g"), sh.get(f"{base}.weight_v"), like.dtype, like.device)
     return sh.get(f"{base}.weight")
 
 
@@ -214,7 +220,7 @@ def load_module(module: nn.Module, sh: _Shards, prefix: str, rename: Optional[Di
         for name, p in module.named_parameters():
             key = prefix + rename.get(name, name)
             if name == "head_code.0.weight":
-                t = _head_weight(sh, prefix + "head_code.0", p.dtype)
+                t = _head_weight(sh, prefix + "head_code.0", p)
             else:
                 t = sh.get(key)
             if tuple(t.shape) != tuple(p.shape):
