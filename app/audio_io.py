@@ -191,6 +191,20 @@ READABLE = {"pulse": "PulseAudio / PipeWire", "pipewire": "PipeWire", "default":
             "sysdefault": "ALSA system default", "jack": "JACK"}
 
 
+CLOSE_WAIT_S = 5.0          # how long stopping a device waits for PortAudio's close
+
+
+def _stuck_close(message: str) -> None:
+    """A stream that would not close: say so, and keep PortAudio's exit handler (``Pa_Terminate``, which closes
+    every open stream) from waiting on it again when the process ends."""
+    import atexit
+    import sys
+    print(message, file=sys.stderr, flush=True)
+    handler = getattr(sys.modules.get("sounddevice"), "_exit_handler", None)
+    if handler is not None:
+        atexit.unregister(handler)
+
+
 def sounddevice_module():
     """Import sounddevice, turning a missing PortAudio into one clear AudioUnavailable."""
     try:
@@ -290,12 +304,20 @@ class _PortAudioStream:
             return 0.0
 
     def stop(self) -> None:
+        """Close the stream, waiting at most CLOSE_WAIT_S: a sound server that vanished can leave PortAudio's
+        close waiting on it for ever, so the close runs on a helper thread and is left behind (one line on
+        stderr) when it does not return; the window, the session and the exit go on."""
         self._stopping = True
-        if self._stream is not None:
-            try:
-                self._stream.close(ignore_errors=True)
-            finally:
-                self._stream = None
+        stream, self._stream = self._stream, None
+        if stream is None:
+            return
+        closer = threading.Thread(target=stream.close, kwargs={"ignore_errors": True}, daemon=True,
+                                  name=f"close {self.direction} device")
+        closer.start()
+        closer.join(CLOSE_WAIT_S)
+        if closer.is_alive():
+            _stuck_close(f"{self.direction} device '{self.device.name}' did not close within {CLOSE_WAIT_S:g} s "
+                         f"(its sound server is gone?); left open")
 
     def check(self) -> Optional[str]:
         s = self._stream

@@ -185,6 +185,44 @@ def test_device_callbacks_only_copy(monkeypatch):
     assert np.array_equal(sink.played.read(), out[:, 0])          # the far end: exactly what was played
 
 
+def test_a_stream_that_will_not_close_is_left_behind_in_one_line(monkeypatch, capsys):
+    """A vanished sound server can leave PortAudio's close waiting for ever: stop() gives up after
+    CLOSE_WAIT_S, says so in one line, and keeps PortAudio's exit handler from waiting on it at exit."""
+    import atexit
+    import sys
+    import threading
+    release, closed = threading.Event(), []
+
+    class Stuck:
+        def close(self, ignore_errors=False):
+            release.wait()                                  # the dead server: never answers (until the test ends)
+            closed.append(ignore_errors)
+
+    class Quick:
+        def close(self, ignore_errors=False):
+            closed.append(ignore_errors)
+
+    fake_sd = types.SimpleNamespace(_exit_handler=lambda: None)
+    unregistered = []
+    monkeypatch.setattr(atexit, "unregister", unregistered.append)
+    monkeypatch.setitem(sys.modules, "sounddevice", fake_sd)
+    monkeypatch.setattr(audio_io, "CLOSE_WAIT_S", 0.2)
+    dev = DeviceInfo(3, "Test Mic", "ALSA", 2, 2, 44100)
+    quick = DeviceOutput(dev)
+    quick._stream = Quick()
+    quick.stop()
+    assert closed == [True] and capsys.readouterr().err == ""
+    src = DeviceInput(dev)
+    src._stream = Stuck()
+    t0 = time.monotonic()
+    src.stop()
+    assert time.monotonic() - t0 < 2.0 and src._stream is None and src.check() is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["input device 'Test Mic' did not close within 0.2 s (its sound server is gone?); left open"]
+    assert unregistered == [fake_sd._exit_handler]          # PortAudio's exit handler will not run at exit
+    release.set()
+
+
 def test_find_device_by_name_index_and_substring():
     devs = [DeviceInfo(0, "pulse", "ALSA", 32, 32, 44100), DeviceInfo(4, "USB Audio: mic", "ALSA", 1, 0, 48000)]
     assert find_device("pulse", devs, "input").index == 0

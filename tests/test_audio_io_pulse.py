@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -156,14 +157,20 @@ def test_speech_through_pulseaudio_into_the_app_and_back_out(pulse, tmp_path, sp
 def test_audio_server_vanishing_mid_session(pulse, tmp_path, speech_wav):
     """Pull the plug (kill the sound server) mid-session: the window says so, the session goes on
     (on silence) and the scripted run still finishes every second and exits 0."""
-    env = dict(pulse, QT_QPA_PLATFORM="offscreen", DUPLEXCADENCE_SETTINGS=str(tmp_path / "s.ini"))
+    env = dict(pulse, QT_QPA_PLATFORM="offscreen", DUPLEXCADENCE_SETTINGS=str(tmp_path / "s.ini"),
+               PYTHONFAULTHANDLER="1")           # a hang below ends with every thread's stack on stderr
     app = subprocess.Popen([sys.executable, "-m", "app.main", "--input-device", "pulse", "--output-device",
                             "pulse", "--seconds", "5", "--export", str(tmp_path / "export"), "--model", "mimi",
                             "--size", "tiny", "--device", "cpu"],
                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(6)                                        # started, and listening for a while
     pulse.server.terminate()
-    out, err = app.communicate(timeout=240)
+    try:
+        out, err = app.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        app.send_signal(signal.SIGABRT)                  # faulthandler prints where each thread waits
+        out, err = app.communicate(timeout=60)
+        pytest.fail(f"the app did not end within 240 s of the server's death; its threads:\n{err[-8000:]}")
     assert app.returncode == 0, err[-3000:]
     assert "5 seconds processed" in out
     assert "input device 'pulse' stopped (unplugged?); the session continues on silence" in err

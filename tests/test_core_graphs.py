@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import threading
 import time
 import weakref
@@ -173,7 +174,13 @@ class _FakeGraph:
         pass
 
 
+_HANDLES = itertools.count(1)
+
+
 class _FakeStream:
+    def __init__(self):
+        self.cuda_stream = 0x1000 + next(_HANDLES)
+
     def wait_stream(self, other):
         pass
 
@@ -184,7 +191,7 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
     monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: _FakeStream())
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _FakeStream())
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, next(_HANDLES)))
     monkeypatch.setattr(torch.cuda, "graph", lambda graph, **kw: contextlib.nullcontext())
 
 
@@ -234,3 +241,19 @@ def test_replays_take_no_lock(fake_cuda, monkeypatch):
         for _ in range(1000):
             rt.replay(graph)
     assert rt.replays == 1000 and graphs.launches() == (cap0, rep0 + 1000)
+
+
+def test_each_runtime_names_its_pool_and_side_stream_for_the_memory_map(fake_cuda):
+    """The memory map files a segment under the runtime whose pool or side stream holds it; the names stay
+    after the runtime is gone (its cached blocks can outlive it)."""
+    rt = graphs.GraphRuntime("cuda", "tts decode")
+    rt.capture(lambda: None)
+    pool, stream = tuple(rt.pool), rt.stream.cuda_stream
+    other = graphs.GraphRuntime("cuda", "")
+    other.capture(lambda: None)
+    pools, streams = graphs.owners()
+    assert pools[pool] == "tts decode" and streams[stream] == "tts decode"
+    assert pools[tuple(other.pool)] == "unnamed runtime"
+    del rt
+    gc.collect()
+    assert graphs.owners()[0][pool] == "tts decode"

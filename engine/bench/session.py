@@ -49,7 +49,7 @@ import torch
 
 from engine.atomic import atomic_write
 from engine.audio import frames_of, load_mono
-from engine.bench import accounting, report
+from engine.bench import accounting, memory_map, report
 from engine.bench.digests import StageTap, describe, divergence
 from engine import registry
 from engine.core import graphs
@@ -147,6 +147,7 @@ def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False, d
     summary["max_reserved_bytes"] = max((r.reserved_bytes for r in records), default=0)
     summary.update(stage_means(records))
     summary["info"] = s.info
+    summary["memory_map"] = memory_map.snapshot_map(cfg.device)     # whose reserved memory (CUDA; else None)
     s.close()
     del s
     return {"summary": summary, "records": records, "audio": np.concatenate(outs), "digests": seconds,
@@ -397,6 +398,10 @@ def main(argv=None) -> int:
         if kernels:
             print(kernels)
         print(textwrap.fill(acc_note, 120))
+    for key in keys:
+        mem = memory_map.format_map(labels[key], results[key]["summary"].get("memory_map"))
+        if mem:
+            print(mem)
     print(textwrap.fill(same, 120))
     for line in where_lines:
         print(textwrap.fill(line, 120, subsequent_indent="  "))

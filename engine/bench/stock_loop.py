@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from engine.atomic import atomic_write
+from engine.bench import memory_map
 from engine.session.records import DEADLINE_MS
 from engine.stats import MIB, percentile, table
 
@@ -203,6 +204,8 @@ def median_row(reps: List[Dict[str, object]]) -> Dict[str, object]:
         out[m] = None if not vals or any(v is None for v in vals) else statistics.median(vals)
     out["repeats"] = [{m: r.get(m) for m in METRICS} for r in reps]
     out["decisions"] = reps[0]["decisions"]
+    if reps[-1].get("memory_map"):                     # ours on CUDA: whose reserved memory, last repeat
+        out["memory_map"] = reps[-1]["memory_map"]
     return out
 
 
@@ -283,6 +286,7 @@ def compare(a, base_cfg, audio: np.ndarray, modes: List[str], ours) -> int:
             run = run_mode(cfg, frames, desc=LABELS[m], quiet=a.quiet, digests=False)
             recs = run["records"]
             r = row_of([x.total_ms for x in recs], [x.decision for x in recs], peak_memory(cuda))
+            r["memory_map"] = run["summary"].get("memory_map")
             reps.setdefault(f"ours: {label(m, recs)}", []).append(r)
     rows = build_rows(reps, errors, stock_modes)
     print(textwrap.fill(f"MiniCPM-o 4.5, {base_cfg.device}, {seconds} s of 16 kHz input, seed {a.seed}, "
@@ -290,6 +294,9 @@ def compare(a, base_cfg, audio: np.ndarray, modes: List[str], ours) -> int:
     print(format_rows(rows))
     kind = "torch.cuda.max_memory_reserved" if cuda else "the process's peak RSS (VmHWM)"
     print(f"peak memory: {kind}; ratio: the stock eager row's ms / the row's ms (above 1: faster than the stock)")
+    for name, row in rows.items():
+        if row.get("memory_map"):
+            print(memory_map.format_map(name, row["memory_map"]))
     doc = {"seconds": seconds, "seed": a.seed, "repeats": a.stock_loop_repeats, "device": base_cfg.device,
            "folder": str(folder), "threads": threads, "peak_memory": kind, "rows": rows,
            "reference": STOCK_LABELS["eager"], "torch": torch.__version__,

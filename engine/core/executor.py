@@ -72,7 +72,7 @@ class Executor:
         self.arena: ArenaBase = make_arena("demand" if demand_sized else "stock", plan, self.device)
         self.state = StateView(self.arena)
         self.graphs: Dict[ShapeSignature, GraphEntry] = {}
-        self.runtime = GraphRuntime(self.device, "executor")     # stream, pool, captures through the gate
+        self.runtime = GraphRuntime(self.device, f"executor: {type(model).__name__}")   # stream, pool, the gate
 
     # -- toggles -------------------------------------------------------------------------------------
     def set_toggles(self, toggles: Toggles) -> None:

@@ -25,7 +25,7 @@ import collections
 import contextlib
 import threading
 import weakref
-from typing import Callable, ContextManager, Iterator, Optional, Sequence, Set, Tuple, TypeVar
+from typing import Callable, ContextManager, Dict, Iterator, Optional, Sequence, Set, Tuple, TypeVar
 
 import torch
 
@@ -92,6 +92,18 @@ def launches() -> Tuple[int, int]:
                 _retired.replays + sum(t.replays for t in _live))
 
 
+# Who owns what the caching allocator holds: each runtime's pool id and side stream, by the runtime's name
+# (kept after the runtime is gone: pool ids are never reused, and a stream's cached blocks outlive it).
+_pool_owner: Dict[Tuple[int, int], str] = {}
+_stream_owner: Dict[int, str] = {}
+
+
+def owners() -> Tuple[Dict[Tuple[int, int], str], Dict[int, str]]:
+    """(graph pool id -> runtime name, side stream handle -> runtime name), for a memory map."""
+    with _registry_lock:
+        return dict(_pool_owner), dict(_stream_owner)
+
+
 def _register(runtime: "GraphRuntime") -> _Tally:
     """A new tally for ``runtime``, counted by :func:`launches` while it lives and after."""
     tally = _Tally()
@@ -135,12 +147,16 @@ class GraphRuntime:
     def stream(self) -> "torch.cuda.Stream":
         if self._stream is None:
             self._stream = torch.cuda.Stream(self.device)
+            with _registry_lock:
+                _stream_owner[int(self._stream.cuda_stream)] = self.name or "unnamed runtime"
         return self._stream
 
     @property
     def pool(self):
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
+            with _registry_lock:
+                _pool_owner[tuple(int(x) for x in self._pool)] = self.name or "unnamed runtime"
         return self._pool
 
     def drop_pool(self) -> None:
