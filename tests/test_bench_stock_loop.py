@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STOCK_PY = ROOT / ".venv-stock" / "bin" / "python"
 NUDGE = (4.0, 1.8)
 SECONDS = 8
-EAGER, COMPILED = SL.STOCK_LABELS["eager"], SL.STOCK_LABELS["compile"]
+EAGER, WARM, COMPILED = SL.STOCK_LABELS["eager"], SL.STOCK_LABELS["warm"], SL.STOCK_LABELS["compile"]
 OURS = ("ours: stock-like", "ours: eager (graph replay unavailable)")
 
 sys.path.insert(0, str(ROOT / "tests"))
@@ -53,14 +53,14 @@ def bench(tmp_path_factory):
     # the row must say so in one line and carry no numbers (the CPU compile's real behaviour: docs/benchmarks.md)
     r = _bench("--stock-loop", str(STOCK_PY), "--stock-loop-folder", str(folder), "--seconds", str(SECONDS),
                "--stock-loop-repeats", "1", "--stock-loop-compile-timeout", "1", "--modes", "stock,graphs",
-               "--out", str(out))
+               "--stock-loop-modes", "eager,warm,compile", "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     return r, json.loads((out / "bench.json").read_text()), out
 
 
 def test_bench_prints_the_stock_rows_next_to_ours(bench):
     r, _, _ = bench
-    for name in (EAGER, COMPILED, *OURS):
+    for name in (EAGER, WARM, COMPILED, *OURS):
         assert f"| {name} " in r.stdout, name
     assert "not measured: did not finish in 1 s" in r.stdout
     assert "above 1: faster than the stock" in r.stdout
@@ -69,10 +69,10 @@ def test_bench_prints_the_stock_rows_next_to_ours(bench):
 def test_rows_fields_and_ratios(bench):
     _, doc, _ = bench
     rows = doc["rows"]
-    assert list(rows) == [EAGER, COMPILED, *OURS]
+    assert list(rows) == [EAGER, WARM, COMPILED, *OURS]
     assert doc["seconds"] == SECONDS and doc["repeats"] == 1 and doc["reference"] == EAGER
     eager = rows[EAGER]
-    for name in (EAGER, *OURS):
+    for name in (EAGER, WARM, *OURS):
         row = rows[name]
         for m in SL.METRICS:
             assert isinstance(row[m], (int, float)) and row[m] >= 0, (name, m, row[m])
@@ -87,7 +87,13 @@ def test_rows_fields_and_ratios(bench):
                                                        / row["mean_listening_second_ms"])
         # one torch thread each side, the same folder, input and seed: the same decisions every second
         assert row["decisions"] == eager["decisions"], name
-        assert row["note"] == f"decisions as the stock eager's: {SECONDS} of {SECONDS} s"
+        warm = rows[WARM]
+        assert row["speaking_ratio_warm"] == pytest.approx(warm["mean_speaking_second_ms"]
+                                                           / row["mean_speaking_second_ms"])
+        assert row["note"] == (f"decisions as the stock eager's: {SECONDS} of {SECONDS} s; vs the warmed stock: "
+                               f"{row['speaking_ratio_warm']:.2f}x speaking, {row['listening_ratio_warm']:.2f}x "
+                               f"listening")
+    assert rows[WARM]["note"].startswith("after one earlier 10 s session")
     assert set(rows[COMPILED]) == {"error"} and rows[COMPILED]["error"].startswith("not measured")
 
 
@@ -101,6 +107,19 @@ def test_the_stock_harness_records_each_second(bench):
     assert [s["decision"] for s in t["seconds"]] == doc["rows"][EAGER]["decisions"]
     assert all(s["ms"] > 0 and len(s["digest"]) == 16 for s in t["seconds"])
     assert max(s["ms"] for s in t["seconds"]) >= doc["rows"][EAGER]["p99_total_ms"] - 1e-6
+
+
+def test_the_warmed_stock_runs_an_earlier_session_and_keeps_the_bits(bench):
+    """The warm row's process ran one earlier session (over the input's first seconds) before the timed one,
+    and the timed one is the cold run's, second for second (decision, text, waveform hashed): the earlier
+    session leaves nothing behind that changes the output, only the time."""
+    _, doc, out = bench
+    cold = json.loads((out / "stock-eager-1" / "timing.json").read_text())
+    warm = json.loads((out / "stock-warm-1" / "timing.json").read_text())
+    assert warm["warm"] is True and cold["warm"] is False and warm["compile"] is False
+    assert warm["warmup_s"] > 0 and cold["warmup_s"] == 0.0
+    assert [s["digest"] for s in warm["seconds"]] == [s["digest"] for s in cold["seconds"]]
+    assert doc["rows"][WARM]["decisions"] == doc["rows"][EAGER]["decisions"]
 
 
 def test_paced_misses_follow_the_session_rule():

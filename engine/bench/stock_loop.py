@@ -47,8 +47,9 @@ ROOT = Path(__file__).resolve().parents[2]
 RUNNER = ROOT / "tests" / "stock_loop" / "run_stock.py"
 ORACLE = ROOT.parent / "shared" / "oracles" / "MiniCPM-o-Demo-28b60cf"
 RATE = 16000
-STOCK_MODES = ("eager", "compile")
+STOCK_MODES = ("eager", "warm", "compile")
 STOCK_LABELS = {"eager": "stock loop (MiniCPM-o-Demo, eager)",
+                "warm": "stock loop (MiniCPM-o-Demo, eager, warmed)",
                 "compile": "stock loop (MiniCPM-o-Demo, torch.compile)"}
 #: what the stock harness reads from the folder (a released folder's ONNX models are not used: voice.npz is
 #: token2wav's prompt on both sides)
@@ -130,11 +131,14 @@ def row_of(ms: List[float], decisions: List[str], peak: Optional[int]) -> Dict[s
 
 
 def run_stock(python: Path, folder: Path, wav: Path, out: Path, seed: int, seconds: int, device: str,
-              threads: int, compile: bool, timeout_s: int = DEFAULT_TIMEOUT_S) -> Dict[str, object]:
-    """One stock-loop run in a subprocess: its row plus ``digests``, or ``{"error": one line}``."""
+              threads: int, compile: bool, timeout_s: int = DEFAULT_TIMEOUT_S, warm: bool = False
+              ) -> Dict[str, object]:
+    """One stock-loop run in a subprocess: its row plus ``digests``, or ``{"error": one line}``. ``warm``: the
+    eager stock after one earlier session (a serving worker's later session)."""
     cmd = [str(python), str(RUNNER), "--oracle", str(ORACLE), "--folder", str(folder), "--wav", str(wav),
            "--out", str(out), "--seed", str(seed), "--seconds", str(seconds), "--device", device,
-           "--threads", str(threads), "--no-record"] + (["--compile"] if compile else [])
+           "--threads", str(threads), "--no-record"] + (["--compile"] if compile else []) + (
+               ["--warm"] if warm else [])
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
@@ -273,7 +277,7 @@ def compare(a, base_cfg, audio: np.ndarray, modes: List[str], ours) -> int:
             print(f"repeat {rep + 1}/{a.stock_loop_repeats}: {STOCK_LABELS[sm]}", file=sys.stderr, flush=True)
             r = run_stock(Path(a.stock_loop), folder, wav, work / f"stock-{sm}-{rep + 1}", a.seed, seconds,
                           base_cfg.device, threads, sm == "compile",
-                          a.stock_loop_compile_timeout if sm == "compile" else DEFAULT_TIMEOUT_S)
+                          a.stock_loop_compile_timeout if sm == "compile" else DEFAULT_TIMEOUT_S, warm=sm == "warm")
             if "error" in r:
                 errors[sm] = r["error"]
             else:
@@ -323,13 +327,25 @@ def build_rows(reps: Dict[str, List[Dict[str, object]]], errors: Dict[str, str],
     if "compile" in stock_modes and "error" not in rows[STOCK_LABELS["compile"]] and "error" not in eager:
         note = _bits_note(reps[STOCK_LABELS["eager"]][0], reps[STOCK_LABELS["compile"]][0])
         rows[STOCK_LABELS["compile"]].update(note=note, keeps_bits=note.startswith("keeps"))
+    warm = rows.get(STOCK_LABELS["warm"], {})
+    if warm and "error" not in warm:
+        warm["note"] = "after one earlier 10 s session in the same process (a serving worker's later session)"
     for name, r in reps.items():
         if name.startswith("ours: "):
             row = median_row(r)
             row["speaking_ratio"] = ratio(eager.get("mean_speaking_second_ms"), row["mean_speaking_second_ms"])
             row["listening_ratio"] = ratio(eager.get("mean_listening_second_ms"), row["mean_listening_second_ms"])
+            notes = []
             if "decisions" in eager:
                 same = sum(x == y for x, y in zip(eager["decisions"], row["decisions"]))
-                row["note"] = f"decisions as the stock eager's: {same} of {len(row['decisions'])} s"
+                notes.append(f"decisions as the stock eager's: {same} of {len(row['decisions'])} s")
+            if warm and "error" not in warm:
+                row["speaking_ratio_warm"] = ratio(warm.get("mean_speaking_second_ms"),
+                                                   row["mean_speaking_second_ms"])
+                row["listening_ratio_warm"] = ratio(warm.get("mean_listening_second_ms"),
+                                                    row["mean_listening_second_ms"])
+                notes.append(f"vs the warmed stock: {_x(row['speaking_ratio_warm'])} speaking, "
+                             f"{_x(row['listening_ratio_warm'])} listening")
+            row["note"] = "; ".join(notes)
             rows[name] = row
     return rows

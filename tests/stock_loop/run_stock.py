@@ -405,6 +405,14 @@ def digest(res) -> str:
     return h.hexdigest()[:16]
 
 
+def earlier_session(model, oracle, folder, args, wav: np.ndarray) -> None:
+    """A whole duplex session before the timed one, over the input's first WARMUP_SECONDS seconds: what a worker
+    that has served before has run (its lazy CUDA start-up and first kernel choices are behind it)."""
+    prepare(model, oracle, folder, args.system_prompt, args.seed)
+    for s in range(min(WARMUP_SECONDS, len(wav) // 16000)):
+        one_second(model, wav[s * 16000:(s + 1) * 16000], False, args.device)
+
+
 def compile_as_the_demo(model, oracle, folder, args, wav: np.ndarray) -> float:
     """``--compile``: what the demo's loader does when its users set ``compile`` (``UnifiedProcessor._load_model``):
     ``apply_torch_compile(mode="default", dynamic=True)`` (llm.model and tts.model), then a warm-up duplex
@@ -414,9 +422,15 @@ def compile_as_the_demo(model, oracle, folder, args, wav: np.ndarray) -> float:
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
         model.apply_torch_compile(mode="default", dynamic=True, skip_modules=None)
-    prepare(model, oracle, folder, args.system_prompt, args.seed)
-    for s in range(min(WARMUP_SECONDS, len(wav) // 16000)):
-        one_second(model, wav[s * 16000:(s + 1) * 16000], False, args.device)
+    earlier_session(model, oracle, folder, args, wav)
+    return time.perf_counter() - t0
+
+
+def warm_as_a_serving_worker(model, oracle, folder, args, wav: np.ndarray) -> float:
+    """``--warm``: the eager stock as a running worker's later session meets it: one earlier session first (the
+    demo warms up only in its compile mode, so a worker's first session is the cold one). Returns its seconds."""
+    t0 = time.perf_counter()
+    earlier_session(model, oracle, folder, args, wav)
     return time.perf_counter() - t0
 
 
@@ -437,7 +451,10 @@ def run(args) -> None:
     with contextlib.redirect_stdout(io.StringIO()):
         model, _ = build(oracle, folder, voice, args.seed, args.bf16, args.device)
     build_s = time.perf_counter() - t_build
-    warmup_s = compile_as_the_demo(model, oracle, folder, args, wav) if args.compile else 0.0
+    if args.compile and args.warm:
+        raise SystemExit("--compile already runs a warm-up session; --warm is for the eager stock")
+    warmup_s = (compile_as_the_demo(model, oracle, folder, args, wav) if args.compile
+                else warm_as_a_serving_worker(model, oracle, folder, args, wav) if args.warm else 0.0)
     rec = None if args.no_record else Recorder(model)
 
     prefix, suffix, system_prompt, ref = prepare(model, oracle, folder, args.system_prompt, args.seed)
@@ -466,7 +483,8 @@ def run(args) -> None:
         print(f"{s:4d} {'LISTEN' if r['is_listen'] else 'SPEAK '} eot={int(r['end_of_turn'])} "
               f"codes={sum(len(c) for c in r.get('codes', []))} t2w_calls={len(r.get('speech', []))} "
               f"{ms:.1f} ms", flush=True)
-    doc = {"device": args.device, "compile": bool(args.compile), "threads": args.threads, "seed": args.seed,
+    doc = {"device": args.device, "compile": bool(args.compile), "warm": bool(args.warm or args.compile),
+           "threads": args.threads, "seed": args.seed,
            "deterministic": bool(args.deterministic) if args.device == "cuda" else None,
            "dtype": "bfloat16" if args.bf16 or args.device == "cuda" else "float32", "build_s": build_s,
            "warmup_s": warmup_s, "torch": torch.__version__, "seconds": timing, **peak_memory(args.device)}
@@ -491,6 +509,9 @@ def main() -> None:
     p.add_argument("--compile", action="store_true",
                    help="the demo's torch.compile mode: apply_torch_compile(mode='default', dynamic=True) and "
                         "a warm-up session, as its loader does when compile is set")
+    p.add_argument("--warm", action="store_true",
+                   help="eager, after one earlier session over the input's first 10 s (a serving worker's later "
+                        "session; without it, its first)")
     p.add_argument("--deterministic", action="store_true",
                    help="CUDA: cuDNN attention out of SDPA and cuDNN held to deterministic algorithms, as our "
                         "engine runs (without it, as the demo's users run it: torch 2.11 on the H200 picks cuDNN "
