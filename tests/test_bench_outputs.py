@@ -68,6 +68,15 @@ def test_bench_session_on_cpu_says_graph_replay_is_unavailable(tmp_path, capsys,
     assert (tmp_path / "bench.png").read_bytes().startswith(PNG)
 
 
+def test_bench_session_takes_the_voice_and_refuses_a_missing_one_in_one_line(tmp_path, capsys):
+    from engine.bench.cli import main
+    rc = main(["session", "--seconds", "1", "--size", "tiny", "--device", "cpu", "--voice",
+               str(tmp_path / "nowhere.npz"), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "nowhere.npz" in err[0] and err[0].startswith(
+        "duplexcadence-bench session: error:")
+
+
 def test_bench_session_compares_only_distinct_runs():
     """The reference is compared with the other runs only: a changed run is found, one run alone compares nothing."""
     from engine.bench.session import identical_to_reference, same_line

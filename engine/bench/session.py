@@ -214,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backbone", default=registry.default_backbone(), choices=registry.backbone_names())
     p.add_argument("--backbone-checkpoint", default=None)
     p.add_argument("--checkpoint", default=None)
+    p.add_argument("--voice", default=None,
+                   help="the voice, chosen once: a WAV clip or token2wav prompt features (.npz); default: the "
+                        "backbone folder's, else a seeded synthetic prompt")
     p.add_argument("--size", default="auto", choices=["auto", "released", "tiny"])
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--modes", default="stock,graphs",
@@ -349,7 +352,8 @@ def main(argv=None) -> int:
         return _stock_loop(a)
     try:
         base = SessionConfig(tail=a.tail, backbone=a.backbone, size=a.size, device=a.device, seed=a.seed,
-                             checkpoint=a.checkpoint, backbone_checkpoint=a.backbone_checkpoint).resolved()
+                             checkpoint=a.checkpoint, backbone_checkpoint=a.backbone_checkpoint,
+                             voice=a.voice).resolved()
         audio = load_mono(a.input, max_seconds=a.seconds) if a.input else speech_like(a.seconds, a.seed)
     except ValueError as e:
         print(f"duplexcadence-bench session: error: {e}", file=sys.stderr)

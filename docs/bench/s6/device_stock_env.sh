@@ -22,3 +22,8 @@ mkdir -p ../shared && ln -sfn "$PWD/shared-oracles" ../shared/oracles
 export PYTHONPATH=.:../.oracle:tests DC_STOCK_PYTHON=/tmp/vs/python
 /tmp/vs/python -c "import transformers, tokenizers, librosa, hyperpyyaml, diffusers, torch; print('stock packages: transformers', transformers.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())" 2>&1 | tail -3
 python3 -c "import soundfile, soxr, einops; print(\"product extras ok\")" 2>&1 | tail -1
+# the released-dims folder (seeded random bfloat16 weights, 16.5 GiB) at /tmp/mc-released, written once per machine
+released_folder() {
+  [ -f /tmp/mc-released/config.json ] || python3 tests/minicpmo45_stock_folder.py /tmp/mc-released --size released \
+    > $OUT/released-folder.txt 2>&1
+}

@@ -4,7 +4,7 @@
 cd "$(dirname "$0")/../../.."      # the repository copy (.snap) this script sits in
 source docs/bench/s6/device_stock_env.sh
 t0=$(date +%s)
-python3 tests/minicpmo45_stock_folder.py /tmp/mc-released --size released > $OUT/released-folder.txt 2>&1
+released_folder
 echo "folder ready after $(( $(date +%s) - t0 )) s"
 timeout 480 python3 -m engine.bench.cli session --backbone minicpm-o-4.5 --size released --device cuda \
   --seconds ${DC_SECONDS:-20} --modes graphs --stock-loop /tmp/vs/python --stock-loop-folder /tmp/mc-released \
