@@ -154,6 +154,22 @@ def test_speech_through_pulseaudio_into_the_app_and_back_out(pulse, tmp_path, sp
     assert max(_found(sec[4000:20000], captured) for sec in spoken) > 0.9
 
 
+def _wait_for_both_streams(env, app, limit_s: float = 120.0) -> None:
+    """Until the app records from the server and plays into it (a busy machine can take long to start it):
+    the plug is pulled mid-session, never before the devices open."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        opened = [subprocess.run(["pactl", "list", "short", kind], env=env, capture_output=True,
+                                 text=True).stdout.strip() for kind in ("source-outputs", "sink-inputs")]
+        if all(opened):
+            return
+        if app.poll() is not None or time.monotonic() > deadline:
+            app.kill()
+            out, err = app.communicate(timeout=30)
+            pytest.fail(f"the app never opened both devices (exit {app.returncode}):\n{err[-3000:]}")
+        time.sleep(0.2)
+
+
 def test_audio_server_vanishing_mid_session(pulse, tmp_path, speech_wav):
     """Pull the plug (kill the sound server) mid-session: the window says so, the session goes on
     (on silence) and the scripted run still finishes every second and exits 0."""
@@ -163,7 +179,8 @@ def test_audio_server_vanishing_mid_session(pulse, tmp_path, speech_wav):
                             "pulse", "--seconds", "5", "--export", str(tmp_path / "export"), "--model", "mimi",
                             "--size", "tiny", "--device", "cpu"],
                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(6)                                        # started, and listening for a while
+    _wait_for_both_streams(pulse, app)                   # started: its microphone and speaker are open
+    time.sleep(2)                                        # and listening for a while
     pulse.server.terminate()
     try:
         out, err = app.communicate(timeout=240)

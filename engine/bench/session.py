@@ -246,8 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stock-loop-repeats", type=int, default=3,
                    help="interleaved repeats (stock, ours, stock, ours...); each metric is the median (default 3)")
     p.add_argument("--stock-loop-modes", default="eager,compile",
-                   help="the stock loop's modes: eager (a worker's first session, as its users start it), warm (eager after one "
-                        "earlier session: a serving worker's later session), compile (the demo's torch.compile mode)")
+                   help="the stock loop's modes: eager (a worker's first session, as its users start it), warm "
+                        "(eager after one earlier session: a serving worker's later session), compile (the demo's "
+                        "torch.compile mode)")
     p.add_argument("--stock-loop-compile-timeout", type=int, default=3600,
                    help="seconds the stock loop's torch.compile run may take, its compile and warm-up included "
                         "(past it the row says so; eager runs may take 3600 s)")
