@@ -189,6 +189,6 @@ def test_audio_server_vanishing_mid_session(pulse, tmp_path, speech_wav):
         out, err = app.communicate(timeout=60)
         pytest.fail(f"the app did not end within 240 s of the server's death; its threads:\n{err[-8000:]}")
     assert app.returncode == 0, err[-3000:]
-    assert "5 seconds processed" in out
+    assert "5 seconds processed" in out, err[-4000:]
     assert "input device 'pulse' stopped (unplugged?); the session continues on silence" in err
     assert (tmp_path / "export" / "session.csv").read_text().count("\n") == 6
