@@ -243,7 +243,7 @@ def test_replays_take_no_lock(fake_cuda, monkeypatch):
     assert rt.replays == 1000 and graphs.launches() == (cap0, rep0 + 1000)
 
 
-def test_each_runtime_names_its_pool_and_side_stream_for_the_memory_map(fake_cuda):
+def test_each_runtime_names_its_pool_and_side_stream_for_the_memory_map(fake_cuda, monkeypatch):
     """The memory map files a segment under the runtime whose pool or side stream holds it; the names stay
     after the runtime is gone (its cached blocks can outlive it)."""
     rt = graphs.GraphRuntime("cuda", "tts decode")
@@ -254,6 +254,11 @@ def test_each_runtime_names_its_pool_and_side_stream_for_the_memory_map(fake_cud
     pools, streams = graphs.owners()
     assert pools[pool] == "tts decode" and streams[stream] == "tts decode"
     assert pools[tuple(other.pool)] == "unnamed runtime"
+    one = _FakeStream()                         # torch's stream pool hands one stream to two runtimes
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: one)
+    for name in ("tts decode", "llm layer graphs x1", "tts decode"):
+        graphs.GraphRuntime("cuda", name).stream
+    assert graphs.owners()[1][one.cuda_stream] == "tts decode, llm layer graphs x1"
     del rt
     gc.collect()
     assert graphs.owners()[0][pool] == "tts decode"

@@ -76,6 +76,7 @@ def test_a_runtimes_graph_pool_and_side_stream_are_named_on_cuda():
     doc = M.snapshot_map("cuda")
     owners = {r["owner"]: r for r in doc["rows"]}
     assert owners["graph pool: memory map test"]["in_use"] >= out.numel() * 4
-    assert "cached on a side stream: memory map test" in owners
+    # torch hands side streams out of a per-device pool: the one this runtime used may have served others too
+    assert any(o.startswith("cached on a side stream: ") and "memory map test" in o for o in owners)
     assert doc["total"]["reserved"] == torch.cuda.memory_reserved()
     print(M.format_map("test", doc))

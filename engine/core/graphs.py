@@ -25,7 +25,7 @@ import collections
 import contextlib
 import threading
 import weakref
-from typing import Callable, ContextManager, Dict, Iterator, Optional, Sequence, Set, Tuple, TypeVar
+from typing import Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Set, Tuple, TypeVar
 
 import torch
 
@@ -93,15 +93,18 @@ def launches() -> Tuple[int, int]:
 
 
 # Who owns what the caching allocator holds: each runtime's pool id and side stream, by the runtime's name
-# (kept after the runtime is gone: pool ids are never reused, and a stream's cached blocks outlive it).
+# (kept after the runtime is gone: pool ids are never reused, and a stream's cached blocks outlive it). Side
+# streams come from torch's per-device pool of streams, so several runtimes can share one: a stream keeps
+# every name it served.
 _pool_owner: Dict[Tuple[int, int], str] = {}
-_stream_owner: Dict[int, str] = {}
+_stream_owner: Dict[int, List[str]] = {}
 
 
 def owners() -> Tuple[Dict[Tuple[int, int], str], Dict[int, str]]:
-    """(graph pool id -> runtime name, side stream handle -> runtime name), for a memory map."""
+    """(graph pool id -> runtime name, side stream handle -> the names of the runtimes that used it), for a
+    memory map."""
     with _registry_lock:
-        return dict(_pool_owner), dict(_stream_owner)
+        return dict(_pool_owner), {h: ", ".join(names) for h, names in _stream_owner.items()}
 
 
 def _register(runtime: "GraphRuntime") -> _Tally:
@@ -148,7 +151,9 @@ class GraphRuntime:
         if self._stream is None:
             self._stream = torch.cuda.Stream(self.device)
             with _registry_lock:
-                _stream_owner[int(self._stream.cuda_stream)] = self.name or "unnamed runtime"
+                names = _stream_owner.setdefault(int(self._stream.cuda_stream), [])
+                if (self.name or "unnamed runtime") not in names:
+                    names.append(self.name or "unnamed runtime")
         return self._stream
 
     @property
