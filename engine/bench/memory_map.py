@@ -18,7 +18,8 @@ from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 import torch
 
-MIB = 2 ** 20
+from engine.stats import MIB
+
 DEFAULT_POOL = (0, 0)
 
 

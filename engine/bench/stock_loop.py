@@ -328,7 +328,8 @@ def build_rows(reps: Dict[str, List[Dict[str, object]]], errors: Dict[str, str],
         note = _bits_note(reps[STOCK_LABELS["eager"]][0], reps[STOCK_LABELS["compile"]][0])
         rows[STOCK_LABELS["compile"]].update(note=note, keeps_bits=note.startswith("keeps"))
     warm = rows.get(STOCK_LABELS["warm"], {})
-    if warm and "error" not in warm:
+    warm = {} if "error" in warm else warm              # a warmed row that could not run gives no ratios
+    if warm:
         warm["note"] = "after one earlier 10 s session in the same process (a serving worker's later session)"
     for name, r in reps.items():
         if name.startswith("ours: "):
@@ -339,7 +340,7 @@ def build_rows(reps: Dict[str, List[Dict[str, object]]], errors: Dict[str, str],
             if "decisions" in eager:
                 same = sum(x == y for x, y in zip(eager["decisions"], row["decisions"]))
                 notes.append(f"decisions as the stock eager's: {same} of {len(row['decisions'])} s")
-            if warm and "error" not in warm:
+            if warm:
                 row["speaking_ratio_warm"] = ratio(warm.get("mean_speaking_second_ms"),
                                                    row["mean_speaking_second_ms"])
                 row["listening_ratio_warm"] = ratio(warm.get("mean_listening_second_ms"),

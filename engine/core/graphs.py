@@ -132,6 +132,7 @@ class GraphRuntime:
     def __init__(self, device, name: str = ""):
         self.device = torch.device(device)
         self.name = name
+        self._owner = name or "unnamed runtime"        # how the memory map names its pool and side stream
         self._stream: Optional[torch.cuda.Stream] = None
         self._pool = None
         self._tally = _register(self)
@@ -152,8 +153,8 @@ class GraphRuntime:
             self._stream = torch.cuda.Stream(self.device)
             with _registry_lock:
                 names = _stream_owner.setdefault(int(self._stream.cuda_stream), [])
-                if (self.name or "unnamed runtime") not in names:
-                    names.append(self.name or "unnamed runtime")
+                if self._owner not in names:
+                    names.append(self._owner)
         return self._stream
 
     @property
@@ -161,7 +162,7 @@ class GraphRuntime:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
             with _registry_lock:
-                _pool_owner[tuple(int(x) for x in self._pool)] = self.name or "unnamed runtime"
+                _pool_owner[tuple(int(x) for x in self._pool)] = self._owner
         return self._pool
 
     def drop_pool(self) -> None:

@@ -12,6 +12,8 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from engine.core.gate import GATE
+
 from .card_memory import device_memory
 
 GIB = float(1 << 30)
@@ -95,7 +97,6 @@ def release_start_up(device: torch.device) -> None:
     mid-flight."""
     if device.type != "cuda":
         return
-    from engine.core.gate import GATE
     with GATE.exclusive():
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()

@@ -55,7 +55,7 @@ class LayerGraphs:
         self.outs: List[Tuple[torch.Tensor, ...]] = []
         self.buffers = (kv.k_buf.data_ptr(), kv.v_buf.data_ptr())
         self.replays = 0
-        self.runtime = GraphRuntime(self.device, f"{'tts' if head is not None else 'llm'} layer graphs x{t}")
+        self.runtime = GraphRuntime(self.device, f"layer graphs: {type(llm).__name__} x{t}")
         if capture:
             self._capture()
 

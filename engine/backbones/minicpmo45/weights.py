@@ -173,10 +173,7 @@ def fold_weight_norm(g: torch.Tensor, v: torch.Tensor, dtype: Optional[torch.dty
     casting the product gives other bits), and on the ``device`` the model runs on: each row's norm is a
     reduction whose order differs between the CPU and the CUDA kernel (at the released 768-wide rows some rows
     round differently: H200, session 9, TTS logits off by one bfloat16 step in every speaking second)."""
-    if device is not None:
-        g, v = g.to(device), v.to(device)
-    if dtype is not None:
-        g, v = g.to(dtype), v.to(dtype)
+    g, v = g.to(device=device, dtype=dtype), v.to(device=device, dtype=dtype)
     return torch._weight_norm(v, g, 0)
 
 
