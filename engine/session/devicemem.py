@@ -12,8 +12,6 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from engine.core.gate import GATE
-
 from .card_memory import device_memory
 
 GIB = float(1 << 30)
@@ -87,16 +85,3 @@ def too_small(device: torch.device, backbone: Optional[str], size: Optional[str]
 def free_gib(device: torch.device) -> Optional[float]:
     """Free GiB on a CUDA device now (None elsewhere)."""
     return torch.cuda.mem_get_info(device)[0] / GIB if torch.device(device).type == "cuda" else None
-
-
-def release_start_up(device: torch.device) -> None:
-    """Give the device back what building the session left cached and unused (on CUDA): the warm-ups' blocks
-    on each graph runtime's side stream, which the allocator keeps for that stream alone, and the prelude's
-    transients. Graph pools and live tensors stay. Under the capture gate, held exclusively: no capture in the
-    process is open while the allocator frees (it refuses during one), and no second of another session is
-    mid-flight."""
-    if device.type != "cuda":
-        return
-    with GATE.exclusive():
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()

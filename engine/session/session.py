@@ -150,7 +150,7 @@ class DuplexSession:
         # whichever toggles the session was built with
         torch.manual_seed(c.seed)
         if self.device.type == "cuda":
-            devicemem.release_start_up(self.device)
+            torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
         self._started = True
 

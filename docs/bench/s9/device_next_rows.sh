@@ -1,7 +1,7 @@
 #!/bin/bash
 # next session: the stock-loop rows again, the stock eager cold (a worker's first session, as in session 9) and
 # warmed (a worker's later session), ours in graphs mode with the memory map (whose reserved memory: graph pools,
-# side-stream caches, the default stream) after the start-up release; 30 s, one repeat (fits one 600 s call).
+# side-stream caches, the default stream); 30 s, one repeat (fits one 600 s call).
 cd "$(dirname "$0")/../../.."      # the repository copy (.snap) this script sits in
 source docs/bench/s6/device_stock_env.sh
 t0=$(date +%s)
