@@ -320,3 +320,107 @@ def test_the_code_head_is_folded_on_the_device_the_model_runs_on():
     assert ours.device.type == "cuda" and torch.equal(ours, stock)
     on_cpu = torch._weight_norm(v.bfloat16(), g.bfloat16(), 0)
     print(f"  the fold on the CPU differs from CUDA's in {int((on_cpu != stock.cpu()).sum())} of {stock.numel()}")
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_full_depth_exact_forwards_prepared_ahead_equal_eager_over_a_long_history():
+    """All 36 released layers: each second's forwards (LISTEN's 2-token close, <unit>, 10 audio tokens, then
+    single tokens) prepared before the second as one graph each at their exact positions (issue 23), over a
+    history past 700 positions: every hidden state and logits row is the stock-like eager one."""
+    from engine.backbones.minicpmo45.exact_graphs import ExactForwards, next_forwards
+    from engine.backbones.minicpmo45.llm import Qwen3
+    d = preset("released").llm
+    dt = torch.bfloat16
+    llm = build(Qwen3, d, device="cuda", dtype=dt).eval()
+    seeded_init(llm, 5)
+    regions = kv_regions("llm", d.layers, d.kv_heads, d.head_dim, 33, d.max_positions, dt, "")
+    stock = make_store(False, regions[0], d.layers, 0, "cuda")
+    ours = make_store(True, regions[0], d.layers, 1200, "cuda")
+    ex = ExactForwards(llm, ours, "cuda")
+    g = torch.Generator(device="cpu").manual_seed(7)
+    rand = lambda t: (torch.randn(t, d.hidden, generator=g) * 0.02).to(device="cuda", dtype=dt)   # noqa: E731
+    with torch.no_grad():
+        for _ in range(10):                                   # a long prelude, eager on both sides
+            x = rand(64)
+            llm(x, stock), llm(x, ours)
+        made = 0
+        for second, decoded in enumerate((19, 3, 0, 12)):
+            made += ex.prepare(next_forwards(ours.length, 2, 10, 19))
+            for t in (2, 1, 10) + (1,) * decoded:
+                x = rand(t)
+                h = llm(x, stock)
+                out = ex.run(x)
+                assert out is not None, (second, t)
+                assert torch.equal(out[0], h), (second, t)
+                if t == 1:
+                    assert torch.equal(out[1], llm.logits(h[-1])), (second, t)
+    assert ex.hits == 4 * 3 + 34 and ex.misses == 0 and made >= ex.hits and ex.runtime.captures == made
+    n = ours.length
+    ks, vs = stock.export()
+    assert torch.equal(ours.k_buf[:, :, :n], ks) and torch.equal(ours.v_buf[:, :, :n], vs)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_released_tts_steps_captured_ahead_past_the_room_equal_eager():
+    """A reply longer than its prepared room (60 positions here): before each second the next 45 lengths are
+    captured (issue 23), so every step replays its own graph, never the between-attention ones; the logits
+    are the eager ones, and the lengths passed are dropped."""
+    d = preset("released")
+    dt = torch.bfloat16
+    tts = build(TTS, d.tts, d.llm, device="cuda", dtype=dt).eval()
+    seeded_init(tts, 4)
+    regions = kv_regions("tts", d.tts.layers, d.tts.kv_heads, d.tts.head_dim, 45, d.tts.max_positions, dt, "")
+    stock = make_store(False, regions[0], d.tts.layers, 0, "cuda")
+    ours = make_store(True, regions[0], d.tts.layers, 400, "cuda")
+    dg = DecodeGraphs(tts, torch.device("cuda"), recurring=60)
+    dg.prepare(ours, 60)
+    g = torch.Generator(device="cpu").manual_seed(1)
+    made = 0
+    with torch.no_grad():
+        for n_text in (7, 0, 18, 3, 11):
+            made += dg.ahead(ours, 45)
+            cond = (torch.randn(n_text + 1, d.tts.hidden, generator=g) * 0.5).to(device="cuda", dtype=dt)
+            assert torch.equal(tts(cond, stock), tts(cond, ours))
+            for _ in range(25):
+                code = torch.randint(0, d.tts.codes - 1, (1,), generator=g).to("cuda")
+                assert torch.equal(tts.step_code(code, stock), dg.step(code, ours)), ours.length
+        dg.ahead(ours, 45)
+    assert dg.layered is None and made > 0 and dg.replays == 125 and ours.length == 169
+    assert all(n <= 60 or n > ours.length for n in dg.graphs) and max(dg.graphs) == 169 + 45
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_tiny_session_with_seconds_prepared_ahead_equals_stock():
+    """A tiny session on CUDA whose idle time prepares the next second (``DuplexSession.ahead``), in graphs
+    mode and with the toggles flipped every second: every output sample and text equals the stock-like run,
+    and the prepared LLM forwards served every forward but the ones a flip or a store move had to leave."""
+    import numpy as np
+    from engine.core.toggles import Toggles
+    from engine.session.config import SessionConfig
+    from engine.session.session import DuplexSession
+    pattern = [1, 1, 0, 1, 1, 0, 1, 1, 1, 1, 0, 0, 1, 0]
+    rng = np.random.default_rng(0)
+    frames = [(rng.standard_normal(24000) * (0.2 if s else 0.001)).astype(np.float32) for s in pattern]
+    outs = {}
+    for mode in ("stock", "graphs", "flip"):
+        on = mode != "stock"
+        s = DuplexSession(SessionConfig(backbone="minicpm-o-4.5", size="tiny", device="cuda", seed=3,
+                                        demand_sized=on and mode != "flip", graph_replay=on and mode != "flip",
+                                        reply_seconds=2))
+        s.start()
+        out = []
+        for k, f in enumerate(frames):
+            if mode == "flip":
+                s.set_toggles(Toggles(bool(k % 2), bool(k % 2)))
+            out.append(s.process(f)[0])
+            s.ahead()
+        outs[mode] = (np.concatenate(out), [r.text for r in s.records])
+        if mode == "graphs":
+            ex = s.backbone.llm_exact
+            assert ex is not None and ex.misses == 0 and ex.hits >= 4 * len(frames)
+            assert sum(r.ahead_captures for r in s.records) > 0 and all(r.ahead_ms > 0 for r in s.records)
+        s.close()
+    assert any(outs["stock"][1])
+    for mode in ("graphs", "flip"):
+        assert outs[mode][1] == outs["stock"][1], mode
+        assert np.array_equal(outs[mode][0], outs["stock"][0]), mode

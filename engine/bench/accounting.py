@@ -288,9 +288,10 @@ def account(make_session: Callable[[], object], frames: Sequence[object], picks:
         for k, f in enumerate(frames[: max(picks) + 1]):
             if k not in wanted:
                 s.process(f)
-                continue
-            (_, rec), c = profiled(lambda: s.process(f), cuda)
-            counted[k] = {**c, "speaking": rec.decision == "speak", "profiled_wall_ms": rec.total_ms}
+            else:
+                (_, rec), c = profiled(lambda: s.process(f), cuda)
+                counted[k] = {**c, "speaking": rec.decision == "speak", "profiled_wall_ms": rec.total_ms}
+            s.ahead()                             # as the main run: the next second's graphs, unprofiled
     finally:
         s.close()
     return counted

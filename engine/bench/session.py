@@ -134,6 +134,9 @@ def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False, d
             cap1, rep1 = graphs.launches()
             captures.append(cap1 - cap0)
             replays.append(rep1 - rep0)
+            # the time before the next frame: the next second's graphs (recorded as ahead_ms, off the clock —
+            # a live session has ~1 s minus the second for it)
+            paused += s.ahead() / 1000.0
             if tap is not None:                                    # after the second, off the virtual clock
                 t_d = time.perf_counter()
                 seconds.append(tap.second(k, rec.decision, rec.text, out))
@@ -176,17 +179,22 @@ def stage_means(records) -> Dict[str, float]:
            "mean_listening_second_ms": mean(r.total_ms for r in listen)}
     for stage in ("listen", "think", "speak"):
         out[f"mean_{stage}_ms_speaking"] = mean(getattr(r, f"{stage}_ms") for r in speak)
+    # after each second, off its clock: the next second's graphs, and the second with them (must stay < 1 s)
+    out["mean_ahead_ms"] = mean(r.ahead_ms for r in records)
+    out["max_second_with_ahead_ms"] = max((r.total_ms + r.ahead_ms for r in records), default=0.0)
     return out
 
 
 def _means_table(rows: Dict[str, Dict[str, object]], wrap: bool = True) -> str:
     """Per mode: mean second, mean speaking / listening second, and the stages of a mean speaking second."""
     heads = ["mode", "mean ms", "mean speaking", "mean listening", "speaking: listen", "speaking: think",
-             "speaking: speak"]
+             "speaking: speak", "mean ahead", "max with ahead"]
     body = [[name, f"{s['mean_total_ms']:.1f}", f"{s['mean_speaking_second_ms']:.1f}",
              f"{s['mean_listening_second_ms']:.1f}", f"{s['mean_listen_ms_speaking']:.1f}",
-             f"{s['mean_think_ms_speaking']:.1f}", f"{s['mean_speak_ms_speaking']:.1f}"] for name, s in rows.items()]
-    return table(body, heads, max_widths=[20] + [None] * 6, header_width=9, wrap=wrap)
+             f"{s['mean_think_ms_speaking']:.1f}", f"{s['mean_speak_ms_speaking']:.1f}",
+             f"{s.get('mean_ahead_ms', 0.0):.1f}", f"{s.get('max_second_with_ahead_ms', 0.0):.1f}"]
+            for name, s in rows.items()]
+    return table(body, heads, max_widths=[20] + [None] * 8, header_width=9, wrap=wrap)
 
 
 def account_mode(cfg: SessionConfig, frames: List[np.ndarray], run: Dict[str, object], n: int) -> Dict[str, object]:

@@ -65,6 +65,9 @@ class SecondRecord:
     # what the backbone decided and drew (backbones that report them; "" otherwise): space-separated ids
     llm_tokens: str = ""          # the LLM's tokens this second, in order (decision token first)
     tts_codes: str = ""           # the speech codes its TTS drew this second (no silence prefix)
+    # after the second, off its clock, in the time before the next frame: the graphs the next second replays
+    ahead_ms: float = 0.0         # the time it took (0: none prepared)
+    ahead_captures: int = 0       # the graphs captured
 
     def to_dict(self) -> Dict[str, object]:
         """A plain, JSON-safe dict (floats rounded to microseconds / 1e-6)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -297,6 +297,23 @@ class DuplexSession:
             llm_tokens=" ".join(map(str, thought.llm_ids)), tts_codes=" ".join(map(str, thought.codes)))
         self.records.append(rec)
         return out, rec
+
+    def ahead(self, stop: Optional[Callable[[], bool]] = None) -> float:
+        """After a second, in the time before the next frame: let the backbone capture what the next second
+        replays (backbones with ``prepare_ahead``; graphs on). ``stop()`` true: a frame is waiting, so it
+        stops early (the second then falls back to slower graphs: same bits). Its time and captures go on the
+        last second's record (``ahead_ms``, ``ahead_captures``), never into its total. Returns the ms spent."""
+        prepare = getattr(self.backbone, "prepare_ahead", None)
+        if prepare is None or not self.records:
+            return 0.0
+        t0 = time.perf_counter()
+        with torch.no_grad(), self._oom("preparing the next second"):
+            made = int(prepare(stop))
+        ms = (time.perf_counter() - t0) * 1000.0
+        rec = self.records[-1]
+        rec.ahead_ms += ms
+        rec.ahead_captures += made
+        return ms
 
     def _playback_level(self, out: np.ndarray, decision: str) -> np.ndarray:
         """What the speaker gets. A tail on seeded random weights decodes noise near full scale, even

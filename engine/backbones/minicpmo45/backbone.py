@@ -37,6 +37,7 @@ from .dims import Dims, preset
 from .kv import demand_units, kv_regions, make_store, switch_store
 from .layers import inverse_frequencies, pin_attention_kernels, seeded_init
 from .llm import Qwen3
+from .exact_graphs import ExactForwards, next_forwards
 from .llm_graphs import LayerGraphs, make_layer_graphs
 from .prompt import DEFAULT_SYSTEM_PROMPT, prelude
 from .protocol import GRAPHED_FEED, Protocol
@@ -143,6 +144,7 @@ class MiniCPMO45Backbone(Backbone):
                 clip = self.reference_clip
                 pre = prelude(tok, self.system_prompt, reference_embeddings(self.encoder, clip) if clip else None)
                 self.protocol.prepare(pre.prefix_ids, pre.reference, pre.suffix_ids)
+            self.prepare_ahead()                # the first second's graphs
 
     def _fill_weights(self) -> None:
         if self.folder is None:
@@ -210,8 +212,11 @@ class MiniCPMO45Backbone(Backbone):
         step's and the short feeds' (:meth:`feed_widths`); none where graphs are off or the store is stock."""
         self.llm_graphs: Optional[LayerGraphs] = None
         self.llm_feeds: Dict[int, LayerGraphs] = {}
+        self.llm_exact: Optional[ExactForwards] = None
         if not self._graphs_on() or self.kv_llm.kind != "demand":
             return
+        if self.device.type == "cuda":
+            self.llm_exact = ExactForwards(self.llm, self.kv_llm, self.device)
         self.llm_graphs = make_layer_graphs(self.llm, self.kv_llm, self.device, True)
         for t in self.feed_widths():
             graphs = make_layer_graphs(self.llm, self.kv_llm, self.device, True, tokens=t)
@@ -230,6 +235,11 @@ class MiniCPMO45Backbone(Backbone):
         if not self._graphs_on() or self.kv_llm.kind != "demand":
             return None
         kv, t = self.kv_llm, int(embed.shape[0])
+        exact = self.llm_exact
+        if exact is not None and exact.valid_for(kv):
+            out = exact.run(embed)                                      # the forward prepared for this position
+            if out is not None:
+                return out
         if kv.length + t > kv.capacity:
             kv._room(kv.length + t)                                     # a long session: more room, new graphs
         graphs = self.llm_graphs if t == 1 else self.llm_feeds.get(t)
@@ -240,6 +250,28 @@ class MiniCPMO45Backbone(Backbone):
             else:
                 self.llm_feeds[t] = graphs
         return graphs.forward(embed)
+
+    def next_forwards(self) -> List[tuple]:
+        """The (tokens, start) of every LLM forward the next second may make (by the declared clocks)."""
+        pending = self.protocol.pending_close
+        return next_forwards(self.kv_llm.length, len(pending) if pending else 0, 50 // self.dims.audio.pool,
+                             self.dims.sampling.max_tokens_per_unit - 1)
+
+    def prepare_ahead(self, stop: Optional[Callable[[], bool]] = None) -> int:
+        """Between seconds (the session's idle time): capture what the next second replays — the LLM's whole
+        forwards at their exact positions (:meth:`next_forwards`) and, in a reply past its prepared room, the
+        TTS's per-length steps of the next worst-case second. ``stop()`` true: a frame is waiting, the rest is
+        left to the fallbacks (the layer graphs). Nothing where graphs are off. Returns the captures made."""
+        if not hasattr(self, "protocol") or not self._graphs_on():
+            return 0
+        made = 0
+        with torch.no_grad():
+            exact = self.llm_exact
+            if exact is not None and exact.valid_for(self.kv_llm):
+                made += exact.prepare(self.next_forwards(), stop)
+            if self.tts_graphs is not None and self.kv_tts.kind == "demand":
+                made += self.tts_graphs.ahead(self.kv_tts, TTS_TOKENS_PER_SECOND, stop)
+        return made
 
     # -- per second ------------------------------------------------------------------------------------
     def listen(self, audio: torch.Tensor, vad: "VadResult") -> None:
@@ -332,6 +364,13 @@ class MiniCPMO45Backbone(Backbone):
         if not self._graphs_on():
             self.llm_graphs = None
             self.llm_feeds = {}
+            self.llm_exact = None
+        elif self.kv_llm.kind == "demand" and self.device.type == "cuda":
+            # this second's exact forwards now (no idle time came before it with graphs on): a second whose
+            # toggles change pays its captures, as it pays a migration
+            if self.llm_exact is None or not self.llm_exact.valid_for(self.kv_llm):
+                self.llm_exact = ExactForwards(self.llm, self.kv_llm, self.device)
+            self.llm_exact.prepare(self.next_forwards())
 
     def set_tap(self, tap: Optional[Callable[[str, torch.Tensor], None]]) -> None:
         """Hand each stage's output to ``tap(stage, tensor)`` as it is made (None stops it): ``encoder``
@@ -358,6 +397,7 @@ class MiniCPMO45Backbone(Backbone):
         return {"llm": self.llm, "tts": self.tts, "encoder": self.encoder}
 
     def close(self) -> None:
-        for name in ("protocol", "executor", "front", "llm", "tts", "encoder", "kv_llm", "kv_tts", "tts_graphs", "llm_graphs"):
+        for name in ("protocol", "executor", "front", "llm", "tts", "encoder", "kv_llm", "kv_tts", "tts_graphs", "llm_graphs",
+                     "llm_exact", "llm_feeds"):
             if hasattr(self, name):
                 delattr(self, name)

@@ -61,43 +61,16 @@ class LayerGraphs:
 
     # -- the segments ------------------------------------------------------------------------------------
     def _pre(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Layer ``i`` up to attention: the query [1, H, t, hd]; its keys/values written at ``pos``."""
-        layer = self.llm.model.layers[i]
-        a, t = layer.self_attn, self.t
-        h = layer.input_layernorm(x)
-        q = a.q_proj(h).view(1, t, a.h, a.hd)
-        k = a.k_proj(h).view(1, t, a.hkv, a.hd)
-        v = a.v_proj(h).view(1, t, a.hkv, a.hd).transpose(1, 2)                       # [1, Hkv, t, hd]
-        if a.q_norm is not None:                                                        # Qwen3's; not the TTS's
-            q, k = a.q_norm(q), a.k_norm(k)
-        q = apply_rope(q.transpose(1, 2), cos, sin)                                     # [1, H, t, hd]
-        k = apply_rope(k.transpose(1, 2), cos, sin)                                     # [1, Hkv, t, hd]
-        self.kv.k_buf[i].index_copy_(1, self.pos, k[0])
-        self.kv.v_buf[i].index_copy_(1, self.pos, v[0])
-        return q
+        return layer_pre(self.llm, self.kv, i, x, cos, sin, self.pos)
 
     def _post(self, i: int, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
-        """Layer ``i`` after attention: o_proj, residual, MLP -> the residual stream [1, t, hidden]."""
-        layer = self.llm.model.layers[i]
-        a = layer.self_attn
-        x = x + a.o_proj(att.transpose(1, 2).reshape(1, self.t, a.h * a.hd))
-        return x + layer.mlp(layer.post_attention_layernorm(x))
+        return layer_post(self.llm, i, x, att)
 
     def _head(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        h = self.llm.model.norm(x)[0]                                                   # [t, hidden]
-        if self.t > 1:
-            return (h,)
-        return h, self.head(h[-1].view(1, -1)).to(self.logits_dtype)                    # [1, V]
+        return final_outputs(self.llm, self.head, x, self.logits_dtype)
 
     def _attend(self, i: int, q: torch.Tensor, n: int, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Eager attention of layer ``i`` over exactly ``n`` positions (the stock path's kernels: SDPA for the
-        LLM, the written-out sequence for the TTS)."""
-        a = self.llm.model.layers[i].self_attn
-        k_all, v_all = self.kv.k_buf[i:i + 1, :, :n], self.kv.v_buf[i:i + 1, :, :n]    # [1, Hkv, n, hd]
-        if a.hkv != a.h:
-            k_all = k_all.repeat_interleave(a.h // a.hkv, dim=1)
-            v_all = v_all.repeat_interleave(a.h // a.hkv, dim=1)
-        return attend(q, k_all, v_all, mask, a.explicit)
+        return layer_attend(self.llm, self.kv, i, q, n, mask)
 
     def _segment(self, s: int):
         """Segment ``s`` of the step: 0 = the step's RoPE tables and the first layer's pre; s = post(s-1) +
@@ -157,6 +130,53 @@ class LayerGraphs:
         h = self.outs[layers][0]
         return h.clone(), (self.outs[layers][1].clone() if t == 1 else None)
 
+
+
+# -- the step's pieces, shared with the whole-forward graphs of :mod:`.exact_graphs` ------------------------
+def layer_pre(llm, kv, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor
+              ) -> torch.Tensor:
+    """Layer ``i`` up to attention over ``x`` [1, t, hidden]: the query [1, H, t, hd]; its keys and values
+    written into ``kv``'s storage at positions ``pos`` [t]."""
+    layer = llm.model.layers[i]
+    a, t = layer.self_attn, x.shape[1]
+    h = layer.input_layernorm(x)
+    q = a.q_proj(h).view(1, t, a.h, a.hd)
+    k = a.k_proj(h).view(1, t, a.hkv, a.hd)
+    v = a.v_proj(h).view(1, t, a.hkv, a.hd).transpose(1, 2)                           # [1, Hkv, t, hd]
+    if a.q_norm is not None:                                                            # Qwen3's; not the TTS's
+        q, k = a.q_norm(q), a.k_norm(k)
+    q = apply_rope(q.transpose(1, 2), cos, sin)                                         # [1, H, t, hd]
+    k = apply_rope(k.transpose(1, 2), cos, sin)                                         # [1, Hkv, t, hd]
+    kv.k_buf[i].index_copy_(1, pos, k[0])
+    kv.v_buf[i].index_copy_(1, pos, v[0])
+    return q
+
+
+def layer_post(llm, i: int, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
+    """Layer ``i`` after attention ``att`` [1, H, t, hd]: o_proj, residual, MLP -> the residual stream."""
+    layer = llm.model.layers[i]
+    a, t = layer.self_attn, x.shape[1]
+    x = x + a.o_proj(att.transpose(1, 2).reshape(1, t, a.h * a.hd))
+    return x + layer.mlp(layer.post_attention_layernorm(x))
+
+
+def final_outputs(llm, head: torch.nn.Linear, x: torch.Tensor, logits_dtype: torch.dtype) -> Tuple[torch.Tensor, ...]:
+    """The final norm's hidden states [t, hidden]; for one token also the head's logits [1, V]."""
+    h = llm.model.norm(x)[0]                                                            # [t, hidden]
+    if x.shape[1] > 1:
+        return (h,)
+    return h, head(h[-1].view(1, -1)).to(logits_dtype)                                  # [1, V]
+
+
+def layer_attend(llm, kv, i: int, q: torch.Tensor, n: int, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """Eager attention of layer ``i`` over exactly ``n`` stored positions (the stock path's kernels: SDPA for
+    the LLM, the written-out sequence for the TTS)."""
+    a = llm.model.layers[i].self_attn
+    k_all, v_all = kv.k_buf[i:i + 1, :, :n], kv.v_buf[i:i + 1, :, :n]                  # [1, Hkv, n, hd]
+    if a.hkv != a.h:
+        k_all = k_all.repeat_interleave(a.h // a.hkv, dim=1)
+        v_all = v_all.repeat_interleave(a.h // a.hkv, dim=1)
+    return attend(q, k_all, v_all, mask, a.explicit)
 
 def make_layer_graphs(llm: Qwen3, kv, device, want: bool, tokens: int = 1) -> Optional[LayerGraphs]:
     """Layer graphs of ``tokens`` positions for a demand store on CUDA (None otherwise: the eager path runs)."""

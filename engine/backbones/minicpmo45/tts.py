@@ -130,6 +130,27 @@ class DecodeGraphs:
         kv.v_buf.zero_()
         kv.reset()
 
+    def ahead(self, kv, span: int, stop=None) -> int:
+        """Between seconds, in a reply longer than the prepared room: the per-length graphs of the next
+        ``span`` lengths past the history (a second adds at most the declared worst case), so the next
+        second's steps replay one graph each instead of the between-attention graphs. Lengths the history
+        has passed are dropped (a later turn reaching them captures them again). Returns how many were made."""
+        self._follow(kv)
+        room = self.recurring or 0
+        for n in [n for n in self.graphs if room < n <= kv.length]:
+            del self.graphs[n]
+        if kv.length == 0 or kv.kind != "demand":        # a new turn starts inside the prepared room
+            return 0
+        made = 0
+        for n in range(max(kv.length + 1, room + 1), min(kv.length + int(span), kv.capacity) + 1):
+            if n in self.graphs:
+                continue
+            if stop is not None and stop():
+                break
+            self.capture(kv, n, warm=False)
+            made += 1
+        return made
+
     def _layered(self, code: torch.Tensor, kv) -> torch.Tensor:
         """A step at a length without its own graph — past the reply's room (a history carried over cut
         replies), or any length after the store moved (which dropped the per-length graphs): graphs
