@@ -213,3 +213,27 @@ def test_bad_input_is_one_clear_error():
         StockGrowth([planned], "cpu")
     with pytest.raises(ValueError, match="unknown growth policy"):
         make_growing("padded", regions(), "cpu")
+
+
+def test_a_rehearsal_writes_past_the_open_step_and_puts_the_bounds_back():
+    """A graph captured ahead (and its warm-up) writes the next step's rows past this step's declared worst case:
+    inside ``rehearsal`` the bounds are set aside, the storage never moves, and the step and length come back;
+    the real step then writes those rows again."""
+    g = torch.Generator().manual_seed(4)
+    s = DemandGrowth(regions(), "cpu", capacity=32, growable=True)
+    s.begin_step(2)
+    forward(s, g, 2)
+    addr = s.addresses()
+    with pytest.raises(ValueError, match="declared worst case"):
+        forward(s, g, 1)
+    with s.rehearsal():
+        assert not s.in_step
+        forward(s, g, 4)                                     # rows 2..5: the next step's, rehearsed
+        assert s.length == 6
+    assert s.in_step and s.length == 2 and s.addresses() == addr and s.grown == 0
+    with pytest.raises(ValueError, match="declared worst case"):
+        forward(s, g, 1)
+    s.begin_step(4)
+    real = forward(s, g, 4)                                  # the real step overwrites what was rehearsed
+    k, v = history(s)
+    assert torch.equal(k[:, :, 2:6], real[0]) and torch.equal(v[:, :, 2:6], real[1])

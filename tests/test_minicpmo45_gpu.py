@@ -390,12 +390,15 @@ def test_released_tts_steps_captured_ahead_past_the_room_equal_eager():
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
-def test_tiny_session_with_seconds_prepared_ahead_equals_stock():
+def test_tiny_session_with_seconds_prepared_ahead_equals_stock(monkeypatch):
     """A tiny session on CUDA whose idle time prepares the next second (``DuplexSession.ahead``), in graphs
-    mode and with the toggles flipped every second: every output sample and text equals the stock-like run,
-    and the prepared LLM forwards served every forward but the ones a flip or a store move had to leave."""
+    mode and with the toggles flipped every second: every output sample and text equals the stock-like run;
+    in graphs mode the prepared LLM forwards served every forward, and replies outgrow a 1-second prepared TTS
+    room (4-second replies), so the TTS steps past it are captured ahead inside the backbone's open step."""
     import numpy as np
+    from engine.backbones.minicpmo45 import MiniCPMO45Backbone
     from engine.core.toggles import Toggles
+    monkeypatch.setattr(MiniCPMO45Backbone, "tts_prepared_length", lambda self: 45)
     from engine.session.config import SessionConfig
     from engine.session.session import DuplexSession
     pattern = [1, 1, 0, 1, 1, 0, 1, 1, 1, 1, 0, 0, 1, 0]
@@ -406,7 +409,7 @@ def test_tiny_session_with_seconds_prepared_ahead_equals_stock():
         on = mode != "stock"
         s = DuplexSession(SessionConfig(backbone="minicpm-o-4.5", size="tiny", device="cuda", seed=3,
                                         demand_sized=on and mode != "flip", graph_replay=on and mode != "flip",
-                                        reply_seconds=2))
+                                        reply_seconds=4))
         s.start()
         out = []
         for k, f in enumerate(frames):
@@ -419,6 +422,7 @@ def test_tiny_session_with_seconds_prepared_ahead_equals_stock():
             ex = s.backbone.llm_exact
             assert ex is not None and ex.misses == 0 and ex.hits >= 4 * len(frames)
             assert sum(r.ahead_captures for r in s.records) > 0 and all(r.ahead_ms > 0 for r in s.records)
+            assert s.backbone.tts_graphs.captures > 44       # the room's 44, then lengths past it, ahead
         s.close()
     assert any(outs["stock"][1])
     for mode in ("graphs", "flip"):

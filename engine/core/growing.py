@@ -25,8 +25,9 @@ region is its *parts* axis (layers), each part appended on its own.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -128,6 +129,19 @@ class GrowingStore:
     @property
     def in_step(self) -> bool:
         return self._step is not None
+
+    @contextlib.contextmanager
+    def rehearsal(self) -> Iterator[None]:
+        """Writes that rehearse a later step inside the room (a graph captured ahead of time, and its
+        warm-up): the open step's bounds are set aside and the length put back after. Never grows: the
+        caller stays within :meth:`room`; what it writes lands past the history, where the real step
+        writes again before anything reads it."""
+        saved = self._step, self.length
+        self._step = None
+        try:
+            yield
+        finally:
+            self._step, self.length = saved
 
     def _check_rows(self, end: int, what: str) -> None:
         if self._step is None:

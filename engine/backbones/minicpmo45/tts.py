@@ -142,13 +142,14 @@ class DecodeGraphs:
         if kv.length == 0 or kv.kind != "demand":        # a new turn starts inside the prepared room
             return 0
         made = 0
-        for n in range(max(kv.length + 1, room + 1), min(kv.length + int(span), kv.capacity) + 1):
-            if n in self.graphs:
-                continue
-            if stop is not None and stop():
-                break
-            self.capture(kv, n, warm=False)
-            made += 1
+        with kv.rehearsal():                          # the next second's lengths, past this second's bounds
+            for n in range(max(kv.length + 1, room + 1), min(kv.length + int(span), kv.capacity) + 1):
+                if n in self.graphs:
+                    continue
+                if stop is not None and stop():
+                    break
+                self.capture(kv, n, warm=True)        # warmed: a length's first capture cold fails on CUDA
+                made += 1
         return made
 
     def _layered(self, code: torch.Tensor, kv) -> torch.Tensor:
