@@ -273,7 +273,7 @@ def format_kernels(rows: Dict[str, Dict[str, object]], wrap: bool = True) -> str
 
 
 def account(make_session: Callable[[], object], frames: Sequence[object], picks: Sequence[int],
-            cuda: bool) -> Dict[int, Dict[str, object]]:
+            cuda: bool, ahead: str = "off") -> Dict[int, Dict[str, object]]:
     """A fresh session (``make_session()``, started here) over ``frames`` up to the last picked second, the
     picked seconds under the profiler; {second: counts, with ``speaking`` and ``profiled_wall_ms``}."""
     counted: Dict[int, Dict[str, object]] = {}
@@ -291,7 +291,8 @@ def account(make_session: Callable[[], object], frames: Sequence[object], picks:
             else:
                 (_, rec), c = profiled(lambda: s.process(f), cuda)
                 counted[k] = {**c, "speaking": rec.decision == "speak", "profiled_wall_ms": rec.total_ms}
-            s.ahead()                             # as the main run: the next second's graphs, unprofiled
+            if ahead != "off":                    # as the main run: the next second's graphs, unprofiled
+                s.ahead(scope=ahead)
     finally:
         s.close()
     return counted

@@ -108,11 +108,13 @@ def flip_schedule(seconds: int) -> List[Toggles]:
 
 
 def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False, desc: str = "",
-             quiet: bool = True, digests: bool = True) -> Dict[str, object]:
+             quiet: bool = True, digests: bool = True, ahead: str = "off") -> Dict[str, object]:
     """One session over ``frames`` at a virtual one-frame-per-second pace (a progress bar unless ``quiet``);
     with ``flip`` the toggles follow :func:`flip_schedule` over every frame; with ``digests`` each second's
     stage digests (taken off the clock) come back under ``digests``; ``captures`` / ``replays``: each second's
-    graph captures and replays (:func:`engine.core.graphs.launches`, no profiler)."""
+    graph captures and replays (:func:`engine.core.graphs.launches`, no profiler). ``ahead`` (not ``"off"``):
+    after each second, off the virtual clock, the session prepares the next one (:meth:`DuplexSession.ahead`
+    with that scope; its time is each record's ``ahead_ms``)."""
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     t_build = time.perf_counter()
@@ -134,9 +136,8 @@ def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False, d
             cap1, rep1 = graphs.launches()
             captures.append(cap1 - cap0)
             replays.append(rep1 - rep0)
-            # the time before the next frame: the next second's graphs (recorded as ahead_ms, off the clock —
-            # a live session has ~1 s minus the second for it)
-            paused += s.ahead() / 1000.0
+            if ahead != "off":      # the time before the next frame: the next second's graphs, off the clock
+                paused += s.ahead(scope=ahead) / 1000.0
             if tap is not None:                                    # after the second, off the virtual clock
                 t_d = time.perf_counter()
                 seconds.append(tap.second(k, rec.decision, rec.text, out))
@@ -197,13 +198,14 @@ def _means_table(rows: Dict[str, Dict[str, object]], wrap: bool = True) -> str:
     return table(body, heads, max_widths=[20] + [None] * 8, header_width=9, wrap=wrap)
 
 
-def account_mode(cfg: SessionConfig, frames: List[np.ndarray], run: Dict[str, object], n: int) -> Dict[str, object]:
+def account_mode(cfg: SessionConfig, frames: List[np.ndarray], run: Dict[str, object], n: int,
+                 ahead: str = "off") -> Dict[str, object]:
     """The mode's per-second accounting (:mod:`engine.bench.accounting`): ``n`` seconds picked from the main
     ``run``, counted under the profiler in a separate run of the same config; wall times stay the main run's."""
     cuda = torch.device(cfg.device).type == "cuda"
     speaking = [rec.decision == "speak" for rec in run["records"]]
     picks = accounting.pick_seconds(speaking, run["captures"], n)
-    counted = accounting.account(lambda: DuplexSession(cfg), frames, picks, cuda)
+    counted = accounting.account(lambda: DuplexSession(cfg), frames, picks, cuda, ahead)
     return accounting.summary(picks, counted, run["records"], run["replays"], cuda)
 
 
@@ -244,6 +246,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per mode, this many seconds (half speaking, half listening) re-run under torch.profiler "
                         "in a separate run: kernel ms, kernel and graph launches per speaking / listening second "
                         f"(default {accounting.DEFAULT_SECONDS}; 0: none). The main run is never profiled")
+    p.add_argument("--ahead", choices=["off", "listen", "all"], default="off",
+                   help="minicpm-o-4.5, graphs: after each second, off its clock, capture the next second's graphs "
+                        "at their exact positions (listen: LISTEN's forwards and THINK's first; all: every LLM "
+                        "forward and the TTS steps past a reply's room); each record's ahead_ms says what it took. "
+                        "Default off: on the H200 'all' took ~2 s a second and the seconds were no faster")
     p.add_argument("--stock-loop", default=None, metavar="PYTHON",
                    help="minicpm-o-4.5: also run MiniCPM-o-Demo's own duplex loop with this interpreter (its venv, "
                         "e.g. .venv-stock/bin/python) over the same folder, input and seed, interleaved with our "
@@ -374,7 +381,7 @@ def main(argv=None) -> int:
     for key, m in zip(keys, modes):
         t = Toggles.from_mode(m)
         cfg = base.replace(demand_sized=t.demand_sized, graph_replay=t.graph_replay)
-        r = run_mode(cfg, frames, desc=LABELS[m], quiet=a.quiet, digests=digests)
+        r = run_mode(cfg, frames, desc=LABELS[m], quiet=a.quiet, digests=digests, ahead=a.ahead)
         labels[key] = label(m, r["records"]) + ("" if key == m else f" #{key.rsplit('-', 1)[1]}")
         results[key], rows[labels[key]] = r, r["summary"]
         print(f"{labels[key]}: {r['summary']['seconds']} s, built in {r['summary']['build_s']:.1f} s",
@@ -385,7 +392,7 @@ def main(argv=None) -> int:
             if digests:
                 _write_digests(Path(a.out) / f"session-{key}-digests.jsonl", r["digests"])
         if a.account_seconds:                       # after the main run, never inside it
-            accounts[labels[key]] = r["accounting"] = account_mode(cfg, frames, r, a.account_seconds)
+            accounts[labels[key]] = r["accounting"] = account_mode(cfg, frames, r, a.account_seconds, a.ahead)
             print(accounting.format_table({labels[key]: r["accounting"]}), file=sys.stderr, flush=True)
     ref = results[keys[0]]["audio"]
     identical = identical_to_reference(keys, {key: r["audio"] for key, r in results.items()})

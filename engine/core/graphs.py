@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import gc
 import threading
 import weakref
 from typing import Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Set, Tuple, TypeVar
@@ -126,6 +127,21 @@ def _retire_gone() -> None:
         _retired.replays += tally.replays
 
 
+@contextlib.contextmanager
+def _no_collection() -> Iterator[None]:
+    """No cyclic garbage collection while a capture is open: a collected CUDA graph (or tensor) frees device
+    memory or destroys its executable graph, which a capture forbids — the capture is invalidated ("operation
+    not permitted when stream is capturing (function reset)", seen on the H200 when an earlier owner's graphs
+    were collected during a capture)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 class GraphRuntime:
     """One owner's graphs: its side stream, its pool, its counters; captures pass the gate."""
 
@@ -184,7 +200,7 @@ class GraphRuntime:
 
         ``generators``: extra generator states the graph registers (besides the default one, installed
         for the session this thread works for); ``pool=False``: the graph gets its own private pool."""
-        with GATE.exclusive(), _installed():
+        with GATE.exclusive(), _installed(), _no_collection():
             graph = torch.cuda.CUDAGraph()
             for g in generators:
                 graph.register_generator_state(g)

@@ -180,6 +180,3 @@ class LiveRunner(FrameInbox):
                 log.warning(notice)
                 warned = True
             self.results.put(LiveResult(rec, audio, not notice, notice, session.last_speech))
-            ahead = getattr(session, "ahead", None)
-            if ahead is not None and not self.backlog():    # the time before the next frame: its graphs
-                ahead(stop=lambda: bool(self.backlog()) or self._stop)

@@ -59,6 +59,8 @@ GROW_AHEAD_SECONDS = 10
 #: a reply's first seconds whose TTS decode steps get their own graphs at start when no turn policy bounds a
 #: reply (the model decides: a real checkpoint); the voice-activity policy prepares its whole reply room
 PREPARED_REPLY_SECONDS = 4
+#: what :meth:`MiniCPMO45Backbone.prepare_ahead` may capture between seconds
+AHEAD_SCOPES = ("listen", "all")
 
 
 class MiniCPMO45Backbone(Backbone):
@@ -144,7 +146,6 @@ class MiniCPMO45Backbone(Backbone):
                 clip = self.reference_clip
                 pre = prelude(tok, self.system_prompt, reference_embeddings(self.encoder, clip) if clip else None)
                 self.protocol.prepare(pre.prefix_ids, pre.reference, pre.suffix_ids)
-            self.prepare_ahead()                # the first second's graphs
 
     def _fill_weights(self) -> None:
         if self.folder is None:
@@ -257,19 +258,28 @@ class MiniCPMO45Backbone(Backbone):
         return next_forwards(self.kv_llm.length, len(pending) if pending else 0, 50 // self.dims.audio.pool,
                              self.dims.sampling.max_tokens_per_unit - 1)
 
-    def prepare_ahead(self, stop: Optional[Callable[[], bool]] = None) -> int:
-        """Between seconds (the session's idle time): capture what the next second replays — the LLM's whole
-        forwards at their exact positions (:meth:`next_forwards`) and, in a reply past its prepared room, the
-        TTS's per-length steps of the next worst-case second. ``stop()`` true: a frame is waiting, the rest is
-        left to the fallbacks (the layer graphs). Nothing where graphs are off. Returns the captures made."""
+    def prepare_ahead(self, stop: Optional[Callable[[], bool]] = None, scope: str = "all") -> int:
+        """Between seconds (the session's idle time): capture what the next second replays. ``scope``
+        ``"listen"``: the LLM's whole forwards of LISTEN and of THINK's first slot at their exact positions
+        (:meth:`next_forwards`); ``"all"``: every slot's, and, in a reply past its prepared room, the TTS's
+        per-length steps of the next worst-case second. ``stop()`` true: a frame is waiting, the rest is left
+        to the fallbacks (the layer graphs). Nothing where graphs are off. Returns the captures made.
+
+        Not on by default (the session bench's ``--ahead``): on the H200 (session 10) capturing "all" took
+        ~2 s per second, past the idle time, and the second itself was no faster (each graph replays once)."""
+        if scope not in AHEAD_SCOPES:
+            raise ValueError(f"ahead scope {scope!r}: choose one of {', '.join(AHEAD_SCOPES)}")
         if not hasattr(self, "protocol") or not self._graphs_on():
             return 0
         made = 0
         with torch.no_grad():
             exact = self.llm_exact
             if exact is not None and exact.valid_for(self.kv_llm):
-                made += exact.prepare(self.next_forwards(), stop)
-            if self.tts_graphs is not None and self.kv_tts.kind == "demand":
+                keys = self.next_forwards()
+                if scope == "listen":                           # LISTEN's forwards and THINK's first slot
+                    keys = keys[:len(keys) - (self.dims.sampling.max_tokens_per_unit - 1)]
+                made += exact.prepare(keys, stop)
+            if scope == "all" and self.tts_graphs is not None and self.kv_tts.kind == "demand":
                 made += self.tts_graphs.ahead(self.kv_tts, TTS_TOKENS_PER_SECOND, stop)
         return made
 
