@@ -19,8 +19,12 @@ Modes (the engine toggles): *stock* (demand_sized off) keeps every history as Mi
 runtime does — HF-style caches grown with ``torch.cat``, all eager; *demand* allocates every region
 once at the planner's demand; *graphs* adds exact-shape CUDA graph replay where shapes recur: the
 encoder's second (one graph per signature of its 29-second cycle) and the TTS decode steps (one per
-per-turn KV length). The LLM's decode runs eagerly in every mode: its length grows every token, and a
-padded cache with a mask would change the bits. Every mode gives the same tokens, codes and audio.
+per-turn KV length in a reply's prepared room; past it, graphs between the attention calls). The LLM's
+forwards replay graphs between its attention calls (llm_graphs.py), attention eager at the exact length: its
+length grows every token, and a padded cache with a mask would change the bits. Optionally
+(:meth:`MiniCPMO45Backbone.prepare_ahead`, the session bench's ``--ahead``) the next second's forwards are
+captured whole at their exact positions in the time between seconds (exact_graphs.py). Every mode gives the
+same tokens, codes and audio.
 """
 from __future__ import annotations
 
