@@ -262,3 +262,24 @@ def test_each_runtime_names_its_pool_and_side_stream_for_the_memory_map(fake_cud
     del rt
     gc.collect()
     assert graphs.owners()[0][pool] == "tts decode"
+
+
+def test_no_cyclic_collection_while_a_capture_is_open():
+    """A capture runs with the cyclic collector off (a graph collected mid-capture destroys its executable graph,
+    which invalidates the capture: seen on the H200), and the collector's state comes back after, even on error."""
+    from engine.core.graphs import _no_collection
+    assert gc.isenabled()
+    with _no_collection():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError):
+        with _no_collection():
+            raise RuntimeError("capture failed")
+    assert gc.isenabled()
+    gc.disable()                                   # a caller that had it off keeps it off
+    try:
+        with _no_collection():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
