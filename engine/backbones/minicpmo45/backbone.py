@@ -379,12 +379,11 @@ class MiniCPMO45Backbone(Backbone):
             self.llm_graphs = None
             self.llm_feeds = {}
             self.llm_exact = None
-        elif self.kv_llm.kind == "demand" and self.device.type == "cuda":
-            # this second's exact forwards now (no idle time came before it with graphs on): a second whose
-            # toggles change pays its captures, as it pays a migration
-            if self.llm_exact is None or not self.llm_exact.valid_for(self.kv_llm):
-                self.llm_exact = ExactForwards(self.llm, self.kv_llm, self.device)
-            self.llm_exact.prepare(self.next_forwards())
+        elif self.kv_llm.kind == "demand" and self.device.type == "cuda" and (
+                self.llm_exact is None or not self.llm_exact.valid_for(self.kv_llm)):
+            # over the store as it is now, for prepare_ahead to fill (nothing captured here: this second runs
+            # the layer graphs)
+            self.llm_exact = ExactForwards(self.llm, self.kv_llm, self.device)
 
     def set_tap(self, tap: Optional[Callable[[str, torch.Tensor], None]]) -> None:
         """Hand each stage's output to ``tap(stage, tensor)`` as it is made (None stops it): ``encoder``
