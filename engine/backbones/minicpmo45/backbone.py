@@ -38,10 +38,10 @@ from engine.core.toggles import PendingToggles, Toggles
 from ..base import Backbone, BackboneInfo, Thought, TokenFormat
 from .audio import AudioEncoder, FrontEnd
 from .dims import Dims, preset
+from .exact_graphs import ExactForwards, next_forwards
 from .kv import demand_units, kv_regions, make_store, switch_store
 from .layers import inverse_frequencies, pin_attention_kernels, seeded_init
 from .llm import Qwen3
-from .exact_graphs import ExactForwards, next_forwards
 from .llm_graphs import LayerGraphs, make_layer_graphs
 from .prompt import DEFAULT_SYSTEM_PROMPT, prelude
 from .protocol import GRAPHED_FEED, Protocol
@@ -270,7 +270,8 @@ class MiniCPMO45Backbone(Backbone):
         to the fallbacks (the layer graphs). Nothing where graphs are off. Returns the captures made.
 
         Not on by default (the session bench's ``--ahead``): on the H200 (session 10) capturing "all" took
-        ~2 s per second, past the idle time, and the second itself was no faster (each graph replays once)."""
+        ~2 s per second, past the idle time, and the second itself was no faster (not yet explained; each of
+        these graphs replays once: docs/device-notes-session10.md)."""
         if scope not in AHEAD_SCOPES:
             raise ValueError(f"ahead scope {scope!r}: choose one of {', '.join(AHEAD_SCOPES)}")
         if not hasattr(self, "protocol") or not self._graphs_on():

@@ -148,7 +148,7 @@ class DecodeGraphs:
                     continue
                 if stop is not None and stop():
                     break
-                self.capture(kv, n, warm=True)        # warmed: a length's first capture cold fails on CUDA
+                self.capture(kv, n, warm=True)        # warmed, as the prepared room's are
                 made += 1
         return made
 
