@@ -115,11 +115,8 @@ def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False, d
     graph captures and replays (:func:`engine.core.graphs.launches`, no profiler). ``ahead`` (not ``"off"``):
     after each second, off the virtual clock, the session prepares the next one (:meth:`DuplexSession.ahead`
     with that scope; its time is each record's ``ahead_ms``)."""
-    cuda = torch.device(cfg.device).type == "cuda"
     if torch.cuda.is_available():
         torch.cuda.empty_cache()          # the blocks an earlier run left cached go back first
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()    # this run's peak from here: its build and its seconds
     t_build = time.perf_counter()
     s = DuplexSession(cfg)
     s.start()
@@ -152,7 +149,9 @@ def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False, d
     summary = summarize(records)
     summary["build_s"] = build_s
     summary["max_reserved_bytes"] = max((r.reserved_bytes for r in records), default=0)
-    # the process's peak over the build and the seconds (the stock-loop rows' measure); 0 off CUDA
+    # torch's peak from the end of the build on (DuplexSession.start resets it there): what the build left
+    # reserved and every transient inside a second (the stock-loop rows' measure); 0 off CUDA
+    cuda = torch.device(cfg.device).type == "cuda"
     summary["peak_reserved_bytes"] = int(torch.cuda.max_memory_reserved()) if cuda else 0
     summary.update(stage_means(records))
     summary["info"] = s.info
@@ -429,8 +428,9 @@ def main(argv=None) -> int:
         mem = memory_map.format_map(labels[key], summ.get("memory_map"))
         if mem:
             print(mem)
-            print(f"  peak reserved over the build and the seconds: {summ['peak_reserved_bytes'] / MIB:,.0f} MiB "
-                  f"(the most any second held: {summ['max_reserved_bytes'] / MIB:,.0f} MiB)")
+            print(f"  peak reserved from the end of the build on (inside seconds too): "
+                  f"{summ['peak_reserved_bytes'] / MIB:,.0f} MiB (the most held at a second's end: "
+                  f"{summ['max_reserved_bytes'] / MIB:,.0f} MiB)")
     print(textwrap.fill(same, 120))
     for line in where_lines:
         print(textwrap.fill(line, 120, subsequent_indent="  "))

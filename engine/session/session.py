@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -298,11 +298,10 @@ class DuplexSession:
         self.records.append(rec)
         return out, rec
 
-    def ahead(self, stop: Optional[Callable[[], bool]] = None, scope: str = "all") -> float:
+    def ahead(self, scope: str = "all") -> float:
         """After a second, in the time before the next frame: let the backbone capture what the next second
-        replays (backbones with ``prepare_ahead``; graphs on). ``stop()`` true: a frame is waiting, so it
-        stops early (the second then falls back to slower graphs: same bits). Its time and captures go on the
-        last second's record (``ahead_ms``, ``ahead_captures``), never into its total. Returns the ms spent.
+        replays (backbones with ``prepare_ahead``; graphs on; a forward it did not prepare runs the slower
+        graphs, with the same bits). Its time and captures go on the last second's record (``ahead_ms``, ``ahead_captures``), never into its total. Returns the ms spent.
         ``scope``: what to prepare (the backbone's ``AHEAD_SCOPES``). Off unless asked for (the session bench's
         ``--ahead``): measured on the H200 it does not pay yet (docs/device-notes-session10.md)."""
         prepare = getattr(self.backbone, "prepare_ahead", None)
@@ -310,7 +309,7 @@ class DuplexSession:
             return 0.0
         t0 = time.perf_counter()
         with torch.no_grad(), self._oom("preparing the next second"):
-            made = int(prepare(stop, scope))
+            made = int(prepare(scope))
         ms = (time.perf_counter() - t0) * 1000.0
         rec = self.records[-1]
         rec.ahead_ms += ms

@@ -210,18 +210,20 @@ class MiniCPMO45Backbone(Backbone):
         and ``</unit>``: 2 positions) and the second's audio tokens (the encoder's 50 positions a second over
         the pool). Their layer graphs are captured when the session starts, so no second pays their capture;
         any other width (a prelude's short suffix) is captured where it first runs."""
-        return sorted(t for t in {2, 50 // self.dims.audio.pool} if 1 < t <= GRAPHED_FEED)
+        return sorted(t for t in {2, self.audio_tokens()} if 1 < t <= GRAPHED_FEED)
+
+    def audio_tokens(self) -> int:
+        """The LLM positions a second's audio takes: the encoder's 50 positions a second over its pool."""
+        return 50 // self.dims.audio.pool
 
     def _capture_llm_graphs(self) -> None:
         """The LLM's layer graphs over its store as it is now (at start, and after the store moved): the decode
         step's and the short feeds' (:meth:`feed_widths`); none where graphs are off or the store is stock."""
         self.llm_graphs: Optional[LayerGraphs] = None
         self.llm_feeds: Dict[int, LayerGraphs] = {}
-        self.llm_exact: Optional[ExactForwards] = None
+        self.llm_exact: Optional[ExactForwards] = None       # made by prepare_ahead, over the store as it is
         if not self._graphs_on() or self.kv_llm.kind != "demand":
             return
-        if self.device.type == "cuda":
-            self.llm_exact = ExactForwards(self.llm, self.kv_llm, self.device)
         self.llm_graphs = make_layer_graphs(self.llm, self.kv_llm, self.device, True)
         for t in self.feed_widths():
             graphs = make_layer_graphs(self.llm, self.kv_llm, self.device, True, tokens=t)
@@ -240,9 +242,8 @@ class MiniCPMO45Backbone(Backbone):
         if not self._graphs_on() or self.kv_llm.kind != "demand":
             return None
         kv, t = self.kv_llm, int(embed.shape[0])
-        exact = self.llm_exact
-        if exact is not None and exact.valid_for(kv):
-            out = exact.run(embed)                                      # the forward prepared for this position
+        if self.llm_exact is not None and self.llm_exact.valid_for(kv):    # only where ahead ran
+            out = self.llm_exact.run(embed)                             # the forward prepared for this position
             if out is not None:
                 return out
         if kv.length + t > kv.capacity:
@@ -256,18 +257,20 @@ class MiniCPMO45Backbone(Backbone):
                 self.llm_feeds[t] = graphs
         return graphs.forward(embed)
 
-    def next_forwards(self) -> List[tuple]:
-        """The (tokens, start) of every LLM forward the next second may make (by the declared clocks)."""
+    def next_forwards(self, slots: Optional[int] = None) -> List[tuple]:
+        """The (tokens, start) of every LLM forward the next second may make (by the declared clocks), THINK's
+        first slot and ``slots`` more (default: every slot a unit has)."""
         pending = self.protocol.pending_close
-        return next_forwards(self.kv_llm.length, len(pending) if pending else 0, 50 // self.dims.audio.pool,
-                             self.dims.sampling.max_tokens_per_unit - 1)
+        if slots is None:
+            slots = self.dims.sampling.max_tokens_per_unit - 1
+        return next_forwards(self.kv_llm.length, len(pending) if pending else 0, self.audio_tokens(), slots)
 
-    def prepare_ahead(self, stop: Optional[Callable[[], bool]] = None, scope: str = "all") -> int:
+    def prepare_ahead(self, scope: str = "all") -> int:
         """Between seconds (the session's idle time): capture what the next second replays. ``scope``
         ``"listen"``: the LLM's whole forwards of LISTEN and of THINK's first slot at their exact positions
         (:meth:`next_forwards`); ``"all"``: every slot's, and, in a reply past its prepared room, the TTS's
-        per-length steps of the next worst-case second. ``stop()`` true: a frame is waiting, the rest is left
-        to the fallbacks (the layer graphs). Nothing where graphs are off. Returns the captures made.
+        per-length steps of the next worst-case second. A forward not prepared runs the layer graphs. Nothing
+        where graphs are off. Returns the captures made.
 
         Not on by default (the session bench's ``--ahead``): on the H200 (session 10) capturing "all" took
         ~2 s per second, past the idle time, and the second itself was no faster (not yet explained; each of
@@ -278,14 +281,12 @@ class MiniCPMO45Backbone(Backbone):
             return 0
         made = 0
         with torch.no_grad():
-            exact = self.llm_exact
-            if exact is not None and exact.valid_for(self.kv_llm):
-                keys = self.next_forwards()
-                if scope == "listen":                           # LISTEN's forwards and THINK's first slot
-                    keys = keys[:len(keys) - (self.dims.sampling.max_tokens_per_unit - 1)]
-                made += exact.prepare(keys, stop)
+            if self.kv_llm.kind == "demand" and self.device.type == "cuda":
+                if self.llm_exact is None or not self.llm_exact.valid_for(self.kv_llm):
+                    self.llm_exact = ExactForwards(self.llm, self.kv_llm, self.device)
+                made += self.llm_exact.prepare(self.next_forwards(0 if scope == "listen" else None))
             if scope == "all" and self.tts_graphs is not None and self.kv_tts.kind == "demand":
-                made += self.tts_graphs.ahead(self.kv_tts, TTS_TOKENS_PER_SECOND, stop)
+                made += self.tts_graphs.ahead(self.kv_tts, TTS_TOKENS_PER_SECOND)
         return made
 
     # -- per second ------------------------------------------------------------------------------------
@@ -380,11 +381,6 @@ class MiniCPMO45Backbone(Backbone):
             self.llm_graphs = None
             self.llm_feeds = {}
             self.llm_exact = None
-        elif self.kv_llm.kind == "demand" and self.device.type == "cuda" and (
-                self.llm_exact is None or not self.llm_exact.valid_for(self.kv_llm)):
-            # over the store as it is now, for prepare_ahead to fill (nothing captured here: this second runs
-            # the layer graphs)
-            self.llm_exact = ExactForwards(self.llm, self.kv_llm, self.device)
 
     def set_tap(self, tap: Optional[Callable[[str, torch.Tensor], None]]) -> None:
         """Hand each stage's output to ``tap(stage, tensor)`` as it is made (None stops it): ``encoder``

@@ -19,7 +19,7 @@ to the layer graphs. Without CUDA an entry holds no graph and :meth:`ExactForwar
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -67,10 +67,10 @@ def whole_forward(llm, kv, head, x: torch.Tensor, start: int, logits_dtype: torc
 class _Width:
     """The buffers every forward of ``t`` tokens shares: the input rows and the outputs the graphs write."""
 
-    def __init__(self, t: int, hidden: int, vocab: int, dtype: torch.dtype, logits_dtype: torch.dtype, device):
+    def __init__(self, t: int, hidden: int, vocab: int, dtype: torch.dtype, device):
         self.x_in = torch.zeros(1, t, hidden, dtype=dtype, device=device)
         self.h_out = torch.zeros(t, hidden, dtype=dtype, device=device)
-        self.logits_out = torch.zeros(1, vocab, dtype=logits_dtype, device=device) if t == 1 else None
+        self.logits_out = torch.zeros(1, vocab, dtype=dtype, device=device) if t == 1 else None   # the LLM's dtype
         self.warm = False            # a forward of this width ran for real on the side stream
 
 
@@ -98,7 +98,7 @@ class ExactForwards:
         w = self.widths.get(t)
         if w is None:
             d = self.llm.d
-            w = self.widths[t] = _Width(t, d.hidden, self.head.weight.shape[0], self.dtype, self.dtype, self.device)
+            w = self.widths[t] = _Width(t, d.hidden, self.head.weight.shape[0], self.dtype, self.device)
         return w
 
     def _body(self, w: _Width, start: int) -> None:
@@ -107,9 +107,8 @@ class ExactForwards:
         if w.logits_out is not None:
             w.logits_out.copy_(out[1])
 
-    def prepare(self, keys: List[Key], stop: Optional[Callable[[], bool]] = None) -> int:
-        """Entries for ``keys`` not yet held, in order, while ``stop()`` says go on; drops the entries that
-        start before the store's length (positions only grow) and the graphs this second replayed (the
+    def prepare(self, keys: List[Key]) -> int:
+        """Entries for ``keys`` not yet held, in order; drops the entries that start before the store's length (positions only grow) and the graphs this second replayed (the
         second is over: its audio came back to the host). Returns how many were made."""
         if self._spent and self.graphed:
             torch.cuda.current_stream(self.device).synchronize()
@@ -120,8 +119,6 @@ class ExactForwards:
         for t, start in keys:
             if (t, start) in self.entries or start + t > self.kv.capacity or start < self.kv.length:
                 continue
-            if stop is not None and stop():
-                break
             self.entries[(t, start)] = self._capture(t, start) if self.graphed else None
             made += 1
         return made

@@ -59,19 +59,7 @@ class LayerGraphs:
         if capture:
             self._capture()
 
-    # -- the segments ------------------------------------------------------------------------------------
-    def _pre(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return layer_pre(self.llm, self.kv, i, x, cos, sin, self.pos)
-
-    def _post(self, i: int, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
-        return layer_post(self.llm, i, x, att)
-
-    def _head(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        return final_outputs(self.llm, self.head, x, self.logits_dtype)
-
-    def _attend(self, i: int, q: torch.Tensor, n: int, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return layer_attend(self.llm, self.kv, i, q, n, mask)
-
+    # -- the segments (the pieces below, shared with exact_graphs.py) ----------------------------------
     def _segment(self, s: int):
         """Segment ``s`` of the step: 0 = the step's RoPE tables and the first layer's pre; s = post(s-1) +
         pre(s); last = post + head. The tables are made once per step, as the stock's rotary embedding makes
@@ -79,11 +67,11 @@ class LayerGraphs:
         d = self.llm.d
         if s == 0:
             cos, sin = rope_tables(self.pos, d.head_dim, d.rope_theta, self.x_in.dtype)
-            return self.x_in, self._pre(0, self.x_in, cos, sin), cos, sin
-        x = self._post(s - 1, self.outs[s - 1][0], self.att[s - 1])
+            return self.x_in, layer_pre(self.llm, self.kv, 0, self.x_in, cos, sin, self.pos), cos, sin
+        x = layer_post(self.llm, s - 1, self.outs[s - 1][0], self.att[s - 1])
         if s == d.layers:
-            return self._head(x)
-        return x, self._pre(s, x, *self.outs[0][2:])
+            return final_outputs(self.llm, self.head, x, self.logits_dtype)
+        return x, layer_pre(self.llm, self.kv, s, x, *self.outs[0][2:], self.pos)
 
     # -- capture and run ------------------------------------------------------------------------------
     def _capture(self) -> None:
@@ -124,7 +112,7 @@ class LayerGraphs:
             else:
                 self.outs = self.outs[:s] + [self._segment(s)] if s else [self._segment(0)]
             if s < layers:
-                self.att[s].copy_(self._attend(s, self.outs[s][1], n, mask))
+                self.att[s].copy_(layer_attend(self.llm, self.kv, s, self.outs[s][1], n, mask))
         kv.commit(t)
         self.replays += 1
         h = self.outs[layers][0]

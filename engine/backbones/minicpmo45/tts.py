@@ -130,7 +130,7 @@ class DecodeGraphs:
         kv.v_buf.zero_()
         kv.reset()
 
-    def ahead(self, kv, span: int, stop=None) -> int:
+    def ahead(self, kv, span: int) -> int:
         """Between seconds, in a reply longer than the prepared room: the per-length graphs of the next
         ``span`` lengths past the history (a second adds at most the declared worst case), so the next
         second's steps replay one graph each instead of the between-attention graphs. Lengths the history
@@ -146,8 +146,6 @@ class DecodeGraphs:
             for n in range(max(kv.length + 1, room + 1), min(kv.length + int(span), kv.capacity) + 1):
                 if n in self.graphs:
                     continue
-                if stop is not None and stop():
-                    break
                 self.capture(kv, n, warm=True)        # warmed, as the prepared room's are
                 made += 1
         return made
