@@ -288,7 +288,7 @@ def replayed(fn: Callable[[], Outputs], device: Union[str, torch.device],
     dev = torch.device(device)
     saved = [t.clone() for t in restore]
     rt = GraphRuntime(dev, "self-check")
-    with GATE.exclusive():
+    with GATE.capturing():
         with rt.side():
             fn()
         torch.cuda.synchronize(dev)

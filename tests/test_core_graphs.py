@@ -167,8 +167,16 @@ def test_session_rng_install_is_reentrant():
 
 
 class _FakeGraph:
+    events = []                                      # ("begin", pool args, mode, gate hold) and ("end",)
+
     def register_generator_state(self, g):
         pass
+
+    def capture_begin(self, *pool, capture_error_mode="global"):
+        _FakeGraph.events.append(("begin", pool, capture_error_mode, GATE.holds()))
+
+    def capture_end(self):
+        _FakeGraph.events.append(("end",))
 
     def replay(self):
         pass
@@ -189,10 +197,19 @@ class _FakeStream:
 def fake_cuda(monkeypatch):
     """Just enough of torch.cuda for GraphRuntime.capture and replay to run their own code on the CPU."""
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: _FakeStream())
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None, priority=0: _FakeStream())
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _FakeStream())
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, next(_HANDLES)))
-    monkeypatch.setattr(torch.cuda, "graph", lambda graph, **kw: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream=None: contextlib.nullcontext())
+    for name in ("synchronize", "empty_cache", "graph"):           # a capture must call none of them
+        monkeypatch.setattr(torch.cuda, name, _refused(name))
+    _FakeGraph.events.clear()
+
+
+def _refused(name):
+    def call(*args, **kwargs):
+        raise AssertionError(f"a capture called torch.cuda.{name}")
+    return call
 
 
 def _run(rt, captures, replays_each):
@@ -255,7 +272,7 @@ def test_each_runtime_names_its_pool_and_side_stream_for_the_memory_map(fake_cud
     assert pools[pool] == "tts decode" and streams[stream] == "tts decode"
     assert pools[tuple(other.pool)] == "unnamed runtime"
     one = _FakeStream()                         # torch's stream pool hands one stream to two runtimes
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: one)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None, priority=0: one)
     for name in ("tts decode", "llm layer graphs x1", "tts decode"):
         graphs.GraphRuntime("cuda", name).stream
     assert graphs.owners()[1][one.cuda_stream] == "tts decode, llm layer graphs x1"
@@ -283,3 +300,126 @@ def test_no_cyclic_collection_while_a_capture_is_open():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_capture_is_begun_and_ended_under_the_capture_lock_without_a_device_sync(fake_cuda):
+    """GraphRuntime.capture holds the gate *capturing* (beside others' shared seconds), begins the capture in
+    thread-local mode on the runtime's pool (or the graph's own), and neither synchronizes the device nor
+    empties the allocator's cache (the fixture refuses both)."""
+    rt = graphs.GraphRuntime("cuda", "t")
+    seen = []
+    rt.capture(lambda: seen.append(GATE.holds()))
+    rt.capture(lambda: None, pool=False)
+    assert seen == ["capturing"] and GATE.holds() == ""
+    assert _FakeGraph.events == [("begin", (rt.pool,), "thread_local", "capturing"), ("end",),
+                                 ("begin", (), "thread_local", "capturing"), ("end",)]
+
+
+def test_a_failed_capture_is_ended_and_raises_its_own_error(fake_cuda, monkeypatch):
+    rt = graphs.GraphRuntime("cuda", "t")
+
+    def invalidated(self):
+        _FakeGraph.events.append(("end",))
+        raise RuntimeError("operation failed due to a previous error during capture")
+    monkeypatch.setattr(_FakeGraph, "capture_end", invalidated)
+    with pytest.raises(ValueError, match="the body failed"):
+        rt.capture(lambda: (_ for _ in ()).throw(ValueError("the body failed")))
+    assert _FakeGraph.events[-1] == ("end",) and rt.captures == 0
+    assert GATE.holds() == "" and not GATE._capture_lock._is_owned() and gc.isenabled()
+
+
+def test_capturing_runs_beside_shared_seconds_and_alone_among_captures():
+    """A capture (or a build) and a replaying second overlap; two captures never do; an exclusive section
+    waits for the capture; a thread holding the capture lock is refused exclusive at once (no deadlock)."""
+    g = Gate()
+    in_shared, leave_shared, log = threading.Event(), threading.Event(), []
+    inside = []
+
+    def second():
+        with g.shared():
+            in_shared.set()
+            leave_shared.wait(5)
+
+    def capture(name):
+        with g.capturing():
+            inside.append(name)
+            assert len(inside) == 1, "two captures at once"
+            time.sleep(0.05)
+            inside.remove(name)
+            log.append(name)
+
+    t = threading.Thread(target=second)
+    t.start()
+    in_shared.wait(5)
+    caps = [threading.Thread(target=capture, args=(n,)) for n in ("a", "b", "c")]
+    for c in caps:
+        c.start()
+    for c in caps:
+        c.join(5)
+    assert sorted(log) == ["a", "b", "c"] and g._readers == 1       # all ran while the second held on
+    leave_shared.set()
+    t.join(5)
+    with g.capturing():
+        assert g.holds() == "capturing"
+        with pytest.raises(RuntimeError, match="capture lock cannot go exclusive"):
+            with g.exclusive():
+                pass
+        assert g.holds() == "capturing"
+    with g.exclusive():
+        with g.capturing():                          # inside an exclusive section: free
+            assert g.holds() == "exclusive"
+    assert g.holds() == "" and g._readers == 0 and not g._writer
+
+
+def test_exclusive_waits_for_a_capture_and_a_capture_for_exclusive():
+    g, order = Gate(), []
+    started = threading.Event()
+
+    def build():
+        with g.capturing():
+            started.set()
+            time.sleep(0.2)
+            order.append("build")
+
+    def eager_second():
+        with g.exclusive():
+            order.append("eager")
+
+    t1 = threading.Thread(target=build)
+    t1.start()
+    started.wait(5)
+    t2 = threading.Thread(target=eager_second)
+    t2.start()
+    time.sleep(0.05)
+    t3 = threading.Thread(target=build)
+    t3.start()
+    for t in (t1, t2, t3):
+        t.join(5)
+    assert order == ["build", "eager", "build"]
+
+
+def test_capture_streams_never_come_from_the_pool_sessions_launch_on(monkeypatch):
+    """torch hands pooled streams out round-robin, so two owners can share one: a runtime's side stream and the
+    lanes forked inside a capture come from the high-priority pool, used only under the capture lock; a
+    session's stream and eager lanes from the default one. Side-stream work holds the gate capturing."""
+    from engine.models.step_audio2 import lanes
+    asked = []
+
+    class Stream(_FakeStream):
+        def __init__(self, device=None, priority=0):
+            super().__init__()
+            asked.append(priority)
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _FakeStream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream=None: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    rt = graphs.GraphRuntime("cuda", "t")
+    with rt.side():
+        assert GATE.holds() == "capturing"
+    assert asked == [graphs.CAPTURE_PRIORITY] and graphs.CAPTURE_PRIORITY < 0
+    monkeypatch.setattr(lanes, "_local", threading.local())
+    for capturing in (True, False):
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda c=capturing: c)
+        got = lanes._side_streams(torch.device("cuda"), 2)
+        assert asked[-2:] == [graphs.CAPTURE_PRIORITY if capturing else 0] * 2 and len(got) == 2
+    assert len({id(s) for k in lanes._local.pool for s in lanes._local.pool[k]}) == 4

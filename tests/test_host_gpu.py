@@ -89,9 +89,10 @@ def test_batched_listen_groups_keep_bits(n):
 def test_whole_minicpmo_sessions_start_and_stop_at_random_seconds(tmp_path):
     """Five whole MiniCPM-o 4.5 sessions (encoder, LLM, TTS, token2wav; tiny dims) start and stop at random
     seconds of each other, so their builds and captures overlap the others' seconds; one flips its
-    toggles, two have 2 s replies whose TTS store outgrows its room (a capture inside a concurrent second,
-    which the gate upgrades); one whose folder is empty fails to start, alone, with one line. Every other
-    session equals its solo run, bit for bit."""
+    toggles, two have 2 s replies whose TTS store outgrows its room (a capture inside a concurrent second);
+    one whose folder is empty fails to start, alone, with one line. Builds hold the gate *capturing*, so
+    other sessions' seconds run while a build captures (shown by their wall spans). Every other session
+    equals its solo run, bit for bit."""
     import time
     rng = np.random.default_rng(2026)
     base = SessionConfig(backbone="minicpm-o-4.5", size="tiny", device="cuda")
@@ -126,7 +127,11 @@ def test_whole_minicpmo_sessions_start_and_stop_at_random_seconds(tmp_path):
             assert not isinstance(res, LiveError), f"session {i}: {res.message}"
             outs[i].append(res.audio)
         assert len(outs[i]) == lengths[i], (i, len(outs[i]))
-    print("captures upgraded from a concurrent second:", host.gate.upgrades)
+    builds = [r.hosted.build_span for r in runners.values()]
+    overlaps = sum(1 for r in runners.values() for a, b in r.hosted.spans for b0, b1 in builds
+                   if a < b1 and b0 < b)
+    print("seconds that ran during another session's build:", overlaps)
+    assert overlaps > 0, "no second ran beside a build: captures did not overlap work"
     host.close()
     for i in range(5):
         solo = _solo(cfgs[i], inputs[i][:lengths[i]])

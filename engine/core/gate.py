@@ -1,22 +1,32 @@
-"""The process's one gate: work that may overlap runs *shared*, everything else runs *exclusive*.
+"""The process's one gate: work that may overlap runs *shared*, captures run *capturing*, the rest *exclusive*.
 
 Shared: a CUDA session's second whose every step replays a captured graph (its random draws come from
-its own registered generator state, its launches go to its own stream). Exclusive, with no other
-shared or exclusive section in flight anywhere in the process: every CUDA graph capture (the default
-CUDA generator's state is registered with a capture, and any other thread's draw from it while the
-capture is open fails with "Offset increment outside graph capture"), building or closing a session,
-a second whose toggles change, and every eager second (its draws come from the default generators,
-which the host swaps per session).
+its own registered generator state, its launches go to its own stream).
+
+Capturing: a CUDA graph capture with its warm-up, and a whole session build (which installs the
+session's random state on the process's default generators and captures its graphs). It holds the
+gate shared, so other sessions' shared seconds go on beside it, plus the *capture lock*, so at most one
+thread in the process captures or builds at a time. That is safe because a capture runs in
+``"thread_local"`` mode on a non-blocking side stream (another thread's launches, allocations and
+syncs cannot invalidate it), the allocator sends only the capturing stream's allocations to the
+graph's pool, and a shared second never draws from the default generators (the one state a capture
+registers besides its own session's): so no other thread can move the state being captured ("Offset
+increment outside graph capture").
+
+Exclusive, with nothing else in flight anywhere in the process: closing a session, a second whose
+toggles change, every eager second (its draws come from the default generators, which the host swaps
+per session), and a batched group's capture (it reads and restores other sessions' state).
 
 There is one gate per process (:data:`GATE`): the host's sessions, the executor's captures, the
 backbones' captures and the fast-path self-checks all pass through it, so no two of them can race.
 
-Re-entrant per thread: a thread that holds the gate exclusively may enter it again (shared or
-exclusive) for free. A thread that holds it *shared* and asks for it exclusively (a lazy capture in a
-second that began shared) is *upgraded*: it gives its shared hold back, waits as a writer, runs
-exclusively, then takes its shared hold again before it goes on — so two readers upgrading at once
-take turns instead of deadlocking. Writers are preferred, so an admission waits for the seconds in
-flight and does not starve.
+Re-entrant per thread: a thread that holds the gate exclusively may enter it again (shared, capturing
+or exclusive) for free. A thread that holds it *shared* and asks for it exclusively is *upgraded*: it
+gives its shared hold back, waits as a writer, runs exclusively, then takes its shared hold again
+before it goes on — so two readers upgrading at once take turns instead of deadlocking. A thread that
+holds the capture lock may not ask to go exclusive (it would wait for readers that wait for its lock):
+that is a programming error, raised at once. Writers are preferred, so an admission waits for the
+seconds in flight and does not starve.
 """
 from __future__ import annotations
 
@@ -33,19 +43,21 @@ class Gate:
         self._readers = 0
         self._writer = False
         self._writers_waiting = 0
-        self._mine = threading.local()          # .shared (depth) and .exclusive (depth) of this thread
+        self._mine = threading.local()          # .shared, .exclusive, .capturing: this thread's depths
+        self._capture_lock = threading.RLock()  # at most one capture (or build) in the process
         self.upgrades = 0                        # shared holds that went exclusive (lazy captures)
 
     def _depths(self):
         m = self._mine
         if not hasattr(m, "shared"):
-            m.shared, m.exclusive = 0, 0
+            m.shared, m.exclusive, m.capturing = 0, 0, 0
         return m
 
     def holds(self) -> str:
-        """``"exclusive"``, ``"shared"`` or ``""``: what this thread holds now."""
+        """``"exclusive"``, ``"capturing"``, ``"shared"`` or ``""``: what this thread holds now."""
         m = self._depths()
-        return "exclusive" if m.exclusive else "shared" if m.shared else ""
+        return ("exclusive" if m.exclusive else "capturing" if m.capturing else "shared" if m.shared
+                else "")
 
     # -- the raw lock ------------------------------------------------------------------------------------
     def _take_shared(self) -> None:
@@ -102,6 +114,9 @@ class Gate:
             finally:
                 m.exclusive -= 1
             return
+        if m.capturing:
+            raise RuntimeError("the gate: a thread that holds the capture lock cannot go exclusive (it would "
+                               "wait for other threads' seconds that wait for its lock); go exclusive first")
         held = m.shared
         if held:                                 # upgrade: give the shared hold back first
             m.shared = 0
@@ -117,6 +132,17 @@ class Gate:
             if held:
                 self._take_shared()
                 m.shared = held
+
+    @contextlib.contextmanager
+    def capturing(self) -> Iterator[None]:
+        """Shared, plus the process's capture lock: one capture or build at a time, beside shared seconds."""
+        m = self._depths()
+        with self.shared(), self._capture_lock:
+            m.capturing += 1
+            try:
+                yield
+            finally:
+                m.capturing -= 1
 
     def section(self, exclusive: bool):
         """``exclusive()`` or ``shared()``."""

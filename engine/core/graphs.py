@@ -5,12 +5,13 @@ the TTS's per-length decode graphs), the host (a group's batched LISTEN) or a fa
 owns a :class:`GraphRuntime`: one side stream, one memory pool (dropped with its graphs, never reused),
 and counters. :meth:`GraphRuntime.capture` is the only capture call, and it
 
-* holds the process's gate (:data:`engine.core.gate.GATE`) exclusively for the capture, so nothing
-  else in the process launches CUDA work or draws from a CUDA generator while a capture is open; a
-  thread inside a shared section (a second that began replaying and then meets a new shape) is
-  upgraded: its shared hold is given back while it captures, then taken again;
-* captures in ``"thread_local"`` mode, so a CUDA call by a thread outside the gate (the app's audio
-  thread, a profiler) cannot invalidate it;
+* holds the process's gate (:data:`engine.core.gate.GATE`) *capturing* for the capture: one capture
+  at a time in the process and no exclusive section (an eager second, a migration) beside it, while
+  other sessions' replaying seconds go on (they never draw from the default generator a capture
+  registers);
+* captures in ``"thread_local"`` mode on its non-blocking side stream, so a CUDA call by another thread
+  (another session's second, the app's audio thread, a profiler) cannot invalidate it, and never
+  synchronizes the device or empties the allocator's cache for it;
 * installs the random-number state of the session the thread is working for (:func:`working_for`),
   so the graph registers that session's generator state, not whatever another session left installed;
   eager draws in a session's concurrent second take :func:`session_generator`.
@@ -34,6 +35,12 @@ from .gate import GATE
 
 T = TypeVar("T")
 CAPTURE_MODE = "thread_local"
+# Side streams (warm-ups and captures) come from torch's high-priority stream pool and are used only under the
+# capture lock; a session's own stream comes from the default-priority pool. torch hands pooled streams out
+# round-robin, so two owners can get one stream: if a capture's stream were also another thread's launch
+# stream, that thread's kernels would land in (or invalidate) the capture. Keeping the two pools apart rules
+# that out (engine.models.step_audio2.lanes does the same for the branches it forks inside a capture).
+CAPTURE_PRIORITY = -1
 
 _local = threading.local()
 
@@ -166,7 +173,7 @@ class GraphRuntime:
     @property
     def stream(self) -> "torch.cuda.Stream":
         if self._stream is None:
-            self._stream = torch.cuda.Stream(self.device)
+            self._stream = torch.cuda.Stream(self.device, priority=CAPTURE_PRIORITY)
             with _registry_lock:
                 names = _stream_owner.setdefault(int(self._stream.cuda_stream), [])
                 if self._owner not in names:
@@ -187,28 +194,34 @@ class GraphRuntime:
 
     @contextlib.contextmanager
     def side(self) -> Iterator["torch.cuda.Stream"]:
-        """Eager work (warm-ups) on the side stream, ordered after and before the current stream."""
-        s, cur = self.stream, torch.cuda.current_stream(self.device)
-        s.wait_stream(cur)
-        with torch.cuda.stream(s):
-            yield s
-        torch.cuda.current_stream(self.device).wait_stream(s)
+        """Eager work (warm-ups) on the side stream, ordered after and before the current stream, under the
+        capture lock (the side stream may be another runtime's too: only the lock's holder uses it)."""
+        with GATE.capturing():
+            s, cur = self.stream, torch.cuda.current_stream(self.device)
+            s.wait_stream(cur)
+            with torch.cuda.stream(s):
+                yield s
+            torch.cuda.current_stream(self.device).wait_stream(s)
 
     def capture(self, fn: Callable[[], T], generators: Sequence["torch.Generator"] = (),
                 pool: bool = True) -> Tuple["torch.cuda.CUDAGraph", T]:
         """``fn`` captured into a new graph on the side stream, under the gate; (graph, fn's outputs).
 
         ``generators``: extra generator states the graph registers (besides the default one, installed
-        for the session this thread works for); ``pool=False``: the graph gets its own private pool."""
-        with GATE.exclusive(), _installed(), _no_collection():
+        for the session this thread works for); ``pool=False``: the graph gets its own private pool.
+
+        The capture is begun and ended here rather than with ``torch.cuda.graph``, whose entry
+        synchronizes the whole device and empties the allocator's cache: with other sessions replaying
+        beside the capture, that would stall all of them and hand their cached blocks back to the driver
+        at every capture (a session build captures hundreds of graphs)."""
+        with GATE.capturing(), _installed(), _no_collection():
             graph = torch.cuda.CUDAGraph()
             for g in generators:
                 graph.register_generator_state(g)
             s = self.stream
             s.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.graph(graph, pool=self.pool if pool else None, stream=s,
-                                  capture_error_mode=CAPTURE_MODE):
-                out = fn()
+            with torch.cuda.stream(s):
+                out = _captured(graph, fn, self.pool if pool else None)
             torch.cuda.current_stream(self.device).wait_stream(s)
         self._tally.captures += 1
         return graph, out
@@ -217,6 +230,21 @@ class GraphRuntime:
         """``graph`` launched; counted on this runtime's tally (no lock: this is the hot path)."""
         graph.replay()
         self._tally.replays += 1
+
+
+def _captured(graph: "torch.cuda.CUDAGraph", fn: Callable[[], T], pool) -> T:
+    """``fn`` run inside ``graph``'s capture on the current stream (``pool``: the pool to allocate from, or
+    None for the graph's own); the capture is ended even when ``fn`` fails, and ``fn``'s error is the one
+    raised (a failed capture's end reports only that the capture was invalidated)."""
+    graph.capture_begin(*(() if pool is None else (pool,)), capture_error_mode=CAPTURE_MODE)
+    try:
+        out = fn()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            graph.capture_end()
+        raise
+    graph.capture_end()
+    return out
 
 
 # -- example inputs for warm-ups and captures ---------------------------------------------------------------

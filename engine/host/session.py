@@ -4,9 +4,10 @@
 ``set_toggles``, ``toggles``, ``records``, ``info``, ``summary``, ``close``), so anything that runs
 a session can run a hosted one. What it adds:
 
-* ``start`` builds under the host's exclusive gate (graphs are captured serially, with nothing
-  else in flight), with the session's own RNG state installed, around weights from the host's
-  :class:`~engine.host.weights.WeightsCache`; it measures what the session added to the device.
+* ``start`` builds holding the host's gate *capturing* on CUDA (one build or capture in the process
+  at a time; the other sessions' replaying seconds go on beside it), with the session's own RNG state
+  installed, around weights from the host's :class:`~engine.host.weights.WeightsCache`; it measures
+  what the device gained meanwhile (other sessions' transient allocations can blur it).
 * ``process`` runs the second *shared* (concurrently with other sessions, on the session's own
   stream) when every step of it replays a graph, else *exclusive* with its RNG state installed
   (see :mod:`engine.core.gate`). The time spent waiting at the gate counts against the second's
@@ -69,6 +70,7 @@ class HostedSession:
         self.session: Optional[DuplexSession] = None
         self.memory = SessionMemory()
         self.spans: List[Tuple[float, float]] = []          # host wall time of each second's work
+        self.build_span: Optional[Tuple[float, float]] = None   # host wall time of the build (its captures)
         self.exclusive_seconds = 0
         self.in_shared_second = False           # a shared (concurrent) second is running now
         self.group = None                       # the batched-LISTEN group it belongs to, if any
@@ -77,11 +79,15 @@ class HostedSession:
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
-        """Build the models (serially, exclusively), sharing cached weights; measure the memory added."""
+        """Build the models, sharing cached weights; measure the memory added. A CUDA build holds the gate
+        *capturing* (one build or capture at a time; the other sessions' shared seconds go on beside it),
+        then joins a batched group exclusively; a CPU build holds it exclusively (the CPU's default
+        generator is swapped for the session's, and every CPU second runs exclusively anyway)."""
         cache, c = self.host.weights, self.cfg
-        # the build stalls every other session: their seconds meanwhile are not the load (meter.pause)
-        with self.host.meter.pause(), self.host.gate.exclusive(), self.rng.installed(), \
-                graphs.working_for(self.rng):
+        hold = self.host.gate.capturing() if self.device.type == "cuda" else self.host.gate.exclusive()
+        # the build slows the others down: their seconds meanwhile are not the load (meter.pause)
+        with self.host.meter.pause(), hold, self.rng.installed(), graphs.working_for(self.rng):
+            b0 = time.perf_counter()
             alloc0, res0 = _device_bytes(self.device)
             keys = (WeightsKey.tail(c), WeightsKey.backbone(c))
             found = [cache.get(k) for k in keys]
@@ -97,10 +103,13 @@ class HostedSession:
                 if hit is None:
                     cache.put(key, getattr(part, "shared_weights", lambda: None)())
                     loaded += cache.bytes(key)
-            self.session = s
-            if self.host.batcher is not None:
-                self.batched_note = self.host.batcher.join(self)
             alloc1, res1 = _device_bytes(self.device)
+            self.build_span = (b0, time.perf_counter())
+        self.session = s
+        if self.host.batcher is not None:               # its group's capture reads the members' state
+            with self.host.meter.pause(), self.host.gate.exclusive(), self.rng.installed(), \
+                    graphs.working_for(self.rng):
+                self.batched_note = self.host.batcher.join(self)
         self.memory = SessionMemory(state=int(s.tail.state_bytes()) + int(s.backbone.state_bytes()),
                                     allocated=max(0, alloc1 - alloc0 - loaded), reserved=max(0, res1 - res0),
                                     shared_loaded=loaded,

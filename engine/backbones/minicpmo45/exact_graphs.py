@@ -127,7 +127,7 @@ class ExactForwards:
         """One forward captured (its first width warmed up for real first: its writes land at positions the
         second overwrites before anything reads them)."""
         w, rt = self._width(t), self.runtime
-        with GATE.exclusive():
+        with GATE.capturing():
             if not w.warm:
                 with rt.side():
                     self._body(w, start)

@@ -79,7 +79,7 @@ class LayerGraphs:
         hold for all of them: a capture that has to upgrade a shared second does so once)."""
         torch.add(self._steps, self.kv.length, out=self.pos)    # warm-up writes land where the next real ones will
         rt = self.runtime
-        with GATE.exclusive():
+        with GATE.capturing():
             with rt.side():
                 for s in range(self.llm.d.layers + 1):           # warm-up, for real, segment by segment
                     self.outs.append(tuple(t.clone() for t in self._segment(s)))

@@ -108,7 +108,7 @@ class DecodeGraphs:
         saved = kv.length
         code = torch.zeros(1, dtype=torch.long, device=self.device)
         try:
-            with GATE.exclusive():                            # warm-up and capture in one hold
+            with GATE.capturing():                            # warm-up and capture in one hold
                 if warm:                                      # run once for real on the side stream
                     with self.runtime.side():
                         kv.length = length - 1

@@ -8,7 +8,8 @@ runs them side by side. Every branch runs exactly the kernels it ran alone, on t
 bit changes, only the order in which independent kernels reach the GPU.
 
 Under CUDA graph capture the fork (``wait_stream``) and the join become graph edges; the replay keeps them
-parallel. The side streams are per thread and per device (a capture in one thread never meets another
+parallel. The side streams are per thread and per device, and those forked inside a capture come from a
+pool no other thread launches on outside the capture lock (a capture in one thread never meets another
 thread's work on its streams). On the CPU, or when switched off, the branches run one after the other.
 
 Memory: a tensor made on a side stream and read later on the calling stream is recorded on the calling
@@ -17,9 +18,11 @@ stream (``record_stream``), so the caching allocator does not hand its memory ou
 from __future__ import annotations
 
 import threading
-from typing import Callable, Dict, Generic, List, Optional, Sequence, TypeVar
+from typing import Callable, Dict, Generic, List, Optional, Sequence, Tuple, TypeVar
 
 import torch
+
+from engine.core.graphs import CAPTURE_PRIORITY
 
 T = TypeVar("T")
 
@@ -27,13 +30,17 @@ _local = threading.local()
 
 
 def _side_streams(device: torch.device, n: int) -> List[torch.cuda.Stream]:
-    """``n`` side streams of ``device`` for this thread (made once, then reused)."""
-    pool: Dict[int, List[torch.cuda.Stream]] = getattr(_local, "pool", None) or {}
+    """``n`` side streams of ``device`` for this thread (made once, then reused). Inside a capture they come
+    from the capture runtime's high-priority pool (used only under the capture lock), else from the default
+    pool: torch's pooled streams are shared round-robin, and a branch forked into a capture must never be on
+    a stream another thread launches on (:data:`engine.core.graphs.CAPTURE_PRIORITY`)."""
+    pool: Dict[Tuple[int, bool], List[torch.cuda.Stream]] = getattr(_local, "pool", None) or {}
     _local.pool = pool
     idx = device.index if device.index is not None else torch.cuda.current_device()
-    have = pool.setdefault(idx, [])
+    capturing = torch.cuda.is_current_stream_capturing()
+    have = pool.setdefault((idx, capturing), [])
     while len(have) < n:
-        have.append(torch.cuda.Stream(device=idx))
+        have.append(torch.cuda.Stream(device=idx, priority=CAPTURE_PRIORITY if capturing else 0))
     return have[:n]
 
 
