@@ -78,23 +78,33 @@ def test_finite_session_replays_repeated_signatures_and_runs_one_offs_eagerly():
     assert ex.stats.replayed_steps > 20
 
 
-def test_captures_never_race_eager_draws_in_other_threads():
-    """Session 4's crash, reduced: thread A draws from the CUDA default generator (as a MiniCPM-o sampler
-    and a Step-Audio2 example input did) in its concurrent seconds while thread B, also in a concurrent
-    second, captures a graph that draws. Without the one gate A's draw during B's capture raised "Offset
-    increment outside graph capture"; with it B's capture is upgraded to exclusive, A waits, both go on,
-    and the graph's draws replay from the state it registered."""
+def test_captures_run_beside_eager_draws_from_session_generators():
+    """Session 4's crash, reduced, under the gate's capturing hold: thread A, a hosted session in its concurrent
+    seconds, draws eagerly from its own generator state (``session_generator``: the MiniCPM-o sampler, the
+    HiFT's one-off eager steps) while thread B captures, for its own session, graphs that draw. No "Offset
+    increment outside graph capture"; A draws while B's captures are open (timed); A's numbers are exactly what
+    its state gives alone; B's replays advance B's state only. (The version of this test where A drew from the
+    default generator, which a capture registers, failed on the H200 with that message: session 11, call 2.)"""
     import threading
+    import time
     from engine.core.gate import GATE
-    from engine.core.graphs import GraphRuntime
-    errors, stop = [], threading.Event()
+    from engine.core.graphs import GraphRuntime, session_generator, working_for
+    from engine.host.rng import SessionRng
+    torch.manual_seed(11)
+    ra, rb = SessionRng(torch.device(DEV)), SessionRng(torch.device(DEV))
+    ref = torch.Generator(device=DEV)
+    ref.set_state(ra.generator.get_state())
+    errors, stop, drawn, at = [], threading.Event(), [], []
 
     def drawer():
         s = torch.cuda.Stream()
         try:
-            while not stop.is_set():
-                with GATE.shared(), torch.cuda.stream(s):
-                    torch.randint(0, 100, (64,), device=DEV).sum().item()
+            with working_for(ra):
+                while not stop.is_set():
+                    with GATE.shared(), torch.cuda.stream(s):
+                        drawn.append(torch.randint(0, 100, (64,), device=DEV, generator=session_generator(DEV)))
+                        s.synchronize()
+                        at.append(time.perf_counter())
         except Exception as e:  # noqa: BLE001
             errors.append(repr(e))
 
@@ -102,17 +112,34 @@ def test_captures_never_race_eager_draws_in_other_threads():
     t.start()
     rt = GraphRuntime(DEV, "test")
     x = torch.randn(256, device=DEV)
+    spans, offsets = [], []
+
+    def body():                      # 60 draws: a capture long enough for A's draws to fall inside it
+        z = x
+        for _ in range(60):
+            z = z * torch.rand_like(x)
+        return z
     try:
-        for _ in range(20):
-            with GATE.shared():
-                with rt.side():
-                    y = x * torch.rand_like(x)
-                graph, out = rt.capture(lambda: x * torch.rand_like(x))
-                rt.replay(graph)
-                torch.cuda.synchronize()
-                assert out.shape == y.shape and torch.isfinite(out).all()
+        with working_for(rb):
+            for _ in range(20):
+                with GATE.shared():
+                    with rt.side():
+                        y = x * torch.rand_like(x)
+                    t0 = time.perf_counter()
+                    graph, out = rt.capture(body)
+                    spans.append((t0, time.perf_counter()))
+                    offsets.append(rb.generator.get_offset())
+                    rt.replay(graph)
+                    torch.cuda.synchronize()
+                    assert out.shape == y.shape and torch.isfinite(out).all()
+                    assert rb.generator.get_offset() > offsets[-1]           # B's graph drew from B's state
     finally:
         stop.set()
         t.join(30)
     assert not errors, errors[0]
-    assert GATE.upgrades >= 20 and rt.captures == 20 and rt.replays == 20
+    assert rt.captures == 20 and rt.replays == 20 and len(drawn) > 20
+    beside = sum(1 for a in at for b0, b1 in spans if b0 <= a <= b1)
+    print(f"draws by A while B's captures were open: {beside} of {len(at)}")
+    assert beside > 0, "no draw ran beside a capture: the test did not exercise the overlap"
+    for got in drawn:
+        assert torch.equal(got, torch.randint(0, 100, (64,), device=DEV, generator=ref))

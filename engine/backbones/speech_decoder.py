@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.core.graphs import example_randn
+from engine.core.graphs import example_randn, session_generator
 from engine.core import Clock, Region, Ring, SessionSpec, StateView, StepPlan, StreamingModel
 
 
@@ -156,7 +156,7 @@ class SpeechDecoder(StreamingModel):
         for i, layer in enumerate(self.layers):
             x = layer(x, k_all[i], v_all[i], slot, cos, sin, mask)
         logits = self.head(self.norm(x)).view(a.codebooks, a.vocab) / a.temperature   # [K, V]
-        u = torch.rand(a.codebooks, a.vocab, device=x.device).clamp_(min=1e-20)
+        u = torch.rand(a.codebooks, a.vocab, device=x.device, generator=session_generator(x.device)).clamp_(min=1e-20)
         tok = torch.argmax(logits - torch.log(-torch.log(u)), dim=-1)                   # [K] int64
         nxt = self.embed(tok)                                                           # [1, 1, dim]
         return {"tok": tok, "next": nxt}

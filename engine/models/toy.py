@@ -15,7 +15,7 @@ from typing import Dict, List
 import torch
 from torch import nn
 
-from engine.core.graphs import example_randn
+from engine.core.graphs import example_randn, session_generator
 from engine.core import (Clock, Fixed, PrefixWindow, Region, Ring, SessionSpec, StateView, StepPlan,
                          StreamingModel, make_plan)
 from engine.registry import ModelEntry, register
@@ -80,7 +80,7 @@ class ToyStreamer(StreamingModel):
         idx = (state["ring"].position() + torch.arange(n, device=x.device)) % self.ring_cap
         ring.index_copy_(2, idx, h)
         mix = ring.mean(dim=-1, keepdim=True)                     # [1, C, 1]
-        y = torch.tanh(a + mix) + 0.01 * torch.randn_like(a)
+        y = torch.tanh(a + mix) + 0.01 * torch.empty_like(a).normal_(generator=session_generator(a.device))
         return {"y": y}
 
 

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.core.graphs import session_generator
+
 from .fused import mul_add
 
 
@@ -113,7 +115,10 @@ class SineSource(nn.Module):
     Draws, in the stock's order, from the device's default generator: ``rand(1, harmonics+1)`` for the
     start phases (which never reach the output, see :meth:`_sines`), ``randn`` like the harmonics for the
     additive noise, and ``randn`` like ``uv`` for the stock's noise branch, which it discards (drawn all the
-    same: the generator's offset must match).
+    same: the generator's offset must match). In a hosted session the draws name its own generator state
+    (:func:`~engine.core.graphs.session_generator`, the state its captures register), so an eager second
+    beside another session's capture never moves the state that capture registered; ``empty_like(x).normal_``
+    is what ``randn_like(x)`` runs (the same layout, kernel and offset).
     """
 
     def __init__(self, sampling_rate: int, upsample_scale: int, harmonics: int, sine_amp: float,
@@ -143,7 +148,7 @@ class SineSource(nn.Module):
         batch, length, harmonics = f.shape
         frames, s = length // self.scale, self.scale
         cycles = torch.remainder(f / self.sr, 1.0)                               # [1, L, H] cycles per sample
-        torch.rand(batch, harmonics, device=f.device)                           # start phases: drawn, unread
+        torch.rand(batch, harmonics, device=f.device, generator=session_generator(f.device))  # drawn, unread
         by_frame = cycles.view(batch, frames, s, harmonics)                     # [1, T, scale, H]
         lo, hi = (s - 1) // 2, s // 2
         centre = by_frame[:, :, lo] if lo == hi else (by_frame[:, :, lo] + by_frame[:, :, hi]) * 0.5  # [1, T, H]
@@ -156,9 +161,10 @@ class SineSource(nn.Module):
         sines = self._sines(torch.multiply(f0, self.harmonics)) * self.sine_amp
         uv = (f0 > self.threshold).type(torch.float32)
         noise_amp = uv * self.noise_std + (1 - uv) * self.sine_amp / 3
-        sines = sines * uv + noise_amp * torch.randn_like(sines)
+        gen = session_generator(f0.device)
+        sines = sines * uv + noise_amp * torch.empty_like(sines).normal_(generator=gen)
         merged = torch.tanh(self.l_linear(sines))
-        torch.randn_like(uv)                 # the stock's discarded noise branch: keeps the RNG in step
+        torch.empty_like(uv).normal_(generator=gen)   # the stock's discarded noise branch: keeps the RNG in step
         return merged
 
 
