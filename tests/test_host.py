@@ -276,3 +276,20 @@ def test_hosted_sessions_equal_solo_other_pairs(one_torch_thread, tail, backbone
     assert runners[1].hosted.memory.weights_reused
     assert all(np.abs(o).max() > 0 for o in outs)                # each spoke: every stage ran
     host.close()
+
+
+def test_a_removed_sessions_failure_stays_in_the_load_errors():
+    """A capacity ramp removes a session that failed; the bench's errors (its JSON) still name it."""
+    import queue
+    import types
+    from engine.host.drive import Driven, PacedLoad
+    load = PacedLoad(host=None)
+    runners = [types.SimpleNamespace(results=queue.Queue(), stop=lambda timeout=0.0: None) for _ in range(2)]
+    load.sessions += [Driven(i, r, []) for i, r in enumerate(runners)]
+    load.sessions[0].error = "RuntimeError: the build failed"
+    load.remove_last()
+    load.remove_last()
+    try:
+        assert load.errors() == ["session 0: RuntimeError: the build failed"] and not load.sessions
+    finally:
+        load.close()

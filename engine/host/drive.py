@@ -68,6 +68,7 @@ class PacedLoad:
         self.align = int(align)
         self.keep_audio = int(keep_audio)
         self.sessions: List[Driven] = []
+        self._removed: List[Driven] = []         # stopped sessions: their errors still count in errors()
         self._lock = threading.Lock()
         self._heap: List = []
         self._stop = threading.Event()
@@ -100,6 +101,7 @@ class PacedLoad:
         """Stop the most recently added session (its slot frees; its records stay)."""
         with self._lock:
             d = self.sessions.pop()
+            self._removed.append(d)
         d.runner.stop(timeout=30.0)
 
     def close(self) -> None:
@@ -195,5 +197,8 @@ class PacedLoad:
                       max(lat, default=0.0), per)
 
     def errors(self) -> List[str]:
-        return [f"session {d.index}: {d.error}" for d in self.sessions if d.error]
+        """Every session's failure so far, the removed sessions' too (a ramp removes a failed one)."""
+        with self._lock:
+            every = sorted(self._removed + self.sessions, key=lambda d: d.index)
+        return [f"session {d.index}: {d.error}" for d in every if d.error]
 
