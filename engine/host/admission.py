@@ -10,8 +10,9 @@ and how late it finished relative to its frame's arrival. Over the trailing wind
 * the cost of one more session: ``busy / n`` per second, ``n`` the sessions that ran seconds in the
   window (the measured mean of a talking session; idle ones cost nothing yet).
 
-Seconds that the host itself stalled (an admission's build and graph capture, a departure's teardown hold
-every session at the gate: :meth:`LoadMeter.pause`) are left out: they say nothing about the sessions' load.
+Seconds that the host itself stalled or slowed (a departure's teardown holds every session at the gate; an
+admission's build and graph captures run beside the sessions' seconds and compete with them for the host and
+the GPU: :meth:`LoadMeter.pause`) are left out: they say nothing about the sessions' own load.
 
 Admitting adds that cost to both: the new session's second can come due just before anyone's.
 Admission is allowed when, after it, ``busy`` and ``worst`` both stay under the deadline less a
@@ -90,9 +91,9 @@ class LoadMeter:
 
     @contextlib.contextmanager
     def pause(self) -> Iterator[None]:
-        """Around work that stalls every session for the host's own sake (an admission's build and graph
-        capture, a departure's teardown): seconds whose arrival-to-done overlaps it say nothing about the
-        load the sessions make, and are left out of the headroom."""
+        """Around work the host does for its own sake that stalls or slows every session (an admission's build
+        and graph captures, a departure's teardown): seconds whose arrival-to-done overlaps it say nothing about
+        the load the sessions make, and are left out of the headroom."""
         entry = [time.perf_counter(), float("inf")]             # open while it lasts: counts for a query meanwhile
         with self._lock:
             self._pauses.append(entry)
