@@ -6,8 +6,10 @@
 cd "$(dirname "$0")/../../.."      # the repository copy (.snap) this script sits in
 source docs/bench/s6/device_stock_env.sh
 t0=$(date +%s)
-timeout 120 python3 docs/bench/s10/probe_replay_once.py $OUT/replay-once.json > $OUT/replay-once.txt 2>&1
-echo "exit $? after $(( $(date +%s) - t0 )) s" >> $OUT/replay-once.txt; tail -2 $OUT/replay-once.txt
+if [ "${DC_PROBE:-1}" = 1 ]; then      # measured in session 11 (docs/device-notes-session11.md): DC_PROBE=0 skips it
+  timeout 120 python3 docs/bench/s10/probe_replay_once.py $OUT/replay-once.json > $OUT/replay-once.txt 2>&1
+  echo "exit $? after $(( $(date +%s) - t0 )) s" >> $OUT/replay-once.txt; tail -2 $OUT/replay-once.txt
+fi
 released_folder
 echo "folder ready after $(( $(date +%s) - t0 )) s"
 left=$(( 580 - ($(date +%s) - t0) ))
