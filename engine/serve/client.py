@@ -257,6 +257,10 @@ class RemoteRunner:
             try:
                 msg = self._ws.recv(timeout=POLL_S)
             except TimeoutError:
+                oversized = _refused_oversized(self._ws)
+                if oversized:                    # this client is closing (1009): say so, not "stalled"
+                    self._lose(oversized)
+                    return
                 stalled = self._stalled()
                 if stalled:
                     self._lose(stalled, kind="stopped answering")
@@ -338,11 +342,22 @@ class _Refused(Exception):
     """The session could not start (the text is the whole message for the user)."""
 
 
+def _refused_oversized(ws) -> Optional[str]:
+    """Why this client is closing the connection, when it refused a message over its size limit (its close frame,
+    1009, is sent while the server, still pushing the message, has not answered it: until then ``recv`` only times
+    out, and the watchdog would call the server stalled), else None."""
+    sent = getattr(getattr(ws, "protocol", None), "close_sent", None)
+    return _OVERSIZED if sent is not None and sent.code == 1009 else None
+
+
+_OVERSIZED = f"it sent a message over this client's limit of {P.MAX_SERVER_MESSAGE} bytes"
+
+
 def _close_text(e) -> str:
     """Why a connection closed, in words (the server's reason when it gave one)."""
     rcvd, sent = getattr(e, "rcvd", None), getattr(e, "sent", None)
     if sent is not None and sent.code == 1009:
-        return f"it sent a message over this client's limit of {P.MAX_SERVER_MESSAGE} bytes"
+        return _OVERSIZED
     if rcvd is None:
         return "the connection dropped without a close message"
     reason = f": {_text(rcvd.reason)}" if rcvd.reason else ""
