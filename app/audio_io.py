@@ -192,6 +192,9 @@ READABLE = {"pulse": "PulseAudio / PipeWire", "pipewire": "PipeWire", "default":
 
 
 CLOSE_WAIT_S = 5.0          # how long stopping a device waits for PortAudio's close
+#: an open stream whose callbacks stop for this long is taken as gone: a sound server that died can leave
+#: PortAudio's stream "active" with nothing moving through it
+STALL_S = 3.0
 
 
 def _stuck_close(message: str) -> None:
@@ -284,9 +287,11 @@ class _PortAudioStream:
     failure: Optional[str]
     _stream = None
     _stopping = False
+    _heard_at = 0.0            # time.monotonic() of the last callback (or of the start)
 
     def start(self) -> None:
         sd = sounddevice_module()
+        self._heard_at = time.monotonic()
         cls = sd.InputStream if self.direction == "input" else sd.OutputStream
         try:
             self._stream = cls(device=self.device.index, samplerate=self.rate, channels=1,
@@ -321,9 +326,12 @@ class _PortAudioStream:
 
     def check(self) -> Optional[str]:
         s = self._stream
-        if self.failure is None and not self._stopping and s is not None and not s.active:
+        if self.failure is None and not self._stopping and s is not None and (not s.active or self._stalled()):
             self.failure = f"{self.direction} device '{self.device.name}' stopped (unplugged?)"
         return self.failure
+
+    def _stalled(self) -> bool:
+        return time.monotonic() - self._heard_at > STALL_S
 
 
 def capture_rate(device: DeviceInfo, wanted: Optional[int] = None) -> int:
@@ -351,6 +359,7 @@ class DeviceInput(_PortAudioStream, InputSource):
         self._stopping = False
 
     def _callback(self, indata, frames, when, status) -> None:
+        self._heard_at = time.monotonic()
         if status.input_overflow:
             self.xruns += 1
         self.ring.write(indata[:, 0])        # copy only: nothing else happens in the callback
@@ -496,6 +505,7 @@ class DeviceOutput(Primed, _PortAudioStream):
         self._stopping = False
 
     def _callback(self, outdata, frames, when, status) -> None:
+        self._heard_at = time.monotonic()
         if status.output_underflow:
             self.xruns += 1
         outdata[:, 0] = self.pop_primed(frames)      # copies only: a bounded queue, zeros when dry

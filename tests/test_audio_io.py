@@ -318,3 +318,21 @@ def test_pump_thread_switches_sources_and_resamples(tmp_path):
     new.stop()
     assert len(submitted) >= 4 and all(f.shape == (ENGINE_RATE,) for f in submitted)
     assert any(kind == "source" for kind, _ in pump.events)
+
+
+def test_a_stream_whose_callbacks_stop_counts_as_gone(monkeypatch):
+    """A sound server that dies can leave PortAudio's stream "active" with no callbacks: after STALL_S without
+    one, check() reports the device stopped (the controller then goes on with silence); callbacks keep it alive."""
+    monkeypatch.setattr(audio_io, "STALL_S", 0.2)
+    dev = DeviceInfo(3, "Test Mic", "ALSA", 2, 2, 44100)
+    ok = types.SimpleNamespace(input_overflow=False, output_underflow=False)
+    for dev_cls, buf in ((DeviceInput, noise(64).reshape(-1, 1)), (DeviceOutput, np.zeros((64, 1), np.float32))):
+        d = dev_cls(dev)
+        d._stream = types.SimpleNamespace(active=True)
+        d._heard_at = time.monotonic()
+        for _ in range(4):                          # callbacks arriving: alive
+            time.sleep(0.1)
+            d._callback(buf, 64, None, ok)
+            assert d.check() is None
+        time.sleep(0.3)                             # then none for longer than STALL_S
+        assert d.check() == f"{d.direction} device 'Test Mic' stopped (unplugged?)"
