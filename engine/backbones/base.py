@@ -9,13 +9,14 @@ decision (listen or speak) and the speech tokens it produced (kept on the device
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import torch
 
 from engine.core.toggles import Toggles
 
 if TYPE_CHECKING:
+    from engine.fastpath import Verdict
     from engine.vad import VadResult
 
 
@@ -89,6 +90,11 @@ class Backbone:
 
     def close(self) -> None:
         """Release what the backbone holds."""
+
+    def fast_paths(self) -> List["Verdict"]:
+        """The start-up self-check's verdicts on this backbone's optional faster paths (:mod:`engine.fastpath`),
+        for the session info; none by default."""
+        return []
 
     def shared_weights(self) -> Optional[Dict[str, object]]:
         """Read-only modules another session's backbone can be built around (``make_backbone(shared=)``);

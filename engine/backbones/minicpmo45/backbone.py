@@ -32,15 +32,17 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 
 import torch
 
+from engine import fastpath
 from engine.core import Executor, make_plan
 from engine.core.toggles import PendingToggles, Toggles
+from engine.kernels import exact
 
 from ..base import Backbone, BackboneInfo, Thought, TokenFormat
 from .audio import AudioEncoder, FrontEnd
 from .dims import Dims, preset
 from .exact_graphs import ExactForwards, next_forwards
 from .kv import demand_units, kv_regions, make_store, switch_store
-from .layers import inverse_frequencies, pin_attention_kernels, seeded_init
+from .layers import apply_rope_stock, inverse_frequencies, pin_attention_kernels, rms_norm_stock, seeded_init
 from .llm import Qwen3
 from .llm_graphs import LayerGraphs, make_layer_graphs
 from .prompt import DEFAULT_SYSTEM_PROMPT, prelude
@@ -117,6 +119,7 @@ class MiniCPMO45Backbone(Backbone):
     def start(self) -> None:
         d, dev, dt = self.dims, self.device, self.dtype
         pin_attention_kernels(dev)              # before any capture: cuDNN attention does not repeat its bits
+        self._fused = self._check_fused_kernels()   # likewise before any capture (the check captures too)
         with torch.no_grad():
             if self._shared is not None:        # another session's modules: read only, every state is ours
                 self.llm, self.tts, self.encoder = (self._shared[k] for k in ("llm", "tts", "encoder"))
@@ -150,6 +153,24 @@ class MiniCPMO45Backbone(Backbone):
                 clip = self.reference_clip
                 pre = prelude(tok, self.system_prompt, reference_embeddings(self.encoder, clip) if clip else None)
                 self.protocol.prepare(pre.prefix_ids, pre.reference, pre.suffix_ids)
+
+    def _check_fused_kernels(self) -> List[fastpath.Verdict]:
+        """Whether the captured graphs take the exact fused RMSNorm/RoPE (:mod:`engine.kernels.exact`): checked
+        against the stock chains at this model's norm widths and head layouts, one position and a LISTEN feed's
+        (on CUDA only: the CPU captures nothing)."""
+        if self.device.type != "cuda":
+            return []
+        l, t = self.dims.llm, self.dims.tts
+        norms, ropes = [], []
+        for w in (1, 11):
+            norms += [((1, w, l.hidden), l.eps), ((1, w, l.heads, l.head_dim), l.eps),
+                      ((1, w, l.kv_heads, l.head_dim), l.eps), ((1, w, t.hidden), t.eps)]
+            ropes += [(l.heads, w, l.head_dim), (l.kv_heads, w, l.head_dim), (t.heads, w, t.head_dim)]
+        return [exact.prepare(self.device, (l, t), norms, ropes, rms_norm_stock, apply_rope_stock)]
+
+    def fast_paths(self) -> List[fastpath.Verdict]:
+        """The start-up self-check's verdicts on the backbone's faster paths (the session info shows them)."""
+        return list(getattr(self, "_fused", []))
 
     def _fill_weights(self) -> None:
         if self.folder is None:

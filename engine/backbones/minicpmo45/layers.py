@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.kernels import exact, norm_rope
+
 
 class KVLayer(Protocol):
     def append(self, k: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -30,9 +32,17 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        if exact.use_fused(x) and norm_rope.rms_norm_fits(x, self.weight):     # in a capture, proven here
+            return norm_rope.rms_norm(x, self.weight, self.eps)
+        return rms_norm_stock(x, self.weight, self.eps)
+
+
+def rms_norm_stock(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The stock's RMSNorm: the mean of squares in float32, the scaled rows back in ``x``'s dtype, times
+    ``weight`` (eight kernels on CUDA; :mod:`engine.kernels.norm_rope` has the same bits in three)."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
 
 
 @functools.lru_cache(maxsize=None)
@@ -57,7 +67,15 @@ def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: tor
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [1, H, T, hd]; cos/sin: [T, hd]."""
+    """x: [1, H, T, hd]; cos/sin: [T, hd]. Inside a capture on a device that proved it, one fused kernel with
+    the stock chain's bits (:mod:`engine.kernels.norm_rope`)."""
+    if exact.use_fused(x) and norm_rope.rope_fits(x, cos, sin):
+        return norm_rope.rope(x, cos, sin)
+    return apply_rope_stock(x, cos, sin)
+
+
+def apply_rope_stock(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The stock's rotate-half RoPE: ``x * cos + cat(-x2, x1) * sin`` (five kernels on CUDA)."""
     half = x.shape[-1] // 2
     turned = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + turned * sin
