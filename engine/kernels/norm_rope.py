@@ -136,7 +136,9 @@ def _define() -> SimpleNamespace:
 
     _bf16_bits, _from_bits, _store_bits, _rsqrt = bf16_bits, from_bits, store_bits, rsqrt
 
-    @triton.jit(do_not_specialize=["d"])
+    # nothing specialized on its value (a pointer's alignment, an int that is 1): one compiled variant per width,
+    # made by the start-up check, so no capture ever compiles
+    @triton.jit(do_not_specialize=["x_ptr", "out_ptr", "d"])
     def squares(x_ptr, out_ptr, d, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         i = tl.arange(0, BLOCK)
@@ -144,7 +146,7 @@ def _define() -> SimpleNamespace:
         x = tl.load(x_ptr + row * d + i, mask=m, other=0.0).to(tl.float32)
         tl.store(out_ptr + row * d + i, x * x, mask=m)
 
-    @triton.jit(do_not_specialize=["d", "eps"])
+    @triton.jit(do_not_specialize=["x_ptr", "var_ptr", "w_ptr", "out_ptr", "d", "eps"])
     def norm_tail(x_ptr, var_ptr, w_ptr, out_ptr, d, eps, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         i = tl.arange(0, BLOCK)
@@ -155,7 +157,8 @@ def _define() -> SimpleNamespace:
         y = _from_bits(_bf16_bits(x * r))                                 # .to(bf16) of x32 * rsqrt(...)
         _store_bits(out_ptr + row * d + i, _bf16_bits(w * y), m)         # weight * y, rounded
 
-    @triton.jit(do_not_specialize=["h", "t", "sx0", "sx1", "sx2", "so0", "so1", "so2"])
+    @triton.jit(do_not_specialize=["x_ptr", "cos_ptr", "sin_ptr", "out_ptr", "h", "t", "sx0", "sx1", "sx2", "so0",
+                                   "so1", "so2"])
     def rope(x_ptr, cos_ptr, sin_ptr, out_ptr, h, t, sx0, sx1, sx2, so0, so1, so2, HD: tl.constexpr):
         p = tl.program_id(0).to(tl.int64)
         ti = p % t
