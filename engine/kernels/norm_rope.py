@@ -46,7 +46,8 @@ def rope_fits(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
         return False
     t, hd = x.shape[2], x.shape[3]
     tables = all(c.dtype == torch.bfloat16 and c.is_contiguous() and tuple(c.shape) == (t, hd) for c in (cos, sin))
-    return tables and hd >= 2 and hd & (hd - 1) == 0
+    return (tables and hd >= 2 and hd & (hd - 1) == 0
+            and _rope_layout(tuple(x.shape), tuple(x.stride()))[-1] == 1)          # written row by row
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
