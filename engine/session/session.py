@@ -212,8 +212,8 @@ class DuplexSession:
                      "(the moshi backbone holds a conversation)") if bi and bi.synthetic else "",
             "device": str(self.device), "size": self.cfg.size,
             "voice": self.cfg.voice_label(),
-            "fast_paths": [v.line() for part in (self.tail, self.backbone) if part is not None
-                           for v in part.fast_paths()],
+            "fast_paths": [v.line() for part in (self.tail, self.backbone) if part is not None   # a plug-in part
+                           for v in getattr(part, "fast_paths", list)()],                   # may have none
             **device_memory(self.device),    # the card's size and the process cap, MiB (None on the CPU)
             # the text the backbone started from (its default when none was given); None: it takes none
             "system_prompt": (getattr(self.backbone, "system_prompt", None) if self.backbone is not None
