@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import List, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 
 from engine.core.gate import GATE
 from engine.core.graphs import GraphRuntime
@@ -54,6 +55,7 @@ class LayerGraphs:
         self.graphs: List[torch.cuda.CUDAGraph] = []
         self.outs: List[Tuple[torch.Tensor, ...]] = []
         self.buffers = (kv.k_buf.data_ptr(), kv.v_buf.data_ptr())
+        self.attend = ExactAttention(llm, kv)
         self.replays = 0
         self.runtime = GraphRuntime(self.device, f"layer graphs: {type(llm).__name__} x{t}")
         if capture:
@@ -112,7 +114,7 @@ class LayerGraphs:
             else:
                 self.outs = self.outs[:s] + [self._segment(s)] if s else [self._segment(0)]
             if s < layers:
-                self.att[s].copy_(layer_attend(self.llm, self.kv, s, self.outs[s][1], n, mask))
+                self.att[s].copy_(self.attend(s, self.outs[s][1], n, mask))
         kv.commit(t)
         self.replays += 1
         h = self.outs[layers][0]
@@ -165,6 +167,46 @@ def layer_attend(llm, kv, i: int, q: torch.Tensor, n: int, mask: Optional[torch.
         k_all = k_all.repeat_interleave(a.h // a.hkv, dim=1)
         v_all = v_all.repeat_interleave(a.h // a.hkv, dim=1)
     return attend(q, k_all, v_all, mask, a.explicit)
+
+class ExactAttention:
+    """:func:`layer_attend` for the replayed forward, whose host time is these calls (36 a token): the same
+    kernels on the same operands in fewer host operations. Each layer's storage views are made once (the graphs
+    are remade when the store moves); grouped-query keys and values are widened by one broadcasting copy into a
+    fresh tensor, the values and layout ``repeat_interleave`` gives (6 dispatches for its 15); the TTS's
+    written-out attention of one query is the two ``bmm`` calls that ``matmul`` makes of it."""
+
+    def __init__(self, llm, kv):
+        a = llm.model.layers[0].self_attn
+        self.h, self.hkv, self.hd, self.explicit = a.h, a.hkv, a.hd, a.explicit
+        self.group = a.h // a.hkv
+        layers = range(len(llm.model.layers))
+        self.k = [kv.k_buf[i:i + 1] for i in layers]                                  # [1, Hkv, capacity, hd]
+        self.v = [kv.v_buf[i:i + 1] for i in layers]
+        if self.group > 1:                                                              # [1, Hkv, 1, capacity, hd]
+            self.k, self.v = [x.unsqueeze(2) for x in self.k], [x.unsqueeze(2) for x in self.v]
+
+    def __call__(self, i: int, q: torch.Tensor, n: int, mask: Optional[torch.Tensor]) -> torch.Tensor:
+        if self.group > 1:
+            k, v = self._widen(self.k[i], n), self._widen(self.v[i], n)
+        else:
+            k, v = self.k[i].narrow(2, 0, n), self.v[i].narrow(2, 0, n)
+        if self.explicit and mask is None and q.shape[2] == 1:
+            return self._one_query(q, k, v)
+        return attend(q, k, v, mask, self.explicit)
+
+    def _widen(self, src: torch.Tensor, n: int) -> torch.Tensor:
+        out = torch.empty(1, self.hkv, self.group, n, self.hd, dtype=src.dtype, device=src.device)
+        out.copy_(src.narrow(3, 0, n))                                  # each kv head into its group of heads
+        return out.view(1, self.h, n, self.hd)
+
+    @staticmethod
+    def _one_query(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """:func:`~.layers.explicit_attention` without a mask, for q [1, H, 1, hd]: the same batched products,
+        scale, float32 softmax and cast, on the same [H, ...] operands ``matmul`` reshapes to."""
+        scores = torch.bmm(q[0], k[0].transpose(1, 2)) * (q.shape[-1] ** -0.5)
+        weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.bmm(weights, v[0]).unsqueeze(0)
+
 
 def make_layer_graphs(llm: Qwen3, kv, device, want: bool, tokens: int = 1) -> Optional[LayerGraphs]:
     """Layer graphs of ``tokens`` positions for a demand store on CUDA (None otherwise: the eager path runs)."""
