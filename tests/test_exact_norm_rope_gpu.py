@@ -88,3 +88,29 @@ def test_the_kernels_give_the_stock_bits_eagerly_over_a_wide_sweep(fused):
         cos, sin = (torch.randn(t, hd, generator=g).to(torch.bfloat16).cuda() for _ in range(2))
         ref, ours = apply_rope_stock(x, cos, sin), norm_rope.rope(x, cos, sin)
         assert torch.equal(ref, ours) and ref.stride() == ours.stride(), (h, t, hd)
+
+
+def test_released_tts_past_its_room_with_the_kernels_equals_eager(fused):
+    """The TTS's between-attention graphs (a reply past its prepared room), captured with the kernels, with the
+    one-query attention of ``ExactAttention`` between them: every step's logits equal the eager stock step's."""
+    from engine.backbones.minicpmo45.kv import kv_regions, make_store
+    from engine.backbones.minicpmo45.layers import seeded_init
+    from engine.backbones.minicpmo45.llm_graphs import LayerGraphs
+    from engine.backbones.minicpmo45.tts import TTS
+    from engine.backbones.minicpmo45.weights import build
+    d = preset("released")
+    tts = build(TTS, d.tts, d.llm, device="cuda", dtype=torch.bfloat16).eval()
+    seeded_init(tts, 4)
+    regions = kv_regions("tts", d.tts.layers, d.tts.kv_heads, d.tts.head_dim, 45, 400, torch.bfloat16, "")
+    stock, ours = make_store(False, regions[0], d.tts.layers, 0, "cuda"), make_store(True, regions[0], d.tts.layers,
+                                                                                      400, "cuda")
+    seg = LayerGraphs(tts, ours, torch.device("cuda"), capture=True, head=tts.head_code[0])
+    assert fused["rms_norm"] > 0 and fused["rope"] > 0, fused
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        cond = (torch.randn(20, d.tts.hidden, generator=g) * 0.5).to(device="cuda", dtype=torch.bfloat16)
+        assert torch.equal(tts(cond, stock), tts(cond, ours))
+        for k in range(300):
+            code = torch.randint(0, d.tts.codes - 1, (1,), generator=g).cuda()
+            _, logits = seg.forward(tts.emb_code[0](code))
+            assert torch.equal(logits, tts.step_code(code, stock)), f"step {k}"
