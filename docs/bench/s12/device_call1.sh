@@ -19,7 +19,7 @@ released_folder
 echo "folder ready after $(( $(date +%s) - t0 )) s"
 left=$(( ${DC_WALL:-585} - ($(date +%s) - t0) ))
 timeout $left python3 -m engine.bench.cli session --backbone minicpm-o-4.5 --size released --device cuda \
-  --seconds ${DC_SECONDS:-30} --modes graphs --account-seconds 4 --stock-loop /tmp/vs/python \
+  --seconds ${DC_SECONDS:-24} --modes graphs --account-seconds 4 --stock-loop /tmp/vs/python \
   --stock-loop-folder /tmp/mc-released --stock-loop-modes eager --stock-loop-repeats 1 --quiet \
   --out $OUT/stock-rows > $OUT/stock-rows.txt 2>&1
 echo "exit $? after $(( $(date +%s) - t0 )) s" >> $OUT/stock-rows.txt; grep -v Warning $OUT/stock-rows.txt | tail -36
