@@ -415,6 +415,8 @@ def main(argv=None) -> int:
     tab, means = _table(rows), _means_table(rows)
     acc_note = accounting.note(torch.device(base.device).type == "cuda") if accounts else ""
     print(textwrap.fill(title, 120))
+    for line in info.get("fast_paths", []):                  # e.g. MiniCPM-o's fused norm/RoPE: chosen, or why not
+        print(textwrap.fill(f"fast path: {line}", 120))
     print(tab)
     print(means)
     kernels = accounting.format_kernels(accounts) if accounts else ""
