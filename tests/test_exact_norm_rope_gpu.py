@@ -28,10 +28,11 @@ def fused(monkeypatch):
     norms = [((1, w, l.hidden), l.eps) for w in (1, 11)] + [((1, 1, l.heads, l.head_dim), l.eps),
                                                              ((1, 1, t.hidden), t.eps)]
     ropes = [(l.heads, 1, l.head_dim), (l.kv_heads, 11, l.head_dim), (t.heads, 1, t.head_dim)]
-    v = exact.prepare("cuda", "released", norms, ropes, rms_norm_stock, apply_rope_stock)
+    both = [((1, 1, l.heads, l.head_dim), l.eps), ((1, 11, l.kv_heads, l.head_dim), l.eps)]
+    v = exact.prepare("cuda", "released", norms, ropes, rms_norm_stock, apply_rope_stock, both)
     print(v.line())
     assert v.chosen, v.line()
-    calls = {"rms_norm": 0, "rope": 0}
+    calls = {"rms_norm": 0, "rope": 0, "rms_norm_rope": 0}
     for name in calls:
         real = getattr(norm_rope, name)
 
@@ -62,7 +63,7 @@ def test_the_check_proves_the_kernels_on_this_gpu(fused):
 def test_released_llm_layer_graphs_with_the_kernels_equal_the_eager_stock_chains(fused):
     from test_minicpmo45_gpu import llm_steps
     pairs, seg = llm_steps("cuda", "released", 4, graphs=True)
-    assert fused["rms_norm"] > 0 and fused["rope"] > 0, fused          # captured with the kernels
+    assert fused["rms_norm"] > 0 and fused["rms_norm_rope"] > 0, fused     # captured with the kernels
     for k, (a, b) in enumerate(pairs):
         assert torch.equal(a, b), f"pair {k}"
 
@@ -88,6 +89,12 @@ def test_the_kernels_give_the_stock_bits_eagerly_over_a_wide_sweep(fused):
         cos, sin = (torch.randn(t, hd, generator=g).to(torch.bfloat16).cuda() for _ in range(2))
         ref, ours = apply_rope_stock(x, cos, sin), norm_rope.rope(x, cos, sin)
         assert torch.equal(ref, ours) and ref.stride() == ours.stride(), (h, t, hd)
+        heads = x.transpose(1, 2).contiguous() * torch.pow(10.0, torch.empty(1, t, h, 1).uniform_(-4, 4, generator=g)
+                                                            ).to(torch.bfloat16).cuda()
+        w = torch.randn(hd, generator=g).to(torch.bfloat16).cuda()
+        ref = apply_rope_stock(rms_norm_stock(heads, w, 1e-6).transpose(1, 2), cos, sin)
+        ours = norm_rope.rms_norm_rope(heads, w, 1e-6, cos, sin)
+        assert torch.equal(ref, ours) and ref.stride() == ours.stride(), ("norm+rope", h, t, hd)
 
 
 def test_released_tts_past_its_room_with_the_kernels_equals_eager(fused):

@@ -40,13 +40,14 @@ def use_fused(x: torch.Tensor) -> bool:
 
 
 def prepare(device, config: object, norm_shapes: Sequence[Tuple[Tuple[int, ...], float]],
-            rope_shapes: Sequence[Tuple[int, int, int]], stock_norm: Callable, stock_rope: Callable
-            ) -> fastpath.Verdict:
+            rope_shapes: Sequence[Tuple[int, int, int]], stock_norm: Callable, stock_rope: Callable,
+            norm_rope_shapes: Sequence[Tuple[Tuple[int, ...], float]] = ()) -> fastpath.Verdict:
     """Check the fused kernels against the stock chains on ``device`` (before anything is captured).
 
     ``norm_shapes``: ``(x shape, eps)`` of each RMSNorm the model captures (the last dim its width);
     ``rope_shapes``: ``(heads, positions, head_dim)`` of each RoPE; ``stock_norm(x, weight, eps)`` and
-    ``stock_rope(x, cos, sin)``: the model's stock chains. ``config``: what names the model for the cache."""
+    ``stock_rope(x, cos, sin)``: the model's stock chains; ``norm_rope_shapes``: ``(x shape [1, T, H, hd], eps)`` of
+    each per-head norm followed by RoPE (Qwen3's q and k). ``config``: what names the model for the cache."""
     dev = torch.device(device)
     if dev.type != "cuda":
         return fastpath.Verdict(PATH, False, "not applicable: a CPU captures no graphs", scope=fastpath.CAPTURED_ONLY)
@@ -55,11 +56,11 @@ def prepare(device, config: object, norm_shapes: Sequence[Tuple[Tuple[int, ...],
 
     def trial(on: bool):
         if not made:
-            made.append(_inputs(dev, norm_shapes, rope_shapes))
+            made.append(_inputs(dev, norm_shapes, rope_shapes, norm_rope_shapes))
         run = _fused_run if on else _stock_run(stock_norm, stock_rope)
         return _with_layouts(fastpath.replayed(lambda: run(made[0]), dev))
 
-    key = (config, tuple(norm_shapes), tuple(rope_shapes))
+    key = (config, tuple(norm_shapes), tuple(rope_shapes), tuple(norm_rope_shapes))
     v = fastpath.self_check(PATH, dev, key, trial, not_applicable=missing or None)
     if not v.chosen:                                 # the stock chains stay (nothing else on this device chose)
         return v
@@ -78,7 +79,7 @@ def forget() -> None:
 _SWEEP = (65536, 128)          # rows x width of the extra norm whose rows span the rsqrt's inputs
 
 
-def _inputs(dev, norm_shapes, rope_shapes) -> Dict[str, List]:
+def _inputs(dev, norm_shapes, rope_shapes, norm_rope_shapes) -> Dict[str, List]:
     """Fresh random bfloat16 inputs (a private CPU generator, then copied: no session's generator moves)."""
     g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
 
@@ -94,19 +95,25 @@ def _inputs(dev, norm_shapes, rope_shapes) -> Dict[str, List]:
     for h, t, hd in rope_shapes:
         x = rand(1, t, h, hd, scale_rows=True).transpose(1, 2)     # [1, H, T, hd]: the projections' view
         ropes.append((x, rand(t, hd), rand(t, hd)))
-    return {"norms": norms, "ropes": ropes}
+    both = []
+    for shape, eps in norm_rope_shapes:                        # [1, T, H, hd]: a projection's heads
+        both.append((rand(*shape, scale_rows=True), rand(shape[-1]), eps, rand(shape[1], shape[3]),
+                     rand(shape[1], shape[3])))
+    return {"norms": norms, "ropes": ropes, "both": both}
 
 
 def _stock_run(stock_norm: Callable, stock_rope: Callable) -> Callable:
     def run(inputs):
         return ([stock_norm(x, w, eps) for x, w, eps in inputs["norms"]] +
-                [stock_rope(x, c, s) for x, c, s in inputs["ropes"]])
+                [stock_rope(x, c, s) for x, c, s in inputs["ropes"]] +
+                [stock_rope(stock_norm(x, w, eps).transpose(1, 2), c, s) for x, w, eps, c, s in inputs["both"]])
     return run
 
 
 def _fused_run(inputs):
     return ([norm_rope.rms_norm(x, w, eps) for x, w, eps in inputs["norms"]] +
-            [norm_rope.rope(x, c, s) for x, c, s in inputs["ropes"]])
+            [norm_rope.rope(x, c, s) for x, c, s in inputs["ropes"]] +
+            [norm_rope.rms_norm_rope(x, w, eps, c, s) for x, w, eps, c, s in inputs["both"]])
 
 
 def _with_layouts(outs: Iterable[torch.Tensor]) -> List[torch.Tensor]:

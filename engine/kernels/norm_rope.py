@@ -13,6 +13,8 @@ every value rounded where the stock rounds it:
   ``bf16(float(w) * float(bf16(float(x) * rsqrt(var + eps))))`` (one kernel);
 * RoPE in one: ``bf16(float(bf16(x_i * cos_i)) + float(bf16(rot_i * sin_i)))`` with ``rot_i = -x_{i+h}`` below
   the half ``h`` and ``x_{i-h}`` above it (negation is exact, so ``bf16(-a * s) == -bf16(a * s)``).
+* Qwen3's per-head q/k norm followed by RoPE in three (the squares, the mean, and one kernel that makes each
+  normed value and its rotation partner's, with the norm's roundings, and turns them).
 
 Float32 products and sums are correctly rounded on every device. Rounding to bfloat16 is written out on the bits
 (round to nearest even, as ``c10::BFloat16`` and CUDA's ``__float2bfloat16`` round), so the kernels give the same
@@ -75,6 +77,32 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     k.rope[(b * h * t,)](x, cos, sin, out.view(torch.int16), h, t, sx[0], sx[1], sx[2], so[0], so[1], so[2],
                          HD=hd, **_LAUNCH)
     return out
+
+
+def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor
+                  ) -> torch.Tensor:
+    """``rope(rms_norm(x, weight, eps).transpose(1, 2), cos, sin)`` for a projection's heads ``x`` [B, T, H, hd]
+    (Qwen3's q/k norm, then RoPE) in three kernels for four: the norm's last kernel writes the turned rows (each
+    value of the normed row is made where it is needed, its partner's too, with the same roundings). Output
+    [B, H, T, hd] laid out as the stock chain's."""
+    k = _kernels()
+    b, t, h, hd = x.shape
+    rows = x.numel() // hd
+    squares = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    k.squares[(rows,)](x, squares, hd, BLOCK=hd, **_LAUNCH)
+    var = squares.mean(-1, keepdim=True)
+    turned = x.transpose(1, 2)
+    out = torch.empty_strided(turned.shape, _rope_layout(tuple(turned.shape), tuple(turned.stride())),
+                              dtype=x.dtype, device=x.device)
+    so = out.stride()
+    k.norm_rope[(rows,)](x, var, weight, cos, sin, out.view(torch.int16), h, t, float(eps), so[0], so[1], so[2],
+                         HD=hd, **_LAUNCH)
+    return out
+
+
+def rms_norm_rope_fits(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Whether :func:`rms_norm_rope` takes ``x`` [B, T, H, hd] (contiguous bfloat16) with these tables."""
+    return x.dim() == 4 and rms_norm_fits(x, weight) and rope_fits(x.transpose(1, 2), cos, sin)
 
 
 @functools.lru_cache(maxsize=256)
@@ -178,7 +206,31 @@ def _define() -> SimpleNamespace:
         b = _from_bits(_bf16_bits(turned * s))
         _store_bits(out_ptr + bi * so0 + hi * so1 + ti * so2 + i, _bf16_bits(a + b), i < HD)
 
-    return SimpleNamespace(squares=squares, norm_tail=norm_tail, rope=rope)
+    @triton.jit(do_not_specialize=["x_ptr", "var_ptr", "w_ptr", "cos_ptr", "sin_ptr", "out_ptr", "h", "t", "eps",
+                                   "so0", "so1", "so2"])
+    def norm_rope(x_ptr, var_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, h, t, eps, so0, so1, so2, HD: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)          # x [B, T, H, hd] contiguous: row = (b * T + ti) * H + hi
+        hi = row % h
+        ti = (row // h) % t
+        bi = row // (h * t)
+        i = tl.arange(0, HD)
+        half: tl.constexpr = HD // 2
+        j = (i + half) % HD
+        r = _rsqrt(tl.load(var_ptr + row) + eps)
+        xi = tl.load(x_ptr + row * HD + i).to(tl.float32)
+        xj = tl.load(x_ptr + row * HD + j).to(tl.float32)
+        wi = tl.load(w_ptr + i).to(tl.float32)
+        wj = tl.load(w_ptr + j).to(tl.float32)
+        yi = _from_bits(_bf16_bits(wi * _from_bits(_bf16_bits(xi * r))))   # the normed value, as the norm rounds it
+        yj = _from_bits(_bf16_bits(wj * _from_bits(_bf16_bits(xj * r))))
+        turned = tl.where(i < half, -yj, yj)
+        c = tl.load(cos_ptr + ti * HD + i).to(tl.float32)
+        s = tl.load(sin_ptr + ti * HD + i).to(tl.float32)
+        a = _from_bits(_bf16_bits(yi * c))
+        b = _from_bits(_bf16_bits(turned * s))
+        _store_bits(out_ptr + bi * so0 + hi * so1 + ti * so2 + i, _bf16_bits(a + b), i < HD)
+
+    return SimpleNamespace(squares=squares, norm_tail=norm_tail, rope=rope, norm_rope=norm_rope)
 
 
 @functools.lru_cache(maxsize=1)

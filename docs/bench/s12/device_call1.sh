@@ -4,7 +4,7 @@
 # the tiny session against MiniCPM-o-Demo's own loop with the toggles flipped -- then the model-policy rows against
 # the stock loop with per-second kernel accounting (bench.json: kernels, launches, kernel ms per speaking second;
 # session 10 without the kernels: 48,595 kernels, 147.4 kernel ms, 252.1 ms wall), and each mode's peak memory.
-# Predicted: the check chooses the kernels; every GPU test passes; a speaking second runs ~29-32k kernels (28 fewer
+# Predicted: the check chooses the kernels; every GPU test passes; a speaking second runs ~29-32k kernels (30 fewer
 # per LLM layer, 18 per TTS layer), ~100-110 kernel ms and ~205-215 ms wall; the stock loop ~1.5 s per speaking second.
 cd "$(dirname "$0")/../../.."      # the repository copy (.snap) this script sits in
 source docs/bench/s6/device_stock_env.sh

@@ -161,12 +161,13 @@ class MiniCPMO45Backbone(Backbone):
         if self.device.type != "cuda":
             return []
         l, t = self.dims.llm, self.dims.tts
-        norms, ropes = [], []
+        norms, ropes, both = [], [], []
         for w in (1, 11):
-            norms += [((1, w, l.hidden), l.eps), ((1, w, l.heads, l.head_dim), l.eps),
-                      ((1, w, l.kv_heads, l.head_dim), l.eps), ((1, w, t.hidden), t.eps)]
+            heads = [((1, w, l.heads, l.head_dim), l.eps), ((1, w, l.kv_heads, l.head_dim), l.eps)]
+            norms += [((1, w, l.hidden), l.eps), ((1, w, t.hidden), t.eps)] + heads
             ropes += [(l.heads, w, l.head_dim), (l.kv_heads, w, l.head_dim), (t.heads, w, t.head_dim)]
-        return [exact.prepare(self.device, (l, t), norms, ropes, rms_norm_stock, apply_rope_stock)]
+            both += heads                                  # Qwen3's q/k norm, then RoPE, in one pass
+        return [exact.prepare(self.device, (l, t), norms, ropes, rms_norm_stock, apply_rope_stock, both)]
 
     def fast_paths(self) -> List[fastpath.Verdict]:
         """The start-up self-check's verdicts on the backbone's faster paths (the session info shows them)."""

@@ -74,6 +74,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return apply_rope_stock(x, cos, sin)
 
 
+def norm_then_rope(norm: Optional["RMSNorm"], x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """A projection's heads ``x`` [1, T, H, hd] through its per-head norm (Qwen3's q/k norm; None: none), then
+    RoPE -> [1, H, T, hd]. Inside a capture on a device that proved it, the norm's last kernel also turns."""
+    if norm is None:
+        return apply_rope(x.transpose(1, 2), cos, sin)
+    if exact.use_fused(x) and norm_rope.rms_norm_rope_fits(x, norm.weight, cos, sin):
+        return norm_rope.rms_norm_rope(x, norm.weight, norm.eps, cos, sin)
+    return apply_rope(norm(x).transpose(1, 2), cos, sin)
+
+
 def apply_rope_stock(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """The stock's rotate-half RoPE: ``x * cos + cat(-x2, x1) * sin`` (five kernels on CUDA)."""
     half = x.shape[-1] // 2

@@ -24,7 +24,7 @@ from engine.core.gate import GATE
 from engine.core.graphs import GraphRuntime
 
 from .kv import DemandKV
-from .layers import apply_rope, attend, causal_mask, rope_tables
+from .layers import attend, causal_mask, norm_then_rope, rope_tables
 from .llm import Qwen3
 
 
@@ -133,10 +133,8 @@ def layer_pre(llm, kv, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     q = a.q_proj(h).view(1, t, a.h, a.hd)
     k = a.k_proj(h).view(1, t, a.hkv, a.hd)
     v = a.v_proj(h).view(1, t, a.hkv, a.hd).transpose(1, 2)                           # [1, Hkv, t, hd]
-    if a.q_norm is not None:                                                            # Qwen3's; not the TTS's
-        q, k = a.q_norm(q), a.k_norm(k)
-    q = apply_rope(q.transpose(1, 2), cos, sin)                                         # [1, H, t, hd]
-    k = apply_rope(k.transpose(1, 2), cos, sin)                                         # [1, Hkv, t, hd]
+    q = norm_then_rope(a.q_norm, q, cos, sin)                                           # [1, H, t, hd]
+    k = norm_then_rope(a.k_norm, k, cos, sin)                                           # [1, Hkv, t, hd]
     kv.k_buf[i].index_copy_(1, pos, k[0])
     kv.v_buf[i].index_copy_(1, pos, v[0])
     return q
