@@ -124,13 +124,13 @@ def _pow2(n: int) -> int:
 
 
 triton = tl = libdevice = None               # set by _define(): a CUDA build of PyTorch brings Triton, a CPU build not
-_bf16_bits = _from_bits = _store_bits = _rsqrt = None  # the kernels' helpers (Triton resolves them as globals)
+_bf16_bits = _from_bits = _store_bits = _rsqrt = _turned_bits = None  # the kernels' helpers (Triton: globals)
 
 
 def _define() -> SimpleNamespace:
     """Import Triton and jit the kernels (Triton reads their source text here and resolves the names they call
     among this module's globals, so the helpers are made globals first)."""
-    global triton, tl, libdevice, _bf16_bits, _from_bits, _store_bits, _rsqrt
+    global triton, tl, libdevice, _bf16_bits, _from_bits, _store_bits, _rsqrt, _turned_bits
     import triton as _triton
     import triton.language as _tl
     from triton.language.extra import libdevice as _libdevice
@@ -163,7 +163,18 @@ def _define() -> SimpleNamespace:
             """libdevice's rsqrtf: what the stock's CUDA kernel (``::rsqrt`` on a float) compiles to."""
             return libdevice.rsqrt(v)
 
+    @triton.jit
+    def turned_bits(y, partner, ti, cos_ptr, sin_ptr, HD: tl.constexpr):
+        """RoPE of one row at position ``ti``: bf16(bf16(y * cos) + bf16(turned * sin)), ``turned`` the partners
+        (``-partner`` in the first half), as bfloat16 bits."""
+        i = tl.arange(0, HD)
+        turned = tl.where(i < HD // 2, -partner, partner)
+        c = tl.load(cos_ptr + ti * HD + i).to(tl.float32)
+        s = tl.load(sin_ptr + ti * HD + i).to(tl.float32)
+        return _bf16_bits(_from_bits(_bf16_bits(y * c)) + _from_bits(_bf16_bits(turned * s)))
+
     _bf16_bits, _from_bits, _store_bits, _rsqrt = bf16_bits, from_bits, store_bits, rsqrt
+    _turned_bits = turned_bits
 
     # nothing specialized on its value (a pointer's alignment, an int that is 1): one compiled variant per width,
     # made by the start-up check, so no capture ever compiles
@@ -199,12 +210,8 @@ def _define() -> SimpleNamespace:
         xrow = x_ptr + bi * sx0 + hi * sx1 + ti * sx2
         x = tl.load(xrow + i).to(tl.float32)
         partner = tl.load(xrow + j).to(tl.float32)
-        turned = tl.where(i < half, -partner, partner)
-        c = tl.load(cos_ptr + ti * HD + i).to(tl.float32)
-        s = tl.load(sin_ptr + ti * HD + i).to(tl.float32)
-        a = _from_bits(_bf16_bits(x * c))
-        b = _from_bits(_bf16_bits(turned * s))
-        _store_bits(out_ptr + bi * so0 + hi * so1 + ti * so2 + i, _bf16_bits(a + b), i < HD)
+        _store_bits(out_ptr + bi * so0 + hi * so1 + ti * so2 + i, _turned_bits(x, partner, ti, cos_ptr, sin_ptr, HD),
+                    i < HD)
 
     @triton.jit(do_not_specialize=["x_ptr", "var_ptr", "w_ptr", "cos_ptr", "sin_ptr", "out_ptr", "h", "t", "eps",
                                    "so0", "so1", "so2"])
@@ -223,12 +230,7 @@ def _define() -> SimpleNamespace:
         wj = tl.load(w_ptr + j).to(tl.float32)
         yi = _from_bits(_bf16_bits(wi * _from_bits(_bf16_bits(xi * r))))   # the normed value, as the norm rounds it
         yj = _from_bits(_bf16_bits(wj * _from_bits(_bf16_bits(xj * r))))
-        turned = tl.where(i < half, -yj, yj)
-        c = tl.load(cos_ptr + ti * HD + i).to(tl.float32)
-        s = tl.load(sin_ptr + ti * HD + i).to(tl.float32)
-        a = _from_bits(_bf16_bits(yi * c))
-        b = _from_bits(_bf16_bits(turned * s))
-        _store_bits(out_ptr + bi * so0 + hi * so1 + ti * so2 + i, _bf16_bits(a + b), i < HD)
+        _store_bits(out_ptr + bi * so0 + hi * so1 + ti * so2 + i, _turned_bits(yi, yj, ti, cos_ptr, sin_ptr, HD), i < HD)
 
     return SimpleNamespace(squares=squares, norm_tail=norm_tail, rope=rope, norm_rope=norm_rope)
 
