@@ -1,16 +1,27 @@
 """The replayed forward's eager attention (``llm_graphs.ExactAttention``): the stock path's operands and kernels in
-fewer host operations, so the same bits as ``layer_attend`` and as the eager model, for the LLM (grouped-query,
+fewer host operations, so the same bits as the stock form (:func:`layer_attend` below) and as the eager model, for the LLM (grouped-query,
 SDPA) and the TTS (one query, written-out attention), in float32 and bfloat16, one token and several."""
 import pytest
 import torch
 
 from engine.backbones.minicpmo45.dims import preset
 from engine.backbones.minicpmo45.kv import kv_regions, make_store
-from engine.backbones.minicpmo45.layers import causal_mask, seeded_init
+from engine.backbones.minicpmo45.layers import attend, causal_mask, seeded_init
 from engine.backbones.minicpmo45.llm import Qwen3
-from engine.backbones.minicpmo45.llm_graphs import ExactAttention, LayerGraphs, layer_attend
+from engine.backbones.minicpmo45.llm_graphs import ExactAttention, LayerGraphs
 from engine.backbones.minicpmo45.tts import TTS
 from engine.backbones.minicpmo45.weights import build
+
+
+def layer_attend(model, kv, i: int, q: torch.Tensor, n: int, mask) -> torch.Tensor:
+    """The stock form: exact-length slices of the storage, keys and values repeated per query head (as the
+    stock's ``repeat_kv``), then the stock attention."""
+    a = model.model.layers[i].self_attn
+    k_all, v_all = kv.k_buf[i:i + 1, :, :n], kv.v_buf[i:i + 1, :, :n]                  # [1, Hkv, n, hd]
+    if a.hkv != a.h:
+        k_all = k_all.repeat_interleave(a.h // a.hkv, dim=1)
+        v_all = v_all.repeat_interleave(a.h // a.hkv, dim=1)
+    return attend(q, k_all, v_all, mask, a.explicit)
 
 
 def _filled(model, d, dtype, capacity: int, seed: int):

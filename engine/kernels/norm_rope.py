@@ -54,15 +54,11 @@ def rope_fits(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """The stock RMSNorm's bits in three kernels (see the module's text); ``x`` as :func:`rms_norm_fits` says."""
-    k = _kernels()
     d = x.shape[-1]
-    rows = x.numel() // d
-    block = _pow2(d)
-    squares = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    k.squares[(rows,)](x, squares, d, BLOCK=block, **_LAUNCH)
-    var = squares.mean(-1, keepdim=True)                  # the stock's reduction, on the stock's tensor
+    rows, block = x.numel() // d, _pow2(d)
+    var = _mean_squares(x, block)
     out = torch.empty_like(x)
-    k.norm_tail[(rows,)](x, var, weight, out.view(torch.int16), d, float(eps), BLOCK=block, **_LAUNCH)
+    _kernels().norm_tail[(rows,)](x, var, weight, out.view(torch.int16), d, float(eps), BLOCK=block, **_LAUNCH)
     return out
 
 
@@ -85,24 +81,29 @@ def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.
     (Qwen3's q/k norm, then RoPE) in three kernels for four: the norm's last kernel writes the turned rows (each
     value of the normed row is made where it is needed, its partner's too, with the same roundings). Output
     [B, H, T, hd] laid out as the stock chain's."""
-    k = _kernels()
     b, t, h, hd = x.shape
-    rows = x.numel() // hd
-    squares = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    k.squares[(rows,)](x, squares, hd, BLOCK=hd, **_LAUNCH)
-    var = squares.mean(-1, keepdim=True)
+    var = _mean_squares(x, hd)
     turned = x.transpose(1, 2)
     out = torch.empty_strided(turned.shape, _rope_layout(tuple(turned.shape), tuple(turned.stride())),
                               dtype=x.dtype, device=x.device)
     so = out.stride()
-    k.norm_rope[(rows,)](x, var, weight, cos, sin, out.view(torch.int16), h, t, float(eps), so[0], so[1], so[2],
-                         HD=hd, **_LAUNCH)
+    _kernels().norm_rope[(x.numel() // hd,)](x, var, weight, cos, sin, out.view(torch.int16), h, t, float(eps),
+                                             so[0], so[1], so[2], HD=hd, **_LAUNCH)
     return out
 
 
 def rms_norm_rope_fits(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     """Whether :func:`rms_norm_rope` takes ``x`` [B, T, H, hd] (contiguous bfloat16) with these tables."""
     return x.dim() == 4 and rms_norm_fits(x, weight) and rope_fits(x.transpose(1, 2), cos, sin)
+
+
+def _mean_squares(x: torch.Tensor, block: int) -> torch.Tensor:
+    """The stock's ``x.float().pow(2).mean(-1, keepdim=True)`` of a contiguous ``x``: the squares in one kernel,
+    then PyTorch's own reduction on a float32 tensor of ``x``'s shape and layout, as the stock's is."""
+    d = x.shape[-1]
+    squares = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    _kernels().squares[(x.numel() // d,)](x, squares, d, BLOCK=block, **_LAUNCH)
+    return squares.mean(-1, keepdim=True)
 
 
 @functools.lru_cache(maxsize=256)
@@ -124,13 +125,13 @@ def _pow2(n: int) -> int:
 
 
 triton = tl = libdevice = None               # set by _define(): a CUDA build of PyTorch brings Triton, a CPU build not
-_bf16_bits = _from_bits = _store_bits = _rsqrt = _turned_bits = None  # the kernels' helpers (Triton: globals)
+_bf16_bits = _from_bits = _store_bits = _rsqrt = _turned_bits = _normed = None  # the kernels' helpers (globals)
 
 
 def _define() -> SimpleNamespace:
     """Import Triton and jit the kernels (Triton reads their source text here and resolves the names they call
     among this module's globals, so the helpers are made globals first)."""
-    global triton, tl, libdevice, _bf16_bits, _from_bits, _store_bits, _rsqrt, _turned_bits
+    global triton, tl, libdevice, _bf16_bits, _from_bits, _store_bits, _rsqrt, _turned_bits, _normed
     import triton as _triton
     import triton.language as _tl
     from triton.language.extra import libdevice as _libdevice
@@ -164,6 +165,11 @@ def _define() -> SimpleNamespace:
             return libdevice.rsqrt(v)
 
     @triton.jit
+    def normed(x, w, r):
+        """The norm's output value as the stock rounds it: bf16(w * bf16(x * r)), as float32."""
+        return _from_bits(_bf16_bits(w * _from_bits(_bf16_bits(x * r))))
+
+    @triton.jit
     def turned_bits(y, partner, ti, cos_ptr, sin_ptr, HD: tl.constexpr):
         """RoPE of one row at position ``ti``: bf16(bf16(y * cos) + bf16(turned * sin)), ``turned`` the partners
         (``-partner`` in the first half), as bfloat16 bits."""
@@ -174,7 +180,7 @@ def _define() -> SimpleNamespace:
         return _bf16_bits(_from_bits(_bf16_bits(y * c)) + _from_bits(_bf16_bits(turned * s)))
 
     _bf16_bits, _from_bits, _store_bits, _rsqrt = bf16_bits, from_bits, store_bits, rsqrt
-    _turned_bits = turned_bits
+    _turned_bits, _normed = turned_bits, normed
 
     # nothing specialized on its value (a pointer's alignment, an int that is 1): one compiled variant per width,
     # made by the start-up check, so no capture ever compiles
@@ -194,8 +200,7 @@ def _define() -> SimpleNamespace:
         x = tl.load(x_ptr + row * d + i, mask=m, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + i, mask=m, other=0.0).to(tl.float32)
         r = _rsqrt(tl.load(var_ptr + row) + eps)
-        y = _from_bits(_bf16_bits(x * r))                                 # .to(bf16) of x32 * rsqrt(...)
-        _store_bits(out_ptr + row * d + i, _bf16_bits(w * y), m)         # weight * y, rounded
+        _store_bits(out_ptr + row * d + i, _bf16_bits(_normed(x, w, r)), m)     # exact: already a bfloat16
 
     @triton.jit(do_not_specialize=["x_ptr", "cos_ptr", "sin_ptr", "out_ptr", "h", "t", "sx0", "sx1", "sx2", "so0",
                                    "so1", "so2"])
@@ -228,9 +233,8 @@ def _define() -> SimpleNamespace:
         xj = tl.load(x_ptr + row * HD + j).to(tl.float32)
         wi = tl.load(w_ptr + i).to(tl.float32)
         wj = tl.load(w_ptr + j).to(tl.float32)
-        yi = _from_bits(_bf16_bits(wi * _from_bits(_bf16_bits(xi * r))))   # the normed value, as the norm rounds it
-        yj = _from_bits(_bf16_bits(wj * _from_bits(_bf16_bits(xj * r))))
-        _store_bits(out_ptr + bi * so0 + hi * so1 + ti * so2 + i, _turned_bits(yi, yj, ti, cos_ptr, sin_ptr, HD), i < HD)
+        _store_bits(out_ptr + bi * so0 + hi * so1 + ti * so2 + i,
+                    _turned_bits(_normed(xi, wi, r), _normed(xj, wj, r), ti, cos_ptr, sin_ptr, HD), i < HD)
 
     return SimpleNamespace(squares=squares, norm_tail=norm_tail, rope=rope, norm_rope=norm_rope)
 

@@ -27,7 +27,7 @@ from engine.core.gate import GATE
 from engine.core.graphs import GraphRuntime
 
 from .layers import causal_mask, rope_tables
-from .llm_graphs import final_outputs, layer_attend, layer_post, layer_pre
+from .llm_graphs import ExactAttention, final_outputs, layer_post, layer_pre
 
 Key = Tuple[int, int]          # (tokens, start position)
 
@@ -47,18 +47,20 @@ def next_forwards(length: int, close: int, audio: int, slots: int) -> List[Key]:
     return out
 
 
-def whole_forward(llm, kv, head, x: torch.Tensor, start: int, logits_dtype: torch.dtype) -> Tuple[torch.Tensor, ...]:
+def whole_forward(llm, kv, head, x: torch.Tensor, start: int, logits_dtype: torch.dtype,
+                  attention: Optional[ExactAttention] = None) -> Tuple[torch.Tensor, ...]:
     """``x`` [1, t, hidden] at positions ``start`` .. ``start + t - 1`` through every layer of ``llm`` over
     ``kv``'s storage (keys and values written there), attention over exactly ``start + t`` positions;
-    -> (final hidden [t, hidden], logits [1, V] for one token)."""
+    -> (final hidden [t, hidden], logits [1, V] for one token). ``attention``: ``kv``'s (made here when None)."""
     d, t = llm.d, x.shape[1]
+    attention = attention or ExactAttention(llm, kv)
     n = start + t
     pos = torch.arange(start, n, dtype=torch.long, device=x.device)
     cos, sin = rope_tables(pos, d.head_dim, d.rope_theta, x.dtype)
     mask = causal_mask(t, n, x.device)
     q = layer_pre(llm, kv, 0, x, cos, sin, pos)
     for i in range(d.layers):
-        x = layer_post(llm, i, x, layer_attend(llm, kv, i, q, n, mask))
+        x = layer_post(llm, i, x, attention(i, q, n, mask))
         if i + 1 < d.layers:
             q = layer_pre(llm, kv, i + 1, x, cos, sin, pos)
     return final_outputs(llm, head, x, logits_dtype)
@@ -83,6 +85,7 @@ class ExactForwards:
         self.dtype = self.head.weight.dtype
         self.graphed = self.device.type == "cuda" and torch.cuda.is_available()
         self.buffers = (kv.k_buf.data_ptr(), kv.v_buf.data_ptr())
+        self.attention = ExactAttention(llm, kv)
         self.widths: Dict[int, _Width] = {}
         self.entries: Dict[Key, Optional[torch.cuda.CUDAGraph]] = {}
         self._spent: List[torch.cuda.CUDAGraph] = []     # replayed this second: freed at the next prepare
@@ -102,7 +105,7 @@ class ExactForwards:
         return w
 
     def _body(self, w: _Width, start: int) -> None:
-        out = whole_forward(self.llm, self.kv, self.head, w.x_in, start, self.dtype)
+        out = whole_forward(self.llm, self.kv, self.head, w.x_in, start, self.dtype, self.attention)
         w.h_out.copy_(out[0])
         if w.logits_out is not None:
             w.logits_out.copy_(out[1])

@@ -156,22 +156,13 @@ def final_outputs(llm, head: torch.nn.Linear, x: torch.Tensor, logits_dtype: tor
     return h, head(h[-1].view(1, -1)).to(logits_dtype)                                  # [1, V]
 
 
-def layer_attend(llm, kv, i: int, q: torch.Tensor, n: int, mask: Optional[torch.Tensor]) -> torch.Tensor:
-    """Eager attention of layer ``i`` over exactly ``n`` stored positions (the stock path's kernels: SDPA for
-    the LLM, the written-out sequence for the TTS)."""
-    a = llm.model.layers[i].self_attn
-    k_all, v_all = kv.k_buf[i:i + 1, :, :n], kv.v_buf[i:i + 1, :, :n]                  # [1, Hkv, n, hd]
-    if a.hkv != a.h:
-        k_all = k_all.repeat_interleave(a.h // a.hkv, dim=1)
-        v_all = v_all.repeat_interleave(a.h // a.hkv, dim=1)
-    return attend(q, k_all, v_all, mask, a.explicit)
-
 class ExactAttention:
-    """:func:`layer_attend` for the replayed forward, whose host time is these calls (36 a token): the same
-    kernels on the same operands in fewer host operations. Each layer's storage views are made once (the graphs
-    are remade when the store moves); grouped-query keys and values are widened by one broadcasting copy into a
-    fresh tensor, the values and layout ``repeat_interleave`` gives (6 dispatches for its 15); the TTS's
-    written-out attention of one query is the two ``bmm`` calls that ``matmul`` makes of it."""
+    """Eager attention of layer ``i`` over exactly ``n`` positions of ``kv``'s storage, with the stock path's
+    kernels (SDPA for the LLM, the written-out sequence for the TTS) on the stock's operands, in few host
+    operations: the replayed forward's host time is these calls (36 a token). Each layer's storage views are made
+    once (the owners make new ones when the store moves); grouped-query keys and values are widened by one
+    broadcasting copy into a fresh tensor, the values and layout ``repeat_interleave`` gives (6 dispatches for
+    its 15); the TTS's written-out attention of one query is the two ``bmm`` calls that ``matmul`` makes of it."""
 
     def __init__(self, llm, kv):
         a = llm.model.layers[0].self_attn
