@@ -40,7 +40,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Uni
 import torch
 
 from engine.core.gate import GATE
-from engine.core.graphs import GraphRuntime
+from engine.core.graphs import GraphRuntime, release_cached
 
 #: "1" (or "yes"/"true"): every decoder stays on its reference path
 ENV_FORCE = "DUPLEXCADENCE_REFERENCE_PATHS"
@@ -292,7 +292,7 @@ def replayed(fn: Callable[[], Outputs], device: Union[str, torch.device],
         with rt.side():
             fn()
         torch.cuda.synchronize(dev)
-        graph, out = rt.capture(fn, pool=False)
+        graph, out = rt.capture(fn)
     for t, s in zip(restore, saved):
         t.copy_(s)
     rt.replay(graph)
@@ -358,6 +358,7 @@ def _decided(path: str, device: Union[str, torch.device], config: object, run: C
     if hit is not None:
         return replace(hit, cached=True)
     verdict = run()
+    release_cached(device)      # the trials' dead graph pools and cached blocks go back (CUDA; else nothing)
     with _lock:
         _cache[key] = verdict
     _disk_put(key, verdict)

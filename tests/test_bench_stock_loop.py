@@ -53,7 +53,7 @@ def bench(tmp_path_factory):
     # the row must say so in one line and carry no numbers (the CPU compile's real behaviour: docs/benchmarks.md)
     r = _bench("--stock-loop", str(STOCK_PY), "--stock-loop-folder", str(folder), "--seconds", str(SECONDS),
                "--stock-loop-repeats", "1", "--stock-loop-compile-timeout", "1", "--modes", "stock,graphs",
-               "--stock-loop-modes", "eager,warm,compile", "--out", str(out))
+               "--stock-loop-modes", "eager,warm,compile", "--account-seconds", "2", "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     return r, json.loads((out / "bench.json").read_text()), out
 
@@ -95,6 +95,23 @@ def test_rows_fields_and_ratios(bench):
                                f"listening")
     assert rows[WARM]["note"].startswith("after one earlier 10 s session")
     assert set(rows[COMPILED]) == {"error"} and rows[COMPILED]["error"].startswith("not measured")
+
+
+def test_our_rows_carry_the_per_second_accounting_and_records(bench):
+    """Each of our rows has its first repeat's accounting (a separate profiled run: one speaking and one
+    listening second here) printed under the rows, and its per-second records under --out; its peak counts
+    the build (the CPU's measure is the process's peak RSS either way)."""
+    r, doc, out = bench
+    for name, mode in zip(OURS, ("stock", "graphs")):
+        acc = doc["rows"][name]["accounting"]
+        assert acc["counts"].startswith("cpu") and len(acc["seconds"]) == 2
+        assert acc["speaking"]["seconds"] == 1 and acc["listening"]["seconds"] == 1
+        assert acc["speaking"]["cpu_ops"] > acc["listening"]["cpu_ops"] > 0
+        assert all(e["decision_matches_main"] for e in acc["per_second"])
+        lines = (out / f"session-{mode}-1.csv").read_text().splitlines()
+        assert len(lines) == SECONDS + 1 and lines[0].startswith("index,")
+    assert "per-second accounting: wall ms from the main, unprofiled run" in r.stdout
+    assert "accounting" not in doc["rows"][EAGER]
 
 
 def test_the_stock_harness_records_each_second(bench):

@@ -201,6 +201,8 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _FakeStream())
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, next(_HANDLES)))
     monkeypatch.setattr(torch.cuda, "stream", lambda stream=None: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(graphs, "_capture_streams", {})            # a fake device's own capture stream
     for name in ("synchronize", "empty_cache", "graph"):           # a capture must call none of them
         monkeypatch.setattr(torch.cuda, name, _refused(name))
     _FakeGraph.events.clear()
@@ -260,22 +262,26 @@ def test_replays_take_no_lock(fake_cuda, monkeypatch):
     assert rt.replays == 1000 and graphs.launches() == (cap0, rep0 + 1000)
 
 
-def test_each_runtime_names_its_pool_and_side_stream_for_the_memory_map(fake_cuda, monkeypatch):
-    """The memory map files a segment under the runtime whose pool or side stream holds it; the names stay
-    after the runtime is gone (its cached blocks can outlive it)."""
+def test_each_runtime_names_its_pool_and_all_share_one_capture_stream(fake_cuda, monkeypatch):
+    """The memory map files a graph pool under its runtime's name (kept after the runtime is gone: its blocks
+    can outlive it); every runtime of a device warms up and captures on the device's one capture stream, made
+    once (a stream per runtime left cuBLAS workspaces and cached blocks on each pooled stream it touched)."""
+    made = []
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None, priority=0: made.append(priority) or _FakeStream())
     rt = graphs.GraphRuntime("cuda", "tts decode")
     rt.capture(lambda: None)
     pool, stream = tuple(rt.pool), rt.stream.cuda_stream
     other = graphs.GraphRuntime("cuda", "")
     other.capture(lambda: None)
+    with other.side():
+        pass
     pools, streams = graphs.owners()
-    assert pools[pool] == "tts decode" and streams[stream] == "tts decode"
-    assert pools[tuple(other.pool)] == "unnamed runtime"
-    one = _FakeStream()                         # torch's stream pool hands one stream to two runtimes
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None, priority=0: one)
-    for name in ("tts decode", "llm layer graphs x1", "tts decode"):
-        graphs.GraphRuntime("cuda", name).stream
-    assert graphs.owners()[1][one.cuda_stream] == "tts decode, llm layer graphs x1"
+    assert pools[pool] == "tts decode" and pools[tuple(other.pool)] == "unnamed runtime"
+    assert other.stream is rt.stream and made == [graphs.CAPTURE_PRIORITY]
+    assert streams[stream] == "capture stream: warm-ups and captures"
+    for name in ("tts decode", "llm layer graphs x1"):
+        assert graphs.GraphRuntime("cuda", name).stream is rt.stream
+    assert made == [graphs.CAPTURE_PRIORITY]
     del rt
     gc.collect()
     assert graphs.owners()[0][pool] == "tts decode"
@@ -399,7 +405,7 @@ def test_exclusive_waits_for_a_capture_and_a_capture_for_exclusive():
 
 
 def test_capture_streams_never_come_from_the_pool_sessions_launch_on(monkeypatch):
-    """torch hands pooled streams out round-robin, so two owners can share one: a runtime's side stream and the
+    """torch hands pooled streams out round-robin, so two owners can share one: the capture stream and the
     lanes forked inside a capture come from the high-priority pool, used only under the capture lock; a
     session's stream and eager lanes from the default one. Side-stream work holds the gate capturing."""
     from engine.models.step_audio2 import lanes
@@ -413,6 +419,7 @@ def test_capture_streams_never_come_from_the_pool_sessions_launch_on(monkeypatch
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _FakeStream())
     monkeypatch.setattr(torch.cuda, "stream", lambda stream=None: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(graphs, "_capture_streams", {})
     rt = graphs.GraphRuntime("cuda", "t")
     with rt.side():
         assert GATE.holds() == "capturing"
@@ -423,3 +430,27 @@ def test_capture_streams_never_come_from_the_pool_sessions_launch_on(monkeypatch
         got = lanes._side_streams(torch.device("cuda"), 2)
         assert asked[-2:] == [graphs.CAPTURE_PRIORITY if capturing else 0] * 2 and len(got) == 2
     assert len({id(s) for k in lanes._local.pool for s in lanes._local.pool[k]}) == 4
+
+
+def test_release_cached_empties_the_cache_under_the_capture_lock_on_cuda_only(monkeypatch):
+    """The end of a build and of a fast-path check give the allocator's free blocks back (dead self-check
+    graphs' pools, warm-ups' blocks) with no capture open anywhere; nothing happens off CUDA, and a verdict
+    found in the cache runs nothing and releases nothing."""
+    from engine import fastpath
+    held = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: held.append(GATE.holds()))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    graphs.release_cached("cpu")
+    assert held == []
+    graphs.release_cached("cuda")
+    assert held == ["capturing"]
+    monkeypatch.setattr(fastpath, "cache_key", lambda path, device, config, code: (path, str(device)))
+    monkeypatch.setattr(fastpath, "_cache", {})
+    monkeypatch.setattr(fastpath, "_disk_get", lambda key: None)
+    monkeypatch.setattr(fastpath, "_disk_put", lambda key, verdict: None)
+    runs = []
+    check = lambda: runs.append(1) or (True, "same bits")          # noqa: E731
+    for _ in range(2):
+        v = fastpath.decide("release test", "cuda", {"w": 1}, check, code=["x"])
+        assert v.chosen
+    assert runs == [1] and held == ["capturing", "capturing"]

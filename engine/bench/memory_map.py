@@ -7,8 +7,10 @@ memory pool and was made for one stream:
   executor's (one per model), the LLM's and the TTS's layer graphs, the TTS's per-length decode graphs, the host's
   batched LISTEN — named by its runtime (:func:`engine.core.graphs.owners`);
 * the **default pool on the default stream**: the weights, the state regions and every eager second's work;
-* the **default pool on a runtime's side stream**: what that runtime's warm-ups left cached there (the allocator
-  keeps a stream's freed blocks for that stream only, so no other work can use them).
+* the **default pool on the capture stream** (:func:`engine.core.graphs.capture_stream`, the one every runtime's
+  warm-ups and captures run on): what warm-ups left cached there (the allocator keeps a stream's freed blocks for
+  that stream only, so no other stream's work can use them);
+* the **default pool on another stream** (a hosted session's, a lane's), by its handle.
 
 Per group: reserved bytes, the bytes in live tensors, and the rest (cached, free). The session bench writes one map
 per mode after its run (``memory_map`` in bench.json) and prints the largest groups."""
@@ -34,7 +36,7 @@ def owner_of(segment: Mapping[str, object], pools: Mapping[Tuple[int, int], str]
     if stream == default_stream:
         return "default stream: weights, state, eager work"
     name = streams.get(stream)
-    return f"cached on a side stream: {name}" if name else f"cached on stream {stream:#x}"
+    return f"cached on the {name}" if name else f"cached on stream {stream:#x}"
 
 
 def group(segments: Iterable[Mapping[str, object]], pools: Mapping[Tuple[int, int], str],

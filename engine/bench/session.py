@@ -153,6 +153,7 @@ def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False, d
     # reserved and every transient inside a second (the stock-loop rows' measure); 0 off CUDA
     cuda = torch.device(cfg.device).type == "cuda"
     summary["peak_reserved_bytes"] = int(torch.cuda.max_memory_reserved()) if cuda else 0
+    summary["build_peak_reserved_bytes"] = int(getattr(s, "build_peak_reserved", 0))  # the build's own peak
     summary.update(stage_means(records))
     summary["info"] = s.info
     summary["memory_map"] = memory_map.snapshot_map(cfg.device)     # whose reserved memory (CUDA; else None)

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from engine.atomic import atomic_write
-from engine.bench import memory_map
+from engine.bench import accounting, memory_map
 from engine.session.records import DEADLINE_MS
 from engine.stats import MIB, percentile, table
 
@@ -210,6 +210,8 @@ def median_row(reps: List[Dict[str, object]]) -> Dict[str, object]:
     out["decisions"] = reps[0]["decisions"]
     if reps[-1].get("memory_map"):                     # ours on CUDA: whose reserved memory, last repeat
         out["memory_map"] = reps[-1]["memory_map"]
+    if reps[0].get("accounting"):                      # ours: the first repeat's per-second accounting
+        out["accounting"] = reps[0]["accounting"]
     return out
 
 
@@ -254,10 +256,10 @@ def _bits_note(eager: Dict[str, object], compiled: Dict[str, object]) -> str:
 
 def compare(a, base_cfg, audio: np.ndarray, modes: List[str], ours) -> int:
     """The interleaved runs and their rows (stdout table, ``bench.json`` under ``--out``); exit status.
-    ``ours``: what runs our modes (the session bench: ``run_mode``, ``label``, ``LABELS``), handed in so this
-    module does not import the bench that imports it."""
+    ``ours``: what runs our modes (the session bench: ``run_mode``, ``label``, ``LABELS``, ``account_mode``),
+    handed in so this module does not import the bench that imports it."""
     from engine.audio import frames_of
-    LABELS, label, run_mode = ours.LABELS, ours.label, ours.run_mode
+    label = ours.label
     from engine.core.toggles import Toggles
     cuda = torch.device(base_cfg.device).type == "cuda"
     threads = torch.get_num_threads() if cuda else 1
@@ -285,19 +287,23 @@ def compare(a, base_cfg, audio: np.ndarray, modes: List[str], ours) -> int:
         for m in modes:
             t = Toggles.from_mode(m)
             cfg = base_cfg.replace(demand_sized=t.demand_sized, graph_replay=t.graph_replay)
-            print(f"repeat {rep + 1}/{a.stock_loop_repeats}: ours, {LABELS[m]}", file=sys.stderr, flush=True)
-            reset_peak_memory(cuda)
-            run = run_mode(cfg, frames, desc=LABELS[m], quiet=a.quiet, digests=False)
-            recs = run["records"]
-            r = row_of([x.total_ms for x in recs], [x.decision for x in recs], peak_memory(cuda))
-            r["memory_map"] = run["summary"].get("memory_map")
-            reps.setdefault(f"ours: {label(m, recs)}", []).append(r)
+            print(f"repeat {rep + 1}/{a.stock_loop_repeats}: ours, {ours.LABELS[m]}", file=sys.stderr, flush=True)
+            r = _ours(a, ours, cfg, frames, m, rep, cuda)
+            reps.setdefault(f"ours: {label(m, r.pop('records'))}", []).append(r)
     rows = build_rows(reps, errors, stock_modes)
     print(textwrap.fill(f"MiniCPM-o 4.5, {base_cfg.device}, {seconds} s of 16 kHz input, seed {a.seed}, "
                         f"{a.stock_loop_repeats} interleaved repeat(s), medians; folder {folder}", 120))
     print(format_rows(rows))
-    kind = "torch.cuda.max_memory_reserved" if cuda else "the process's peak RSS (VmHWM)"
+    kind = ("torch.cuda.max_memory_reserved (the stock's whole process; ours from the start of its build on)"
+            if cuda else "the process's peak RSS (VmHWM)")
     print(f"peak memory: {kind}; ratio: the stock eager row's ms / the row's ms (above 1: faster than the stock)")
+    accounts = {name: row["accounting"] for name, row in rows.items() if row.get("accounting")}
+    if accounts:
+        print(accounting.format_table(accounts))
+        kernels = accounting.format_kernels(accounts)
+        if kernels:
+            print(kernels)
+        print(textwrap.fill(accounting.note(cuda), 120))
     for name, row in rows.items():
         if row.get("memory_map"):
             print(memory_map.format_map(name, row["memory_map"]))
@@ -313,6 +319,26 @@ def compare(a, base_cfg, audio: np.ndarray, modes: List[str], ours) -> int:
         return 1
     print(f"wrote {work / 'bench.json'}", file=sys.stderr)
     return 0 if "eager" not in errors or "eager" not in stock_modes else 1
+
+
+def _ours(a, ours, cfg, frames, mode: str, rep: int, cuda: bool) -> Dict[str, object]:
+    """One run of our ``mode`` (``ours``: the session bench's ``run_mode`` etc.): its row, with ``records``, the
+    memory map, and in the first repeat (``--account-seconds``) the per-second accounting; under ``--out`` its
+    per-second records. Peak memory counts the build too, as the stock's whole process does."""
+    from engine.session import export_records
+    reset_peak_memory(cuda)
+    run = ours.run_mode(cfg, frames, desc=ours.LABELS[mode], quiet=a.quiet, digests=False, ahead=a.ahead)
+    recs, summ = run["records"], run["summary"]
+    peak = peak_memory(cuda)
+    if cuda and peak is not None:
+        peak = max(peak, int(summ.get("build_peak_reserved_bytes") or 0))
+    r = row_of([x.total_ms for x in recs], [x.decision for x in recs], peak)
+    r["memory_map"], r["records"] = summ.get("memory_map"), recs
+    if a.out:
+        export_records(recs, Path(a.out), stem=f"session-{mode}-{rep + 1}")
+    if a.account_seconds and rep == 0:                  # a separate profiled run, never inside the timed one
+        r["accounting"] = ours.account_mode(cfg, frames, run, a.account_seconds, a.ahead)
+    return r
 
 
 def build_rows(reps: Dict[str, List[Dict[str, object]]], errors: Dict[str, str],

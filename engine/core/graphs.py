@@ -2,14 +2,14 @@
 
 Whoever captures — the executor (one graph per shape signature), a backbone (the LLM's layer graphs,
 the TTS's per-length decode graphs), the host (a group's batched LISTEN) or a fast-path self-check —
-owns a :class:`GraphRuntime`: one side stream, one memory pool (dropped with its graphs, never reused),
-and counters. :meth:`GraphRuntime.capture` is the only capture call, and it
+owns a :class:`GraphRuntime`: a memory pool (dropped with its graphs, never reused) and counters; all
+runtimes of a device warm up and capture on its one capture stream (:func:`capture_stream`). :meth:`GraphRuntime.capture` is the only capture call, and it
 
 * holds the process's gate (:data:`engine.core.gate.GATE`) *capturing* for the capture: one capture
   at a time in the process and no exclusive section (an eager second, a migration) beside it, while
   other sessions' replaying seconds go on (they never draw from the default generator a capture
   registers);
-* captures in ``"thread_local"`` mode on its non-blocking side stream, so a CUDA call by another thread
+* captures in ``"thread_local"`` mode on the device's one (non-blocking) capture stream, so a CUDA call by another thread
   (another session's second, the app's audio thread, a profiler) cannot invalidate it, and never
   synchronizes the device or empties the allocator's cache for it;
 * installs the random-number state of the session the thread is working for (:func:`working_for`),
@@ -100,17 +100,14 @@ def launches() -> Tuple[int, int]:
                 _retired.replays + sum(t.replays for t in _live))
 
 
-# Who owns what the caching allocator holds: each runtime's pool id and side stream, by the runtime's name
-# (kept after the runtime is gone: pool ids are never reused, and a stream's cached blocks outlive it). Side
-# streams come from torch's per-device pool of streams, so several runtimes can share one: a stream keeps
-# every name it served.
+# Who owns what the caching allocator holds: each runtime's pool id by the runtime's name (kept after the
+# runtime is gone: pool ids are never reused), and each device's capture stream.
 _pool_owner: Dict[Tuple[int, int], str] = {}
 _stream_owner: Dict[int, List[str]] = {}
 
 
 def owners() -> Tuple[Dict[Tuple[int, int], str], Dict[int, str]]:
-    """(graph pool id -> runtime name, side stream handle -> the names of the runtimes that used it), for a
-    memory map."""
+    """(graph pool id -> runtime name, capture stream handle -> its name), for a memory map."""
     with _registry_lock:
         return dict(_pool_owner), {h: ", ".join(names) for h, names in _stream_owner.items()}
 
@@ -149,13 +146,44 @@ def _no_collection() -> Iterator[None]:
             gc.enable()
 
 
+_capture_streams: Dict[int, "torch.cuda.Stream"] = {}
+
+
+def capture_stream(device) -> "torch.cuda.Stream":
+    """The one side stream of ``device`` on which every warm-up and capture runs (made once per process).
+
+    Every use is under the capture lock, so one stream serves all runtimes: a stream per runtime would
+    leave, on each of torch's pooled streams it cycles through, its own cuBLAS workspaces and its own
+    cached blocks, which no other stream can reuse (measured on the H200: 1.7 GB held on 13 side streams
+    by one MiniCPM-o session, docs/device-notes-session13.md)."""
+    dev = torch.device(device)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    with _registry_lock:
+        s = _capture_streams.get(index)
+        if s is None:
+            s = _capture_streams[index] = torch.cuda.Stream(index, priority=CAPTURE_PRIORITY)
+            _stream_owner[int(s.cuda_stream)] = ["capture stream: warm-ups and captures"]
+        return s
+
+
+def release_cached(device) -> None:
+    """Give the blocks the caching allocator holds free on ``device`` (dead graphs' pools included) back
+    to the driver, under the capture lock (no capture is open anywhere while the cache is emptied); for
+    the end of a session's build and of a fast-path self-check. Not for a second: it synchronizes the
+    device. A no-op off CUDA."""
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        return
+    with GATE.capturing():
+        torch.cuda.empty_cache()
+
+
 class GraphRuntime:
-    """One owner's graphs: its side stream, its pool, its counters; captures pass the gate."""
+    """One owner's graphs: its pool, its counters, the capture stream; captures pass the gate."""
 
     def __init__(self, device, name: str = ""):
         self.device = torch.device(device)
         self.name = name
-        self._owner = name or "unnamed runtime"        # how the memory map names its pool and side stream
+        self._owner = name or "unnamed runtime"        # how the memory map names its pool
         self._stream: Optional[torch.cuda.Stream] = None
         self._pool = None
         self._tally = _register(self)
@@ -172,12 +200,9 @@ class GraphRuntime:
 
     @property
     def stream(self) -> "torch.cuda.Stream":
+        """The device's one capture stream (:func:`capture_stream`)."""
         if self._stream is None:
-            self._stream = torch.cuda.Stream(self.device, priority=CAPTURE_PRIORITY)
-            with _registry_lock:
-                names = _stream_owner.setdefault(int(self._stream.cuda_stream), [])
-                if self._owner not in names:
-                    names.append(self._owner)
+            self._stream = capture_stream(self.device)
         return self._stream
 
     @property
@@ -194,8 +219,8 @@ class GraphRuntime:
 
     @contextlib.contextmanager
     def side(self) -> Iterator["torch.cuda.Stream"]:
-        """Eager work (warm-ups) on the side stream, ordered after and before the current stream, under the
-        capture lock (the side stream may be another runtime's too: only the lock's holder uses it)."""
+        """Eager work (warm-ups) on the capture stream, ordered after and before the current stream, under the
+        capture lock (the stream is every runtime's: only the lock's holder uses it)."""
         with GATE.capturing():
             s, cur = self.stream, torch.cuda.current_stream(self.device)
             s.wait_stream(cur)
@@ -205,7 +230,7 @@ class GraphRuntime:
 
     def capture(self, fn: Callable[[], T], generators: Sequence["torch.Generator"] = (),
                 pool: bool = True) -> Tuple["torch.cuda.CUDAGraph", T]:
-        """``fn`` captured into a new graph on the side stream, under the gate; (graph, fn's outputs).
+        """``fn`` captured into a new graph on the capture stream, under the gate; (graph, fn's outputs).
 
         ``generators``: extra generator states the graph registers (besides the default one, installed
         for the session this thread works for); ``pool=False``: the graph gets its own private pool.

@@ -22,6 +22,7 @@ import torch
 from engine.audio import SESSION_RATE
 from engine import registry
 from engine.backbones import Backbone, TokenFormat
+from engine.core import graphs
 from engine.core.toggles import PendingToggles, Toggles
 from engine.tail import DecoderTail
 
@@ -130,6 +131,7 @@ class DuplexSession:
         self.fifo = AudioFifo()
         self._toggles = PendingToggles(Toggles(self.cfg.demand_sized, self.cfg.graph_replay))
         self._started = False
+        self.build_peak_reserved = 0                 # CUDA: torch's peak reserved bytes during the build
         self._info: Optional[Dict[str, object]] = None
         self._oom: Optional[devicemem.Guard] = None    # out of memory -> DeviceTooSmall; built by start()
         self._turn_flush = False                     # a reply ended: its last chunk runs next second
@@ -151,6 +153,10 @@ class DuplexSession:
         torch.manual_seed(c.seed)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+            # the build's peak (since the caller last reset it); then what the build left cached and free
+            # (warm-ups' blocks, dead self-check graphs) goes back before the seconds' peak is measured
+            self.build_peak_reserved = int(torch.cuda.max_memory_reserved(self.device))
+            graphs.release_cached(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
         self._started = True
 
