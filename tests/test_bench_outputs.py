@@ -60,6 +60,11 @@ def test_bench_session_on_cpu_says_graph_replay_is_unavailable(tmp_path, capsys,
     doc = json.loads((tmp_path / "bench.json").read_text())
     assert doc["modes"]["graphs"]["label"] == "eager (graph replay unavailable)"
     assert doc["modes"]["stock"]["label"] == "stock-like"
+    for m in ("stock", "graphs"):                # each run's slowest second named, and each second's GC time
+        w, mode = doc["modes"][m]["slowest_second"], doc["modes"][m]
+        assert w["index"] in (0, 1) and w["total_ms"] >= mode["p99_total_ms"] - 1e-6 and w["captures"] == 0
+        assert len(mode["gc_ms_per_second"]) == 2 and min(mode["gc_ms_per_second"]) >= 0
+    assert "stock-like, slowest second: " in out and "garbage collection: " in " ".join(out.split())
     assert doc["reference"] == "stock" and doc["identical"] == {"graphs": True}     # never the reference vs itself
     assert "bit-identical to the reference (stock-like): True (eager (graph replay unavailable): True)" in \
         " ".join(out.split())

@@ -112,6 +112,14 @@ def test_our_rows_carry_the_per_second_accounting_and_records(bench):
         assert len(lines) == SECONDS + 1 and lines[0].startswith("index,")
     assert "per-second accounting: wall ms from the main, unprofiled run" in r.stdout
     assert "accounting" not in doc["rows"][EAGER]
+    for name in OURS:                           # where each second's time went, and the slowest one named
+        row = doc["rows"][name]
+        per = row["per_second"]
+        assert len(per["captures"]) == len(per["replays"]) == len(per["gc_ms"]) == SECONDS
+        assert all(x >= 0 for x in per["gc_ms"]) and per["replays"] == [0] * SECONDS   # the CPU replays nothing
+        w = row["slowest_second"]
+        assert 0 <= w["index"] < SECONDS and w["total_ms"] >= row["p99_total_ms"] - 1e-6
+        assert f"{name}, slowest second: {w['index']} ({w['decision']})" in r.stdout
 
 
 def test_the_stock_harness_records_each_second(bench):

@@ -37,6 +37,7 @@ and copies (on the CPU: the CPU op count, the CUDA columns left empty); ``bench.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import textwrap
@@ -107,12 +108,34 @@ def flip_schedule(seconds: int) -> List[Toggles]:
     return [Toggles(demand_sized=bool(k % 2), graph_replay=bool(k % 2)) for k in range(seconds)]
 
 
+class GcClock:
+    """The time the cyclic garbage collector ran while installed (``gc.callbacks``), summed in ms."""
+
+    def __init__(self):
+        self.ms, self._t0 = 0.0, None
+
+    def __call__(self, phase: str, info) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        elif self._t0 is not None:
+            self.ms += (time.perf_counter() - self._t0) * 1000.0
+            self._t0 = None
+
+    def __enter__(self) -> "GcClock":
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self)
+
+
 def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False, desc: str = "",
              quiet: bool = True, digests: bool = True, ahead: str = "off") -> Dict[str, object]:
     """One session over ``frames`` at a virtual one-frame-per-second pace (a progress bar unless ``quiet``);
     with ``flip`` the toggles follow :func:`flip_schedule` over every frame; with ``digests`` each second's
     stage digests (taken off the clock) come back under ``digests``; ``captures`` / ``replays``: each second's
-    graph captures and replays (:func:`engine.core.graphs.launches`, no profiler). ``ahead`` (not ``"off"``):
+    graph captures and replays (:func:`engine.core.graphs.launches`, no profiler); ``gc_ms``: each second's
+    time in the cyclic garbage collector (:class:`GcClock`). ``ahead`` (not ``"off"``):
     after each second, off the virtual clock, the session prepares the next one (:meth:`DuplexSession.ahead`
     with that scope; its time is each record's ``ahead_ms``)."""
     if torch.cuda.is_available():
@@ -122,20 +145,22 @@ def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False, d
     s.start()
     build_s = time.perf_counter() - t_build
     tap = _tap_session(s) if digests else None
-    outs, seconds, captures, replays = [], [], [], []
+    outs, seconds, captures, replays, gc_ms = [], [], [], [], []
     toggles = flip_schedule(len(frames)) if flip else None
     t0, paused = time.perf_counter(), 0.0
-    with progress(len(frames), desc=desc, unit="frame", quiet=quiet) as bar:
+    with progress(len(frames), desc=desc, unit="frame", quiet=quiet) as bar, GcClock() as collector:
         for k, f in enumerate(frames):
             if toggles is not None:
                 s.set_toggles(toggles[k])
             arrival = t0 + paused + k                              # frame k arrives k seconds in
             now = time.perf_counter()
             cap0, rep0 = graphs.launches()
+            gc0 = collector.ms
             out, rec = s.process(f, arrival=min(arrival, now), backlog=0)
             cap1, rep1 = graphs.launches()
             captures.append(cap1 - cap0)
             replays.append(rep1 - rep0)
+            gc_ms.append(collector.ms - gc0)
             if ahead != "off":      # the time before the next frame: the next second's graphs, off the clock
                 paused += s.ahead(scope=ahead) / 1000.0
             if tap is not None:                                    # after the second, off the virtual clock
@@ -160,7 +185,22 @@ def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False, d
     s.close()
     del s
     return {"summary": summary, "records": records, "audio": np.concatenate(outs), "digests": seconds,
-            "captures": captures, "replays": replays}
+            "captures": captures, "replays": replays, "gc_ms": gc_ms}
+
+
+def slowest_second(run: Dict[str, object]) -> Dict[str, object]:
+    """A run's (:func:`run_mode`) slowest second: its index, decision, stage times, captures and GC time."""
+    recs = run["records"]
+    k = max(range(len(recs)), key=lambda i: recs[i].total_ms)
+    x = recs[k]
+    return {"index": k, "decision": x.decision, "total_ms": x.total_ms, "listen_ms": x.listen_ms,
+            "think_ms": x.think_ms, "speak_ms": x.speak_ms, "captures": run["captures"][k], "gc_ms": run["gc_ms"][k]}
+
+
+def format_slowest(name: str, w: Dict[str, object]) -> str:
+    return (f"{name}, slowest second: {w['index']} ({w['decision']}) {w['total_ms']:.1f} ms = LISTEN "
+            f"{w['listen_ms']:.1f} + THINK {w['think_ms']:.1f} + SPEAK {w['speak_ms']:.1f}; graphs captured in it: "
+            f"{w['captures']}; garbage collection: {w['gc_ms']:.1f} ms")
 
 
 def _table(rows: Dict[str, Dict[str, object]], wrap: bool = True) -> str:
@@ -219,6 +259,9 @@ def _mode_doc(name: str, run: Dict[str, object]) -> Dict[str, object]:
     doc = {"label": name, **run["summary"]}
     if "accounting" in run:
         doc["accounting"] = run["accounting"]
+    if run["records"]:
+        doc["slowest_second"] = slowest_second(run)
+        doc["gc_ms_per_second"] = [round(x, 3) for x in run["gc_ms"]]
     return doc
 
 
@@ -420,6 +463,9 @@ def main(argv=None) -> int:
         print(textwrap.fill(f"fast path: {line}", 120))
     print(tab)
     print(means)
+    for key in keys:
+        if results[key]["records"]:
+            print(textwrap.fill(format_slowest(labels[key], slowest_second(results[key])), 120))
     kernels = accounting.format_kernels(accounts) if accounts else ""
     if accounts:
         print(accounting.format_table(accounts))

@@ -210,8 +210,9 @@ def median_row(reps: List[Dict[str, object]]) -> Dict[str, object]:
     out["decisions"] = reps[0]["decisions"]
     if reps[-1].get("memory_map"):                     # ours on CUDA: whose reserved memory, last repeat
         out["memory_map"] = reps[-1]["memory_map"]
-    if reps[0].get("accounting"):                      # ours: the first repeat's per-second accounting
-        out["accounting"] = reps[0]["accounting"]
+    for key in ("accounting", "per_second", "slowest_second"):          # ours: the first repeat's accounting and per-second counts
+        if reps[0].get(key):
+            out[key] = reps[0][key]
     return out
 
 
@@ -297,6 +298,9 @@ def compare(a, base_cfg, audio: np.ndarray, modes: List[str], ours) -> int:
     kind = ("torch.cuda.max_memory_reserved (the stock's whole process; ours from the start of its build on)"
             if cuda else "the process's peak RSS (VmHWM)")
     print(f"peak memory: {kind}; ratio: the stock eager row's ms / the row's ms (above 1: faster than the stock)")
+    for name, row in rows.items():
+        if row.get("slowest_second"):
+            print(textwrap.fill(ours.format_slowest(name, row["slowest_second"]), 120))
     accounts = {name: row["accounting"] for name, row in rows.items() if row.get("accounting")}
     if accounts:
         print(accounting.format_table(accounts))
@@ -334,6 +338,11 @@ def _ours(a, ours, cfg, frames, mode: str, rep: int, cuda: bool) -> Dict[str, ob
         peak = max(peak, int(summ.get("build_peak_reserved_bytes") or 0))
     r = row_of([x.total_ms for x in recs], [x.decision for x in recs], peak)
     r["memory_map"], r["records"] = summ.get("memory_map"), recs
+    # where a slow second's time went, second by second: graphs captured, graph launches, garbage collection
+    r["per_second"] = {"captures": run["captures"], "replays": run["replays"],
+                       "gc_ms": [round(x, 3) for x in run["gc_ms"]]}
+    if recs:
+        r["slowest_second"] = ours.slowest_second(run)
     if a.out:
         export_records(recs, Path(a.out), stem=f"session-{mode}-{rep + 1}")
     if a.account_seconds and rep == 0:                  # a separate profiled run, never inside the timed one

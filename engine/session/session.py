@@ -12,6 +12,8 @@ the same bits.
 """
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import time
 from typing import Dict, List, Optional, Tuple
@@ -110,6 +112,19 @@ def rms(x: np.ndarray) -> float:
     return float(np.sqrt(np.mean(np.square(x, dtype=np.float64)))) if x.size else 0.0
 
 
+_thawed_at_exit = False
+
+
+def _freeze() -> None:
+    """``gc.freeze()``, and once per process the frozen objects handed back at exit, so the interpreter's last
+    collection still finalizes them (extension objects left frozen are reported as leaks at exit)."""
+    global _thawed_at_exit
+    if not _thawed_at_exit:
+        atexit.register(gc.unfreeze)
+        _thawed_at_exit = True
+    gc.freeze()
+
+
 class DuplexSession:
     """One live conversation: a backbone (LISTEN + THINK) in front of a decoder tail (SPEAK).
 
@@ -158,6 +173,9 @@ class DuplexSession:
             self.build_peak_reserved = int(torch.cuda.max_memory_reserved(self.device))
             graphs.release_cached(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
+        # the build's long-lived objects (modules, graphs, state) leave the cyclic collector's generations: a
+        # full collection over them stalled a second by ~350 ms at a random moment (H200, session 13)
+        _freeze()
         self._started = True
 
     def _build(self) -> None:
@@ -197,6 +215,12 @@ class DuplexSession:
             self.backbone.close()
         self.backbone = None
         self.tail = None
+        if self._started:
+            # what start() froze comes back to the collector, so this session's reference cycles (graphs hold
+            # device memory) are collected now; what other sessions still hold is frozen again
+            gc.unfreeze()
+            gc.collect()
+            _freeze()
         self._started = False
 
     @property
