@@ -293,3 +293,26 @@ def test_a_removed_sessions_failure_stays_in_the_load_errors():
         assert load.errors() == ["session 0: RuntimeError: the build failed"] and not load.sessions
     finally:
         load.close()
+
+
+def test_a_window_counts_every_second_that_came_due_finished_or_not():
+    """An overloaded ramp step printed "45 missed of 7" on the H200: it counted only finished seconds. The window's
+    seconds are those that came due; one that has not finished is a miss and counts among them."""
+    import types
+    from engine.host.drive import Driven, PacedLoad
+
+    def rec(k, ms, missed=False):
+        return types.SimpleNamespace(index=k, total_ms=ms, queue_wait_ms=0.0, missed=missed)
+    load = PacedLoad(host=None)
+    try:
+        late = Driven(0, None, [], t0=100.0, next_k=10)        # 10 frames came, 2 seconds finished (one missed)
+        late.records = [rec(0, 900.0), rec(1, 1100.0, missed=True)]
+        fine = Driven(1, None, [], t0=100.5, next_k=3)
+        fine.records = [rec(k, 100.0) for k in range(3)]
+        load.sessions += [late, fine]
+        w = load.window(100.0, 110.0)
+        assert (w.seconds, w.misses) == (13, 9)
+        assert [(p["seconds"], p["finished"], p["misses"]) for p in w.per_session] == [(10, 2, 9), (3, 3, 0)]
+    finally:
+        load.sessions.clear()
+        load.close()

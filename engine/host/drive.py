@@ -47,7 +47,7 @@ class Window:
     """Seconds that came due in ``[start, end)`` (host clock), across every session."""
 
     sessions: int
-    seconds: int
+    seconds: int                  # seconds that came due (finished or not: an unfinished one is a miss)
     misses: int
     p50_ms: float                 # arrival to done, all seconds of all sessions
     p99_ms: float
@@ -177,23 +177,24 @@ class PacedLoad:
     def window(self, start: float, end: float) -> Window:
         with self._lock:
             every = list(self.sessions)
-        lat, misses, per = [], 0, []
+        lat, misses, seconds, per = [], 0, 0, []
         for d in every:
             mine = [r for r in list(d.records) if start <= d.t0 + r.index < end]
-            due = sum(1 for k in range(d.next_k) if start <= d.t0 + k < end)
+            due = max(len(mine), sum(1 for k in range(d.next_k) if start <= d.t0 + k < end))
             ms = [d.latency_ms(r) for r in mine]
             lat += ms
             # a second whose frame came in the window and that has not finished by now is late already
-            m = sum(1 for r in mine if r.missed) + max(0, due - len(mine))
+            m = sum(1 for r in mine if r.missed) + due - len(mine)
             misses += m
-            per.append({"session": d.index, "seconds": len(mine), "misses": m,
+            seconds += due
+            per.append({"session": d.index, "seconds": due, "finished": len(mine), "misses": m,
                         "p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99),
                         "p50_work_ms": percentile([r.total_ms for r in mine], 50),
                         "p99_work_ms": percentile([r.total_ms for r in mine], 99)})
             if d.error:
                 misses += 1
                 per[-1]["error"] = d.error
-        return Window(len(every), len(lat), misses, percentile(lat, 50), percentile(lat, 99),
+        return Window(len(every), seconds, misses, percentile(lat, 50), percentile(lat, 99),
                       max(lat, default=0.0), per)
 
     def errors(self) -> List[str]:
