@@ -173,3 +173,28 @@ def test_bench_session_refuses_a_negative_account_seconds_in_one_line(tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err == ["duplexcadence-bench session: error: --account-seconds must be 0 or more, not -1"]
     assert not (tmp_path / "bench.json").exists()
+
+
+def test_account_at_counts_the_seconds_named_even_the_first_and_capturing_ones(tmp_path, capsys, one_torch_thread):
+    """``--account-at``: the seconds a run named (the first speaking one, its slowest) are counted as asked, the
+    first second included, with --account-seconds 0; a bad list is refused in one line before anything runs."""
+    assert accounting.parse_at("10, 3,3", 20) == [3, 10] and accounting.parse_at(None, 5) is None
+    assert accounting.parse_at(" ", 5) is None
+    for bad, msg in (("3,x", "whole seconds separated by commas"), ("5", "must lie in 0..4"), ("-1", "0..4")):
+        with pytest.raises(ValueError, match=msg):
+            accounting.parse_at(bad, 5)
+    from engine.bench.cli import main
+    rc = main(["session", "--seconds", "4", "--size", "tiny", "--device", "cpu", "--modes", "graphs",
+               "--flip-seconds", "0", "--no-digests", "--account-seconds", "0", "--account-at", "0,3", "--quiet",
+               "--out", str(tmp_path)])
+    assert rc == 0
+    acc = json.loads((tmp_path / "bench.json").read_text())["modes"]["graphs"]["accounting"]
+    assert acc["seconds"] == [e["index"] for e in acc["per_second"]] == [0, 3]
+    assert all(e["decision_matches_main"] and e["cpu_ops"] > 0 for e in acc["per_second"])
+    capsys.readouterr()
+    rc = main(["session", "--seconds", "2", "--size", "tiny", "--device", "cpu", "--account-at", "2", "--quiet",
+               "--out", str(tmp_path / "bad")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == ["duplexcadence-bench session: error: --account-at '2': each second must lie in 0..1 "
+                               "(--seconds 2)"]
+    assert not (tmp_path / "bad").exists()

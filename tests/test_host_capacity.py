@@ -40,3 +40,13 @@ def test_capacity_bad_arguments(args, msg, capsys):
     assert capacity.main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and msg in err[0] and "Traceback" not in err[0]
+
+
+def test_the_confirmation_leaves_time_for_its_builds():
+    """Session 13 on the H200: the confirmation at 4 MiniCPM-o sessions was planned for 60 s with 100 s left,
+    ignoring ~80 s of builds, and the call's time ran out before it wrote its JSON. It now shortens to fit them."""
+    assert capacity.confirm_seconds(60, 1000, 4, 20.0) == 60
+    assert capacity.confirm_seconds(60, 100, 4, 20.0) == 5.0             # 100 - 25 - 80 < 5: the floor
+    assert capacity.confirm_seconds(60, 150, 4, 20.0) == 45.0
+    assert capacity.confirm_seconds(60, 100, 0, 0.0) == 60
+    assert capacity.confirm_seconds(60, float("inf"), 8, 20.0) == 60     # no time limit

@@ -203,6 +203,21 @@ def _spread(indices: Sequence[int], n: int) -> List[int]:
     return [indices[round(i * (len(indices) - 1) / (n - 1))] for i in range(n)]
 
 
+def parse_at(text: Optional[str], seconds: int) -> Optional[List[int]]:
+    """``--account-at``: "3" or "3,10" -> [3, 10] (sorted, once each), each second within the run's ``seconds``;
+    None or "" -> None. A bad list raises ValueError with one line."""
+    if text is None or not str(text).strip():
+        return None
+    try:
+        at = sorted({int(x) for x in str(text).split(",") if x.strip()})
+    except ValueError:
+        raise ValueError(f"--account-at {text!r}: whole seconds separated by commas, e.g. 3,10") from None
+    bad = [k for k in at if not 0 <= k < seconds]
+    if bad or not at:
+        raise ValueError(f"--account-at {text!r}: each second must lie in 0..{seconds - 1} (--seconds {seconds})")
+    return at
+
+
 def pick_seconds(speaking: Sequence[bool], captures: Sequence[int], n: int) -> List[int]:
     """Up to ``n`` seconds to profile: half speaking, half listening (the other kind fills in where one is
     short), spread over the run; the first second (cold) and seconds in which a graph was captured are

@@ -173,6 +173,13 @@ def left(a) -> float:
     return a.deadline - time.perf_counter()
 
 
+def confirm_seconds(asked: float, left_s: float, sessions: int, build_s: float) -> float:
+    """How long the confirmation at ``sessions`` runs within the ``left_s`` wall seconds left: ``asked``, or
+    shorter (never under 5 s) so that its builds (one after another, ``build_s`` each: the longest the ramp saw;
+    a whole MiniCPM-o session takes ~20 s on the H200) and 25 s of closing fit before the time limit."""
+    return min(asked, max(5.0, left_s - 25.0 - sessions * build_s))
+
+
 def run_mode(mode: str, base: SessionConfig, a, launch: str, inputs, ramp_only: bool = False,
              start: int = 1) -> Dict[str, object]:
     demand, graphs = MODES[mode]
@@ -195,7 +202,7 @@ def run_mode(mode: str, base: SessionConfig, a, launch: str, inputs, ramp_only: 
     try:
         ramp_s = min(a.ramp_limit, max(10.0, left(a) - (0 if ramp_only else a.seconds + 40)))
         knee, points = ramp(load, cfg, inputs, label, a.max_sessions, a.window, ramp_s, start)
-        seconds = min(a.seconds, max(5.0, left(a) - 25))          # a time limit may shorten it: reported
+        seconds = confirm_seconds(a.seconds, left(a), knee, load.longest_build_s)   # reported when shortened
         best, conf = (confirm(load, cfg, inputs, label, knee, seconds, a.confirm_tries)
                       if knee and not ramp_only else (knee if ramp_only else 0, None))
         mem = host.memory()

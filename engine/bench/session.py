@@ -244,12 +244,14 @@ def _means_table(rows: Dict[str, Dict[str, object]], wrap: bool = True) -> str:
 
 
 def account_mode(cfg: SessionConfig, frames: List[np.ndarray], run: Dict[str, object], n: int,
-                 ahead: str = "off") -> Dict[str, object]:
+                 ahead: str = "off", at: Optional[List[int]] = None) -> Dict[str, object]:
     """The mode's per-second accounting (:mod:`engine.bench.accounting`): ``n`` seconds picked from the main
-    ``run``, counted under the profiler in a separate run of the same config; wall times stay the main run's."""
+    ``run`` (or the seconds ``at``, those the run has), counted under the profiler in a separate run of the same
+    config; wall times stay the main run's."""
     cuda = torch.device(cfg.device).type == "cuda"
     speaking = [rec.decision == "speak" for rec in run["records"]]
-    picks = accounting.pick_seconds(speaking, run["captures"], n)
+    picks = ([k for k in at if k < len(speaking)] if at
+             else accounting.pick_seconds(speaking, run["captures"], n))
     counted = accounting.account(lambda: DuplexSession(cfg), frames, picks, cuda, ahead)
     return accounting.summary(picks, counted, run["records"], run["replays"], cuda)
 
@@ -294,6 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per mode, this many seconds (half speaking, half listening) re-run under torch.profiler "
                         "in a separate run: kernel ms, kernel and graph launches per speaking / listening second "
                         f"(default {accounting.DEFAULT_SECONDS}; 0: none). The main run is never profiled")
+    p.add_argument("--account-at", default=None, metavar="K[,K...]",
+                   help="count these seconds (0-based) instead of the automatic pick, e.g. the first speaking "
+                        "second or the slowest one a run named; counted even with --account-seconds 0")
     p.add_argument("--ahead", choices=["off", "listen", "all"], default="off",
                    help="minicpm-o-4.5, graphs: after each second, off its clock, capture the next second's graphs "
                         "at their exact positions (listen: LISTEN's forwards and THINK's first; all: every LLM "
@@ -412,6 +417,11 @@ def main(argv=None) -> int:
         print(f"duplexcadence-bench session: error: --account-seconds must be 0 or more, not {a.account_seconds}",
               file=sys.stderr)
         return 2
+    try:
+        a.account_at = accounting.parse_at(a.account_at, a.seconds)
+    except ValueError as e:
+        print(f"duplexcadence-bench session: error: {e}", file=sys.stderr)
+        return 2
     if a.stock_loop is not None:
         return _stock_loop(a)
     try:
@@ -439,8 +449,9 @@ def main(argv=None) -> int:
             export_records(r["records"], Path(a.out), stem=f"session-{key}")
             if digests:
                 _write_digests(Path(a.out) / f"session-{key}-digests.jsonl", r["digests"])
-        if a.account_seconds:                       # after the main run, never inside it
-            accounts[labels[key]] = r["accounting"] = account_mode(cfg, frames, r, a.account_seconds, a.ahead)
+        if a.account_seconds or a.account_at:       # after the main run, never inside it
+            accounts[labels[key]] = r["accounting"] = account_mode(cfg, frames, r, a.account_seconds, a.ahead,
+                                                                   a.account_at)
             print(accounting.format_table({labels[key]: r["accounting"]}), file=sys.stderr, flush=True)
     ref = results[keys[0]]["audio"]
     identical = identical_to_reference(keys, {key: r["audio"] for key, r in results.items()})
@@ -487,7 +498,7 @@ def main(argv=None) -> int:
         out = Path(a.out)
         doc = {"seconds": len(frames),
                "modes": {key: _mode_doc(labels[key], results[key]) for key in keys},
-               "account_seconds": a.account_seconds,
+               "account_seconds": a.account_seconds, "account_at": a.account_at,
                "reference": keys[0], "identical": identical if identical else "n/a", "flip_identical": flip,
                "flip_seconds": n_flip if flip is not None else 0, "divergence": where, "deadline_ms": DEADLINE_MS,
                "torch": torch.__version__,

@@ -345,8 +345,8 @@ def _ours(a, ours, cfg, frames, mode: str, rep: int, cuda: bool) -> Dict[str, ob
         r["slowest_second"] = ours.slowest_second(run)
     if a.out:
         export_records(recs, Path(a.out), stem=f"session-{mode}-{rep + 1}")
-    if a.account_seconds and rep == 0:                  # a separate profiled run, never inside the timed one
-        r["accounting"] = ours.account_mode(cfg, frames, run, a.account_seconds, a.ahead)
+    if (a.account_seconds or a.account_at) and rep == 0:     # a separate profiled run, never in the timed one
+        r["accounting"] = ours.account_mode(cfg, frames, run, a.account_seconds, a.ahead, a.account_at)
     return r
 
 

@@ -73,6 +73,7 @@ class PacedLoad:
         self._heap: List = []
         self._stop = threading.Event()
         self._added = 0
+        self.longest_build_s = 0.0              # the longest add() so far: admission and build (a plan's estimate)
         self._feeder = threading.Thread(target=self._feed, name="paced-feeder", daemon=True)
         self._collector = threading.Thread(target=self._collect, name="paced-collector", daemon=True)
         self._feeder.start()
@@ -81,9 +82,11 @@ class PacedLoad:
     # -- sessions --------------------------------------------------------------------------------
     def add(self, cfg: SessionConfig, frames: Sequence[np.ndarray], force: bool = True) -> Driven:
         """Admit and build a session (blocks until built), then start feeding it at its own phase."""
+        b0 = time.perf_counter()
         runner = self.host.open(cfg, force=force)
         runner.start()
         runner.ready.wait()
+        self.longest_build_s = max(self.longest_build_s, time.perf_counter() - b0)
         if runner.session is None:
             err = runner.results.get()
             raise RuntimeError(err.message if isinstance(err, LiveError) else "the session did not start")
