@@ -12,6 +12,8 @@ from typing import List
 import torch
 from torch import nn
 
+from engine.core.hostcopy import device_ids
+
 from .dims import LLMDims
 from .kv import KVStore
 from .layers import DecoderLayer, RMSNorm, run_stack
@@ -39,7 +41,7 @@ class Qwen3(nn.Module):
     def embed(self, ids: List[int]) -> torch.Tensor:
         """Token embeddings [T, hidden] for a list of ids."""
         w = self.model.embed_tokens.weight
-        return self.model.embed_tokens(torch.tensor(ids, dtype=torch.long, device=w.device))
+        return self.model.embed_tokens(device_ids(ids, w.device))          # no stream sync for the ids
 
     def forward(self, embeds: torch.Tensor, kv: KVStore) -> torch.Tensor:
         # embeds: [T, hidden] -> hidden states after the final norm [T, hidden]

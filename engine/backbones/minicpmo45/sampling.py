@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.core.graphs import session_generator
+from engine.core.hostcopy import count_codes, device_ids
 
 from .dims import Sampling, SpecialTokens
 
@@ -81,18 +82,18 @@ class TextSampler:
         if self.forbidden:
             idx = self._forbidden_at.get(x.device)
             if idx is None:
-                idx = self._forbidden_at[x.device] = torch.tensor(self.forbidden, dtype=torch.long, device=x.device)
+                idx = self._forbidden_at[x.device] = device_ids(self.forbidden, x.device)
             x[:, idx] = float("-inf")
         penalty = self.s.repetition_penalty
         seen = sorted({t for t in self.history[-self.s.repetition_window:] if t < x.shape[-1]})
         if penalty != 1.0 and seen:
-            ids = torch.tensor(seen, dtype=torch.long, device=x.device)
+            ids = device_ids(seen, x.device)
             x[0, ids] = x[0, ids] / penalty if penalty > 1.0 else x[0, ids] * (1.0 / penalty)
         lp = self.s.length_penalty
         if lp != 1.0:
             te = self.t.turn_eos
             v = x[0, te]
-            x[0, te] = v / lp if bool(v > 0) else v * lp
+            x[0, te] = torch.where(v > 0, v / lp, v * lp)        # both made, one kept: no host read of v
         return x
 
 
@@ -111,7 +112,7 @@ def code_logits(logits: torch.Tensor, codes: torch.Tensor, t: int, s: Sampling, 
     x = logits / torch.full((1, 1), s.tts_temperature, dtype=torch.float32, device=logits.device)
     if t > 0 and s.tts_repetition_penalty != 1.0:
         window = codes[max(0, t - s.tts_repetition_window):t]
-        count = torch.bincount(window, minlength=x.shape[-1]).to(x.dtype).view(1, -1)   # [1, C]
+        count = count_codes(window, x.shape[-1], x.dtype)                                # [1, C]
         alpha = torch.pow(torch.full_like(count, s.tts_repetition_penalty), count)
         x = torch.where(x < 0, x * alpha, x / alpha)
     if t < min_codes:

@@ -23,6 +23,7 @@ from torch import nn
 
 from engine.core.gate import GATE
 from engine.core.graphs import GraphRuntime
+from engine.core.hostcopy import device_ids
 
 from .dims import LLMDims, TTSDims
 from .kv import DemandKV, KVStore
@@ -56,10 +57,10 @@ class TTS(nn.Module):
     def condition(self, tokens: List[int], hidden: Optional[torch.Tensor]) -> torch.Tensor:
         """The second's condition [n + 1, hidden]: text + semantic per token, then audio BOS."""
         dev = self.emb_text.weight.device
-        bos = self.emb_text(torch.tensor([self.d.audio_bos], dtype=torch.long, device=dev))     # [1, hidden]
+        bos = self.emb_text(device_ids([self.d.audio_bos], dev))                                # [1, hidden]
         if not tokens:
             return bos
-        text = self.emb_text(torch.tensor(tokens, dtype=torch.long, device=dev))                # [n, hidden]
+        text = self.emb_text(device_ids(tokens, dev))                                           # [n, hidden]
         sem = F.normalize(self.projector_semantic(hidden), p=2.0, dim=-1)                         # [n, hidden]
         return torch.cat([text + sem, bos], dim=0)
 
