@@ -87,6 +87,36 @@ def test_released_encoder_graphs_equal_stock_across_the_reset():
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_released_tts_prefill_graphs_equal_eager_at_every_width():
+    """The condition prefill replayed through layer graphs of its width (tts.PrefillGraphs: every width 1 .. 19,
+    captured once over an empty store) gives the eager forward's logits and keys/values, at histories that grow
+    through every width with decode steps between."""
+    from engine.backbones.minicpmo45.tts import PrefillGraphs
+    d = preset("released")
+    dt = torch.bfloat16
+    tts = build(TTS, d.tts, d.llm, device="cuda", dtype=dt).eval()
+    seeded_init(tts, 4)
+    regions = kv_regions("tts", d.tts.layers, d.tts.kv_heads, d.tts.head_dim, 45, d.tts.max_positions, dt, "")
+    stock = make_store(False, regions[0], d.tts.layers, 0, "cuda")
+    ours = make_store(True, regions[0], d.tts.layers, 20 * 45, "cuda")
+    widest = d.sampling.max_tokens_per_unit - 1
+    pf = PrefillGraphs(tts, torch.device("cuda"), widest)
+    pf.capture(ours)
+    assert pf.runtime.captures == sum(d.tts.layers + 1 for _ in range(widest))
+    g = torch.Generator(device="cpu").manual_seed(8)
+    with torch.no_grad():
+        for t in list(range(1, widest + 1)) + [widest, 1, 5]:
+            cond = (torch.randn(t, d.tts.hidden, generator=g) * 0.5).to(device="cuda", dtype=dt)
+            want, got = tts(cond, stock), pf.run(cond, ours)
+            assert got is not None and torch.equal(want, got), f"width {t} at length {stock.length - t}"
+            for _ in range(3):
+                code = torch.randint(0, d.tts.codes - 1, (1,), generator=g).cuda()
+                assert torch.equal(tts.step_code(code, stock), tts.step_code(code, ours))
+    k, v = stock.export()
+    assert torch.equal(k, ours.export()[0]) and torch.equal(v, ours.export()[1]) and pf.replays == widest + 3
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_released_tts_decode_graphs_equal_eager():
     pairs, dg = tts_turns("cuda", "released", graphs=True)
     assert dg.captures == 179 and dg.replays > 100
@@ -243,6 +273,8 @@ def test_tiny_session_turns_stock_equals_graphs():
             kv = s.backbone.kv_tts
             assert kv.kind == "demand" and kv.grown >= 1 and s.backbone.tts_graphs.grown == kv.grown
             assert s.backbone.kv_llm.grown == 0 and s.backbone.llm_graphs is before[1]
+            pf = s.backbone.tts_prefill              # the prefill's graphs replayed, and made again after the move
+            assert pf.replays > 0 and pf.valid_for(kv)
             assert all(s.backbone.llm_feeds[t] is g for t, g in before[0].items())
         s.close()
     assert outs["stock"][1] == outs["graphs"][1] and any(outs["stock"][1])

@@ -41,14 +41,14 @@ from ..base import Backbone, BackboneInfo, Thought, TokenFormat
 from .audio import AudioEncoder, FrontEnd
 from .dims import Dims, preset
 from .exact_graphs import ExactForwards, next_forwards
-from .kv import demand_units, kv_regions, make_store, switch_store
+from .kv import DemandKV, demand_units, kv_regions, make_store, switch_store
 from .layers import apply_rope_stock, inverse_frequencies, pin_attention_kernels, rms_norm_stock, seeded_init
 from .llm import Qwen3
 from .llm_graphs import LayerGraphs, make_layer_graphs
 from .prompt import DEFAULT_SYSTEM_PROMPT, prelude
 from .protocol import GRAPHED_FEED, Protocol
 from .ref_audio import choose_clip, reference_embeddings
-from .tts import TTS, DecodeGraphs
+from .tts import TTS, DecodeGraphs, PrefillGraphs
 from .turns import TurnDecision, make_turns
 from . import weights as W
 
@@ -99,6 +99,7 @@ class MiniCPMO45Backbone(Backbone):
         self.reference_clip = choose_clip(self.folder.path if self.folder else None, reference_audio)
         self.dtype = self.model_dtype(self.device)
         self.tts_graphs: Optional[DecodeGraphs] = None
+        self.tts_prefill: Optional[PrefillGraphs] = None
         self._in_reply = False
         self._speech = False
         self._listened = False                  # the last second's unit listened (THINK's decision)
@@ -148,7 +149,8 @@ class MiniCPMO45Backbone(Backbone):
                 limit = d.sampling.max_chars_per_unit
                 too_long = lambda ids: len(tok.decode(ids, skip_special_tokens=True)) >= limit   # noqa: E731
             self.protocol = Protocol(d, self.llm, self.tts, self.kv_llm, self.kv_tts, self._tts_step, too_long,
-                                     self._graphed_forward, self.folder.bad_token_ids if self.folder else ())
+                                     self._graphed_forward, self.folder.bad_token_ids if self.folder else (),
+                                     self._tts_prefill)
             self.protocol.tap = self._tap
             if tok is not None:                 # the stock's prepare: the system prompt around the reference audio
                 clip = self.reference_clip
@@ -223,10 +225,37 @@ class MiniCPMO45Backbone(Backbone):
             return
         prepared = self.tts_prepared_length()
         self.tts_graphs = DecodeGraphs(self.tts, self.device, prepared)
+        self.tts_prefill = PrefillGraphs(self.tts, self.device, self.prefill_widest())
         if self.kv_tts.length == 0:
             rng = torch.cuda.get_rng_state(self.device)
             self.tts_graphs.prepare(self.kv_tts, prepared)
+            self._capture_prefill()
             torch.cuda.set_rng_state(rng, self.device)
+
+    def prefill_widest(self) -> int:
+        """The widest condition a second can make: one row per text token (every drawn slot but the decision
+        one: the unit's last slot is never drawn) plus the audio BOS."""
+        return self.dims.sampling.max_tokens_per_unit - 1
+
+    def _capture_prefill(self) -> None:
+        """The TTS prefill's graphs over the TTS store as it is now (a demand store with room for the widest
+        condition past its history); none otherwise, and the eager forward runs the prefill."""
+        kv, pf = self.kv_tts, self.tts_prefill
+        if pf is None or not isinstance(kv, DemandKV) or kv.length + pf.widest > kv.capacity:
+            return
+        pf.capture(kv)
+
+    def _refresh_prefill(self) -> None:
+        """In a second after a listening one (time to spare): the prefill graphs again, when the TTS store they
+        were captured over moved or was switched by the toggles (until then the eager forward runs the prefill)."""
+        pf = self.tts_prefill
+        if pf is not None and self._listened and self.device.type == "cuda" and not pf.valid_for(self.kv_tts):
+            self._capture_prefill()
+
+    def _tts_prefill(self, cond: torch.Tensor, kv) -> Optional[torch.Tensor]:
+        if self.tts_prefill is None or not self._graphs_on():
+            return None
+        return self.tts_prefill.run(cond, kv)
 
     def feed_widths(self) -> List[int]:
         """The short LLM feeds every second makes, by the declared clocks: LISTEN's close (a reply's terminator
@@ -319,6 +348,7 @@ class MiniCPMO45Backbone(Backbone):
         self._apply_toggles()
         self._speech = bool(vad.speech)
         with torch.no_grad():
+            self._refresh_prefill()
             emb = self.executor.step({"features": self.front(audio)})["emb"]   # [10, llm hidden]
             if self._tap is not None:
                 self._tap("encoder", emb)
@@ -400,6 +430,10 @@ class MiniCPMO45Backbone(Backbone):
             self.tts_graphs = DecodeGraphs(self.tts, self.device, self.tts_prepared_length())
         elif not self._graphs_on():
             self.tts_graphs = None
+        if self._graphs_on() and self.tts_prefill is None:
+            self.tts_prefill = PrefillGraphs(self.tts, self.device, self.prefill_widest())   # captured later
+        elif not self._graphs_on():
+            self.tts_prefill = None
         if not self._graphs_on():
             self.llm_graphs = None
             self.llm_feeds = {}
@@ -431,6 +465,6 @@ class MiniCPMO45Backbone(Backbone):
 
     def close(self) -> None:
         for name in ("protocol", "executor", "front", "llm", "tts", "encoder", "kv_llm", "kv_tts", "tts_graphs", "llm_graphs",
-                     "llm_exact", "llm_feeds"):
+                     "llm_exact", "llm_feeds", "tts_prefill"):
             if hasattr(self, name):
                 delattr(self, name)

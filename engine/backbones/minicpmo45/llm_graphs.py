@@ -37,9 +37,11 @@ class LayerGraphs:
     hidden states only (the caller takes the logits as the stock does, over every row)."""
 
     def __init__(self, llm: Qwen3, kv: DemandKV, device: torch.device, capture: bool,
-                 head: Optional[torch.nn.Linear] = None, tokens: int = 1):
+                 head: Optional[torch.nn.Linear] = None, tokens: int = 1,
+                 runtime: Optional[GraphRuntime] = None):
         # ``llm``: any decoder with ``.model.layers`` / ``.model.norm`` and dims ``.d`` (the Qwen3 LLM, or the
-        # TTS, whose ``head`` is its code head instead of ``lm_head``)
+        # TTS, whose ``head`` is its code head instead of ``lm_head``); ``runtime``: a pool shared with other
+        # widths' graphs whose forwards never interleave with these (default: a pool of their own)
         self.llm, self.kv, self.device = llm, kv, torch.device(device)
         self.head = head if head is not None else llm.lm_head
         # the LLM's logits stay in its dtype (the stock samples bfloat16 logits on CUDA); the TTS's code
@@ -57,7 +59,7 @@ class LayerGraphs:
         self.buffers = (kv.k_buf.data_ptr(), kv.v_buf.data_ptr())
         self.attend = ExactAttention(llm, kv)
         self.replays = 0
-        self.runtime = GraphRuntime(self.device, f"layer graphs: {type(llm).__name__} x{t}")
+        self.runtime = runtime or GraphRuntime(self.device, f"layer graphs: {type(llm).__name__} x{t}")
         if capture:
             self._capture()
 

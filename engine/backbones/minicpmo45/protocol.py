@@ -56,20 +56,24 @@ class Protocol:
     the LLM forward of 1 .. ``GRAPHED_FEED`` embedding rows [t, hidden] (a decode step's one token, or a short
     feed: LISTEN's close and audio tokens) through layer graphs of width t -> (final hidden [t, hidden],
     logits [1, V] for t = 1, else None), or returns None to leave it to the eager path; ``too_long``
-    (optional, with a tokenizer) says whether a unit's text has reached the stock's 28-character limit.
+    (optional, with a tokenizer) says whether a unit's text has reached the stock's 28-character limit;
+    ``tts_prefill`` (optional) runs the TTS's condition prefill (rows [T, hidden]) through graphs -> the logits
+    [1, codes] of its last row, or None to leave it to the eager forward.
     """
 
     def __init__(self, dims: Dims, llm: Qwen3, tts: TTS, kv_llm: KVStore, kv_tts: KVStore,
                  tts_step: Callable[[torch.Tensor, KVStore], torch.Tensor],
                  too_long: Optional[Callable[[List[int]], bool]] = None,
                  graphed_forward: Optional[Callable[[torch.Tensor], Optional[tuple]]] = None,
-                 bad_token_ids: Sequence[int] = ()):
+                 bad_token_ids: Sequence[int] = (),
+                 tts_prefill: Optional[Callable[[torch.Tensor, KVStore], Optional[torch.Tensor]]] = None):
         self.d = dims
         self.llm, self.tts = llm, tts
         self.kv_llm, self.kv_tts = kv_llm, kv_tts
         self.tts_step = tts_step
         self.too_long = too_long
         self.graphed_forward = graphed_forward
+        self.tts_prefill = tts_prefill
         self.sampler = text_sampler(dims.sampling, dims.tokens, bad_token_ids)
         self.turn_ended = True
         self.pending_close: Optional[List[int]] = None
@@ -200,7 +204,9 @@ class Protocol:
         kv = self.kv_tts
         min_codes = 0 if (kv.length == 0 or unit.end_of_turn) else s.tts_steps
         cond = self.tts.condition(unit.text_ids, hidden)                       # [n + 1, hidden]
-        logits = self.tts(cond, kv)
+        logits = self.tts_prefill(cond, kv) if self.tts_prefill is not None else None
+        if logits is None:
+            logits = self.tts(cond, kv)
         codes = torch.zeros(s.tts_steps, dtype=torch.long, device=cond.device)
         kept = s.tts_steps - 1
         for t in range(s.tts_steps):

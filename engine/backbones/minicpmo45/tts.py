@@ -188,3 +188,58 @@ class DecodeGraphs:
         kv.commit(1)
         self.replays += 1
         return out.clone()
+
+
+class PrefillGraphs:
+    """The second's condition prefill through layer graphs of its width, captured ahead of time.
+
+    A speaking second first feeds its condition — one row per text token plus the audio BOS, so 1 .. ``widest``
+    rows — at the turn's current length. Eagerly that is ~50 kernels a layer launched one by one. Here each
+    width has its :class:`~.llm_graphs.LayerGraphs` over the turn's store (valid at every length: attention runs
+    eagerly at the exact length between the graphs, as in the decode steps). Every width is captured when the
+    session starts, so no second pays a capture. The code head runs over every row and keeps the last one, as
+    the eager forward does: inside the last graph for one row, eagerly after it for more.
+
+    All widths share one pool. That is safe because their forwards never interleave, and each forward reads
+    only its own graphs' outputs and copies its result out before any other width replays. A width missing, or
+    graphs left behind by a store that moved, return None and the caller runs the eager forward;
+    :meth:`capture` makes them again."""
+
+    def __init__(self, tts: TTS, device: torch.device, widest: int):
+        self.tts, self.device, self.widest = tts, torch.device(device), int(widest)
+        self.runtime = GraphRuntime(self.device, "tts prefill graphs")
+        self.by_width: Dict[int, LayerGraphs] = {}
+        self.replays = 0
+
+    def capture(self, kv) -> None:
+        """Graphs of every width 1 .. widest over ``kv``'s storage as it is now (the warm-ups write past its
+        history, where the real prefill writes again before anything reads)."""
+        if kv.length + self.widest > kv.capacity:
+            raise RuntimeError("the TTS store has no room past its history for the prefill graphs' warm-ups")
+        self.by_width = {}
+        self.runtime.drop_pool()                 # the old graphs (if any) are gone with their pool
+        head = self.tts.head_code[0]
+        on_cuda = self.device.type == "cuda"
+        with kv.rehearsal():
+            for t in range(1, self.widest + 1):
+                self.by_width[t] = LayerGraphs(self.tts, kv, self.device, capture=on_cuda, head=head, tokens=t,
+                                               runtime=self.runtime)
+
+    def valid_for(self, kv) -> bool:
+        """Whether the graphs are there and write into ``kv``'s current storage."""
+        first = self.by_width.get(1)
+        return first is not None and first.valid_for(kv)
+
+    def run(self, cond: torch.Tensor, kv) -> Optional[torch.Tensor]:
+        """The prefill of ``cond`` [T, hidden] -> float32 logits [1, codes] of its last row (the eager
+        forward's bits), or None: no graphs for this width or this storage."""
+        t = int(cond.shape[0])
+        graphs = self.by_width.get(t)
+        if graphs is None or not graphs.valid_for(kv) or kv.length + t > kv.capacity:
+            return None
+        h, logits = graphs.forward(cond)
+        self.replays += 1
+        if logits is None:                                       # several rows: the head over all of them
+            logits = self.tts.head_code[0](h.unsqueeze(0))[:, -1].float()
+        return logits
+
