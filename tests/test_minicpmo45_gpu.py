@@ -268,6 +268,7 @@ def test_tiny_session_turns_stock_equals_graphs():
         before = dict(s.backbone.llm_feeds), s.backbone.llm_graphs
         if graphs:
             assert sorted(before[0]) == s.backbone.feed_widths() == [2, 10] and before[1] is not None
+        assert s.backbone.rehearsed == ("listen+speak" if demand else None)    # scratch seconds before the first
         outs[mode] = (np.concatenate([s.process(f)[0] for f in frames]), [r.text for r in s.records])
         if graphs:
             kv = s.backbone.kv_tts

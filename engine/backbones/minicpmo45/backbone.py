@@ -48,6 +48,7 @@ from .llm_graphs import LayerGraphs, make_layer_graphs
 from .prompt import DEFAULT_SYSTEM_PROMPT, prelude
 from .protocol import GRAPHED_FEED, Protocol
 from .ref_audio import choose_clip, reference_embeddings
+from .rehearse import can_rehearse, rehearse
 from .tts import TTS, DecodeGraphs, PrefillGraphs
 from .turns import TurnDecision, make_turns
 from . import weights as W
@@ -100,6 +101,7 @@ class MiniCPMO45Backbone(Backbone):
         self.dtype = self.model_dtype(self.device)
         self.tts_graphs: Optional[DecodeGraphs] = None
         self.tts_prefill: Optional[PrefillGraphs] = None
+        self.rehearsed: Optional[str] = None      # what ran on scratch before the first second (CUDA)
         self._in_reply = False
         self._speech = False
         self._listened = False                  # the last second's unit listened (THINK's decision)
@@ -156,6 +158,14 @@ class MiniCPMO45Backbone(Backbone):
                 clip = self.reference_clip
                 pre = prelude(tok, self.system_prompt, reference_embeddings(self.encoder, clip) if clip else None)
                 self.protocol.prepare(pre.prefix_ids, pre.reference, pre.suffix_ids)
+            self.rehearsed = self._rehearse()
+
+    def _rehearse(self) -> Optional[str]:
+        """On CUDA, over demand stores: one listening and one speaking second's eager paths once on scratch, state
+        put back (rehearse.py), so the first real seconds do not pay the kernels' first launches."""
+        if self.device.type != "cuda" or not can_rehearse(self.protocol, LLM_TOKENS_PER_SECOND, TTS_TOKENS_PER_SECOND):
+            return None
+        return rehearse(self.protocol, self.audio_tokens(), self.device)
 
     def _check_fused_kernels(self) -> List[fastpath.Verdict]:
         """Whether the captured graphs take the exact fused RMSNorm/RoPE (:mod:`engine.kernels.exact`): checked
