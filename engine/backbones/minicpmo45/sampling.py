@@ -18,7 +18,9 @@ as the stock holds it); after the first step each code's logit is scaled by ``pe
 occurrences among this chunk's last 16 codes (a negative logit multiplied, any other divided); EOS at -inf
 while fewer than the minimum codes are out; one draw.
 
-Every draw is ``torch.multinomial`` on the device's default generator (a hosted CUDA session's own state:
+Every draw is one category of a softmax by the exponential race (:func:`race`: ``argmax(p / E)``, ``E ~ Exp(1)``
+drawn by ``exponential_``), which is how ``torch.multinomial`` draws one sample, on the device's default generator
+(a hosted CUDA session's own state:
 :func:`engine.core.graphs.session_generator`), in the stock's order, so a session
 seeded before its first step repeats the stock's tokens bit for bit.
 """
@@ -58,6 +60,19 @@ def top_k_top_p(logits: torch.Tensor, k: int, p: float) -> torch.Tensor:
     return nucleus(keep_top_k(logits, k), p)
 
 
+def race(probs: torch.Tensor, generator=None) -> torch.Tensor:
+    """One category per row of ``probs`` [..., C], drawn with probability proportional to it: every category
+    races an exponential clock ``E ~ Exp(1)`` scaled by its probability, and the first home (the largest
+    ``p / E``) wins -> int64 [..., 1].
+
+    This is the draw ``torch.multinomial(probs, 1)`` makes: the same ``exponential_`` on a tensor of ``probs``'s
+    shape from the same generator (so the same numbers, and the generator moves on by the same amount), the same
+    quotient and argmax. What it leaves out is multinomial's validity check of ``probs`` (no inf, NaN or negative
+    value, a positive sum): nine more kernels each draw, none of which changes the result."""
+    clocks = torch.empty_like(probs).exponential_(1.0, generator=generator)
+    return torch.argmax(probs / clocks, dim=-1, keepdim=True)
+
+
 class TextSampler:
     """The LLM's token choice; ``history`` holds the ids of the text draws (the repetition window)."""
 
@@ -69,12 +84,12 @@ class TextSampler:
 
     def __call__(self, logits: torch.Tensor) -> int:
         gen = session_generator(logits.device)
-        decision = int(torch.multinomial(F.softmax(logits[0], dim=-1), 1, generator=gen).item())
+        decision = int(race(F.softmax(logits[0], dim=-1), gen).item())
         if decision == self.t.chunk_eos:
             return decision
         x = self._penalised(logits.clone())
         x = top_k_top_p(x / self.s.temperature, self.s.top_k, self.s.top_p)
-        tok = int(torch.multinomial(F.softmax(x, dim=-1), 1, generator=gen).item())
+        tok = int(race(F.softmax(x, dim=-1), gen).item())
         self.history.append(tok)
         return tok
 
@@ -122,4 +137,4 @@ def code_logits(logits: torch.Tensor, codes: torch.Tensor, t: int, s: Sampling, 
 
 def draw(logits: torch.Tensor) -> torch.Tensor:
     """One draw from softmax(logits) [1, C] -> [1] int64 on the device (no host sync)."""
-    return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=session_generator(logits.device)).view(1)
+    return race(F.softmax(logits, dim=-1), session_generator(logits.device)).view(1)

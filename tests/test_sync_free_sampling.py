@@ -1,4 +1,4 @@
-"""The host-to-device helpers of the per-second path (engine/core/hostcopy.py): the same values as the
+"""The per-second path without host synchronizations (engine/core/hostcopy.py, sampling.race): the same values as the
 synchronizing calls they replace, so every reader computes the same bits."""
 from __future__ import annotations
 
@@ -66,3 +66,39 @@ def test_device_ids_and_counts_on_cuda_without_a_sync():
         torch.cuda.set_sync_debug_mode(0)
     assert ids.tolist() == [3, 1, 4, 1, 5]
     assert torch.equal(counts, torch.bincount(window, minlength=6562).float().view(1, -1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_race_draws_what_multinomial_draws(dtype):
+    """sampling.race against torch.multinomial(probs, 1): the same category from the same generator state and
+    the generator left in the same state, rows of one to many categories, peaked and flat, 1-D and 2-D."""
+    from engine.backbones.minicpmo45.sampling import race
+    g = torch.Generator().manual_seed(5)
+    for k in range(200):
+        c = (2, 7, 6562, 151_748)[k % 4]
+        logits = torch.randn(1, c, generator=g) * (0.3, 3.0, 12.0)[k % 3]
+        probs = torch.softmax(logits.to(dtype), dim=-1)
+        probs = probs[0] if k % 2 else probs
+        torch.manual_seed(k)
+        want = torch.multinomial(probs, 1)
+        after = torch.get_rng_state()
+        torch.manual_seed(k)
+        got = race(probs)
+        assert got.dtype == torch.long and torch.equal(got, want), (k, c)
+        assert torch.equal(torch.get_rng_state(), after)
+
+
+@pytest.mark.gpu
+def test_the_race_draws_what_multinomial_draws_on_cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from engine.backbones.minicpmo45.sampling import race
+    g = torch.Generator().manual_seed(6)
+    for k in range(100):
+        c = (7, 6562, 151_748)[k % 3]
+        probs = torch.softmax((torch.randn(1, c, generator=g) * 4.0).cuda().to(torch.bfloat16 if k % 2 else torch.float32), -1)
+        torch.cuda.manual_seed(k)
+        want = torch.multinomial(probs, 1)
+        after = torch.cuda.get_rng_state()
+        torch.cuda.manual_seed(k)
+        assert torch.equal(race(probs), want) and torch.equal(torch.cuda.get_rng_state(), after), (k, c)
