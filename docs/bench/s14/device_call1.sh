@@ -1,0 +1,35 @@
+#!/bin/bash
+# session 14's changes, first call on the H200 (issue 23). Written in session 14, which had no device time.
+# The changes (all CPU-proven for bits): (a) no host syncs in a second's eager path -- token ids through pinned
+# memory, the code counts by scatter_add (CUDA's bincount read its max back every TTS step), the length penalty's
+# arm chosen on the device; (b) draws by the exponential race (multinomial's own algorithm without its 9 check
+# kernels); (c) the TTS condition prefill through layer graphs of its width (1..19, captured at start; it was ~1,000
+# eager launches a speaking second); (d) a rehearsed second at start (the eager paths' first launches off the clock).
+# Run: GPU tests (new: prefill graphs at the released width, the race and the sync-free helpers under
+# sync-debug 'error', the rehearsal in the tiny session; then the tiny session against MiniCPM-o-Demo's own loop with
+# the toggles flipped), then ours alone for 60 s on the released folder with seconds 0 and 3 (the cold first second
+# and the first speaking one) counted under the profiler.
+# Predicted: all tests pass; mean speaking 140-155 ms (session 13: 180.4), listening 25-29 ms (steady 28-33), second
+# 0 under 60 ms (147), second 3 under 200 ms (343.6), p99 <= 250 ms, 0 misses; kernel launches per speaking second
+# ~2,300 (3,506).
+cd "$(dirname "$0")/../../.."      # the repository copy (.snap) this script sits in
+source docs/bench/s6/device_stock_env.sh
+t0=$(date +%s)
+timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -s -rs tests/test_sync_free_sampling.py \
+  tests/test_minicpmo45_gpu.py > $OUT/gpu-tests.txt 2>&1
+timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/test_minicpmo45_stock_loop_gpu.py -k flipped \
+  >> $OUT/gpu-tests.txt 2>&1
+echo "exit $? after $(( $(date +%s) - t0 )) s" >> $OUT/gpu-tests.txt
+grep -E "passed|failed|^E |exit|^FAILED|exact fused" $OUT/gpu-tests.txt | cut -c1-300 | tail -16
+released_folder
+echo "folder ready after $(( $(date +%s) - t0 )) s"
+left=$(( ${DC_WALL:-580} - ($(date +%s) - t0) ))
+timeout $left python3 -m engine.bench.cli session --backbone minicpm-o-4.5 --size released --device cuda \
+  --backbone-checkpoint /tmp/mc-released --voice /tmp/mc-released/voice.npz --seconds 60 --modes graphs \
+  --account-seconds 0 --account-at 0,3 --flip-seconds 0 --no-digests --quiet --out $OUT/ours-60s > $OUT/ours-60s.txt 2>&1
+echo "exit $? after $(( $(date +%s) - t0 )) s" >> $OUT/ours-60s.txt; grep -v Warning $OUT/ours-60s.txt | tail -40
+python3 - $OUT/ours-60s/session-graphs.csv <<'P' 2>&1 | head -14
+import csv, sys
+for r in csv.DictReader(open(sys.argv[1])):
+    print(r["index"], r["decision"], *(f"{float(r[k]):7.1f}" for k in ("total_ms", "listen_ms", "think_ms", "speak_ms")))
+P
