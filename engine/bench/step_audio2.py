@@ -24,6 +24,7 @@ import argparse
 import gc
 import importlib.util
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -255,7 +256,7 @@ def markdown_table(rows: List[Dict], wrap: bool = True) -> str:
              f"{ref['median_ms'] / r['median_ms']:.2f}x", num(r["kernels_per_chunk"], ".0f"),
              num(r["kernel_ms_per_chunk"], ".1f"), num(r["resident_MiB"], ".0f"), num(r["work_peak_MiB"], ".0f"),
              num(r["state_MiB"], ".1f"), str(r.get("bit_identical", "reference"))] for r in rows]
-    return table(body, heads, max_widths=[20] + [None] * 10, header_width=[None] + [6] * 10,
+    return table(body, heads, max_widths=[16] + [None] * 10, header_width=[None] + [6] * 10,
                  wrap=wrap)
 
 
@@ -358,7 +359,7 @@ def main(argv) -> int:
     lines += [f"faster path {p}" for p in paths]
     print(tab)
     for line in lines:
-        print(line)
+        print(textwrap.fill(line, 120, subsequent_indent="  "))   # a cached verdict's line runs past 120
     notes = lines + [
         "Interleaved: every variant runs chunk i in turn (order rotating) before any runs chunk i+1; medians "
         f"over chunks {STEADY_FROM}..{n - 2 - a.profile_chunks} (start-up chunks, profiled chunks and the short "

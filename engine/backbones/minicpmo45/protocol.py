@@ -14,7 +14,12 @@ with ``<|turn_eos|>`` before the unit; as in the stock loop, the TTS's history s
 next reply's first second is then not a turn start for the TTS). A listening unit runs no TTS.
 
 The TTS (:meth:`Protocol.speak`) prefills the condition and draws 26 codes (25 kept; fewer when it
-draws EOS where EOS is allowed: at a reply's first and last second).
+draws EOS where EOS is allowed: at a reply's first and last second). Where EOS is allowed the stock looks at
+every code as it is drawn and stops at EOS; reading each code back would make the host wait for the GPU 26
+times. Over a demand store the 26 steps run ahead without looking, the codes are read once, and a run past an
+EOS is taken back: the store's length and the generator's state go back to where they were right after the
+EOS was drawn (the rows written past it lie beyond the history, where the next writes land first), and the
+stage taps see only the steps the stock ran.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ import torch
 from .dims import Dims
 from .kv import KVStore
 from .llm import Qwen3
-from .sampling import code_logits, draw, text_sampler
+from .sampling import code_logits, draw, draw_state, set_draw_state, text_sampler
 from .tts import TTS
 from .turns import TurnDecision
 
@@ -208,20 +213,57 @@ class Protocol:
         if logits is None:
             logits = self.tts(cond, kv)
         codes = torch.zeros(s.tts_steps, dtype=torch.long, device=cond.device)
-        kept = s.tts_steps - 1
-        for t in range(s.tts_steps):
-            if t > 0:
-                logits = self.tts_step(codes[t - 1:t], kv)
-            self._emit("tts_logits", logits)
-            c = draw(code_logits(logits, codes, t, s, d.eos, min_codes))
-            codes[t:t + 1] = c
-            if t >= min_codes and int(c.item()) == d.eos:      # a host check only where EOS may come
-                kept = t
-                break
+        if min_codes < s.tts_steps and kv.kind == "demand":
+            kept = self._codes_ahead(logits, codes, min_codes)
+        else:
+            kept = self._codes_checked(logits, codes, min_codes)
         unit.codes = codes[:kept]
         self._emit("codes", unit.codes)
         if unit.end_of_turn:
             self.end_turn()
+
+    def _step_code(self, logits: torch.Tensor, codes: torch.Tensor, t: int, min_codes: int) -> torch.Tensor:
+        """Step ``t``'s draw into ``codes[t]``; the next step's logits are the caller's."""
+        s, d = self.d.sampling, self.d.tts
+        c = draw(code_logits(logits, codes, t, s, d.eos, min_codes))
+        codes[t:t + 1] = c
+        return c
+
+    def _codes_checked(self, logits: torch.Tensor, codes: torch.Tensor, min_codes: int) -> int:
+        """The stock's loop: each code read back where EOS may come, stopping at it; how many codes are kept."""
+        steps, eos = self.d.sampling.tts_steps, self.d.tts.eos
+        for t in range(steps):
+            if t > 0:
+                logits = self.tts_step(codes[t - 1:t], self.kv_tts)
+            self._emit("tts_logits", logits)
+            c = self._step_code(logits, codes, t, min_codes)
+            if t >= min_codes and int(c.item()) == eos:      # a host check only where EOS may come
+                return t
+        return steps - 1
+
+    def _codes_ahead(self, logits: torch.Tensor, codes: torch.Tensor, min_codes: int) -> int:
+        """Every step run without reading a code back, then one read: where an EOS came at or after
+        ``min_codes``, the store's length and the generator go back to right after it was drawn, and only the
+        steps up to it reach the taps (as :meth:`_codes_checked` would have run them)."""
+        steps, eos, kv = self.d.sampling.tts_steps, self.d.tts.eos, self.kv_tts
+        start, dev = kv.length, codes.device
+        seen: List[torch.Tensor] = []
+        after: List[torch.Tensor] = []                          # the generator's state after each draw
+        for t in range(steps):
+            if t > 0:
+                logits = self.tts_step(codes[t - 1:t], kv)
+            if self.tap is not None:
+                seen.append(logits)
+            self._step_code(logits, codes, t, min_codes)
+            after.append(draw_state(dev))
+        drawn = codes.tolist()
+        kept = next((t for t in range(min_codes, steps) if drawn[t] == eos), steps - 1)
+        if kept < steps - 1:                                    # the stock stopped at step ``kept``
+            kv.length = start + kept
+            set_draw_state(dev, after[kept])
+        for x in seen[:kept + 1]:
+            self._emit("tts_logits", x)
+        return kept
 
     def end_turn(self) -> None:
         """The TTS's turn ends: its history goes. The LLM's reply state is the unit's own: a token drawn

@@ -135,6 +135,28 @@ def code_logits(logits: torch.Tensor, codes: torch.Tensor, t: int, s: Sampling, 
     return x
 
 
+def draw_state(device) -> torch.Tensor:
+    """The state of the generator the draws on ``device`` take (the hosted session's own, else the device's
+    default); read on the host, no device synchronization."""
+    gen = session_generator(device)
+    if gen is not None:
+        return gen.get_state()
+    dev = torch.device(device)
+    return torch.cuda.get_rng_state(dev) if dev.type == "cuda" else torch.get_rng_state()
+
+
+def set_draw_state(device, state: torch.Tensor) -> None:
+    """Put back a state :func:`draw_state` read."""
+    gen = session_generator(device)
+    dev = torch.device(device)
+    if gen is not None:
+        gen.set_state(state)
+    elif dev.type == "cuda":
+        torch.cuda.set_rng_state(state, dev)
+    else:
+        torch.set_rng_state(state)
+
+
 def draw(logits: torch.Tensor) -> torch.Tensor:
     """One draw from softmax(logits) [1, C] -> [1] int64 on the device (no host sync)."""
     return race(F.softmax(logits, dim=-1), session_generator(logits.device)).view(1)
