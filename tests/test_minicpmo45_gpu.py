@@ -176,6 +176,27 @@ def test_full_depth_llm_layer_graphs_equal_eager_over_a_long_history():
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_grouped_attention_where_chosen_keeps_the_layer_graphs_equal_to_eager():
+    """The start-up check of one-query attention over the grouped heads as they are (gqa.py) at the released
+    layout; where it chooses the call, all 36 layers' graphs with it over a history past 1,300 positions give the
+    stock-like eager bits (the check's own lengths are random inputs; this is the model's forward)."""
+    from engine.backbones.minicpmo45 import gqa
+    d = preset("released").llm
+    v = gqa.prepare("cuda", d.heads, d.kv_heads, d.head_dim, torch.bfloat16)
+    print(f"\n{v.line()}")
+    try:
+        if not v.chosen:
+            pytest.skip(f"the check kept the widening copies: {v.reason}")
+        feeds = (64,) * 12 + ((2, 1, 10) + (1,) * 19) * 4 + (64,) * 4 + (1,) * 20
+        pairs, seg = llm_steps("cuda", "released", 36, graphs=True, feeds=feeds)
+        assert seg.attend.grouped and seg.kv.length == sum(feeds) > 1300
+        for k, (a, b) in enumerate(pairs):
+            assert torch.equal(a, b), f"pair {k}"
+    finally:
+        gqa.forget()
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_sampler_draws_between_graph_replays_with_draws_equal_eager():
     """The sampler draws from the default generator between replays of a graph that itself draws (the
     token2wav tail's noise): the same tokens as with the graph's work run eagerly, and a seeded rerun

@@ -39,6 +39,7 @@ from engine.kernels import exact
 
 from ..base import Backbone, BackboneInfo, Thought, TokenFormat
 from .audio import AudioEncoder, FrontEnd
+from . import gqa
 from .dims import Dims, preset
 from .exact_graphs import ExactForwards, next_forwards
 from .kv import DemandKV, demand_units, kv_regions, make_store, switch_store
@@ -169,7 +170,8 @@ class MiniCPMO45Backbone(Backbone):
 
     def _check_fused_kernels(self) -> List[fastpath.Verdict]:
         """Whether the captured graphs take the exact fused RMSNorm/RoPE (:mod:`engine.kernels.exact`): checked
-        against the stock chains at this model's norm widths and head layouts, one position and a LISTEN feed's
+        against the stock chains at this model's norm widths and head layouts, one position and a LISTEN feed's;
+        and whether the replayed forward's one-query attention skips widening its grouped heads (:mod:`.gqa`)
         (on CUDA only: the CPU captures nothing)."""
         if self.device.type != "cuda":
             return []
@@ -180,7 +182,8 @@ class MiniCPMO45Backbone(Backbone):
             norms += [((1, w, l.hidden), l.eps), ((1, w, t.hidden), t.eps)] + heads
             ropes += [(l.heads, w, l.head_dim), (l.kv_heads, w, l.head_dim), (t.heads, w, t.head_dim)]
             both += heads                                  # Qwen3's q/k norm, then RoPE, in one pass
-        return [exact.prepare(self.device, (l, t), norms, ropes, rms_norm_stock, apply_rope_stock, both)]
+        return [exact.prepare(self.device, (l, t), norms, ropes, rms_norm_stock, apply_rope_stock, both),
+                gqa.prepare(self.device, l.heads, l.kv_heads, l.head_dim, self.dtype)]
 
     def fast_paths(self) -> List[fastpath.Verdict]:
         """The start-up self-check's verdicts on the backbone's faster paths (the session info shows them)."""

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from engine.core.gate import GATE
 from engine.core.graphs import GraphRuntime
 
+from . import gqa
 from .kv import DemandKV
 from .layers import attend, causal_mask, norm_then_rope, rope_tables
 from .llm import Qwen3
@@ -173,10 +174,15 @@ class ExactAttention:
         layers = range(len(llm.model.layers))
         self.k = [kv.k_buf[i:i + 1] for i in layers]                                  # [1, Hkv, capacity, hd]
         self.v = [kv.v_buf[i:i + 1] for i in layers]
+        # one query over the grouped heads as they are, where the device's self-check proved it (gqa.py)
+        self.grouped = self.group > 1 and not self.explicit and gqa.chosen(kv.k_buf.device)
+        self.kg, self.vg = self.k, self.v
         if self.group > 1:                                                              # [1, Hkv, 1, capacity, hd]
             self.k, self.v = [x.unsqueeze(2) for x in self.k], [x.unsqueeze(2) for x in self.v]
 
     def __call__(self, i: int, q: torch.Tensor, n: int, mask: Optional[torch.Tensor]) -> torch.Tensor:
+        if self.grouped and mask is None and q.shape[2] == 1:
+            return gqa.grouped(q, self.kg[i].narrow(2, 0, n), self.vg[i].narrow(2, 0, n))
         if self.group > 1:
             k, v = self._widen(self.k[i], n), self._widen(self.v[i], n)
         else:

@@ -1,0 +1,97 @@
+"""Grouped-query attention of one query without widening the keys and values first, where the device proves it.
+
+The stock's Qwen3 widens its 8 key/value heads to the 32 query heads (``repeat_interleave``) before SDPA, so the
+replayed forward's eager attention (:class:`~.llm_graphs.ExactAttention`) copies every layer's whole history
+twice per token: at 2,600 positions that is 1.5 GB written and read again per forward, and 72 extra launches.
+SDPA can take the 8 heads as they are (``enable_gqa``): each query head then reads its group's key/value head
+from the store's own exact-length view. The arithmetic per query head is the same, but whether the kernel
+gives the same bits is the device's and library's to say, so it runs only where the start-up self-check
+(:func:`prepare`, an :func:`engine.fastpath.self_check` "grouped-query attention without widening") found the
+outputs ``torch.equal`` to the widened path's at this model's head layout, over fresh random queries and
+histories at lengths from 1 to 8,192 (the kernel's tile boundaries included). The verdict is cached per device,
+libraries and code; ``DUPLEXCADENCE_REFERENCE_PATHS=1`` keeps the widening copies. CUDA only: the CPU runs the
+eager stock path everywhere.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Dict, List
+
+import torch
+import torch.nn.functional as F
+
+from engine import fastpath
+
+PATH = "grouped-query attention without widening"
+LENGTHS = (1, 2, 63, 64, 65, 127, 128, 129, 255, 256, 257, 511, 1000, 2047, 2048, 2049, 2600, 4095, 8192)
+_lock = threading.Lock()
+_chosen: Dict[int, bool] = {}           # CUDA device index -> the check chose the grouped call there
+
+
+def chosen(device) -> bool:
+    """Whether one-query attention on ``device`` skips the widening copies."""
+    dev = torch.device(device)
+    return dev.type == "cuda" and _chosen.get(dev.index if dev.index is not None else 0, False)
+
+
+def widened(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int) -> torch.Tensor:
+    """The reference: keys/values [1, Hkv, n, hd] widened to [1, H, n, hd] as ``repeat_interleave`` lays them
+    out (each key/value head copied into its group of query heads), then SDPA on contiguous operands."""
+    def widen(x: torch.Tensor) -> torch.Tensor:
+        _, hkv, n, hd = x.shape
+        out = torch.empty(1, hkv, group, n, hd, dtype=x.dtype, device=x.device)
+        out.copy_(x.unsqueeze(2))
+        return out.view(1, hkv * group, n, hd)
+    return F.scaled_dot_product_attention(q.contiguous(), widen(k), widen(v))
+
+
+def grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The candidate: SDPA over the key/value heads as they are (views into the store)."""
+    return F.scaled_dot_product_attention(q.contiguous(), k, v, enable_gqa=True)
+
+
+def prepare(device, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+            on_cpu: bool = False) -> fastpath.Verdict:
+    """Check the grouped call against the widened one on ``device`` at this head layout (before any capture).
+    ``on_cpu``: run the check on the CPU too (tests of the check itself; the CPU path never takes the call)."""
+    dev = torch.device(device)
+    if dev.type != "cuda" and not on_cpu:
+        return fastpath.Verdict(PATH, False, "not applicable: the CPU runs the stock attention")
+    if heads == kv_heads or heads % kv_heads:
+        return fastpath.Verdict(PATH, False, "not applicable: no grouped heads")
+    made: List[tuple] = []
+
+    def trial(on: bool):
+        if not made:
+            made.append(_inputs(dev, heads, kv_heads, head_dim, dtype))
+        q, k, v = made[0]
+        outs = []
+        for n in LENGTHS:
+            kn, vn = k.narrow(2, 0, n), v.narrow(2, 0, n)          # the store's views: capacity-strided
+            outs.append(grouped(q, kn, vn) if on else widened(q, kn, vn, heads // kv_heads))
+        return outs
+
+    v = fastpath.self_check(PATH, dev, (heads, kv_heads, head_dim, str(dtype), LENGTHS), trial)
+    if v.chosen and dev.type == "cuda":
+        with _lock:
+            _chosen[dev.index if dev.index is not None else torch.cuda.current_device()] = True
+    return v
+
+
+def forget() -> None:
+    """Back to the widening copies everywhere (tests)."""
+    with _lock:
+        _chosen.clear()
+
+
+def _inputs(dev, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype):
+    """A query [1, H, 1, hd] and a store's keys/values [1, Hkv, capacity, hd] (capacity past the longest length,
+    so the views are strided as the store's), fresh random values with every head its own scale."""
+    g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    cap = max(LENGTHS) + 100
+
+    def rand(*shape):
+        x = torch.randn(*shape, generator=g) * torch.empty(1, shape[1], 1, 1).uniform_(0.1, 4.0, generator=g)
+        return x.to(dtype).to(dev)
+    return rand(1, heads, 1, head_dim), rand(1, kv_heads, cap, head_dim), rand(1, kv_heads, cap, head_dim)
