@@ -9,6 +9,7 @@
 # sync-debug 'error', the rehearsal in the tiny session; then the tiny session against MiniCPM-o-Demo's own loop with
 # the toggles flipped), then ours alone for 60 s on the released folder with seconds 0 and 3 (the cold first second
 # and the first speaking one) counted under the profiler.
+# (e) one-query attention over the grouped heads without the widening copies, where the start-up check proves it.
 # Predicted: all tests pass; mean speaking 140-155 ms (session 13: 180.4), listening 25-29 ms (steady 28-33), second
 # 0 under 60 ms (147), second 3 under 200 ms (343.6), p99 <= 250 ms, 0 misses; kernel launches per speaking second
 # ~2,300 (3,506).
