@@ -55,3 +55,18 @@ def test_the_comparison_fails_when_the_rehearsal_leaves_a_draw_behind(one_torch_
 def test_stock_stores_are_never_rehearsed(one_torch_thread):
     _, _, ran, b = _run(rehearse_at=(2,), demand=False)
     assert ran == [None] and not can_rehearse(b.protocol, 33, 45)
+
+
+def test_the_front_end_warm_up_moves_no_generator_and_no_session_state():
+    """warm_front_end runs throwaway front ends (the CPU mel's first calls): the default generator is where it
+    was, and a front end made before it gives the features it gives without it."""
+    from engine.backbones.minicpmo45.audio import FrontEnd, slaney_mel, warm_front_end, N_FFT
+    fb, win = slaney_mel(), torch.hann_window(N_FFT)
+    x = torch.randn(24000, generator=torch.Generator().manual_seed(1)) * 0.1
+    plain = FrontEnd(fb, win, "cpu", True)(x)
+    front = FrontEnd(fb, win, "cpu", True)
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    warm_front_end(fb, win, "cpu")
+    assert torch.equal(torch.get_rng_state(), before)
+    assert torch.equal(front(x), plain)

@@ -38,7 +38,7 @@ from engine.core.toggles import PendingToggles, Toggles
 from engine.kernels import exact
 
 from ..base import Backbone, BackboneInfo, Thought, TokenFormat
-from .audio import AudioEncoder, FrontEnd
+from .audio import AudioEncoder, FrontEnd, warm_front_end
 from . import gqa
 from .dims import Dims, preset
 from .exact_graphs import ExactForwards, next_forwards
@@ -143,6 +143,7 @@ class MiniCPMO45Backbone(Backbone):
             self.executor.prepare_graphs(lambda sp: self.encoder.example_inputs(sp, dev))
             self.executor.init_state({})
             self.front = FrontEnd(self.encoder.fbank, self.encoder.window, dev, self._toggles.demand_sized)
+            warm_front_end(self.encoder.fbank, self.encoder.window, dev)     # the CPU mel's first calls, off the clock
             self._make_stores()
             self._prepare_tts_graphs()
             self._capture_llm_graphs()
