@@ -25,7 +25,7 @@ timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider -s -rs tests/test_sy
 timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/test_minicpmo45_stock_loop_gpu.py -k flipped \
   >> $OUT/gpu-tests.txt 2>&1
 echo "exit $? after $(( $(date +%s) - t0 )) s" >> $OUT/gpu-tests.txt
-grep -E "passed|failed|^E |exit|^FAILED|exact fused" $OUT/gpu-tests.txt | cut -c1-300 | tail -16
+grep -E "passed|failed|^E |exit|^FAILED|exact fused|grouped-query|SKIPPED" $OUT/gpu-tests.txt | cut -c1-300 | tail -20
 released_folder
 echo "folder ready after $(( $(date +%s) - t0 )) s"
 left=$(( ${DC_WALL:-580} - ($(date +%s) - t0) ))
