@@ -295,8 +295,7 @@ def test_tiny_session_turns_stock_equals_graphs():
             kv = s.backbone.kv_tts
             assert kv.kind == "demand" and kv.grown >= 1 and s.backbone.tts_graphs.grown == kv.grown
             assert s.backbone.kv_llm.grown == 0 and s.backbone.llm_graphs is before[1]
-            pf = s.backbone.tts_prefill              # the prefill's graphs replayed, and made again after the move
-            assert pf.replays > 0 and pf.valid_for(kv)
+            assert s.backbone.tts_prefill.replays > 0       # the prefill's graphs replayed
             assert all(s.backbone.llm_feeds[t] is g for t, g in before[0].items())
         s.close()
     assert outs["stock"][1] == outs["graphs"][1] and any(outs["stock"][1])

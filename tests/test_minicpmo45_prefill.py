@@ -60,8 +60,10 @@ def test_no_graphs_no_run_and_a_moved_store_needs_a_new_capture(one_torch_thread
         kv.begin_step(40)                                                # the store moves to more room
         kv.end_step()
         assert kv.grown == 1 and not pf.valid_for(kv) and pf.run(cond, kv) is None and kv.length == 3
-        pf.capture(kv)
-        assert pf.valid_for(kv) and pf.run(cond, kv) is not None and kv.length == 6
+        assert pf.capture(kv, widths=2) == 2 and sorted(pf.by_width) == [1, 2]     # a few widths a second
+        assert not pf.valid_for(kv) and pf.run(cond, kv) is None and pf.run(cond[:2], kv) is not None
+        assert pf.capture(kv, widths=2) == 2 and pf.valid_for(kv) and pf.capture(kv) == 0
+        assert pf.run(cond, kv) is not None and kv.length == 8
 
 
 def test_a_capture_refuses_a_store_without_room_for_its_warm_ups(one_torch_thread):

@@ -67,6 +67,8 @@ GROW_AHEAD_SECONDS = 10
 #: a reply's first seconds whose TTS decode steps get their own graphs at start when no turn policy bounds a
 #: reply (the model decides: a real checkpoint); the voice-activity policy prepares its whole reply room
 PREPARED_REPLY_SECONDS = 4
+#: prefill widths (21 graphs each) captured again in one second after a listening one, once the TTS store moved
+PREFILL_WIDTHS_PER_SECOND = 4
 #: what :meth:`MiniCPMO45Backbone.prepare_ahead` may capture between seconds
 AHEAD_SCOPES = ("listen", "all")
 
@@ -251,20 +253,22 @@ class MiniCPMO45Backbone(Backbone):
         one: the unit's last slot is never drawn) plus the audio BOS."""
         return self.dims.sampling.max_tokens_per_unit - 1
 
-    def _capture_prefill(self) -> None:
+    def _capture_prefill(self, widths: Optional[int] = None) -> int:
         """The TTS prefill's graphs over the TTS store as it is now (a demand store with room for the widest
-        condition past its history); none otherwise, and the eager forward runs the prefill."""
+        condition past its history): every width, or ``widths`` of those missing; none otherwise, and the eager
+        forward runs the prefill. Returns the widths captured."""
         kv, pf = self.kv_tts, self.tts_prefill
         if pf is None or not isinstance(kv, DemandKV) or kv.length + pf.widest > kv.capacity:
-            return
-        pf.capture(kv)
+            return 0
+        return pf.capture(kv, widths)
 
     def _refresh_prefill(self) -> None:
-        """In a second after a listening one (time to spare): the prefill graphs again, when the TTS store they
-        were captured over moved or was switched by the toggles (until then the eager forward runs the prefill)."""
+        """In a second after a listening one (time to spare): a few of the prefill's widths again
+        (PREFILL_WIDTHS_PER_SECOND), when the TTS store they were captured over moved or was switched by the
+        toggles; the widths not yet made run eagerly."""
         pf = self.tts_prefill
         if pf is not None and self._listened and self.device.type == "cuda" and not pf.valid_for(self.kv_tts):
-            self._capture_prefill()
+            self._capture_prefill(PREFILL_WIDTHS_PER_SECOND)
 
     def _tts_prefill(self, cond: torch.Tensor, kv) -> Optional[torch.Tensor]:
         if self.tts_prefill is None or not self._graphs_on():

@@ -211,24 +211,30 @@ class PrefillGraphs:
         self.by_width: Dict[int, LayerGraphs] = {}
         self.replays = 0
 
-    def capture(self, kv) -> None:
-        """Graphs of every width 1 .. widest over ``kv``'s storage as it is now (the warm-ups write past its
-        history, where the real prefill writes again before anything reads)."""
+    def capture(self, kv, widths: Optional[int] = None) -> int:
+        """Graphs over ``kv``'s storage as it is now: of every width 1 .. widest (``widths`` None, at start), or
+        of at most ``widths`` of the widths still missing (a second with time to spare makes a few; the rest
+        run eagerly until later seconds make them). Graphs over other storage are dropped first. The warm-ups
+        write past the history, where the real prefill writes again before anything reads. Returns how many
+        widths were captured."""
         if kv.length + self.widest > kv.capacity:
             raise RuntimeError("the TTS store has no room past its history for the prefill graphs' warm-ups")
-        self.by_width = {}
-        self.runtime.drop_pool()                 # the old graphs (if any) are gone with their pool
+        if any(not g.valid_for(kv) for g in self.by_width.values()):
+            self.by_width = {}
+            self.runtime.drop_pool()             # the old graphs are gone with their pool
+        missing = [t for t in range(1, self.widest + 1) if t not in self.by_width]
+        missing = missing if widths is None else missing[:max(0, int(widths))]
         head = self.tts.head_code[0]
         on_cuda = self.device.type == "cuda"
         with kv.rehearsal():
-            for t in range(1, self.widest + 1):
+            for t in missing:
                 self.by_width[t] = LayerGraphs(self.tts, kv, self.device, capture=on_cuda, head=head, tokens=t,
                                                runtime=self.runtime)
+        return len(missing)
 
     def valid_for(self, kv) -> bool:
-        """Whether the graphs are there and write into ``kv``'s current storage."""
-        first = self.by_width.get(1)
-        return first is not None and first.valid_for(kv)
+        """Whether every width has its graphs, writing into ``kv``'s current storage."""
+        return len(self.by_width) == self.widest and all(g.valid_for(kv) for g in self.by_width.values())
 
     def run(self, cond: torch.Tensor, kv) -> Optional[torch.Tensor]:
         """The prefill of ``cond`` [T, hidden] -> float32 logits [1, codes] of its last row (the eager
