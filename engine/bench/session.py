@@ -194,12 +194,14 @@ def slowest_second(run: Dict[str, object]) -> Dict[str, object]:
     k = max(range(len(recs)), key=lambda i: recs[i].total_ms)
     x = recs[k]
     return {"index": k, "decision": x.decision, "total_ms": x.total_ms, "listen_ms": x.listen_ms,
-            "think_ms": x.think_ms, "speak_ms": x.speak_ms, "captures": run["captures"][k], "gc_ms": run["gc_ms"][k]}
+            "think_ms": x.think_ms, "think_tts_ms": x.think_tts_ms, "speak_ms": x.speak_ms,
+            "captures": run["captures"][k], "gc_ms": run["gc_ms"][k]}
 
 
 def format_slowest(name: str, w: Dict[str, object]) -> str:
     return (f"{name}, slowest second: {w['index']} ({w['decision']}) {w['total_ms']:.1f} ms = LISTEN "
-            f"{w['listen_ms']:.1f} + THINK {w['think_ms']:.1f} + SPEAK {w['speak_ms']:.1f}; graphs captured in it: "
+            f"{w['listen_ms']:.1f} + THINK {w['think_ms']:.1f} (TTS {w.get('think_tts_ms', 0.0):.1f}) + SPEAK "
+            f"{w['speak_ms']:.1f}; graphs captured in it: "
             f"{w['captures']}; garbage collection: {w['gc_ms']:.1f} ms")
 
 
@@ -225,6 +227,7 @@ def stage_means(records) -> Dict[str, float]:
            "mean_listening_second_ms": mean(r.total_ms for r in listen)}
     for stage in ("listen", "think", "speak"):
         out[f"mean_{stage}_ms_speaking"] = mean(getattr(r, f"{stage}_ms") for r in speak)
+    out["mean_think_tts_ms_speaking"] = mean(r.think_tts_ms for r in speak)     # THINK's TTS part (where marked)
     # after each second, off its clock: the next second's graphs, and the second with them (must stay < 1 s)
     out["mean_ahead_ms"] = mean(r.ahead_ms for r in records)
     out["max_second_with_ahead_ms"] = max((r.total_ms + r.ahead_ms for r in records), default=0.0)
@@ -234,13 +237,14 @@ def stage_means(records) -> Dict[str, float]:
 def _means_table(rows: Dict[str, Dict[str, object]], wrap: bool = True) -> str:
     """Per mode: mean second, mean speaking / listening second, and the stages of a mean speaking second."""
     heads = ["mode", "mean ms", "mean speaking", "mean listening", "speaking: listen", "speaking: think",
-             "speaking: speak", "mean ahead", "max with ahead"]
+             "of which TTS", "speaking: speak", "mean ahead", "max with ahead"]
     body = [[name, f"{s['mean_total_ms']:.1f}", f"{s['mean_speaking_second_ms']:.1f}",
              f"{s['mean_listening_second_ms']:.1f}", f"{s['mean_listen_ms_speaking']:.1f}",
-             f"{s['mean_think_ms_speaking']:.1f}", f"{s['mean_speak_ms_speaking']:.1f}",
+             f"{s['mean_think_ms_speaking']:.1f}", f"{s.get('mean_think_tts_ms_speaking', 0.0):.1f}",
+             f"{s['mean_speak_ms_speaking']:.1f}",
              f"{s.get('mean_ahead_ms', 0.0):.1f}", f"{s.get('max_second_with_ahead_ms', 0.0):.1f}"]
             for name, s in rows.items()]
-    return table(body, heads, max_widths=[20] + [None] * 8, header_width=9, wrap=wrap)
+    return table(body, heads, max_widths=[16] + [None] * 9, header_width=9, wrap=wrap)
 
 
 def account_mode(cfg: SessionConfig, frames: List[np.ndarray], run: Dict[str, object], n: int,

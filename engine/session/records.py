@@ -68,6 +68,9 @@ class SecondRecord:
     # after the second, off its clock, in the time before the next frame: the graphs the next second replays
     ahead_ms: float = 0.0         # the time it took (0: none prepared)
     ahead_captures: int = 0       # the graphs captured
+    # THINK's speech generator, where the backbone marks it (MiniCPM-o's TTS: its prefill and 26 steps); part of
+    # think_ms (0: not marked, or a listening second)
+    think_tts_ms: float = 0.0
 
     def to_dict(self) -> Dict[str, object]:
         """A plain, JSON-safe dict (floats rounded to microseconds / 1e-6)."""

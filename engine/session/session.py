@@ -303,6 +303,8 @@ class DuplexSession:
             vad = self.vad(x)
             self.backbone.listen(torch.from_numpy(x).to(self.device), vad)
             clock.mark("think")
+            if hasattr(self.backbone, "stage_mark"):    # a backbone that marks THINK's TTS part ("tts")
+                self.backbone.stage_mark = clock.mark
             thought = self.backbone.think(frames)
             clock.mark("speak")
             audio, tail_skipped = self._speak(thought, frames)
@@ -310,6 +312,8 @@ class DuplexSession:
             clock.mark("end")
         ms = clock.stages()
         ms["speak"] += ms.pop("flush", 0.0)          # token2wav work, wherever it runs
+        think_tts = ms.pop("tts", 0.0)
+        ms["think"] += think_tts                      # THINK whole; its TTS part on its own
         self.last_speech = self.to_session_rate(np.concatenate([early, audio]) if early.size else audio)
         self.fifo.push(self.last_speech)
         out = self._playback_level(self.fifo.pop(RATE), thought.decision)
@@ -325,7 +329,8 @@ class DuplexSession:
             demand_sized=toggles["demand_sized"], graph_replay=toggles["graph_replay"],
             tail=self.cfg.tail, backbone=self.cfg.backbone, input_rms=rms(x), output_rms=rms(out),
             user_speech=bool(vad.speech), backlog=int(backlog), text=thought.text, tail_skipped=tail_skipped,
-            llm_tokens=" ".join(map(str, thought.llm_ids)), tts_codes=" ".join(map(str, thought.codes)))
+            llm_tokens=" ".join(map(str, thought.llm_ids)), tts_codes=" ".join(map(str, thought.codes)),
+            think_tts_ms=think_tts)
         self.records.append(rec)
         return out, rec
 

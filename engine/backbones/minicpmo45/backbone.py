@@ -105,6 +105,8 @@ class MiniCPMO45Backbone(Backbone):
         self.tts_graphs: Optional[DecodeGraphs] = None
         self.tts_prefill: Optional[PrefillGraphs] = None
         self.rehearsed: Optional[str] = None      # what ran on scratch before the first second (CUDA)
+        # the session's stage clock: think() marks where its TTS starts ("tts"), so a record splits THINK
+        self.stage_mark: Optional[Callable[[str], None]] = None
         self._in_reply = False
         self._speech = False
         self._listened = False                  # the last second's unit listened (THINK's decision)
@@ -402,6 +404,8 @@ class MiniCPMO45Backbone(Backbone):
                 self._in_reply = self._in_reply and not unit.cut
                 return Thought("listen", None, 0, text="", turn_end="cut" if unit.cut else "",
                                llm_ids=tuple(unit.ids))
+            if self.stage_mark is not None:
+                self.stage_mark("tts")
             self.kv_tts.begin_step()
             self.protocol.speak(unit, hidden)
         codes = unit.codes.view(1, -1)                                  # [1, n] int64 on the device
