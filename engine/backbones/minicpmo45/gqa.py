@@ -8,7 +8,7 @@ from the store's own exact-length view. The arithmetic per query head is the sam
 gives the same bits is the device's and library's to say, so it runs only where the start-up self-check
 (:func:`prepare`, an :func:`engine.fastpath.self_check` "grouped-query attention without widening") found the
 outputs ``torch.equal`` to the widened path's at this model's head layout, over fresh random queries and
-histories at lengths from 1 to 8,192 (the kernel's tile boundaries included). The verdict is cached per device,
+histories at lengths from 1 to 16,384 (the kernel's tile boundaries included). The verdict is cached per device,
 libraries and code; ``DUPLEXCADENCE_REFERENCE_PATHS=1`` keeps the widening copies. CUDA only: the CPU runs the
 eager stock path everywhere.
 """
@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from engine import fastpath
 
 PATH = "grouped-query attention without widening"
-LENGTHS = (1, 2, 63, 64, 65, 127, 128, 129, 255, 256, 257, 511, 1000, 2047, 2048, 2049, 2600, 4095, 8192)
+LENGTHS = (1, 2, 63, 64, 65, 127, 128, 129, 255, 256, 257, 511, 1000, 2047, 2048, 2049, 2600, 4095, 8192, 12289,
+           16384)
 _lock = threading.Lock()
 _chosen: Dict[int, bool] = {}           # CUDA device index -> the check chose the grouped call there
 
