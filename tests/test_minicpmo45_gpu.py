@@ -86,19 +86,25 @@ def test_released_encoder_graphs_equal_stock_across_the_reset():
         assert torch.equal(a, b), f"second {k}"
 
 
+def released_tts_pair(capacity: int):
+    """The released-size TTS (bf16, seeded) with a stock store and a demand store of ``capacity`` positions."""
+    d = preset("released")
+    dt = torch.bfloat16
+    tts = build(TTS, d.tts, d.llm, device="cuda", dtype=dt).eval()
+    seeded_init(tts, 4)
+    regions = kv_regions("tts", d.tts.layers, d.tts.kv_heads, d.tts.head_dim, 45, d.tts.max_positions, dt, "")
+    return (d, tts, make_store(False, regions[0], d.tts.layers, 0, "cuda"),
+            make_store(True, regions[0], d.tts.layers, capacity, "cuda"))
+
+
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_released_tts_prefill_graphs_equal_eager_at_every_width():
     """The condition prefill replayed through layer graphs of its width (tts.PrefillGraphs: every width 1 .. 19,
     captured once over an empty store) gives the eager forward's logits and keys/values, at histories that grow
     through every width with decode steps between."""
     from engine.backbones.minicpmo45.tts import PrefillGraphs
-    d = preset("released")
+    d, tts, stock, ours = released_tts_pair(20 * 45)
     dt = torch.bfloat16
-    tts = build(TTS, d.tts, d.llm, device="cuda", dtype=dt).eval()
-    seeded_init(tts, 4)
-    regions = kv_regions("tts", d.tts.layers, d.tts.kv_heads, d.tts.head_dim, 45, d.tts.max_positions, dt, "")
-    stock = make_store(False, regions[0], d.tts.layers, 0, "cuda")
-    ours = make_store(True, regions[0], d.tts.layers, 20 * 45, "cuda")
     widest = d.sampling.max_tokens_per_unit - 1
     pf = PrefillGraphs(tts, torch.device("cuda"), widest)
     pf.capture(ours)
@@ -418,13 +424,8 @@ def test_released_tts_steps_captured_ahead_past_the_room_equal_eager():
     """A reply longer than its prepared room (60 positions here): before each second the next 45 lengths are
     captured (issue 23), so every step replays its own graph, never the between-attention ones; the logits
     are the eager ones, and the lengths passed are dropped."""
-    d = preset("released")
+    d, tts, stock, ours = released_tts_pair(400)
     dt = torch.bfloat16
-    tts = build(TTS, d.tts, d.llm, device="cuda", dtype=dt).eval()
-    seeded_init(tts, 4)
-    regions = kv_regions("tts", d.tts.layers, d.tts.kv_heads, d.tts.head_dim, 45, d.tts.max_positions, dt, "")
-    stock = make_store(False, regions[0], d.tts.layers, 0, "cuda")
-    ours = make_store(True, regions[0], d.tts.layers, 400, "cuda")
     dg = DecodeGraphs(tts, torch.device("cuda"), recurring=60)
     dg.prepare(ours, 60)
     g = torch.Generator(device="cpu").manual_seed(1)
