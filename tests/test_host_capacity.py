@@ -50,3 +50,37 @@ def test_the_confirmation_leaves_time_for_its_builds():
     assert capacity.confirm_seconds(60, 150, 4, 20.0) == 45.0
     assert capacity.confirm_seconds(60, 100, 0, 0.0) == 60
     assert capacity.confirm_seconds(60, float("inf"), 8, 20.0) == 60     # no time limit
+
+
+def test_a_run_cut_short_keeps_its_windows_in_the_json(tmp_path, one_torch_thread, monkeypatch):
+    """The JSON is written as the run goes: cut in the middle of a mode (a call's timeout, simulated by an
+    interrupt right after the first window was written), it still holds the ramp's window, marked in progress."""
+    out = tmp_path / "cap.json"
+    write = capacity._write
+
+    def write_then_cut(doc, a):
+        write(doc, a)
+        if any("ramp" in m for m in doc["modes"].values()):
+            raise KeyboardInterrupt("the call's timeout")
+    monkeypatch.setattr(capacity, "_write", write_then_cut)
+    with pytest.raises(KeyboardInterrupt):
+        capacity.main(["--device", "cpu", "--size", "tiny", "--tail", "mimi", "--seconds", "2", "--window", "1",
+                       "--max-sessions", "2", "--modes", "stock", "--solo-sessions", "0", "--json", str(out)])
+    doc = json.loads(out.read_text())
+    m = doc["modes"]["stock-like"]
+    assert m["in_progress"] is True and m["ramp"][0]["sessions"] == 1 and m["ramp"][0]["window_s"] == 1
+    assert "max_sessions" not in m
+
+
+def test_the_confirmation_ticker_reports_what_it_prints():
+    seen = []
+
+    class Load:
+        def window(self, start, end):
+            from types import SimpleNamespace
+            return SimpleNamespace(misses=1, max_ms=412.0, p99_ms=400.0)
+    tick = capacity._ticker(Load(), "optimized", 60.0, 4, lambda key, value: seen.append((key, value)))
+    tick(5.0)
+    tick(10.5)
+    assert seen == [("confirmation_so_far", {"sessions": 4, "planned_s": 60.0, "ran_s": 10.5, "late": 1,
+                                             "worst_ms": 412.0, "p99_ms": 400.0})]

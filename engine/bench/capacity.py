@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -80,9 +80,9 @@ def _window_line(label: str, n: int, w: Window, seconds: float) -> str:
 
 
 def ramp(load: PacedLoad, cfg, inputs, label: str, max_n: int, window: float, time_limit: float,
-         start: int = 1):
+         start: int = 1, report: Callable[[str, object], None] = lambda key, value: None):
     """(knee, points): the largest count with a clean window, stepping then bisecting (from ``start``,
-    a count another ramp found clean)."""
+    a count another ramp found clean). ``report("ramp", windows)`` after each window."""
     points: Dict[int, Window] = {}
     clean, missed, n = 0, None, max(1, min(start, max_n))
     t_end = time.perf_counter() + time_limit
@@ -95,6 +95,7 @@ def ramp(load: PacedLoad, cfg, inputs, label: str, max_n: int, window: float, ti
         overloaded = w.misses > 0
         points[n] = w
         say(_window_line(label, n, w, window))
+        report("ramp", [dict(p.to_dict(), window_s=window) for _, p in sorted(points.items())])
         if w.misses == 0:
             clean = max(clean, n)
         else:
@@ -111,8 +112,10 @@ def ramp(load: PacedLoad, cfg, inputs, label: str, max_n: int, window: float, ti
             n = (clean + missed) // 2 if missed - clean > 2 else clean + 1
 
 
-def confirm(load: PacedLoad, cfg, inputs, label: str, knee: int, seconds: float, tries: int):
-    """Run ``knee`` sessions for ``seconds``; one fewer on a miss (up to ``tries`` runs)."""
+def confirm(load: PacedLoad, cfg, inputs, label: str, knee: int, seconds: float, tries: int,
+            report: Callable[[str, object], None] = lambda key, value: None):
+    """Run ``knee`` sessions for ``seconds``; one fewer on a miss (up to ``tries`` runs). ``report(
+    "confirmation_so_far", ...)`` every 10 s."""
     result: Optional[Window] = None
     fresh = any(d.runner.backlog() for d in load.sessions) or len(load.sessions) > knee
     while knee > 0 and tries > 0:
@@ -120,7 +123,7 @@ def confirm(load: PacedLoad, cfg, inputs, label: str, knee: int, seconds: float,
         fresh = True
         load.settle(10.0)
         say(f"{label}: confirming {knee} session(s) over {seconds:g} s ...")
-        result = load.measure(seconds, progress=_ticker(load, label, seconds))
+        result = load.measure(seconds, progress=_ticker(load, label, seconds, knee, report))
         say(_window_line(label, knee, result, seconds))
         if result.misses == 0:
             return knee, result
@@ -128,8 +131,10 @@ def confirm(load: PacedLoad, cfg, inputs, label: str, knee: int, seconds: float,
     return 0, result
 
 
-def _ticker(load: PacedLoad, label: str, seconds: float):
-    """Progress every 10 s of a long run: seconds done, late so far, worst latency so far."""
+def _ticker(load: PacedLoad, label: str, seconds: float, sessions: int = 0,
+            report: Callable[[str, object], None] = lambda key, value: None):
+    """Progress every 10 s of a long run: seconds done, late so far, worst latency so far (printed, and
+    reported as ``confirmation_so_far``, so a run cut short keeps them)."""
     start, shown = time.perf_counter(), [0]
 
     def tick(elapsed: float) -> None:
@@ -137,6 +142,8 @@ def _ticker(load: PacedLoad, label: str, seconds: float):
             shown[0] = elapsed
             w = load.window(start, time.perf_counter() - 1.0)
             say(f"{label}:   {elapsed:4.0f} / {seconds:g} s, {w.misses} late so far, worst {w.max_ms:.0f} ms")
+            report("confirmation_so_far", {"sessions": sessions, "planned_s": seconds, "ran_s": round(elapsed, 1),
+                                           "late": w.misses, "worst_ms": w.max_ms, "p99_ms": w.p99_ms})
     return tick
 
 
@@ -201,9 +208,10 @@ def run_mode(mode: str, base: SessionConfig, a, launch: str, inputs, ramp_only: 
     t0 = time.perf_counter()
     try:
         ramp_s = min(a.ramp_limit, max(10.0, left(a) - (0 if ramp_only else a.seconds + 40)))
-        knee, points = ramp(load, cfg, inputs, label, a.max_sessions, a.window, ramp_s, start)
+        report = _reporter(a, LABELS[mode], launch)
+        knee, points = ramp(load, cfg, inputs, label, a.max_sessions, a.window, ramp_s, start, report)
         seconds = confirm_seconds(a.seconds, left(a), knee, load.longest_build_s)   # reported when shortened
-        best, conf = (confirm(load, cfg, inputs, label, knee, seconds, a.confirm_tries)
+        best, conf = (confirm(load, cfg, inputs, label, knee, seconds, a.confirm_tries, report)
                       if knee and not ramp_only else (knee if ramp_only else 0, None))
         mem = host.memory()
         if host.batcher is not None:
@@ -407,8 +415,17 @@ def main(argv=None) -> int:
         "gpu": torch.cuda.get_device_name(0) if base.device == "cuda" else "cpu", "torch": torch.__version__,
         "seconds": a.seconds, "window_s": a.window, "deadline_ms": DEADLINE_MS, "command": " ".join(sys.argv),
         "modes": {}}
+    if a.json:
+        def partial(mode_label: str, launch: str, key: str, value: object) -> None:
+            entry = doc["modes"].setdefault(mode_label, {"launch": launch, "in_progress": True})
+            if entry.get("in_progress"):
+                entry[key] = value
+                _write(doc, a)
+        a.partial = partial
     if folder is not None:                              # first, while the device is still empty
         doc["stock_loop"] = _run_stock(a, base, folder, inputs[0])
+        if a.json:
+            _write(doc, a)
     launch = a.launch
     if launch == "both":                                # ramps of the optimized mode: one thread vs several
         tried = {lm: _guarded(lambda lm=lm: run_mode("optimized", base, a, lm, inputs, ramp_only=True))
@@ -465,6 +482,16 @@ def _run_stock(a, base: SessionConfig, folder: Path, frames: List[np.ndarray]) -
     return r
 
 
+def _reporter(a, mode_label: str, launch: str) -> Callable[[str, object], None]:
+    """Partial results of a mode still running, into the JSON as they come (``a.partial``, set by
+    :func:`main` with ``--json``): a run cut short (a call's timeout) keeps its windows and its confirmation so
+    far, marked ``in_progress``; the mode's final entry replaces them."""
+    partial = getattr(a, "partial", None)
+    if partial is None:
+        return lambda key, value: None
+    return lambda key, value: partial(mode_label, launch, key, value)
+
+
 def _guarded(fn, launch: str = "") -> Dict[str, object]:
     """A mode's results, or what went wrong (the bench goes on with the next mode)."""
     try:
@@ -479,7 +506,8 @@ def _guarded(fn, launch: str = "") -> Dict[str, object]:
 def _write(doc: Dict[str, object], a) -> None:
     out = Path(a.json)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    from engine.atomic import atomic_write          # a reader (or a cut) never sees half a file
+    atomic_write(out, lambda f: f.write(json.dumps(doc, indent=2, default=str) + "\n"), text=True)
 
 
 if __name__ == "__main__":
