@@ -15,6 +15,8 @@ from engine.backbones.minicpmo45.layers import seeded_init
 from engine.backbones.minicpmo45.protocol import Protocol, Unit
 from engine.backbones.minicpmo45.tts import TTS
 
+pytestmark = pytest.mark.bits             # also run with the AVX2 kernels in CI (.ci/run)
+
 D = preset("tiny")
 
 

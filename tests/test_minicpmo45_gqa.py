@@ -3,6 +3,8 @@ the eager forward's bits (on the CPU, where SDPA's grouped call equals the widen
 only when every length's output is equal, and refuses a candidate one rounding off; the CPU never takes it."""
 from __future__ import annotations
 
+import pytest
+
 import torch
 
 from engine import fastpath
@@ -12,6 +14,8 @@ from engine.backbones.minicpmo45.kv import kv_regions, make_store
 from engine.backbones.minicpmo45.layers import seeded_init
 from engine.backbones.minicpmo45.llm import Qwen3
 from engine.backbones.minicpmo45.llm_graphs import LayerGraphs
+
+pytestmark = pytest.mark.bits             # also run with the AVX2 kernels in CI (.ci/run)
 
 
 def test_segments_with_the_grouped_call_give_the_eager_bits(one_torch_thread, monkeypatch):

@@ -4,12 +4,16 @@ without graphs or over a store that moved, until captured again. On the CPU the 
 (the capture itself is CUDA's: tests/test_minicpmo45_gpu.py replays them)."""
 from __future__ import annotations
 
+import pytest
+
 import torch
 
 from engine.backbones.minicpmo45.dims import preset
 from engine.backbones.minicpmo45.kv import kv_regions, make_store
 from engine.backbones.minicpmo45.layers import seeded_init
 from engine.backbones.minicpmo45.tts import TTS, PrefillGraphs
+
+pytestmark = pytest.mark.bits             # also run with the AVX2 kernels in CI (.ci/run)
 
 D = preset("tiny")
 WIDEST = D.sampling.max_tokens_per_unit - 1

@@ -3,6 +3,8 @@ session afterwards is the session without it — same decisions, texts, codes an
 stores — whether it runs before the first second or in the middle of a reply; stock stores are never rehearsed."""
 from __future__ import annotations
 
+import pytest
+
 import numpy as np
 import torch
 
@@ -10,6 +12,8 @@ from engine.backbones.base import TokenFormat
 from engine.backbones.minicpmo45 import MiniCPMO45Backbone
 from engine.backbones.minicpmo45.rehearse import can_rehearse, rehearse
 from engine.vad import VadResult
+
+pytestmark = pytest.mark.bits             # also run with the AVX2 kernels in CI (.ci/run)
 
 PATTERN = [1, 0, 0, 0, 1, 0, 0, 1, 1, 0, 0, 0]
 

@@ -9,6 +9,8 @@ from engine.backbones.minicpmo45.dims import Sampling
 from engine.backbones.minicpmo45.sampling import code_logits
 from engine.core.hostcopy import count_codes, device_ids
 
+pytestmark = pytest.mark.bits             # also run with the AVX2 kernels in CI (.ci/run)
+
 
 def _bincount_logits(logits, codes, t, s, eos, min_codes):
     """code_logits as it was written with ``torch.bincount`` (the reference for the counts)."""
