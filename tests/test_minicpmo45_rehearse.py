@@ -3,9 +3,8 @@ session afterwards is the session without it — same decisions, texts, codes an
 stores — whether it runs before the first second or in the middle of a reply; stock stores are never rehearsed."""
 from __future__ import annotations
 
-import pytest
-
 import numpy as np
+import pytest
 import torch
 
 from engine.backbones.base import TokenFormat
