@@ -18,10 +18,14 @@ clip is ``reference_audio`` when it names an audio file (the session's ``--voice
 Modes (the engine toggles): *stock* (demand_sized off) keeps every history as MiniCPM-o's PyTorch
 runtime does — HF-style caches grown with ``torch.cat``, all eager; *demand* allocates every region
 once at the planner's demand; *graphs* adds exact-shape CUDA graph replay where shapes recur: the
-encoder's second (one graph per signature of its 29-second cycle) and the TTS decode steps (one per
-per-turn KV length in a reply's prepared room; past it, graphs between the attention calls). The LLM's
+encoder's second (one graph per signature of its 29-second cycle), the TTS decode steps (one per
+per-turn KV length in a reply's prepared room; past it, graphs between the attention calls) and the TTS's
+condition prefill (layer graphs of each width a unit can make, tts.PrefillGraphs). The LLM's
 forwards replay graphs between its attention calls (llm_graphs.py), attention eager at the exact length: its
-length grows every token, and a padded cache with a mask would change the bits. Optionally
+length grows every token, and a padded cache with a mask would change the bits (one-query attention reads the
+grouped key/value heads as they are where the start-up check proved it: gqa.py). Before the first second a
+CUDA session rehearses one second's eager paths on scratch (rehearse.py) and the CPU log-mel's first calls
+run on throwaway front ends, so the first seconds pay no first launches. Optionally
 (:meth:`MiniCPMO45Backbone.prepare_ahead`, the session bench's ``--ahead``) the next second's forwards are
 captured whole at their exact positions in the time between seconds (exact_graphs.py). Every mode gives the
 same tokens, codes and audio.
