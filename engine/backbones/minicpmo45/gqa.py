@@ -36,15 +36,23 @@ def chosen(device) -> bool:
     return dev.type == "cuda" and _chosen.get(dev.index if dev.index is not None else 0, False)
 
 
+def widen(src: torch.Tensor, n: int, group: int) -> torch.Tensor:
+    """Keys or values ``src`` [1, Hkv, 1, capacity, hd] (a store's view with a unit group axis) over the first
+    ``n`` positions, widened by one broadcasting copy into a fresh [1, Hkv * group, n, hd]: each key/value head
+    copied into its group of query heads, the values and layout ``repeat_interleave`` gives. The eager attention
+    (:class:`~.llm_graphs.ExactAttention`) and this module's reference both call it."""
+    _, hkv, _, _, hd = src.shape
+    out = torch.empty(1, hkv, group, n, hd, dtype=src.dtype, device=src.device)
+    out.copy_(src.narrow(3, 0, n))
+    return out.view(1, hkv * group, n, hd)
+
+
 def widened(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int) -> torch.Tensor:
-    """The reference: keys/values [1, Hkv, n, hd] widened to [1, H, n, hd] as ``repeat_interleave`` lays them
-    out (each key/value head copied into its group of query heads), then SDPA on contiguous operands."""
-    def widen(x: torch.Tensor) -> torch.Tensor:
-        _, hkv, n, hd = x.shape
-        out = torch.empty(1, hkv, group, n, hd, dtype=x.dtype, device=x.device)
-        out.copy_(x.unsqueeze(2))
-        return out.view(1, hkv * group, n, hd)
-    return F.scaled_dot_product_attention(q.contiguous(), widen(k), widen(v))
+    """The reference: keys/values [1, Hkv, n, hd] widened as the stock path widens them, then SDPA on contiguous
+    operands."""
+    n = k.shape[2]
+    return F.scaled_dot_product_attention(q.contiguous(), widen(k.unsqueeze(2), n, group),
+                                          widen(v.unsqueeze(2), n, group))
 
 
 def grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -184,17 +184,12 @@ class ExactAttention:
         if self.grouped and mask is None and q.shape[2] == 1:
             return gqa.grouped(q, self.kg[i].narrow(2, 0, n), self.vg[i].narrow(2, 0, n))
         if self.group > 1:
-            k, v = self._widen(self.k[i], n), self._widen(self.v[i], n)
+            k, v = gqa.widen(self.k[i], n, self.group), gqa.widen(self.v[i], n, self.group)
         else:
             k, v = self.k[i].narrow(2, 0, n), self.v[i].narrow(2, 0, n)
         if self.explicit and mask is None and q.shape[2] == 1:
             return self._one_query(q, k, v)
         return attend(q, k, v, mask, self.explicit)
-
-    def _widen(self, src: torch.Tensor, n: int) -> torch.Tensor:
-        out = torch.empty(1, self.hkv, self.group, n, self.hd, dtype=src.dtype, device=src.device)
-        out.copy_(src.narrow(3, 0, n))                                  # each kv head into its group of heads
-        return out.view(1, self.h, n, self.hd)
 
     @staticmethod
     def _one_query(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
