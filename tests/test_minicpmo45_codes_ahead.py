@@ -81,12 +81,36 @@ def test_the_comparison_fails_when_the_generator_is_not_taken_back(monkeypatch, 
     assert got[0] == want[0] and not torch.equal(got[3], want[3])
 
 
+def _speak_checked(eos_from, history: int, end_of_turn: bool, monkeypatch, device: str):
+    """:func:`_speak` over a demand store with the checked loop (each code read back): the reference that
+    differs from the loop run ahead in nothing else. On CUDA the TTS's eager attention over a demand store's
+    capacity-strided views may round apart from the stock store's contiguous ones (on the H200 the stock store
+    drew another code at step 3), so only the same store isolates the loop; the whole second against the
+    stock's own loop is test_minicpmo45_stock_loop_gpu's."""
+    with monkeypatch.context() as m:
+        m.setattr(Protocol, "_codes_ahead", Protocol._codes_checked)
+        return _speak(True, eos_from, history, end_of_turn, monkeypatch, device)
+
+
+def test_the_checked_reference_runs_the_checked_loop(monkeypatch, one_torch_thread):
+    reads = []
+    original = P.Protocol._codes_checked
+
+    def counted(self, *a):
+        reads.append(1)
+        return original(self, *a)
+    monkeypatch.setattr(P.Protocol, "_codes_checked", counted)
+    want = _speak(False, 5, 0, False, monkeypatch)
+    got = _speak_checked(5, 0, False, monkeypatch, "cpu")
+    assert len(reads) == 2 and got[0] == want[0] and torch.equal(got[3], want[3])
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("eos_from", [3, None])
-def test_codes_ahead_equal_the_checked_loop_on_cuda(eos_from, monkeypatch):
+@pytest.mark.parametrize("eos_from,history", [(3, 0), (6, 40), (None, 0)])
+def test_codes_ahead_equal_the_checked_loop_on_cuda(eos_from, history, monkeypatch):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    want = _speak(False, eos_from, 0, False, monkeypatch, "cuda")
-    got = _speak(True, eos_from, 0, False, monkeypatch, "cuda")
+    want = _speak_checked(eos_from, history, False, monkeypatch, "cuda")
+    got = _speak(True, eos_from, history, False, monkeypatch, "cuda")
     assert got[0] == want[0] and got[1] == want[1] and torch.equal(got[3], want[3])
     assert all(torch.equal(a, b) for a, b in zip(got[2], want[2]))
