@@ -83,10 +83,8 @@ def test_the_comparison_fails_when_the_generator_is_not_taken_back(monkeypatch, 
 
 def _speak_checked(eos_from, history: int, end_of_turn: bool, monkeypatch, device: str):
     """:func:`_speak` over a demand store with the checked loop (each code read back): the reference that
-    differs from the loop run ahead in nothing else. On CUDA the TTS's eager attention over a demand store's
-    capacity-strided views may round apart from the stock store's contiguous ones (on the H200 the stock store
-    drew another code at step 3), so only the same store isolates the loop; the whole second against the
-    stock's own loop is test_minicpmo45_stock_loop_gpu's."""
+    differs from the loop run ahead in nothing else (the stock store's layout is another variable; the whole
+    second against the stock's own loop is test_minicpmo45_stock_loop_gpu's)."""
     with monkeypatch.context() as m:
         m.setattr(Protocol, "_codes_ahead", Protocol._codes_checked)
         return _speak(True, eos_from, history, end_of_turn, monkeypatch, device)
@@ -110,6 +108,9 @@ def test_the_checked_reference_runs_the_checked_loop(monkeypatch, one_torch_thre
 def test_codes_ahead_equal_the_checked_loop_on_cuda(eos_from, history, monkeypatch):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
+    # a throwaway first run: on the H200 the first tiny-TTS second in a process drew a code at step 3 that every
+    # later run (either loop, either store) did not (session 15's diagnostic, docs/device-notes-session15.md)
+    _speak(True, eos_from, history, False, monkeypatch, "cuda")
     want = _speak_checked(eos_from, history, False, monkeypatch, "cuda")
     got = _speak(True, eos_from, history, False, monkeypatch, "cuda")
     assert got[0] == want[0] and got[1] == want[1] and torch.equal(got[3], want[3])
