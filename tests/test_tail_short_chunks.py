@@ -137,3 +137,33 @@ def test_a_session_sets_the_chunking_its_backbone_declares(one_torch_thread):
             assert s.tail.chunking == want and (s.tail._declared is not None) == (want is not None)
         finally:
             s.close()
+
+
+def test_a_chunked_tail_checks_every_chunk_length_at_start(monkeypatch, one_torch_thread):
+    """A stream cut into short chunks runs no fast-path self-check mid-stream: every chunk length (short chunks,
+    a turn's last chunk of any length) was checked at start. A tail without chunking leaves them to first use.
+    (On the H200 a first check inside a second cost a turn's last chunk 390 ms of SPEAK, session 15.)"""
+    from engine.models.step_audio2 import checked
+    first_checks = []
+    which = checked.CheckedPaths.which
+
+    def logged(self, shape, device, config):
+        if shape not in self.checked:
+            first_checks.append((self.block, shape))
+        return which(self, shape, device, config)
+    monkeypatch.setattr(checked.CheckedPaths, "which", logged)
+    g = torch.Generator().manual_seed(5)
+    codes = lambda n: torch.randint(0, 6561, (1, n), generator=g)    # noqa: E731
+    plain = _tail("demand", True, chunked=False)
+    assert ("step-audio2 HiFT", 14) not in first_checks              # left to first use
+    tail = _tail("demand", True)
+    assert ("step-audio2 HiFT", 14) in first_checks and ("step-audio2 encoder", 24) in first_checks
+    first_checks.clear()
+    for pushes in ((28, 25, 1), (28, 25, 9), (28, 4), (13,), (28, 22)):   # last chunks of 4, 3, 7, 13... tokens
+        for n in pushes:
+            tail.push(codes(n))
+        tail.new_turn(flush=True)
+    assert first_checks == [], first_checks
+    plain.push(codes(28))
+    plain.new_turn(flush=True)                                       # a last chunk of 3 tokens, checked now
+    assert ("step-audio2 HiFT", 14) in first_checks

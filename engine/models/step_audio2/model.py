@@ -63,11 +63,12 @@ class StepAudio2Token2Wav(StreamingModel):
         self.hift.prepare()
         return self
 
-    def check_fast_paths(self, prompt_frames: int) -> List[Verdict]:
+    def check_fast_paths(self, prompt_frames: int, short_chunks: bool = False) -> List[Verdict]:
         """Run the start-up self-checks of the optional faster paths (:mod:`engine.fastpath`) for the lengths a
         stream meets from the start: the encoder's 25 and 50 Hz layers and the DiT over the prompt and over a
-        chunk, the HiFT over the first chunk and over a chunk with its overlap (a short last chunk is checked when
-        it comes). Returns every verdict."""
+        chunk, the HiFT over the first chunk and over a chunk with its overlap. ``short_chunks``: also every
+        length of a chunk shorter than a full one (:meth:`check_short_chunks`); otherwise such a chunk is
+        checked when it comes. Returns every verdict."""
         chunk, up = MEL.pattern[0], self.flow.up_rate
         for t in sorted({prompt_frames // up, prompt_frames, chunk // up, chunk}):
             self.flow.encoder.fast(t)
@@ -75,7 +76,25 @@ class StepAudio2Token2Wav(StreamingModel):
             self.flow.decoder.estimator.fast(t)
         for frames in (chunk, chunk + MEL_CACHE):
             self.hift.fast(frames)
+        if short_chunks:
+            self.check_short_chunks()
         return self.verdicts()
+
+    def check_short_chunks(self) -> None:
+        """The self-checks of every chunk of n = 1 .. 24 tokens: the encoder over its n tokens and their n * 2 mel
+        frames, the DiT over the mel frames, the HiFT over them alone (a stream's first chunk) and with the
+        carried-over frames. A backbone that cuts its tokens into short chunks (MiniCPM-o's duplex loop: any
+        buffer of at least 8 tokens, and a turn's last chunk of any length) meets these lengths mid-session,
+        where a first check runs its trials eagerly and captured inside that second (on the H200, session 15:
+        a turn's last chunk took 390 ms of SPEAK)."""
+        up = self.flow.up_rate
+        for n in range(1, MEL.pattern[0] // up):
+            mel = n * up
+            self.flow.encoder.fast(n)
+            self.flow.encoder.fast(mel)
+            self.flow.decoder.estimator.fast(mel)
+            self.hift.fast(mel)
+            self.hift.fast(mel + MEL_CACHE)
 
     def use_reference_paths(self) -> "StepAudio2Token2Wav":
         """Run every optional faster path's reference (unchecked) from now on: the "before" of a bench."""

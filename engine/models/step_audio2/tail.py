@@ -42,8 +42,9 @@ class StepAudio2Tail(EngineTail):
 
     @torch.no_grad()
     def start(self, seed: int = 0) -> None:
-        """New stream: the faster paths are checked first (once per process and length, see ``checked``)."""
-        self.model.check_fast_paths(self.prompt.frames)
+        """New stream: the faster paths are checked first (once per process and length, see ``checked``), for a
+        stream cut into short chunks (``chunking``) at every chunk length too."""
+        self.model.check_fast_paths(self.prompt.frames, short_chunks=self.chunking is not None)
         super().start(seed)
 
     def fast_paths(self) -> List[Verdict]:
