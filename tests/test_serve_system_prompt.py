@@ -122,7 +122,7 @@ def _refusal(url: str, prompt) -> tuple:
 @pytest.mark.parametrize("prompt, words", [
     ("x" * 4001, "the system prompt is 4,001 characters long; at most 4,000 are allowed"),
     ("y" * 15000, "the system prompt is 15,000 characters long"),
-    ("z" * 20000, "a text message of 20"),                   # over the protocol's bound: not even parsed
+    ("z" * 70000, "a text message of 70"),                   # over the protocol's bound: not even parsed
     ("ok\x07", "control character (U+0007) at character 3"),
     ("\ud800 lone surrogate", "control character (U+D800)"),
     (["a", "list"], "must be text, got list"),

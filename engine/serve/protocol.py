@@ -67,8 +67,9 @@ CLOSE_TOO_FAST = 4429          # the client sent more than MAX_AHEAD seconds ahe
 
 #: seconds of audio a client may have sent whose results have not come back (server: refused beyond)
 MAX_AHEAD = 32
-#: the largest control (text) message either side sends
-MAX_TEXT_BYTES = 16 * 1024
+#: the largest control (text) message either side sends (the server's ``ready`` carries the session info, whose
+#: fast-path verdicts for a chunked Step-Audio2 tail, every chunk length checked at start, are ~18,000 characters)
+MAX_TEXT_BYTES = 64 * 1024
 #: the largest JSON header of a result (a record is well under 4 KiB)
 MAX_HEADER_BYTES = 64 * 1024
 #: the most a second's tail output may hold (24 kHz samples) for the wire. A tail decodes what the second's tokens
