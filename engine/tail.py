@@ -218,7 +218,7 @@ class EngineTail(DecoderTail):
         self._chunking = self.chunking          # the rule this stream runs by (as it was at start)
         self._declared = DeclaredPlan.over(self.plan) if self._chunking is not None else None
         ex = Executor(self.model, self._declared or self.plan, self.device, **self._toggles)
-        ex.prepare_graphs(self.example_inputs)
+        ex.prepare_graphs(self.example_inputs, extra=self._usual_last_steps())
         self.seed_stream(seed)
         ex.init_state(self.prefill(seed))
         self.executor = ex
@@ -296,13 +296,18 @@ class EngineTail(DecoderTail):
 
     @torch.no_grad()
     def flush(self) -> np.ndarray:
-        """End the stream: the buffered frames of a last, partial second run as the last step of a
-        finite plan (the state moves over by exact copies; the step runs eagerly)."""
+        """End the stream: the buffered frames run as its last step. A chunked stream declares it on its own
+        plan and runs it on its own executor (a graph where :meth:`start` prepared that step's shapes, else
+        eagerly); otherwise the partial second runs as the last step of a finite plan (the state moves over by
+        exact copies; the step runs eagerly)."""
         self._require_stream()
         self._ended = True
         n = int(self._buf.shape[1])
         if n == 0:
             return np.zeros(0, dtype=np.float32)
+        chunk, self._buf = self._buf, self._buf[:, :0]
+        if self._declared is not None and self._declare_last(n):
+            return self._audio(self.executor.step(self.step_inputs(chunk)))
         k, old = self.executor.k, self.executor
         if self._declared is not None:          # after the chunks declared so far
             plan = self._declared.finished(self._advances(n))
@@ -313,8 +318,33 @@ class EngineTail(DecoderTail):
         ex.arena.load(old.arena.export(), dict(old.arena.positions), k)
         ex.k = k
         self.executor = ex
-        chunk, self._buf = self._buf, self._buf[:, :0]
         return self._audio(ex.step(self.step_inputs(chunk)))
+
+    def _declare_last(self, n: int) -> bool:
+        """Declare the stream's last step of ``n`` frames on its own plan; False where it would need more state
+        than the plan holds (the caller then runs it on a finite copy)."""
+        try:
+            self._declared.declare(self._advances(n), last=True)
+        except ValueError:
+            return False
+        return True
+
+    def _usual_last_steps(self) -> List[StepPlan]:
+        """The last step a chunked stream usually ends with, for :meth:`start` to capture ahead: the lookahead's
+        frames alone (a turn whose last push ran a chunk keeps exactly those) once the state has settled (every
+        region at its steady length, whatever chunks came before). Nothing for a stream that is not chunked
+        or reads no lookahead."""
+        if self._chunking is None or self.lookahead <= 0:
+            return []
+        scratch = DeclaredPlan.over(self.plan)
+        prev = None
+        for k in range(64):
+            sp = scratch.declare(dict(self.plan.step(k).advances))
+            if prev is not None and sp.before == prev.before:
+                last = self.session_spec(steps=1, last_frames=self.lookahead).last_advance
+                return [scratch.declare(dict(last), last=True)]
+            prev = sp
+        return []
 
     @staticmethod
     def _audio(out: Dict[str, torch.Tensor]) -> np.ndarray:

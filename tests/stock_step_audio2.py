@@ -213,10 +213,11 @@ class StockStream:
             yield tokens[25 * i:25 * i + 28], False
             i += 1
 
-    def stream(self, tokens):
-        """Every chunk's float32 waveform (numpy, 1-D) from the stock stream method."""
+    def stream(self, tokens, chunks=None):
+        """Every chunk's float32 waveform (numpy, 1-D) from the stock stream method; ``chunks``: (tokens, last)
+        pairs to feed instead of :meth:`chunks` of ``tokens`` (MiniCPM-o's loop: a turn's last 3 tokens alone)."""
         outs = []
-        for chunk, last in self.chunks(tokens):
+        for chunk, last in (self.chunks(tokens) if chunks is None else chunks):
             wav = self.t2w.stream(chunk, None, last_chunk=last, return_waveform=True)
             outs.append(np.asarray(wav, dtype=np.float32).reshape(-1))
         return outs
@@ -282,9 +283,11 @@ def make_case(size: str, prompt_tokens: int, n_tokens: int, seed: int = 3) -> Ca
     return Case(size, voiced(W.random_state_dict(cfg, seed), cfg), prompt, tokens, seed)
 
 
-def stock_outputs(case: "Case", device: str = "cpu", f0_log: Optional[list] = None) -> List[np.ndarray]:
+def stock_outputs(case: "Case", device: str = "cpu", f0_log: Optional[list] = None, chunks=None
+                  ) -> List[np.ndarray]:
     """The stock package's per-chunk audio for ``case`` (its own Token2wav.stream); every f0 the stock's
-    predictor returns (``[1, T]`` Hz per call) is appended to ``f0_log`` when given."""
+    predictor returns (``[1, T]`` Hz per call) is appended to ``f0_log`` when given; ``chunks``: see
+    :meth:`StockStream.stream`."""
     flow, hift = build_flow(case.cfg.flow), build_hift(case.cfg.hift)
     if f0_log is not None:
         hift.f0_predictor.register_forward_hook(lambda mod, args, f0: f0_log.append(f0.detach().cpu()))
@@ -294,7 +297,7 @@ def stock_outputs(case: "Case", device: str = "cpu", f0_log: Optional[list] = No
                      noise=flow_noise(case.seed))
     torch.manual_seed(case.seed)
     with torch.no_grad():
-        return st.stream(case.tokens)
+        return st.stream(case.tokens, chunks)
 
 
 def assert_chunks_equal(ours: List[np.ndarray], ref: List[np.ndarray]) -> None:

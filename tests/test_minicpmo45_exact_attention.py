@@ -55,6 +55,10 @@ def test_exact_attention_gives_layer_attends_bits(which, dtype, one_torch_thread
                 for i in range(dims.layers):
                     ref, ours = layer_attend(model, kv, i, q, n, mask), fast(i, q, n, mask)
                     assert torch.equal(ref, ours) and ref.stride() == ours.stride(), (which, n, t, i)
+                    into = torch.full_like(ref, float("nan"))
+                    fast.into(i, q, n, mask, into)              # the TTS's one query: its own lane
+                    assert torch.equal(ref, into), (which, n, t, i)
+    assert fast.lane == (which == "tts")
 
 
 @pytest.mark.bits

@@ -349,7 +349,10 @@ def test_tiny_model_policy_replies_replay_the_prepared_tts_graphs():
     b = MiniCPMO45Backbone(TokenFormat(1, 6561, 25.0), size="tiny", device="cuda", seed=3, turn_policy="model")
     b.start()
     dg = b.tts_graphs
-    assert dg.captures == b.tts_prepared_length() - 1 and dg.layered is None
+    assert dg.captures == b.tts_prepared_length() - 1
+    layered = dg.layered                               # prepared at start where a reply can pass the room
+    assert (layered is not None) == (b.kv_tts.capacity > b.tts_prepared_length())
+    layered_captures = layered.runtime.captures if layered is not None else 0
     rng = np.random.default_rng(1)
     spoke = 0
     for k in range(10):                                # the first 3 s listen; the random LLM decides after
@@ -359,6 +362,7 @@ def test_tiny_model_policy_replies_replay_the_prepared_tts_graphs():
     if spoke:
         assert dg.replays >= 25 * min(spoke, 3)
     assert dg.captures == b.tts_prepared_length() - 1  # nothing captured while the seconds ran
+    assert dg.layered is layered and (layered is None or layered.runtime.captures == layered_captures)
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
@@ -439,7 +443,7 @@ def test_released_tts_steps_captured_ahead_past_the_room_equal_eager():
                 code = torch.randint(0, d.tts.codes - 1, (1,), generator=g).to("cuda")
                 assert torch.equal(tts.step_code(code, stock), dg.step(code, ours)), ours.length
         dg.ahead(ours, 45)
-    assert dg.layered is None and made > 0 and dg.replays == 125 and ours.length == 169
+    assert dg.layered.replays == 0 and made > 0 and dg.replays == 125 and ours.length == 169
     assert all(n <= 60 or n > ours.length for n in dg.graphs) and max(dg.graphs) == 169 + 45
 
 
@@ -482,3 +486,28 @@ def test_tiny_session_with_seconds_prepared_ahead_equals_stock(monkeypatch):
     for mode in ("graphs", "flip"):
         assert outs[mode][1] == outs["stock"][1], mode
         assert np.array_equal(outs[mode][0], outs["stock"][0]), mode
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_released_tts_steps_past_the_room_replay_the_prepared_layer_graphs_equal_eager():
+    """Issue 23: a reply past its prepared room (60 positions here) runs the between-attention graphs captured
+    at start (no capture in any second), their one-query attention on its own lane (the second product written
+    straight into the next graph's input); the logits equal the eager model's at every length."""
+    d, tts, stock, ours = released_tts_pair(400)
+    dt = torch.bfloat16
+    dg = DecodeGraphs(tts, torch.device("cuda"), recurring=60)
+    dg.prepare(ours, 60)
+    layered, captures = dg.layered, dg.captures
+    assert layered is not None and layered.attend.lane
+    g = torch.Generator(device="cpu").manual_seed(6)
+    past = 0
+    with torch.no_grad():
+        for n_text in (5, 19, 0, 12, 8, 3):
+            cond = (torch.randn(n_text + 1, d.tts.hidden, generator=g) * 0.5).to(device="cuda", dtype=dt)
+            assert torch.equal(tts(cond, stock), tts(cond, ours))
+            for _ in range(25):
+                code = torch.randint(0, d.tts.codes - 1, (1,), generator=g).to("cuda")
+                past += ours.length + 1 > 60
+                assert torch.equal(tts.step_code(code, stock), dg.step(code, ours)), ours.length
+    assert past > 60 and layered.replays == past and dg.replays == 150
+    assert dg.layered is layered and dg.captures == captures and layered.runtime.captures == 21

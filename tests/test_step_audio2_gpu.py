@@ -79,3 +79,27 @@ def test_released_dims_graphs_bit_identical_on_cuda():
     ref = S.stock_outputs(case, "cuda")
     model = W.build(case.cfg, case.state, "cuda")
     S.assert_chunks_equal(synthesize(model, case.prompt, case.tokens, "graphs", case.seed), ref)
+
+
+def test_a_chunked_stream_s_last_chunk_replays_the_graph_prepared_at_start():
+    """MiniCPM-o's chunking (issue 23's p99): a turn's usual last chunk (the lookahead's 3 tokens, the state
+    settled) replays the graph the tail captured at start, on the live executor, with no capture in it, and the
+    stream stays the stock package's fed as MiniCPM-o's loop feeds it, bit for bit (153 tokens: 6 full chunks of
+    25 + 3, then the last 3 alone)."""
+    from engine.models import registry
+    case = S.make_case("oracle", prompt_tokens=37, n_tokens=153, seed=11)
+    t = case.tokens
+    ref = S.stock_outputs(case, "cuda", chunks=[(t[25 * i:25 * i + 28], False) for i in range(6)] + [(t[150:], True)])
+    model = W.build(case.cfg, case.state, "cuda")
+    tail = StepAudio2Tail(model, case.prompt, "oracle", synthetic=True, mode="graphs")
+    tail.chunking = registry.get_backbone("minicpm-o-4.5").tail_chunking
+    tail.start(seed=case.seed)
+    ex = tail.executor
+    out, i = [], 0
+    for n in (28, 25, 25, 25, 25, 25):
+        out.append(tail.push(torch.tensor(case.tokens[i:i + n]).view(1, -1)))
+        i += n
+    captures, replays = ex.stats.captures, ex.stats.replayed_steps
+    out.append(tail.flush())
+    assert tail.executor is ex and ex.stats.captures == captures and ex.stats.replayed_steps == replays + 1
+    assert np.array_equal(np.concatenate(out), np.concatenate(ref))

@@ -5,6 +5,7 @@ tokens each push, in chunks of up to 25 + 3, so its steps are declared one at a 
 The chunking is its own trait, apart from the turn base a tail keeps for ``new_turn``. CPU, tiny sizes."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -167,3 +168,32 @@ def test_a_chunked_tail_checks_every_chunk_length_at_start(monkeypatch, one_torc
     plain.push(codes(28))
     plain.new_turn(flush=True)                                       # a last chunk of 3 tokens, checked now
     assert ("step-audio2 HiFT", 14) in first_checks
+
+
+def test_a_turn_s_last_chunk_runs_on_the_live_executor_as_prepared_at_start(monkeypatch, one_torch_thread):
+    """A chunked stream's last step is declared on its own plan and run by its own executor, so a graph captured
+    at start replays it (on CUDA); the one :meth:`start` prepares is the usual one, the lookahead's 3 tokens once
+    the state settled. The audio is the old path's (a finite copy of the state, run eagerly), bit for bit."""
+    from engine.core.executor import graph_key
+    from engine.tail import EngineTail
+
+    def run(live: bool, pushes):
+        g = torch.Generator().manual_seed(9)
+        tail = _tail("demand", True)
+        if not live:
+            monkeypatch.setattr(tail, "_declare_last", lambda n: False)
+        ex = tail.executor
+        out = [tail.push(torch.randint(0, 6561, (1, n), generator=g)) for n in pushes]
+        out.append(tail.flush())
+        return tail, ex, torch.from_numpy(np.concatenate(out))
+
+    usual = _tail("demand", True)._usual_last_steps()
+    assert len(usual) == 1 and usual[0].is_last and usual[0].advances["mel"] == 6 and usual[0].index > 0
+    for pushes in ((28, 25, 25, 25), (28, 4), (28, 25, 25, 30, 1)):  # settled with 3 left; early; 4 left
+        tail, ex, audio = run(True, pushes)
+        _, old_ex, old = run(False, pushes)
+        assert torch.equal(audio, old) and audio.numel() > 0
+        assert tail.executor is ex and old_ex is not None
+        last = tail._declared.declared[-1]
+        assert last.is_last and (graph_key(last) == graph_key(usual[0])) == (pushes == (28, 25, 25, 25))
+    assert EngineTail._usual_last_steps(_tail("demand", True, chunked=False)) == []

@@ -17,13 +17,22 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
 from .arena import ArenaBase, DemandArena, make_arena
 from .model import StateView, StreamingModel
 from .planner import Plan, ShapeSignature, StepPlan
+
+#: what one graph is captured for: the step's shape signature, whether it is a stream's last step and whether it
+#: is its first (a model may branch on either: Step-Audio2's last chunk reads no lookahead, its first has no
+#: overlap to fade), so a last or first step never replays another step's graph of the same shapes
+GraphKey = Tuple[ShapeSignature, bool, bool]
+
+
+def graph_key(sp: StepPlan) -> GraphKey:
+    return sp.signature, bool(sp.is_last), sp.index == 0
 from .graphs import GraphRuntime
 from .toggles import Toggles, graphs_can_run
 
@@ -34,7 +43,7 @@ log = logging.getLogger("engine.executor")
 class GraphEntry:
     """One captured signature: the graph, its static inputs/outputs and the addresses it baked in."""
 
-    signature: ShapeSignature
+    signature: GraphKey
     graph: "torch.cuda.CUDAGraph"
     static_inputs: Dict[str, torch.Tensor]
     static_outputs: Dict[str, torch.Tensor]
@@ -71,7 +80,7 @@ class Executor:
         self._warned_no_cuda = False
         self.arena: ArenaBase = make_arena("demand" if demand_sized else "stock", plan, self.device)
         self.state = StateView(self.arena)
-        self.graphs: Dict[ShapeSignature, GraphEntry] = {}
+        self.graphs: Dict[GraphKey, GraphEntry] = {}
         self.runtime = GraphRuntime(self.device, f"executor: {type(model).__name__}")   # stream, pool, the gate
 
     # -- toggles -------------------------------------------------------------------------------------
@@ -122,8 +131,10 @@ class Executor:
         self.k = 0
 
     @torch.no_grad()
-    def prepare_graphs(self, example_inputs: Callable[[StepPlan], Dict[str, torch.Tensor]]) -> int:
-        """Capture every signature the plan uses more than once, ahead of time, before prefill.
+    def prepare_graphs(self, example_inputs: Callable[[StepPlan], Dict[str, torch.Tensor]],
+                       extra: Sequence[StepPlan] = ()) -> int:
+        """Capture every signature the plan uses more than once, ahead of time, before prefill; and each step
+        of ``extra`` (steps the plan cannot list ahead but the stream expects, e.g. a turn's usual last chunk).
 
         Warm-up runs over the arena while its contents do not matter yet; afterwards the arena is
         zeroed, its positions reset and the RNG restored, so step 0 starts as the eager one does.
@@ -133,24 +144,22 @@ class Executor:
             raise RuntimeError("prepare_graphs must run before the first step")
         if not self._graphs_possible():
             return 0
-        counts: Dict[ShapeSignature, StepPlan] = {}
-        uses: Dict[ShapeSignature, int] = {}
+        first: Dict[GraphKey, StepPlan] = {}
+        uses: Dict[GraphKey, int] = {}
         for s in self.plan.timeline:
-            counts.setdefault(s.signature, s)
-            uses[s.signature] = uses.get(s.signature, 0) + 1
+            first.setdefault(graph_key(s), s)
+            uses[graph_key(s)] = uses.get(graph_key(s), 0) + 1
+        wanted = [sp for key, sp in first.items() if uses[key] > 1 or not self.plan.finite]
+        wanted += [sp for sp in extra if graph_key(sp) not in first]   # a one-off step (the last chunk) stays eager
         rng = torch.cuda.get_rng_state(self.device)
-        n = 0
-        for sig, sp in counts.items():
-            if uses[sig] < 2 and self.plan.finite:
-                continue                          # a one-off step (e.g. the last chunk) runs eagerly
+        for sp in wanted:
             inputs = example_inputs(sp)
             self._with_lengths(sp, lambda: self._warm(sp, inputs))
             self._with_lengths(sp, lambda: self._capture(sp, inputs))
-            n += 1
         torch.cuda.synchronize(self.device)
         self._reset_arena()
         torch.cuda.set_rng_state(rng, self.device)
-        return n
+        return len(wanted)
 
     @torch.no_grad()
     def step(self, inputs: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
@@ -158,7 +167,7 @@ class Executor:
         self._apply_toggles()
         sp = self.plan.step(self.k)
         use_graph = self._graphs_possible()
-        entry = self.graphs.get(sp.signature) if use_graph else None
+        entry = self.graphs.get(graph_key(sp)) if use_graph else None
         if entry is not None:
             out = self._replay(entry, sp, inputs)
         else:
@@ -177,9 +186,11 @@ class Executor:
         return out
 
     def _worth_capturing(self, sp: StepPlan) -> bool:
+        if sp.is_last:              # a stream ends once: its last step has a graph only if prepared ahead
+            return False
         if not self.plan.finite:
             return True
-        return sum(1 for s in self.plan.timeline[sp.index + 1:] if s.signature == sp.signature) > 0
+        return any(graph_key(s) == graph_key(sp) for s in self.plan.timeline[sp.index + 1:])
 
     def _with_lengths(self, sp: StepPlan, fn):
         """Run ``fn`` with every region's host length set to the step's ``before`` (then restore)."""
@@ -216,7 +227,7 @@ class Executor:
             self.arena.commit_device(sp)
             return out
         graph, static_out = self.runtime.capture(body)
-        self.graphs[sp.signature] = GraphEntry(sp.signature, graph, static_in, static_out, addresses)
+        self.graphs[graph_key(sp)] = GraphEntry(graph_key(sp), graph, static_in, static_out, addresses)
         self.stats.captures += 1
 
     def _replay(self, entry: GraphEntry, sp: StepPlan, inputs):
