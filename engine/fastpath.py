@@ -32,6 +32,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import threading
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -73,6 +74,52 @@ class Verdict:
 
     def as_dict(self) -> Dict[str, object]:
         return asdict(self)
+
+
+_LENGTH = re.compile(r"^(.*) \((\d+) frames\)$")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def summarize(verdicts: Sequence[Verdict]) -> List[str]:
+    """The verdicts as few lines for people: a path checked at many lengths (``... (14 frames)``) is one line per
+    state and kind of reason, its lengths as ranges (``(1-24, 26, 50 frames)``); where the reasons differ only
+    in their numbers (a max abs diff per length) the largest difference is given. Order: first appearance."""
+    groups: Dict[tuple, List[Tuple[int, Verdict]]] = {}
+    for v in verdicts:
+        m = _LENGTH.match(v.path)
+        base, n = (m.group(1), int(m.group(2))) if m else (v.path, -1)
+        key = (base, v.chosen, v.scope, v.cached, _NUMBER.sub("#", v.reason))
+        groups.setdefault(key, []).append((n, v))
+    lines = []
+    for (base, *_), members in groups.items():
+        first = members[0][1]
+        lengths = sorted({n for n, _ in members if n >= 0})
+        path = f"{base} ({_ranges(lengths)} frames)" if lengths else base
+        reason = first.reason
+        diffs = [v.max_abs_diff for _, v in members if v.max_abs_diff is not None]
+        if len({v.reason for _, v in members}) > 1 and diffs:
+            reason = f"{reason}; largest over {len(members)} lengths {max(diffs):.3g}"
+        lines.append(replace(first, path=path, reason=reason).line())
+    return lines
+
+
+def _ranges(values: List[int]) -> str:
+    """Sorted lengths as runs of one step: [1, 2, 3, 5, 10, 12, 14, 16, 300] -> "1-3, 5, 10-16 by 2, 300"."""
+    out, i = [], 0
+    while i < len(values):
+        j = i + 1
+        if j < len(values):
+            step = values[j] - values[i]
+            while j + 1 < len(values) and values[j + 1] - values[j] == step:
+                j += 1
+        if j < len(values) and (j - i >= 2 or values[j] == values[i] + 1):
+            by = values[i + 1] - values[i]
+            out.append(f"{values[i]}-{values[j]}" + (f" by {by}" if by > 1 else ""))
+            i = j + 1
+        else:
+            out.append(str(values[i]))
+            i += 1
+    return ", ".join(out)
 
 
 # -- the user's override ---------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from engine.audio import SESSION_RATE
-from engine import registry
+from engine import fastpath, registry
 from engine.backbones import Backbone, TokenFormat
 from engine.core import graphs
 from engine.core.toggles import PendingToggles, Toggles
@@ -242,8 +242,9 @@ class DuplexSession:
                      "(the moshi backbone holds a conversation)") if bi and bi.synthetic else "",
             "device": str(self.device), "size": self.cfg.size,
             "voice": self.cfg.voice_label(),
-            "fast_paths": [v.line() for part in (self.tail, self.backbone) if part is not None   # a plug-in part
-                           for v in getattr(part, "fast_paths", list)()],                   # may have none
+            # a plug-in part may have none; a path checked at many lengths is one line (fastpath.summarize)
+            "fast_paths": fastpath.summarize([v for part in (self.tail, self.backbone) if part is not None
+                                              for v in getattr(part, "fast_paths", list)()]),
             **device_memory(self.device),    # the card's size and the process cap, MiB (None on the CPU)
             # the text the backbone started from (its default when none was given); None: it takes none
             "system_prompt": (getattr(self.backbone, "system_prompt", None) if self.backbone is not None
