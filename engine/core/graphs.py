@@ -256,6 +256,10 @@ class GraphRuntime:
         graph.replay()
         self._tally.replays += 1
 
+    def count(self, replays: int) -> None:
+        """``replays`` graphs of this runtime launched directly (``graph.replay()`` in a hot loop), counted."""
+        self._tally.replays += int(replays)
+
 
 def _captured(graph: "torch.cuda.CUDAGraph", fn: Callable[[], T], pool) -> T:
     """``fn`` run inside ``graph``'s capture on the current stream (``pool``: the pool to allocate from, or

@@ -63,6 +63,12 @@ class LayerGraphs:
         self.runtime = runtime or GraphRuntime(self.device, f"layer graphs: {type(llm).__name__} x{t}")
         if capture:
             self._capture()
+        # the TTS's one query on its own lane, replayed in a lean loop: per layer the graph, then the attention
+        # kernels over the static query and straight into the next graph's input (ExactAttention.into's ops)
+        self._lane = ([(g, self.outs[i][1][0], self.attend.kt[i], self.attend.v3[i], self.att[i][0])
+                       for i, g in enumerate(self.graphs[:-1])] if self.graphs and t == 1 and self.attend.lane
+                      else None)
+        self._scale = d.head_dim ** -0.5
 
     # -- the segments (the pieces below, shared with exact_graphs.py) ----------------------------------
     def _segment(self, s: int):
@@ -111,6 +117,9 @@ class LayerGraphs:
         torch.add(self._steps, kv.length, out=self.pos)
         mask = causal_mask(t, n, self.device)
         layers = self.llm.d.layers
+        if self._lane is not None and mask is None:
+            self._replay_lane(n)
+            return self._done(t)
         for s in range(layers + 1):
             if self.graphs:
                 self.runtime.replay(self.graphs[s])
@@ -118,10 +127,25 @@ class LayerGraphs:
                 self.outs = self.outs[:s] + [self._segment(s)] if s else [self._segment(0)]
             if s < layers:
                 self.attend.into(s, self.outs[s][1], n, mask, self.att[s])
-        kv.commit(t)
+        return self._done(t)
+
+    def _replay_lane(self, n: int) -> None:
+        """Every layer's graph, each followed by the one query's attention over ``n`` positions (the ops of
+        :meth:`ExactAttention.into`, with the scores scaled in place), then the last graph; host-bound past the
+        TTS's room, so nothing else runs per layer."""
+        dt, scale = self.x_in.dtype, self._scale
+        for g, q0, kt, v3, o0 in self._lane:
+            g.replay()
+            scores = torch.bmm(q0, kt.narrow(2, 0, n)).mul_(scale)
+            torch.bmm(torch.softmax(scores, -1, dtype=torch.float32).to(dt), v3.narrow(1, 0, n), out=o0)
+        self.graphs[-1].replay()
+        self.runtime.count(len(self.graphs))
+
+    def _done(self, t: int) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        self.kv.commit(t)
         self.replays += 1
-        h = self.outs[layers][0]
-        return h.clone(), (self.outs[layers][1].clone() if t == 1 else None)
+        h = self.outs[-1][0]
+        return h.clone(), (self.outs[-1][1].clone() if t == 1 else None)
 
 
 
