@@ -197,3 +197,22 @@ def test_a_turn_s_last_chunk_runs_on_the_live_executor_as_prepared_at_start(monk
         last = tail._declared.declared[-1]
         assert last.is_last and (graph_key(last) == graph_key(usual[0])) == (pushes == (28, 25, 25, 25))
     assert EngineTail._usual_last_steps(_tail("demand", True, chunked=False)) == []
+
+
+def test_graph_keys_part_first_and_last_steps_only_where_the_model_branches_on_them(base):
+    """Step-Audio2 reads ``is_last`` and ``index == 0`` in its step, so a first or last step has a graph of its own
+    even at another step's shapes; a model that reads neither (Mimi, the Nemotron codec, the audio encoder) shares
+    one graph per signature, as before (one capture fewer each, session 16's GPU tests)."""
+    from dataclasses import replace
+    from engine.core import Executor
+    from engine.core.executor import graph_key
+    from engine.models.mimi.model import MimiDecoder
+    from engine.models.step_audio2.config import preset
+    from engine.models.step_audio2.model import StepAudio2Token2Wav
+    settled, first = base.step(5), base.step(0)
+    last = replace(settled, is_last=True)
+    assert StepAudio2Token2Wav.step_branches == ("last", "first") and MimiDecoder.step_branches == ()
+    ex = Executor(StepAudio2Token2Wav(preset("tiny")), base, "cpu")
+    assert ex._key(last) != ex._key(settled) and ex._key(first) == (first.signature, False, True)
+    for sp in (settled, first, last):
+        assert graph_key(sp, ()) == (sp.signature, False, False)

@@ -23,20 +23,20 @@ import torch
 
 from .arena import ArenaBase, DemandArena, make_arena
 from .model import StateView, StreamingModel
-from .planner import Plan, ShapeSignature, StepPlan
-
-#: what one graph is captured for: the step's shape signature, whether it is a stream's last step and whether it
-#: is its first (a model may branch on either: Step-Audio2's last chunk reads no lookahead, its first has no
-#: overlap to fade), so a last or first step never replays another step's graph of the same shapes
-GraphKey = Tuple[ShapeSignature, bool, bool]
-
-
-def graph_key(sp: StepPlan) -> GraphKey:
-    return sp.signature, bool(sp.is_last), sp.index == 0
 from .graphs import GraphRuntime
+from .planner import Plan, ShapeSignature, StepPlan
 from .toggles import Toggles, graphs_can_run
 
 log = logging.getLogger("engine.executor")
+
+#: what one graph is captured for: the step's shape signature, and whether it is a stream's last step and its first
+#: where the model branches on them (:attr:`~engine.core.model.StreamingModel.step_branches`: Step-Audio2's last
+#: chunk reads no lookahead, its first has no overlap to fade), so such a step never replays another step's graph
+GraphKey = Tuple[ShapeSignature, bool, bool]
+
+
+def graph_key(sp: StepPlan, branches: Sequence[str] = ("last", "first")) -> GraphKey:
+    return sp.signature, "last" in branches and bool(sp.is_last), "first" in branches and sp.index == 0
 
 
 @dataclass
@@ -81,6 +81,7 @@ class Executor:
         self.arena: ArenaBase = make_arena("demand" if demand_sized else "stock", plan, self.device)
         self.state = StateView(self.arena)
         self.graphs: Dict[GraphKey, GraphEntry] = {}
+        self._branches = tuple(getattr(model, "step_branches", ()))
         self.runtime = GraphRuntime(self.device, f"executor: {type(model).__name__}")   # stream, pool, the gate
 
     # -- toggles -------------------------------------------------------------------------------------
@@ -147,10 +148,10 @@ class Executor:
         first: Dict[GraphKey, StepPlan] = {}
         uses: Dict[GraphKey, int] = {}
         for s in self.plan.timeline:
-            first.setdefault(graph_key(s), s)
-            uses[graph_key(s)] = uses.get(graph_key(s), 0) + 1
+            first.setdefault(self._key(s), s)
+            uses[self._key(s)] = uses.get(self._key(s), 0) + 1
         wanted = [sp for key, sp in first.items() if uses[key] > 1 or not self.plan.finite]
-        wanted += [sp for sp in extra if graph_key(sp) not in first]   # a one-off step (the last chunk) stays eager
+        wanted += [sp for sp in extra if self._key(sp) not in first]   # a one-off step (the last chunk) stays eager
         rng = torch.cuda.get_rng_state(self.device)
         for sp in wanted:
             inputs = example_inputs(sp)
@@ -167,7 +168,7 @@ class Executor:
         self._apply_toggles()
         sp = self.plan.step(self.k)
         use_graph = self._graphs_possible()
-        entry = self.graphs.get(graph_key(sp)) if use_graph else None
+        entry = self.graphs.get(self._key(sp)) if use_graph else None
         if entry is not None:
             out = self._replay(entry, sp, inputs)
         else:
@@ -185,12 +186,15 @@ class Executor:
         self.stats.eager_steps += 1
         return out
 
+    def _key(self, sp: StepPlan) -> GraphKey:
+        return graph_key(sp, self._branches)
+
     def _worth_capturing(self, sp: StepPlan) -> bool:
         if sp.is_last:              # a stream ends once: its last step has a graph only if prepared ahead
             return False
         if not self.plan.finite:
             return True
-        return any(graph_key(s) == graph_key(sp) for s in self.plan.timeline[sp.index + 1:])
+        return any(self._key(s) == self._key(sp) for s in self.plan.timeline[sp.index + 1:])
 
     def _with_lengths(self, sp: StepPlan, fn):
         """Run ``fn`` with every region's host length set to the step's ``before`` (then restore)."""
@@ -227,7 +231,7 @@ class Executor:
             self.arena.commit_device(sp)
             return out
         graph, static_out = self.runtime.capture(body)
-        self.graphs[graph_key(sp)] = GraphEntry(graph_key(sp), graph, static_in, static_out, addresses)
+        self.graphs[self._key(sp)] = GraphEntry(self._key(sp), graph, static_in, static_out, addresses)
         self.stats.captures += 1
 
     def _replay(self, entry: GraphEntry, sp: StepPlan, inputs):

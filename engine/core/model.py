@@ -15,7 +15,7 @@ Rules a ``step`` must follow so that graph replay is exact (REFERENCE.md §5):
 """
 from __future__ import annotations
 
-from typing import Dict, List, Mapping
+from typing import Dict, List, Mapping, Tuple
 
 import torch
 from torch import nn
@@ -82,6 +82,10 @@ class StreamingModel(nn.Module):
 
     #: registry name, e.g. "step-audio2", "mimi"
     name: str = "abstract"
+    #: what, besides the shapes, changes what :meth:`step` runs: ``"last"`` (``plan.is_last``) and ``"first"``
+    #: (``plan.index == 0``). The executor captures one graph per shape signature and each of these (a model that
+    #: reads neither shares one graph between a first or last step and the others of the same shapes)
+    step_branches: Tuple[str, ...] = ()
 
     def regions(self, spec: SessionSpec) -> List[Region]:
         """Declare every state region (with clock and retention) for this session."""

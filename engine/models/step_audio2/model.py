@@ -49,6 +49,7 @@ class StepAudio2Token2Wav(StreamingModel):
     """The whole tail (flow + HiFT). Call :meth:`prepare` after moving it to its device."""
 
     name = "step-audio2"
+    step_branches = ("last", "first")      # the last chunk reads no lookahead; the first fades in no overlap
 
     def __init__(self, cfg: T2WConfig):
         super().__init__()
