@@ -194,7 +194,8 @@ class Executor:
             return False
         if not self.plan.finite:
             return True
-        return any(self._key(s) == self._key(sp) for s in self.plan.timeline[sp.index + 1:])
+        key = self._key(sp)
+        return any(self._key(s) == key for s in self.plan.timeline[sp.index + 1:])
 
     def _with_lengths(self, sp: StepPlan, fn):
         """Run ``fn`` with every region's host length set to the step's ``before`` (then restore)."""

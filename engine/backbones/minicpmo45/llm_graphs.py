@@ -133,11 +133,10 @@ class LayerGraphs:
         """Every layer's graph, each followed by the one query's attention over ``n`` positions (the ops of
         :meth:`ExactAttention.into`, with the scores scaled in place), then the last graph; host-bound past the
         TTS's room, so nothing else runs per layer."""
-        dt, scale = self.x_in.dtype, self._scale
+        scale = self._scale
         for g, q0, kt, v3, o0 in self._lane:
             g.replay()
-            scores = torch.bmm(q0, kt.narrow(2, 0, n)).mul_(scale)
-            torch.bmm(torch.softmax(scores, -1, dtype=torch.float32).to(dt), v3.narrow(1, 0, n), out=o0)
+            one_query_into(q0, kt, v3, n, scale, o0)
         self.graphs[-1].replay()
         self.runtime.count(len(self.graphs))
 
@@ -228,9 +227,7 @@ class ExactAttention:
         if not (self.lane and mask is None and q.shape[2] == 1):
             out.copy_(self(i, q, n, mask))
             return
-        scores = torch.bmm(q[0], self.kt[i].narrow(2, 0, n)) * (q.shape[-1] ** -0.5)
-        weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        torch.bmm(weights, self.v3[i].narrow(1, 0, n), out=out[0])
+        one_query_into(q[0], self.kt[i], self.v3[i], n, q.shape[-1] ** -0.5, out[0])
 
     @staticmethod
     def _one_query(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -239,6 +236,15 @@ class ExactAttention:
         scores = torch.bmm(q[0], k[0].transpose(1, 2)) * (q.shape[-1] ** -0.5)
         weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         return torch.bmm(weights, v[0]).unsqueeze(0)
+
+
+def one_query_into(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, n: int, scale: float, out: torch.Tensor
+                   ) -> None:
+    """The written-out attention of one query (:meth:`ExactAttention._one_query`'s kernels) over the first ``n``
+    positions, written into ``out`` [H, 1, hd]: q [H, 1, hd], kt the keys transposed [H, hd, capacity], v the
+    values [H, capacity, hd]; the scores scaled in place (the same rounding as a new tensor)."""
+    scores = torch.bmm(q, kt.narrow(2, 0, n)).mul_(scale)
+    torch.bmm(F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v.narrow(1, 0, n), out=out)
 
 
 def make_layer_graphs(llm: Qwen3, kv, device, want: bool, tokens: int = 1) -> Optional[LayerGraphs]:
