@@ -426,8 +426,9 @@ def test_full_depth_exact_forwards_prepared_ahead_equal_eager_over_a_long_histor
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_released_tts_steps_captured_ahead_past_the_room_equal_eager():
     """A reply longer than its prepared room (60 positions here): before each second the next 45 lengths are
-    captured (issue 23), so every step replays its own graph, never the between-attention ones; the logits
-    are the eager ones, and the lengths passed are dropped."""
+    captured (issue 23), each launched once there (its upload; it writes only past the history), so every step
+    replays its own graph, never the between-attention ones; the logits are the eager ones, the lengths passed
+    are dropped, and a ``stop`` that turns True (the next frame) ends the captures where it does."""
     d, tts, stock, ours = released_tts_pair(400)
     dt = torch.bfloat16
     dg = DecodeGraphs(tts, torch.device("cuda"), recurring=60)
@@ -435,7 +436,12 @@ def test_released_tts_steps_captured_ahead_past_the_room_equal_eager():
     g = torch.Generator(device="cpu").manual_seed(1)
     made = 0
     with torch.no_grad():
-        for n_text in (7, 0, 18, 3, 11):
+        for i, n_text in enumerate((7, 0, 18, 3, 11)):
+            if i == 2:                                    # the next frame came after 5 captures: the rest waits
+                asked = []
+                part = dg.ahead(ours, 45, stop=lambda: asked.append(1) or len(asked) > 5)
+                assert part == 5 and len(asked) == 6
+                made += part
             made += dg.ahead(ours, 45)
             cond = (torch.randn(n_text + 1, d.tts.hidden, generator=g) * 0.5).to(device="cuda", dtype=dt)
             assert torch.equal(tts(cond, stock), tts(cond, ours))
@@ -474,7 +480,7 @@ def test_tiny_session_with_seconds_prepared_ahead_equals_stock(monkeypatch):
             if mode == "flip":
                 s.set_toggles(Toggles(bool(k % 2), bool(k % 2)))
             out.append(s.process(f)[0])
-            s.ahead()                          # the first second had nothing prepared: ahead starts after it
+            s.ahead("all")                     # the first second had nothing prepared: ahead starts after it
         outs[mode] = (np.concatenate(out), [r.text for r in s.records])
         if mode == "graphs":
             ex = s.backbone.llm_exact

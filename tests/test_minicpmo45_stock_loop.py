@@ -579,7 +579,7 @@ def _our_session_seconds(folder: Path, pcm: np.ndarray, seed: int, demand: bool,
                 _, rec = s.process(pcm[k * 16000:(k + 1) * 16000], force_listen=k == barge_in)
                 out.append(dict(cur, record=rec, speech=torch.from_numpy(s.last_speech.copy())))
                 cur = {}
-                s.ahead()                                # the next second's graphs, as the bench's --ahead all
+                s.ahead()                                # the next second's graphs, as the live worker prepares them
             tail_after = s.tail.new_turn(flush=True) if s._turn_flush else np.zeros(0, np.float32)
         out.append({"speech": torch.from_numpy(np.asarray(tail_after, np.float32).reshape(-1))})
     finally:

@@ -56,6 +56,7 @@ from engine import registry
 from engine.core import graphs
 from engine.core.toggles import MODES, Toggles
 from engine.session import DuplexSession, SessionConfig, export_records, summarize
+from engine.session.config import AHEADS
 from engine.session.records import DEADLINE_MS
 from engine.stats import MIB, progress, table
 
@@ -303,11 +304,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--account-at", default=None, metavar="K[,K...]",
                    help="count these seconds (0-based) instead of the automatic pick, e.g. the first speaking "
                         "second or the slowest one a run named; counted even with --account-seconds 0")
-    p.add_argument("--ahead", choices=["off", "listen", "all"], default="off",
+    p.add_argument("--ahead", choices=list(AHEADS), default="tts",
                    help="minicpm-o-4.5, graphs: after each second, off its clock, capture the next second's graphs "
-                        "at their exact positions (listen: LISTEN's forwards and THINK's first; all: every LLM "
-                        "forward and the TTS steps past a reply's room); each record's ahead_ms says what it took. "
-                        "Default off: on the H200 'all' took ~2 s a second and the seconds were no faster")
+                        "at their exact positions (tts, the default and the live app's: the TTS steps of a reply "
+                        "past its prepared room; listen: LISTEN's forwards and THINK's first; all: every LLM "
+                        "forward and the TTS's); each record's ahead_ms says what it took. 'all' took ~2 s a "
+                        "second on the H200, past the idle time")
     p.add_argument("--stock-loop", default=None, metavar="PYTHON",
                    help="minicpm-o-4.5: also run MiniCPM-o-Demo's own duplex loop with this interpreter (its venv, "
                         "e.g. .venv-stock/bin/python) over the same folder, input and seed, interleaved with our "
@@ -502,7 +504,7 @@ def main(argv=None) -> int:
         out = Path(a.out)
         doc = {"seconds": len(frames),
                "modes": {key: _mode_doc(labels[key], results[key]) for key in keys},
-               "account_seconds": a.account_seconds, "account_at": a.account_at,
+               "account_seconds": a.account_seconds, "account_at": a.account_at, "ahead": a.ahead,
                "reference": keys[0], "identical": identical if identical else "n/a", "flip_identical": flip,
                "flip_seconds": n_flip if flip is not None else 0, "divergence": where, "deadline_ms": DEADLINE_MS,
                "torch": torch.__version__,

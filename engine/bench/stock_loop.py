@@ -312,7 +312,7 @@ def compare(a, base_cfg, audio: np.ndarray, modes: List[str], ours) -> int:
         if row.get("memory_map"):
             print(memory_map.format_map(name, row["memory_map"]))
     doc = {"seconds": seconds, "seed": a.seed, "repeats": a.stock_loop_repeats, "device": base_cfg.device,
-           "folder": str(folder), "threads": threads, "peak_memory": kind, "rows": rows,
+           "folder": str(folder), "threads": threads, "peak_memory": kind, "ahead": a.ahead, "rows": rows,
            "reference": STOCK_LABELS["eager"], "torch": torch.__version__,
            "gpu": torch.cuda.get_device_name(0) if cuda else "cpu"}
     text = json.dumps(doc, indent=1)

@@ -10,6 +10,9 @@ from engine import registry
 
 SIZES = ("auto", "released", "tiny")
 DEVICES = ("auto", "cpu", "cuda")
+#: what a session prepares between seconds (DuplexSession.ahead): nothing, the TTS steps of a reply past its
+#: prepared room (the default), the LLM's forwards of LISTEN, or every forward of the next second
+AHEADS = ("off", "tts", "listen", "all")
 
 
 def _cuda_available() -> bool:
@@ -48,6 +51,7 @@ class SessionConfig:
     cpu_threads: int = 0            # torch threads on the CPU; 0 = auto: all cores but one (audio, GUI)
     system_prompt: Optional[str] = None   # minicpm-o-4.5: the session's system prompt (None: the demo's default)
     input_rate: int = 24000         # the rate of process()'s frames: 24 kHz, or 16 kHz for minicpm-o-4.5
+    ahead: str = "tts"              # prepared between seconds, off the clock (AHEADS; a backbone without it: none)
 
     def replace(self, **changes) -> "SessionConfig":
         return dataclasses.replace(self, **changes)
@@ -58,6 +62,7 @@ class SessionConfig:
         _check_choice("backbone", self.backbone, registry.backbone_names())
         _check_choice("size", self.size, SIZES)
         _check_choice("device", self.device, DEVICES)
+        _check_choice("ahead", self.ahead, AHEADS)
         cuda = _cuda_available()
         device = self.device if self.device != "auto" else ("cuda" if cuda else "cpu")
         if device == "cuda" and not cuda:

@@ -180,3 +180,9 @@ class LiveRunner(FrameInbox):
                 log.warning(notice)
                 warned = True
             self.results.put(LiveResult(rec, audio, not notice, notice, session.last_speech))
+            if not self._frames and not self._stop:      # idle until the next frame: prepare its graphs
+                session.ahead(stop=self._frame_waiting)
+
+    def _frame_waiting(self) -> bool:
+        """Whether the next frame (or a stop) is here: what the idle-time preparation stops for."""
+        return bool(self._frames) or self._stop

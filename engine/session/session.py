@@ -16,7 +16,7 @@ import atexit
 import gc
 import os
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -335,18 +335,20 @@ class DuplexSession:
         self.records.append(rec)
         return out, rec
 
-    def ahead(self, scope: str = "all") -> float:
+    def ahead(self, scope: Optional[str] = None, stop: Optional[Callable[[], bool]] = None) -> float:
         """After a second, in the time before the next frame: let the backbone capture what the next second
         replays (backbones with ``prepare_ahead``; graphs on; a forward it did not prepare runs the slower
-        graphs, with the same bits). Its time and captures go on the last second's record (``ahead_ms``, ``ahead_captures``), never into its total. Returns the ms spent.
-        ``scope``: what to prepare (the backbone's ``AHEAD_SCOPES``). Off unless asked for (the session bench's
-        ``--ahead``): measured on the H200 it does not pay yet (docs/device-notes-session10.md)."""
+        graphs, with the same bits). Its time and captures go on the last second's record (``ahead_ms``,
+        ``ahead_captures``), never into its total. Returns the ms spent. ``scope``: what to prepare (the
+        backbone's ``AHEAD_SCOPES``; None: the config's ``ahead``, "off" for nothing); ``stop``: asked between
+        captures, True once the next frame is waiting (the live worker's queue)."""
+        scope = self.cfg.ahead if scope is None else scope
         prepare = getattr(self.backbone, "prepare_ahead", None)
-        if prepare is None or not self.records:
+        if prepare is None or not self.records or scope == "off":
             return 0.0
         t0 = time.perf_counter()
         with torch.no_grad(), self._oom("preparing the next second"):
-            made = int(prepare(scope))
+            made = int(prepare(scope, stop))
         ms = (time.perf_counter() - t0) * 1000.0
         rec = self.records[-1]
         rec.ahead_ms += ms

@@ -25,10 +25,11 @@ forwards replay graphs between its attention calls (llm_graphs.py), attention ea
 length grows every token, and a padded cache with a mask would change the bits (one-query attention reads the
 grouped key/value heads as they are where the start-up check proved it: gqa.py). Before the first second a
 CUDA session rehearses one second's eager paths on scratch (rehearse.py) and the CPU log-mel's first calls
-run on throwaway front ends, so the first seconds pay no first launches. Optionally
-(:meth:`MiniCPMO45Backbone.prepare_ahead`, the session bench's ``--ahead``) the next second's forwards are
-captured whole at their exact positions in the time between seconds (exact_graphs.py). Every mode gives the
-same tokens, codes and audio.
+run on throwaway front ends, so the first seconds pay no first launches. In the time between seconds
+(:meth:`MiniCPMO45Backbone.prepare_ahead`; the session's ``ahead``, the bench's ``--ahead``) the TTS steps of a
+reply past its prepared room get their per-length graphs (the default), and optionally the next second's LLM
+forwards are captured whole at their exact positions (exact_graphs.py). Every mode gives the same tokens, codes
+and audio.
 """
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ PREPARED_REPLY_SECONDS = 4
 #: prefill widths (21 graphs each) captured again in one second after a listening one, once the TTS store moved
 PREFILL_WIDTHS_PER_SECOND = 4
 #: what :meth:`MiniCPMO45Backbone.prepare_ahead` may capture between seconds
-AHEAD_SCOPES = ("listen", "all")
+AHEAD_SCOPES = ("tts", "listen", "all")
 
 
 class MiniCPMO45Backbone(Backbone):
@@ -341,28 +342,29 @@ class MiniCPMO45Backbone(Backbone):
             slots = self.dims.sampling.max_tokens_per_unit - 1
         return next_forwards(self.kv_llm.length, len(pending) if pending else 0, self.audio_tokens(), slots)
 
-    def prepare_ahead(self, scope: str = "all") -> int:
+    def prepare_ahead(self, scope: str = "all", stop: Optional[Callable[[], bool]] = None) -> int:
         """Between seconds (the session's idle time): capture what the next second replays. ``scope``
-        ``"listen"``: the LLM's whole forwards of LISTEN and of THINK's first slot at their exact positions
-        (:meth:`next_forwards`); ``"all"``: every slot's, and, in a reply past its prepared room, the TTS's
-        per-length steps of the next worst-case second. A forward not prepared runs the layer graphs. Nothing
-        where graphs are off. Returns the captures made.
+        ``"tts"`` (the live session's default): in a reply past its prepared room, the TTS's per-length steps of
+        the next worst-case second; ``"listen"``: the LLM's whole forwards of LISTEN and of THINK's first slot at
+        their exact positions (:meth:`next_forwards`); ``"all"``: every LLM slot's, and the TTS's. A forward not
+        prepared runs the layer graphs, with the same bits. ``stop`` (asked between captures): the next frame is
+        here. Nothing where graphs are off. Returns the captures made.
 
-        Not on by default (the session bench's ``--ahead``): on the H200 (session 10) capturing "all" took
-        ~2 s per second, past the idle time, and the second itself was no faster (not yet explained; each of
-        these graphs replays once: docs/device-notes-session10.md)."""
+        The LLM's scopes are not on by default: on the H200 (session 10) capturing "all" took ~2 s per second,
+        past the idle time (docs/device-notes-session10.md)."""
         if scope not in AHEAD_SCOPES:
             raise ValueError(f"ahead scope {scope!r}: choose one of {', '.join(AHEAD_SCOPES)}")
         if not hasattr(self, "protocol") or not self._graphs_on():
             return 0
         made = 0
         with torch.no_grad():
-            if self.kv_llm.kind == "demand" and self.device.type == "cuda":
+            llm = scope in ("listen", "all")
+            if llm and self.kv_llm.kind == "demand" and self.device.type == "cuda":
                 if self.llm_exact is None or not self.llm_exact.valid_for(self.kv_llm):
                     self.llm_exact = ExactForwards(self.llm, self.kv_llm, self.device)
                 made += self.llm_exact.prepare(self.next_forwards(0 if scope == "listen" else None))
-            if scope == "all" and self.tts_graphs is not None and self.kv_tts.kind == "demand":
-                made += self.tts_graphs.ahead(self.kv_tts, TTS_TOKENS_PER_SECOND)
+            if scope in ("tts", "all") and self.tts_graphs is not None and self.kv_tts.kind == "demand":
+                made += self.tts_graphs.ahead(self.kv_tts, TTS_TOKENS_PER_SECOND, stop)
         return made
 
     # -- per second ------------------------------------------------------------------------------------

@@ -9,13 +9,14 @@ token2wav (the 26th is drawn and dropped, as the stock does). Its key/value hist
 Graph replay: a decode step's shapes depend only on how many positions the turn's KV holds, and those
 positions recur every turn. :class:`DecodeGraphs` keeps one CUDA graph per KV length over a
 :class:`~.kv.DemandKV` (stable addresses, exact-length views), captured ahead of time up to the turn
-length the turn policy allows; a length past it (a history carried over cut replies, as the stock keeps
-it) runs through graphs between the attention calls, valid at every length; sampling stays outside the
-graph (it is the same code in every mode, so the draws are the same).
+length the turn policy allows. Past it (a long reply, or a history carried over cut replies, as the stock
+keeps it) the session's idle time between seconds captures the next second's lengths (:meth:`DecodeGraphs.ahead`,
+the live worker's default); a length with no graph runs through graphs between the attention calls, valid at
+every length. Sampling stays outside the graph (it is the same code in every mode, so the draws are the same).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -136,11 +137,17 @@ class DecodeGraphs:
         kv.v_buf.zero_()
         kv.reset()
 
-    def ahead(self, kv, span: int) -> int:
+    def ahead(self, kv, span: int, stop: Optional[Callable[[], bool]] = None) -> int:
         """Between seconds, in a reply longer than the prepared room: the per-length graphs of the next
         ``span`` lengths past the history (a second adds at most the declared worst case), so the next
         second's steps replay one graph each instead of the between-attention graphs. Lengths the history
-        has passed are dropped (a later turn reaching them captures them again). Returns how many were made."""
+        has passed are dropped (a later turn reaching them captures them again). ``stop`` (asked before each
+        capture): the next second is here, the rest waits. Returns how many were made.
+
+        Each new graph is launched once here, writing only past the history (where the real step writes again
+        before anything reads): a graph's first launch uploads it to the device, and each of these replays
+        once in the second itself, so that cost stays out of the second (the H200's session 10: graphs
+        prepared ahead without it made the second no faster)."""
         self._follow(kv)
         room = self.recurring or 0
         for n in [n for n in self.graphs if room < n <= kv.length]:
@@ -152,7 +159,10 @@ class DecodeGraphs:
             for n in range(max(kv.length + 1, room + 1), min(kv.length + int(span), kv.capacity) + 1):
                 if n in self.graphs:
                     continue
+                if stop is not None and stop():
+                    break
                 self.capture(kv, n, warm=True)        # warmed, as the prepared room's are
+                self.graphs[n][0].replay()            # its upload, here rather than in the second
                 made += 1
         return made
 
