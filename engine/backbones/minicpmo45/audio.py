@@ -16,14 +16,16 @@ The stock keeps growing the encoder's key/value cache and drops it when it would
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine import fastpath
 from engine.core.graphs import example_randn
 from engine.core import (Clock, Executor, Region, Retention, SessionSpec, SlidingWindow, StateView, StepPlan,
                          StreamingModel, make_plan)
@@ -115,6 +117,10 @@ class FrontEnd:
         self.executor.init_state({})
         self.resampler = FirResampler(cpu)
         self.rate: Optional[int] = None
+        # torch's intra-op threads for the CPU work (None: the process's); 1 where the start-up check proved the
+        # same bits (check_one_thread): on a CUDA session the threads sleep between seconds and waking them cost
+        # up to 13 ms a second on two cores (session 17), more where a core is busy
+        self.threads: Optional[int] = None
 
     def __call__(self, audio: torch.Tensor) -> torch.Tensor:
         rate = {RATE: RATE, RATE_IN: RATE_IN}.get(int(audio.shape[-1])) if audio.dim() == 1 else None
@@ -125,8 +131,10 @@ class FrontEnd:
             raise ValueError(f"this session's audio is at {self.rate} Hz; a second at {rate} Hz cannot follow it")
         self.rate = rate
         audio = audio.to("cpu", torch.float32)
-        pcm = audio if rate == RATE else self.resampler(audio)
-        return self.executor.step({"pcm": pcm})["features"].to(self.device)
+        with intra_op_threads(self.threads):
+            pcm = audio if rate == RATE else self.resampler(audio)
+            features = self.executor.step({"pcm": pcm})["features"]
+        return features.to(self.device)
 
     def set_toggles(self, toggles: Toggles) -> None:
         self.executor.set_toggles(Toggles(toggles.demand_sized, False))
@@ -145,6 +153,43 @@ def warm_front_end(fbank: torch.Tensor, window: torch.Tensor, device) -> None:
         front = FrontEnd(fbank, window, device, demand_sized=True)
         for _ in range(calls):
             front(torch.randn(rate, generator=g) * 0.1)
+
+
+@contextlib.contextmanager
+def intra_op_threads(n: Optional[int]) -> Iterator[None]:
+    """torch's intra-op thread count set to ``n`` while the block runs (None: left as it is)."""
+    was = torch.get_num_threads()
+    if n is None or n == was:
+        yield
+        return
+    torch.set_num_threads(int(n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(was)
+
+
+def check_one_thread(fbank: torch.Tensor, window: torch.Tensor, seconds: int = 4) -> fastpath.Verdict:
+    """Whether the front end gives the same features on one thread as on the process's threads: two fresh front
+    ends fed the same random seconds at both input rates (the resampler, the FFT, the mel product), compared
+    bit for bit. Chosen only when every feature is equal (torch promises no thread-count independence)."""
+    threads = torch.get_num_threads()
+    path = "front end on one thread"
+    if threads == 1:
+        return fastpath.Verdict(path, True, "the process runs one thread")
+    g = torch.Generator().manual_seed(5)
+    for rate in (RATE_IN, RATE):
+        ours, theirs = (FrontEnd(fbank, window, "cpu", demand_sized=True) for _ in range(2))
+        ours.threads = 1
+        for k in range(seconds):
+            x = torch.randn(rate, generator=g) * (0.3 if k % 2 else 0.02)
+            a, b = theirs(x), ours(x)
+            if not torch.equal(a, b):
+                diff = float((a - b).abs().max())
+                return fastpath.Verdict(path, False, f"{threads} threads and 1 differ at {rate} Hz, second {k}",
+                                        max_abs_diff=diff)
+    return fastpath.Verdict(path, True, f"bit-identical to {threads} threads ({seconds} s at 24 and 16 kHz)",
+                            max_abs_diff=0.0)
 
 
 def resampler_kernels(taps: int = TAPS, cutoff: float = 0.3) -> torch.Tensor:

@@ -43,7 +43,7 @@ from engine.core.toggles import PendingToggles, Toggles
 from engine.kernels import exact
 
 from ..base import Backbone, BackboneInfo, Thought, TokenFormat
-from .audio import AudioEncoder, FrontEnd, warm_front_end
+from .audio import AudioEncoder, FrontEnd, check_one_thread, warm_front_end
 from . import gqa
 from .dims import Dims, preset
 from .exact_graphs import ExactForwards, next_forwards
@@ -153,6 +153,10 @@ class MiniCPMO45Backbone(Backbone):
             self.executor.init_state({})
             self.front = FrontEnd(self.encoder.fbank, self.encoder.window, dev, self._toggles.demand_sized)
             warm_front_end(self.encoder.fbank, self.encoder.window, dev)     # the CPU mel's first calls, off the clock
+            if dev.type == "cuda":                 # the CPU's threads sleep between seconds: one, where proven
+                one = check_one_thread(self.encoder.fbank, self.encoder.window)
+                self.front.threads = 1 if one.chosen else None
+                self._fused.append(one)
             self._make_stores()
             self._prepare_tts_graphs()
             self._capture_llm_graphs()

@@ -161,7 +161,7 @@ class DecodeGraphs:
                     continue
                 if stop is not None and stop():
                     break
-                self.capture(kv, n, warm=True)        # warmed, as the prepared room's are
+                self.capture(kv, n, warm=False)       # its kernels first ran in the start-up captures
                 self.graphs[n][0].replay()            # its upload, here rather than in the second
                 made += 1
         return made
