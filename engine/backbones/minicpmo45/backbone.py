@@ -103,7 +103,7 @@ class MiniCPMO45Backbone(Backbone):
         self._pending = PendingToggles(self._toggles)         # applied at the next LISTEN
         self.debug = debug
         self._shared = shared
-        self._fused: List[fastpath.Verdict] = []        # the fused norm/RoPE check's verdict (start, on CUDA)
+        self._fused: List[fastpath.Verdict] = []        # the start-up self-checks' verdicts (on CUDA)
         self.system_prompt = DEFAULT_SYSTEM_PROMPT if system_prompt is None else str(system_prompt)
         self.reference_clip = choose_clip(self.folder.path if self.folder else None, reference_audio)
         self.dtype = self.model_dtype(self.device)
