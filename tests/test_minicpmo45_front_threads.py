@@ -3,23 +3,30 @@ features with the process's threads bit for bit and chooses one thread only when
 comes back after every call; a planted difference under one thread turns the check down."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from engine.backbones.minicpmo45 import audio as A
 from engine.backbones.minicpmo45.mel import StreamingLogMel
+
+pytestmark = pytest.mark.bits            # also run with the AVX2 kernels (.ci/run)
 
 
 def _parts():
     return A.slaney_mel(128), torch.hann_window(400, periodic=True)
 
 
-def test_one_thread_front_end_gives_the_same_features_and_puts_the_threads_back():
+def test_one_thread_front_end_gives_the_same_features_and_puts_the_threads_back(fresh_fastpath):
     fbank, window = _parts()
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         verdict = A.check_one_thread(fbank, window)
-        assert verdict.chosen and verdict.max_abs_diff == 0.0 and "bit-identical to 2 threads" in verdict.reason
+        assert verdict.chosen and verdict.max_abs_diff == 0.0
+        assert "bit-identical to the reference (8 tensors" in verdict.reason
+        assert A.check_one_thread(fbank, window).cached                      # a later session start: no trial
+        fresh_fastpath.force_reference(True)                                  # --reference-paths: the process's
+        assert not A.check_one_thread(fbank, window).chosen
         ours, theirs = (A.FrontEnd(fbank, window, "cpu", demand_sized=True) for _ in range(2))
         ours.threads = 1
         seen = []
@@ -42,7 +49,7 @@ def test_one_thread_front_end_gives_the_same_features_and_puts_the_threads_back(
         torch.set_num_threads(before)
 
 
-def test_a_difference_under_one_thread_turns_the_check_down(monkeypatch):
+def test_a_difference_under_one_thread_turns_the_check_down(monkeypatch, fresh_fastpath):
     fbank, window = _parts()
     real = StreamingLogMel._log_mel
 
@@ -61,5 +68,5 @@ def test_a_difference_under_one_thread_turns_the_check_down(monkeypatch):
             assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
-    assert not verdict.chosen and "2 threads and 1 differ at 24000 Hz, second 0" in verdict.reason
+    assert not verdict.chosen and verdict.reason.endswith("(first in out[0])")   # 24 kHz, second 0
     assert 0.0 < verdict.max_abs_diff < 1e-5

@@ -170,26 +170,21 @@ def intra_op_threads(n: Optional[int]) -> Iterator[None]:
 
 
 def check_one_thread(fbank: torch.Tensor, window: torch.Tensor, seconds: int = 4) -> fastpath.Verdict:
-    """Whether the front end gives the same features on one thread as on the process's threads: two fresh front
-    ends fed the same random seconds at both input rates (the resampler, the FFT, the mel product), compared
-    bit for bit. Chosen only when every feature is equal (torch promises no thread-count independence)."""
+    """The start-up self-check (:func:`engine.fastpath.self_check`: cached, overridden by ``--reference-paths``)
+    of the front end on one thread against the process's threads: fresh front ends fed the same random seconds
+    at both input rates (the resampler, the FFT, the mel product), every feature compared bit for bit (torch
+    promises no thread-count independence)."""
     threads = torch.get_num_threads()
-    path = "front end on one thread"
-    if threads == 1:
-        return fastpath.Verdict(path, True, "the process runs one thread")
-    g = torch.Generator().manual_seed(5)
-    for rate in (RATE_IN, RATE):
-        ours, theirs = (FrontEnd(fbank, window, "cpu", demand_sized=True) for _ in range(2))
-        ours.threads = 1
-        for k in range(seconds):
-            x = torch.randn(rate, generator=g) * (0.3 if k % 2 else 0.02)
-            a, b = theirs(x), ours(x)
-            if not torch.equal(a, b):
-                diff = float((a - b).abs().max())
-                return fastpath.Verdict(path, False, f"{threads} threads and 1 differ at {rate} Hz, second {k}",
-                                        max_abs_diff=diff)
-    return fastpath.Verdict(path, True, f"bit-identical to {threads} threads ({seconds} s at 24 and 16 kHz)",
-                            max_abs_diff=0.0)
+
+    def trial(on: bool) -> List[torch.Tensor]:
+        g, out = torch.Generator().manual_seed(5), []
+        for rate in (RATE_IN, RATE):
+            front = FrontEnd(fbank, window, "cpu", demand_sized=True)
+            front.threads = 1 if on else None
+            out += [front(torch.randn(rate, generator=g) * (0.3 if k % 2 else 0.02)) for k in range(seconds)]
+        return out
+    return fastpath.self_check("front end on one thread", "cpu", ("threads", threads, seconds, tuple(fbank.shape)),
+                               trial, not_applicable="the process runs one thread" if threads == 1 else None)
 
 
 def resampler_kernels(taps: int = TAPS, cutoff: float = 0.3) -> torch.Tensor:

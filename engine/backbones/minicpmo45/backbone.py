@@ -346,7 +346,7 @@ class MiniCPMO45Backbone(Backbone):
             slots = self.dims.sampling.max_tokens_per_unit - 1
         return next_forwards(self.kv_llm.length, len(pending) if pending else 0, self.audio_tokens(), slots)
 
-    def prepare_ahead(self, scope: str = "all", stop: Optional[Callable[[], bool]] = None) -> int:
+    def prepare_ahead(self, scope: str = "tts", stop: Optional[Callable[[], bool]] = None) -> int:
         """Between seconds (the session's idle time): capture what the next second replays. ``scope``
         ``"tts"`` (the live session's default): in a reply past its prepared room, the TTS's per-length steps of
         the next worst-case second; ``"listen"``: the LLM's whole forwards of LISTEN and of THINK's first slot at
