@@ -173,6 +173,27 @@ def test_rows_are_medians_with_ratios_against_the_stock_eager_row():
     assert "3.00x" in text and "not measured: x" in text
 
 
+def test_a_later_failed_repeat_keeps_the_good_ones():
+    """Session 18 on the H200: the stock's second repeat failed (its folder vanished under it) and the row
+    printed only that error, dropping the first repeat's 60 good seconds. A failure after good repeats now
+    leaves the row as their median and names the failed repeat; a first failure still ends the mode."""
+    dec = ["listen", "speak"]
+    reps, errors, failed = {}, {}, {}
+    SL.tally_repeat(_rep([100, 900], dec, 7), 0, "eager", reps, errors, failed)
+    SL.tally_repeat({"error": "not measured: the stock loop exited 1: ValueError: x"}, 1, "eager", reps, errors,
+                    failed)
+    SL.tally_repeat(_rep([300, 1100], dec, 9), 2, "eager", reps, errors, failed)
+    SL.tally_repeat({"error": "not measured: did not finish in 9 s"}, 0, "compile", reps, errors, failed)
+    assert errors == {"compile": "not measured: did not finish in 9 s"}
+    rows = SL.build_rows(reps, errors, ["eager", "compile"], failed)
+    eager = rows[EAGER]
+    assert eager["mean_speaking_second_ms"] == 1000 and len(eager["repeats"]) == 2
+    assert eager["failed_repeats"] == [{"repeat": 2, "error": "not measured: the stock loop exited 1: ValueError: x"}]
+    assert eager["note"].startswith("median of 2 of 3 repeats; repeat 2 not measured")
+    assert rows[COMPILED] == {"error": "not measured: did not finish in 9 s"}
+    assert "median of 2 of 3 repeats" in SL.format_rows(rows, wrap=False)
+
+
 def test_compile_row_says_whether_it_kept_the_bits():
     dec = ["listen", "speak"]
     e, c = _rep([1, 2], dec, 1), _rep([1, 2], dec, 1)

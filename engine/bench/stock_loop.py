@@ -273,6 +273,7 @@ def compare(a, base_cfg, audio: np.ndarray, modes: List[str], ours) -> int:
     stock_modes = [m for m in STOCK_MODES if m in a.stock_loop_modes]
     reps: Dict[str, List[Dict[str, object]]] = {}
     errors: Dict[str, str] = {}
+    failed: Dict[str, List[Dict[str, object]]] = {}
     for rep in range(a.stock_loop_repeats):
         for sm in stock_modes:
             if sm in errors:
@@ -281,17 +282,14 @@ def compare(a, base_cfg, audio: np.ndarray, modes: List[str], ours) -> int:
             r = run_stock(Path(a.stock_loop), folder, wav, work / f"stock-{sm}-{rep + 1}", a.seed, seconds,
                           base_cfg.device, threads, sm == "compile",
                           a.stock_loop_compile_timeout if sm == "compile" else DEFAULT_TIMEOUT_S, warm=sm == "warm")
-            if "error" in r:
-                errors[sm] = r["error"]
-            else:
-                reps.setdefault(STOCK_LABELS[sm], []).append(r)
+            tally_repeat(r, rep, sm, reps, errors, failed)
         for m in modes:
             t = Toggles.from_mode(m)
             cfg = base_cfg.replace(demand_sized=t.demand_sized, graph_replay=t.graph_replay)
             print(f"repeat {rep + 1}/{a.stock_loop_repeats}: ours, {ours.LABELS[m]}", file=sys.stderr, flush=True)
             r = _ours(a, ours, cfg, frames, m, rep, cuda)
             reps.setdefault(f"ours: {label(m, r.pop('records'))}", []).append(r)
-    rows = build_rows(reps, errors, stock_modes)
+    rows = build_rows(reps, errors, stock_modes, failed)
     print(textwrap.fill(f"MiniCPM-o 4.5, {base_cfg.device}, {seconds} s of 16 kHz input, seed {a.seed}, "
                         f"{a.stock_loop_repeats} interleaved repeat(s), medians; folder {folder}", 120))
     print(format_rows(rows))
@@ -350,14 +348,42 @@ def _ours(a, ours, cfg, frames, mode: str, rep: int, cuda: bool) -> Dict[str, ob
     return r
 
 
+def tally_repeat(r: Dict[str, object], rep: int, sm: str, reps: Dict[str, List[Dict[str, object]]],
+                 errors: Dict[str, str], failed: Dict[str, List[Dict[str, object]]]) -> None:
+    """File one stock run (``r``, repeat ``rep`` counted from 0, mode ``sm``): a good run joins ``reps``; a failed
+    one goes to ``failed`` when the mode has good repeats already (the row stays their median and says so), else
+    to ``errors``, which ends the mode (a first failure repeats: the compile time-out, a broken folder)."""
+    if "error" not in r:
+        reps.setdefault(STOCK_LABELS[sm], []).append(r)
+    elif STOCK_LABELS[sm] in reps:
+        failed.setdefault(sm, []).append({"repeat": rep + 1, "error": r["error"]})
+    else:
+        errors[sm] = r["error"]
+
+
+def _stock_row(sm: str, reps: Dict[str, List[Dict[str, object]]], errors: Dict[str, str],
+               failed: Dict[str, List[Dict[str, object]]]) -> Dict[str, object]:
+    name = STOCK_LABELS[sm]
+    if name not in reps:
+        return {"error": errors.get(sm, "not measured: no repeat ran")}
+    row = median_row(reps[name])
+    if failed.get(sm):
+        n = len(reps[name])
+        row["failed_repeats"] = failed[sm]
+        row["note"] = (f"median of {n} of {n + len(failed[sm])} repeats; "
+                       + "; ".join(f"repeat {f['repeat']} {f['error']}" for f in failed[sm]))[:300]
+    return row
+
+
 def build_rows(reps: Dict[str, List[Dict[str, object]]], errors: Dict[str, str],
-               stock_modes: List[str]) -> Dict[str, Dict[str, object]]:
+               stock_modes: List[str], failed: Optional[Dict[str, List[Dict[str, object]]]] = None
+               ) -> Dict[str, Dict[str, object]]:
     """Median rows in order (the stock's, then ours), each of ours with its ratios against the stock eager row,
-    the compile row with whether it kept the eager run's bits; a row that could not run carries ``error``."""
+    the compile row with whether it kept the eager run's bits; a row that could not run carries ``error``; a
+    stock row whose later repeats failed (``failed``) is the median of its good ones and names the others."""
     rows: Dict[str, Dict[str, object]] = {}
     for sm in stock_modes:
-        name = STOCK_LABELS[sm]
-        rows[name] = {"error": errors[sm]} if sm in errors else median_row(reps[name])
+        rows[STOCK_LABELS[sm]] = _stock_row(sm, reps, errors, failed or {})
     eager = rows.get(STOCK_LABELS["eager"], {})
     if "compile" in stock_modes and "error" not in rows[STOCK_LABELS["compile"]] and "error" not in eager:
         note = _bits_note(reps[STOCK_LABELS["eager"]][0], reps[STOCK_LABELS["compile"]][0])
