@@ -197,7 +197,9 @@ def build(oracle: Path, folder: Path, voice: dict, seed: int, bf16: bool, device
     config = MiniCPMOConfig(**cfg_dict)
     config._attn_implementation = "sdpa"
     config._name_or_path = str(folder)
-    model = M.MiniCPMO(config)
+    from transformers.modeling_utils import no_init_weights
+    with no_init_weights():            # as from_pretrained builds it: no random init, every weight is loaded below
+        model = M.MiniCPMO(config)
     missing, unexpected = model.load_state_dict(_load_state(folder), strict=False)
     missing = [k for k in missing if "rotary_emb" not in k]
     if missing or unexpected:
