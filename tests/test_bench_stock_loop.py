@@ -192,6 +192,14 @@ def test_a_later_failed_repeat_keeps_the_good_ones():
     assert eager["note"].startswith("median of 2 of 3 repeats; repeat 2 not measured")
     assert rows[COMPILED] == {"error": "not measured: did not finish in 9 s"}
     assert "median of 2 of 3 repeats" in SL.format_rows(rows, wrap=False)
+    e, c = _rep([1, 2], dec, 1), _rep([1, 2], dec, 1)            # the compile row keeps both notes
+    e["digests"] = c["digests"] = ["a", "b"]
+    rows = SL.build_rows({EAGER: [e], COMPILED: [c]}, {}, ["eager", "compile"],
+                         {"compile": [{"repeat": 2, "error": "not measured: y"}]})
+    assert rows[COMPILED]["keeps_bits"] is True and "repeat 2 not measured: y" in rows[COMPILED]["note"]
+    rows = SL.build_rows({EAGER: [e], WARM: [c]}, {}, ["eager", "warm"],
+                         {"warm": [{"repeat": 3, "error": "not measured: z"}]})
+    assert rows[WARM]["note"].startswith("after one earlier") and "repeat 3 not measured: z" in rows[WARM]["note"]
 
 
 def test_compile_row_says_whether_it_kept_the_bits():

@@ -387,11 +387,13 @@ def build_rows(reps: Dict[str, List[Dict[str, object]]], errors: Dict[str, str],
     eager = rows.get(STOCK_LABELS["eager"], {})
     if "compile" in stock_modes and "error" not in rows[STOCK_LABELS["compile"]] and "error" not in eager:
         note = _bits_note(reps[STOCK_LABELS["eager"]][0], reps[STOCK_LABELS["compile"]][0])
-        rows[STOCK_LABELS["compile"]].update(note=note, keeps_bits=note.startswith("keeps"))
+        row = rows[STOCK_LABELS["compile"]]
+        row.update(note="; ".join(filter(None, (note, row.get("note")))), keeps_bits=note.startswith("keeps"))
     warm = rows.get(STOCK_LABELS["warm"], {})
     warm = {} if "error" in warm else warm              # a warmed row that could not run gives no ratios
     if warm:
-        warm["note"] = "after one earlier 10 s session in the same process (a serving worker's later session)"
+        warm["note"] = "; ".join(filter(None, ("after one earlier 10 s session in the same process (a serving "
+                                              "worker's later session)", warm.get("note"))))
     for name, r in reps.items():
         if name.startswith("ours: "):
             row = median_row(r)
