@@ -141,6 +141,23 @@ def test_bench_step_audio2_dry_run_interleaves_and_writes_json_md_png(tmp_path, 
     assert len(rows["ours graphs"]["ms_per_chunk"]) == 4            # 4 full chunks timed, the short last one not
     assert "| ours graphs" in out.with_suffix(".md").read_text()
     assert out.with_suffix(".png").read_bytes().startswith(PNG)
+    assert rows["ours graphs"]["top_kernels_per_chunk"] is None           # a CUDA measurement: none on the CPU
+
+
+def test_step_audio2_bench_tallies_a_chunks_kernels_by_name():
+    """Where token2wav's chunk spends its kernel time (the JSON's ``top_kernels_per_chunk`` on CUDA): device events
+    tallied by shortened name, then the profiled chunks' mean, most time first."""
+    from types import SimpleNamespace as E
+    from engine.bench import accounting
+    from engine.bench.step_audio2 import device_tally
+    a = device_tally([E(name="void gemm_kernel<float>(int, float*)", device_time=30.0),
+                      E(name="void gemm_kernel<float>(int, float*)", device_time=50.0),
+                      E(name="Memset (Device)", device_time=2.0)])
+    b = device_tally([E(name="void gemm_kernel<float>(int, float*)", device_time=40.0)])
+    gemm = accounting.kernel_name("void gemm_kernel<float>(int, float*)")
+    assert a == {gemm: (2, 0.08), accounting.kernel_name("Memset (Device)"): (1, 0.002)}
+    top = accounting.top_kernels(accounting.mean_tally([a, b]), 1)
+    assert top == [{"kernel": gemm, "n": 1.5, "ms": pytest.approx(0.06)}]
 
 
 @pytest.mark.oracle

@@ -152,6 +152,11 @@ def _add_up(tallies: Iterable[Tally], divide: float = 1.0) -> Tally:
     return {k: (n / divide, ms / divide) for k, (n, ms) in sums.items()}
 
 
+def mean_tally(tallies: Sequence[Tally]) -> Tally:
+    """The mean of several windows' tallies by kernel name (each name's count and ms over all the windows)."""
+    return _add_up(tallies, divide=max(1, len(tallies)))
+
+
 def top_kernels(tally: Tally, most: int = TOP_KERNELS) -> List[Dict[str, object]]:
     """The ``most`` names with the most time: [{"kernel", "n", "ms"}], most first (ties by name)."""
     ranked = sorted(tally.items(), key=lambda kv: (-kv[1][1], kv[0]))[:most]

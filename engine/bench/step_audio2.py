@@ -32,7 +32,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import torch
 
-from engine.bench import report
+from engine.bench import accounting, report
 from engine.bench.mathmode import tf32_off
 from engine.models.step_audio2 import weights as W
 from engine.models.step_audio2.config import preset
@@ -41,6 +41,7 @@ from engine.models.step_audio2.stream import Session, flow_noise, schedule
 from engine.stats import percentile, progress, table
 
 STEADY_FROM = 3          # chunks before this are start-up (own shapes, eager in graph mode)
+TOP = 15                 # kernels by summed time in the JSON's ``top_kernels_per_chunk``
 PROG = "duplexcadence-bench step-audio2"
 STOCK_USERS, STOCK_DET = "stock package", "stock package, deterministic cuDNN"
 OUR_MODES = {"graphs": "graphs", "demand": "demand", "stock-like": "stock", "stock": "stock",
@@ -195,7 +196,19 @@ def _profiled(fn: Callable[[], np.ndarray], dev: torch.device):
         out = fn()
         _sync(dev)
     ev = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return out, (len(ev), sum(e.device_time for e in ev) / 1e3)
+    return out, (len(ev), sum(e.device_time for e in ev) / 1e3, device_tally(ev))
+
+
+def device_tally(events) -> accounting.Tally:
+    """The chunk's device events by shortened name: {name: (how many, summed ms)} (where its time went)."""
+    short: Dict[str, str] = {}
+    out: Dict[str, List[float]] = {}
+    for e in events:
+        name = short.get(e.name) or short.setdefault(e.name, accounting.kernel_name(e.name))
+        acc = out.setdefault(name, [0, 0.0])
+        acc[0] += 1
+        acc[1] += e.device_time / 1e3
+    return {k: (n, ms) for k, (n, ms) in out.items()}
 
 
 def summarize(v: Variant) -> Dict[str, object]:
@@ -207,6 +220,8 @@ def summarize(v: Variant) -> Dict[str, object]:
            "first_ms": 1e3 * v.times[0] if v.times else float("nan"), "steady_chunks": len(ms),
            "kernels_per_chunk": float(np.mean([p[0] for p in prof])) if prof else float("nan"),
            "kernel_ms_per_chunk": float(np.mean([p[1] for p in prof])) if prof else float("nan"),
+           "top_kernels_per_chunk": (accounting.top_kernels(accounting.mean_tally([p[2] for p in prof]), TOP)
+                                     if prof and cuda else None),
            "resident_MiB": v.resident / 2 ** 20 if cuda else float("nan"),
            "work_peak_MiB": v.work_peak / 2 ** 20 if cuda else float("nan"),
            "state_MiB": v.state_bytes() / 2 ** 20, "cudnn_deterministic": v.deterministic,
