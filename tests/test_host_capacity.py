@@ -34,12 +34,33 @@ def test_capacity_dry_run_cpu(tmp_path, one_torch_thread, capsys):
     (["--modes", "fast"], "unknown mode"),
     (["--seconds", "0"], "--seconds must be positive"),
     (["--max-sessions", "0"], "--max-sessions"),
+    (["--switch-interval", "0"], "--switch-interval must be between 0.01 and 1000 ms"),
     (["--device", "cpu", "--tail", "step-audio2", "--checkpoint", "/nonexistent/folder"], "does not exist"),
 ])
 def test_capacity_bad_arguments(args, msg, capsys):
     assert capacity.main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and msg in err[0] and "Traceback" not in err[0]
+
+
+def test_the_switch_interval_holds_for_the_run_only(tmp_path, one_torch_thread, monkeypatch):
+    """``--switch-interval`` (issue 24: how long one session's thread may hold the interpreter) is set for the
+    run, recorded in the JSON, and the process's own interval is back afterwards."""
+    import sys
+    seen = []
+    run_mode = capacity.run_mode
+
+    def spy(*args, **kw):
+        seen.append(sys.getswitchinterval())
+        return run_mode(*args, **kw)
+    monkeypatch.setattr(capacity, "run_mode", spy)
+    before = sys.getswitchinterval()
+    out = tmp_path / "cap.json"
+    capacity.main(["--device", "cpu", "--size", "tiny", "--tail", "mimi", "--seconds", "1", "--window", "1",
+                   "--max-sessions", "1", "--modes", "optimized", "--solo-sessions", "0",
+                   "--switch-interval", "0.5", "--json", str(out)])      # its sessions' timing is not the point
+    assert seen == [pytest.approx(0.0005)] and sys.getswitchinterval() == before
+    assert json.loads(out.read_text())["switch_interval_ms"] == pytest.approx(0.5)
 
 
 def test_the_confirmation_leaves_time_for_its_builds():

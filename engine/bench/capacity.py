@@ -366,6 +366,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--solo-seconds", type=int, default=8)
     p.add_argument("--batch-slots", type=int, default=8, help="sessions per batched group (phase-aligned)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--switch-interval", type=float, default=None, metavar="MS",
+                   help="Python's thread switch interval for the run, in ms (sys.setswitchinterval; default: "
+                        "Python's own, 5 ms): how long one session's thread may hold the interpreter while the "
+                        "others wait to launch their work")
     p.add_argument("--json", default=None, help="write the results here (JSON)")
     p.add_argument("--plot", default=None, help="PNG of sessions vs p99 (default: next to --json)")
     p.add_argument("--stock-loop", default=None, metavar="PYTHON",
@@ -384,11 +388,21 @@ def _check_args(a) -> Optional[str]:
         return "--max-sessions must be at least 1"
     if a.solo_seconds < 1 or a.confirm_tries < 1:
         return "--solo-seconds and --confirm-tries must be at least 1"
+    if a.switch_interval is not None and not 0.01 <= a.switch_interval <= 1000:
+        return f"--switch-interval must be between 0.01 and 1000 ms, not {a.switch_interval:g}"
     return None
 
 
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
+    before = sys.getswitchinterval()
+    try:
+        return _run(a)
+    finally:
+        sys.setswitchinterval(before)             # --switch-interval holds for this run only
+
+
+def _run(a) -> int:
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     why = _check_args(a) or (f"unknown mode(s) {bad}; choose from {', '.join(MODES)}" if bad or not modes else None)
@@ -408,12 +422,15 @@ def main(argv=None) -> int:
     if base.device == "cpu":
         torch.set_num_threads(1)
         base = base.replace(cpu_threads=1)
+    if a.switch_interval is not None:
+        sys.setswitchinterval(a.switch_interval / 1e3)
     a.deadline = time.perf_counter() + a.time_limit if a.time_limit > 0 else float("inf")
     inputs = session_inputs(a.max_sessions, a.seed, base.input_rate)
     doc: Dict[str, object] = {
         "tail": base.tail, "backbone": base.backbone, "size": base.size, "device": base.device,
         "gpu": torch.cuda.get_device_name(0) if base.device == "cuda" else "cpu", "torch": torch.__version__,
         "seconds": a.seconds, "window_s": a.window, "deadline_ms": DEADLINE_MS, "command": " ".join(sys.argv),
+        "switch_interval_ms": sys.getswitchinterval() * 1e3,
         "modes": {}}
     if a.json:
         def partial(mode_label: str, launch: str, key: str, value: object) -> None:
