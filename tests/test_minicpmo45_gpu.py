@@ -184,8 +184,9 @@ def test_full_depth_llm_layer_graphs_equal_eager_over_a_long_history():
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_grouped_attention_where_chosen_keeps_the_layer_graphs_equal_to_eager():
     """The start-up check of one-query attention over the grouped heads as they are (gqa.py) at the released
-    layout; where it chooses the call, all 36 layers' graphs with it over a history past 1,300 positions give the
-    stock-like eager bits (the check's own lengths are random inputs; this is the model's forward)."""
+    layout, band by band of history length; where it chooses the call (over histories up to ``gqa.up_to``), all 36
+    layers' graphs with it, and with the widening copies past that length, over a history past 1,300 positions give
+    the stock-like eager bits (the check's own lengths are random inputs; this is the model's forward)."""
     from engine.backbones.minicpmo45 import gqa
     d = preset("released").llm
     v = gqa.prepare("cuda", d.heads, d.kv_heads, d.head_dim, torch.bfloat16)
@@ -193,9 +194,10 @@ def test_grouped_attention_where_chosen_keeps_the_layer_graphs_equal_to_eager():
     try:
         if not v.chosen:
             pytest.skip(f"the check kept the widening copies: {v.reason}")
-        feeds = (64,) * 12 + ((2, 1, 10) + (1,) * 19) * 4 + (64,) * 4 + (1,) * 20
+        # one-query steps over short histories and past 512, 1,024, 1,536 and 2,048 positions (the bands' edges)
+        feeds = (1,) * 5 + ((64,) * 8 + (1,) * 10) * 4 + (2, 1, 10) + (1,) * 19
         pairs, seg = llm_steps("cuda", "released", 36, graphs=True, feeds=feeds)
-        assert seg.attend.grouped and seg.kv.length == sum(feeds) > 1300
+        assert seg.attend.grouped_up_to == gqa.up_to("cuda") > 0 and seg.kv.length == sum(feeds) > 2100
         for k, (a, b) in enumerate(pairs):
             assert torch.equal(a, b), f"pair {k}"
     finally:

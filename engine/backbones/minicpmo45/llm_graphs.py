@@ -197,8 +197,10 @@ class ExactAttention:
         layers = range(len(llm.model.layers))
         self.k = [kv.k_buf[i:i + 1] for i in layers]                                  # [1, Hkv, capacity, hd]
         self.v = [kv.v_buf[i:i + 1] for i in layers]
-        # one query over the grouped heads as they are, where the device's self-check proved it (gqa.py)
-        self.grouped = self.group > 1 and not self.explicit and gqa.chosen(kv.k_buf.device)
+        # one query over the grouped heads as they are, over the histories where the device's self-check proved
+        # it (gqa.py: up to ``grouped_up_to`` positions)
+        self.grouped_up_to = gqa.up_to(kv.k_buf.device) if self.group > 1 and not self.explicit else 0
+        self.grouped = self.grouped_up_to > 0
         self.kg, self.vg = self.k, self.v
         if self.group > 1:                                                              # [1, Hkv, 1, capacity, hd]
             self.k, self.v = [x.unsqueeze(2) for x in self.k], [x.unsqueeze(2) for x in self.v]
@@ -209,7 +211,7 @@ class ExactAttention:
         self.v3 = [kv.v_buf[i] for i in layers] if self.lane else []
 
     def __call__(self, i: int, q: torch.Tensor, n: int, mask: Optional[torch.Tensor]) -> torch.Tensor:
-        if self.grouped and mask is None and q.shape[2] == 1:
+        if n <= self.grouped_up_to and mask is None and q.shape[2] == 1:
             return gqa.grouped(q, self.kg[i].narrow(2, 0, n), self.vg[i].narrow(2, 0, n))
         if self.group > 1:
             k, v = gqa.widen(self.k[i], n, self.group), gqa.widen(self.v[i], n, self.group)
