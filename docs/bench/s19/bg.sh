@@ -1,6 +1,7 @@
 #!/bin/bash
 # session 19 (prepared in session 18): one background job across device calls (device_call.sh starts and polls
 # it; it runs from its own copy, /tmp/s19w/.snap). Order: what issue 23 still needs first, then issue 24.
+#  0. the grouped-query attention's banded check (session 18) and its GPU test: how far the call runs;
 #  1. the stock loop and ours side by side over 60 s, three interleaved repeats (the stock's build now under
 #     no_init_weights: predicted ~60-100 s instead of 160 s a repeat; ours ~149 ms speaking as in session 18);
 #  2. token2wav: the fp32 linear probe (which variants keep the stock's bits with fewer kernels), then the bench
@@ -12,6 +13,8 @@ R=/tmp/s19; mkdir -p $R; export OUT=$R
 source docs/bench/s6/device_stock_env.sh
 t0=$(date +%s)
 stamp() { echo "$1 done after $(( $(date +%s) - t0 )) s" >> $R/steps.txt; }
+timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rs -s tests/test_minicpmo45_gpu.py -k "grouped" \
+  > $R/gpu-gqa.txt 2>&1; stamp "gqa GPU test (exit $?)"      # the banded verdict line, and the model over 2,125
 released_folder; stamp folder
 python3 -m engine.bench.cli session --backbone minicpm-o-4.5 --size released --device cuda \
   --seconds 60 --modes graphs --account-seconds 0 --stock-loop /tmp/vs/python \
