@@ -56,11 +56,16 @@ def test_the_switch_interval_holds_for_the_run_only(tmp_path, one_torch_thread, 
     monkeypatch.setattr(capacity, "run_mode", spy)
     before = sys.getswitchinterval()
     out = tmp_path / "cap.json"
-    capacity.main(["--device", "cpu", "--size", "tiny", "--tail", "mimi", "--seconds", "1", "--window", "1",
-                   "--max-sessions", "1", "--modes", "optimized", "--solo-sessions", "0",
-                   "--switch-interval", "0.5", "--json", str(out)])      # its sessions' timing is not the point
+    rc = capacity.main(["--device", "cpu", "--size", "tiny", "--tail", "mimi", "--seconds", "1", "--window", "1",
+                        "--max-sessions", "1", "--modes", "optimized", "--solo-sessions", "0",
+                        "--switch-interval", "0.5", "--json", str(out)])
     assert seen == [pytest.approx(0.0005)] and sys.getswitchinterval() == before
-    assert json.loads(out.read_text())["switch_interval_ms"] == pytest.approx(0.5)
+    doc = json.loads(out.read_text())
+    assert doc["switch_interval_ms"] == pytest.approx(0.5)
+    # whether the one session kept the deadline on this busy CPU is not the point; either way the run is no failure:
+    # a session that held is re-run alone and identical, and none that held leaves nothing to compare (None)
+    m = doc["modes"]["optimized"]
+    assert rc == 0 and m["bit_identical_to_solo"] is (True if m["solo_checked"] else None)
 
 
 def test_the_confirmation_leaves_time_for_its_builds():

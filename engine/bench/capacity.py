@@ -168,6 +168,10 @@ def solo_check(host: EngineHost, cfg: SessionConfig, load: PacedLoad, sessions: 
     return checked
 
 
+def _identical(x: Optional[bool]) -> str:
+    return "— (none re-run)" if x is None else str(x)
+
+
 def _spread(items, k: int):
     if len(items) <= k:
         return list(items)
@@ -239,8 +243,9 @@ def run_mode(mode: str, base: SessionConfig, a, launch: str, inputs, ramp_only: 
         return out
     checked = solo_check(host, cfg, load, a.solo_sessions, a.solo_seconds)
     out["solo_checked"] = {str(k): v for k, v in checked.items()}
-    out["bit_identical_to_solo"] = bool(checked) and all(checked.values())
-    say(f"{label}: max_sessions {best}; bit-identical to solo: {out['bit_identical_to_solo']} {checked}")
+    # None: nothing to compare (no session of the run to re-run alone), not a difference
+    out["bit_identical_to_solo"] = all(checked.values()) if checked else None
+    say(f"{label}: max_sessions {best}; bit-identical to solo: {_identical(out['bit_identical_to_solo'])} {checked}")
     host.close()
     return out
 
@@ -295,7 +300,7 @@ def table(doc: Dict[str, object], wrap: bool = True) -> str:
         p50 = f"{m['p50_ms']:.0f}" if m["p50_ms"] is not None else "-"
         p99 = f"{m['p99_ms']:.0f}" if m["p99_ms"] is not None else "-"
         body.append([name, m["launch"], m["max_sessions"], p50, p99, f"{per:.0f}",
-                     f"{mem['shared_weights_bytes'] / 2**20:.0f}", str(m["bit_identical_to_solo"])])
+                     f"{mem['shared_weights_bytes'] / 2**20:.0f}", _identical(m["bit_identical_to_solo"])])
     stock = doc.get("stock_loop")
     if stock:
         body.insert(0, _stock_row(stock))
@@ -479,7 +484,7 @@ def _run(a) -> int:
         print(plot(doc, Path(a.plot) if a.plot else Path(a.json).with_suffix(".png")))
     elif a.plot:
         print(plot(doc, Path(a.plot)))
-    ok = all(m.get("bit_identical_to_solo", True) for m in doc["modes"].values())
+    ok = all(m.get("bit_identical_to_solo") is not False for m in doc["modes"].values())
     ok = ok and "error" not in doc.get("stock_loop", {})
     return 0 if ok else 1
 
