@@ -5,7 +5,7 @@
 # Predicted: medians of three repeats near session 17's one repeat: stock loop ~1,450-1,550 ms speaking,
 # ours ~140-150 ms speaking / ~26 ms listening / p99 < 200 ms / 0 late / ~19,360 MiB; the tails at their
 # README numbers (token2wav graphs 48-50 ms, Mimi ~4.2 ms, Nemotron ~6.5 ms per second); GPU tests pass.
-cd "$(dirname "$0")/../../.."      # its own copy of the repository (/tmp/s18w/.snap, made by device_call.sh)
+cd "$(dirname "$0")/../../.."      # the repository copy (.snap) this script sits in
 R=/tmp/s18; mkdir -p $R; export OUT=$R
 source docs/bench/s6/device_stock_env.sh
 t0=$(date +%s)

@@ -1,5 +1,6 @@
 #!/bin/bash
-# session 19 (prepared in session 18): one background job across device calls (device_call.sh starts and polls
+# session 19 (prepared in session 18): one background job across device calls (`bash .snap/docs/bench/device_bg.sh
+# docs/bench/s19/bg.sh start`, then the same without `start`, each call within 30 s of the last; it starts and polls
 # it; it runs from its own copy, /tmp/s19w/.snap). Order: what issue 23 still needs first, then issue 24.
 #  0. the grouped-query attention's banded check (session 18) and its GPU test: how far the call runs;
 #  1. the stock loop and ours side by side over 60 s, three interleaved repeats (the stock's build now under
@@ -8,7 +9,7 @@
 #     with the kernel-by-name table (top_kernels_per_chunk) to see where 48.8 ms goes;
 #  3. issue 24: capacity of whole MiniCPM-o sessions with the thread switch interval at 1 ms (Python's default 5 ms
 #     measured 3 sessions in session 15; the same command but for the interval), if at least 420 s of DC_BUDGET (default 1,500 s of wall) are left.
-cd "$(dirname "$0")/../../.."      # its own copy of the repository (/tmp/s19w/.snap, made by device_call.sh)
+cd "$(dirname "$0")/../../.."      # its own copy of the repository (/tmp/s19w/.snap, made by device_bg.sh)
 R=/tmp/s19; mkdir -p $R; export OUT=$R
 source docs/bench/s6/device_stock_env.sh
 t0=$(date +%s)
