@@ -94,6 +94,18 @@ def test_tail_bookkeeping_and_bad_codes():
         make_tail(size="tiny", num_codebooks=33)
 
 
+def test_a_streams_first_second_finds_no_layout_on_the_meta_device():
+    """The split RVQ's part layouts (found with additions on the meta device, whose first use imports torch's
+    meta kernels: ~2 s on a CPU host) are found when the model is built, so no second of a stream pays for it
+    (the capacity bench's first stock-like second took 1.5-1.9 s on a CPU host for it)."""
+    from engine.models.mimi.modules import part_strides
+    tail = make_tail(size="tiny", seed=3, num_codebooks=8)
+    tail.start()
+    before = part_strides.cache_info().misses
+    assert tail.push(_codes(8, 12, 4)).size == 12 * TINY.frame_size
+    assert part_strides.cache_info().misses == before
+
+
 def test_silence_tokens_and_toggles():
     tail = make_tail(size="tiny", seed=2, num_codebooks=8)
     s = tail.silence_tokens(4)

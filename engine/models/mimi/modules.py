@@ -88,6 +88,10 @@ class SplitRVQ(nn.Module):
         self.proj_first = _param((cfg.dimension, cfg.codebook_dim, 1))
         self.proj_rest = _param((cfg.dimension, cfg.codebook_dim, 1))
         self.register_buffer("zero", torch.zeros(()))
+        # every part's layout found now, at build: the first meta-device call imports torch's meta kernels
+        # (~2 s on a CPU host), which a stream's first second must not pay (its deadline is 1 s)
+        for books in range(1, cfg.n_q + 1):
+            part_strides(books, cfg.codebook_dim)
 
     def latents(self, codes: torch.Tensor) -> List[Tuple[torch.Tensor, int]]:
         """codes [K, n] -> per part ([1, n, dim], its codebook count): ((0 + e0) + e1) + ... in moshi's
