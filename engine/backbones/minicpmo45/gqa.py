@@ -133,10 +133,9 @@ def summary(longest: int, verdicts: List[fastpath.Verdict]) -> fastpath.Verdict:
     cached = all(v.cached for v in verdicts)
     if not longest:
         return fastpath.Verdict(PATH, False, refused.reason, refused.max_abs_diff, cached)
-    passed = f"bit-identical to the reference at every checked length from 1 to {longest:,} positions"
-    passed += "" if refused is None else f" ({checked} lengths)"
+    passed = f"bit-identical to the reference at every checked length from 1 to {longest:,} positions ({checked} lengths)"
     if refused is None:
-        return fastpath.Verdict(PATH, True, f"{passed} ({checked} lengths)", 0.0, cached)
+        return fastpath.Verdict(PATH, True, passed, 0.0, cached)
     band = refused.path[len(PATH) + 2:]
     return fastpath.Verdict(PATH, True, f"{passed}; past it the widening copies ({band}: {refused.reason})",
                             refused.max_abs_diff, cached, scope=f"up to {longest:,} positions")
