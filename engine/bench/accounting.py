@@ -112,8 +112,7 @@ def count_events(events: Iterable[object], cuda: bool) -> Dict[str, Optional[flo
             c["kernel_launches"] += api in KERNEL_LAUNCH_CALLS
             c["graph_launches"] += api in GRAPH_LAUNCH_CALLS
     out: Dict[str, object] = {"kernel_ms": c.pop("kernel_ns") / 1e6, **c}
-    # ~100k kernels a second under a few hundred raw names: each name shortened once
-    out["kernel_tally"] = _add_up([{kernel_name(raw): (n, ns / 1e6)} for raw, (n, ns) in by_kernel.items()])
+    out["kernel_tally"] = by_name({raw: (n, ns / 1e6) for raw, (n, ns) in by_kernel.items()})
     if not cuda:
         out.update({k: None for k in CUDA_FIELDS + ("kernel_tally",)})
     return out
@@ -150,6 +149,12 @@ def _add_up(tallies: Iterable[Tally], divide: float = 1.0) -> Tally:
             acc[0] += n
             acc[1] += ms
     return {k: (n / divide, ms / divide) for k, (n, ms) in sums.items()}
+
+
+def by_name(raw: Dict[str, Tuple[float, float]]) -> Tally:
+    """Raw kernel names' (how many, ms) under their shortened names (:func:`kernel_name`), names that shorten
+    alike added up; ~100k kernels a second fall under a few hundred raw names, so each is shortened once."""
+    return _add_up([{kernel_name(k): v} for k, v in raw.items()])
 
 
 def mean_tally(tallies: Sequence[Tally]) -> Tally:

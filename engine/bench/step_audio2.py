@@ -201,14 +201,12 @@ def _profiled(fn: Callable[[], np.ndarray], dev: torch.device):
 
 def device_tally(events) -> accounting.Tally:
     """The chunk's device events by shortened name: {name: (how many, summed ms)} (where its time went)."""
-    short: Dict[str, str] = {}
-    out: Dict[str, List[float]] = {}
+    raw: Dict[str, List[float]] = {}
     for e in events:
-        name = short.get(e.name) or short.setdefault(e.name, accounting.kernel_name(e.name))
-        acc = out.setdefault(name, [0, 0.0])
+        acc = raw.setdefault(e.name, [0, 0.0])
         acc[0] += 1
         acc[1] += e.device_time / 1e3
-    return {k: (n, ms) for k, (n, ms) in out.items()}
+    return accounting.by_name({k: (n, ms) for k, (n, ms) in raw.items()})
 
 
 def summarize(v: Variant) -> Dict[str, object]:
