@@ -26,7 +26,37 @@ def variants(x, w, b):
         "addmm(b, x2d, w.t())": lambda: torch.addmm(b, x2, w.t()).view(*x.shape[:-1], -1),
         "mm(x2d, w.t()) + b": lambda: (x2 @ w.t() + b).view(*x.shape[:-1], -1),
         "F.linear(x, w) + b": lambda: F.linear(x, w) + b,
+        "mm(x2d, w.t().contiguous().t()) + b": lambda: (x2 @ wt_copy(w).t() + b).view(*x.shape[:-1], -1),
+        "mm(x2d, w.t(), out) ; out += b": lambda: _mm_add(x2, w, b).view(*x.shape[:-1], -1),
+        "F.linear(x, w, b) via cublasLt": lambda: _lt(lambda: F.linear(x, w, b)),
+        "F.linear(x, w) via cublasLt, + b": lambda: _lt(lambda: F.linear(x, w)) + b,
     }
+
+
+_WT = {}
+
+
+def wt_copy(w):
+    """w transposed in memory ([in, out] row-major), made once per weight (a build-time copy)."""
+    key = w.data_ptr()
+    if key not in _WT:
+        _WT[key] = w.t().contiguous()
+    return _WT[key]
+
+
+def _mm_add(x2, w, b):
+    out = torch.empty(x2.shape[0], w.shape[0], device=x2.device)
+    torch.mm(x2, w.t(), out=out)
+    return out.add_(b)
+
+
+def _lt(fn):
+    before = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library("cublaslt")
+    try:
+        return fn()
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
 
 
 def kernels(fn):
