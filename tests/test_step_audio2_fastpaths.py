@@ -45,15 +45,17 @@ def model():
 def test_cpu_refuses_channels_last_convs_and_lanes_with_reasons(model, fresh_verdicts, one_torch_thread):
     dit = model.flow.decoder.estimator
     dit.checked.clear()
-    off = {"frames-major convs": False, "parallel lanes": False, "fused elementwise": False}
+    off = {"frames-major convs": False, "parallel lanes": False, "fused elementwise": False,
+           "split-K linears": False}
     assert dit.fast(50) == off
-    fm, lanes, fused = dit.verdicts()
+    fm, lanes, fused, own = dit.verdicts()
     assert fm.path == "step-audio2 DiT frames-major convs (50 frames)"
     assert "max abs diff" in fm.reason and fm.max_abs_diff > 0          # the CPU's channels-last conv sums otherwise
     assert lanes.reason == "not applicable: CUDA streams only"
     assert fused.reason.startswith("not applicable: ")                  # a CUDA kernel (Triton)
+    assert own.reason == fused.reason
     assert dit.fast(50) == off
-    assert len(dit.verdicts()) == 3                                      # checked once per length
+    assert len(dit.verdicts()) == 4                                      # checked once per length
 
 
 def test_frames_major_block_equals_the_stock_layout_block(model, fresh_verdicts, monkeypatch, one_torch_thread):
@@ -97,7 +99,7 @@ def test_reference_paths_check_nothing(fresh_verdicts, one_torch_thread):
     assert [v.path for v in verdicts] == [
         f"step-audio2 encoder parallel lanes ({t} frames)" for t in (20, 25, 40, 50)] + [
         f"step-audio2 DiT {p} ({t} frames)" for t in (40, 50)
-        for p in ("frames-major convs", "parallel lanes", "fused elementwise")] + [
+        for p in ("frames-major convs", "parallel lanes", "fused elementwise", "split-K linears")] + [
         f"step-audio2 HiFT {p} ({t} frames)" for t in (50, 58) for p in ("parallel lanes", "fused elementwise")]
     assert all(not v.chosen and v.reason == "reference path asked for" for v in verdicts)
 
@@ -185,4 +187,4 @@ def test_the_tail_reports_its_verdicts_for_the_session_info(fresh_verdicts, one_
     assert any(x.startswith("step-audio2 DiT parallel lanes (50 frames): off") for x in lines), lines
     assert {x.split(" (")[0] for x in lines} == {
         "step-audio2 encoder parallel lanes", "step-audio2 DiT frames-major convs", "step-audio2 DiT parallel lanes",
-        "step-audio2 DiT fused elementwise", "step-audio2 HiFT parallel lanes", "step-audio2 HiFT fused elementwise"}
+        "step-audio2 DiT fused elementwise", "step-audio2 DiT split-K linears", "step-audio2 HiFT parallel lanes", "step-audio2 HiFT fused elementwise"}

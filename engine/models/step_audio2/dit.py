@@ -24,6 +24,7 @@ from torch import nn
 from engine.fastpath import Verdict
 
 from . import fused as fused_kernels
+from . import linears
 from .checked import CheckedPaths, streams_only
 from .config import DiTConfig
 from .fused import available as fused_available
@@ -32,17 +33,25 @@ from .fused import worth_it as fused_worth_it
 from .lanes import fork, parallel
 
 #: the DiT's optional faster paths, each enabled per chunk length by a start-up self-check (:meth:`DiT.fast`)
-FAST_PATHS = ("frames-major convs", "parallel lanes", "fused elementwise")
+FAST_PATHS = ("frames-major convs", "parallel lanes", "fused elementwise", "split-K linears")
+#: the paths that are Triton kernels (the split-K linears run with the fused elementwise kernels: their gated
+#: residuals finish the attention's and the MLP's output projections)
+TRITON_PATHS = ("fused elementwise", "split-K linears")
 
 
 def _not_applicable(path: str, device: torch.device) -> Optional[str]:
-    return fused_available(device) if path == "fused elementwise" else streams_only(path, device)
+    return fused_available(device) if path in TRITON_PATHS else streams_only(path, device)
 
 
 def captured_only(path: str) -> bool:
-    """Whether ``path`` runs only while a CUDA graph is captured (the fused kernel, unless ``fused.EAGER``:
+    """Whether ``path`` runs only while a CUDA graph is captured (the Triton kernels, unless ``fused.EAGER``:
     :func:`.fused.worth_it`): then it is checked, and reported, as such."""
-    return path == "fused elementwise" and not fused_kernels.EAGER
+    return path in TRITON_PATHS and not fused_kernels.EAGER
+
+
+def _linear(layer: nn.Linear, x: torch.Tensor, own: bool) -> torch.Tensor:
+    """``layer(x)``; ``own``: summed by :func:`.linears.linear` (cuBLAS's split-K order, one kernel)."""
+    return linears.linear(x, layer.weight, layer.bias) if own else layer(x)
 
 
 class TimestepEmbedder(nn.Module):
@@ -86,10 +95,15 @@ class SelfAttention(nn.Module):
 
         ``lanes``: the q, k and v projections (each with its LayerNorm / cache write) run side by side
         (:func:`.lanes.parallel`; the same kernels on the same inputs)."""
+        return self.proj(self.attend(x, kv, lanes))
+
+    def attend(self, x: torch.Tensor, kv: torch.Tensor, lanes: bool = False, own: bool = False) -> torch.Tensor:
+        """:meth:`forward` without the output projection: the heads' outputs ``(b, t, h d)``. ``own``: the q, k
+        and v projections by :func:`.linears.linear`."""
         b, t, _ = x.shape
         if self.rows_ln:
-            q, _, _ = parallel([lambda: self._q(x), lambda: self._kv_write(x, kv, 0), lambda: self._kv_write(x, kv, 1)],
-                               x.device, on=lanes)
+            q, _, _ = parallel([lambda: self._q(x, own), lambda: self._kv_write(x, kv, 0, own),
+                                lambda: self._kv_write(x, kv, 1, own)], x.device, on=lanes)
         else:
             q = self.q_norm(self.to_q(x).reshape(b, t, self.h, self.d).transpose(1, 2))
             k = self.k_norm(self.to_k(x).reshape(b, t, self.h, self.d).transpose(1, 2))
@@ -100,19 +114,19 @@ class SelfAttention(nn.Module):
         if not self.strided_kv:
             keys, values = keys.contiguous(), values.contiguous()
         out = F.scaled_dot_product_attention(q, keys, values)                      # (b, h, t, d)
-        return self.proj(out.transpose(1, 2).reshape(b, t, -1))
+        return out.transpose(1, 2).reshape(b, t, -1)
 
-    def _q(self, x: torch.Tensor) -> torch.Tensor:
+    def _q(self, x: torch.Tensor, own: bool = False) -> torch.Tensor:
         b, t, _ = x.shape
-        return self.q_norm(self.to_q(x).view(b, t, self.h, self.d)).transpose(1, 2)      # (b, h, t, d)
+        return self.q_norm(_linear(self.to_q, x, own).view(b, t, self.h, self.d)).transpose(1, 2)   # (b, h, t, d)
 
-    def _kv_write(self, x: torch.Tensor, kv: torch.Tensor, which: int) -> None:
+    def _kv_write(self, x: torch.Tensor, kv: torch.Tensor, which: int, own: bool = False) -> None:
         """Keys (0: with their LayerNorm) or values (1) of the chunk, into the first ``t`` cache frames."""
         b, t, _ = x.shape
         if which == 0:
-            y = self.k_norm(self.to_k(x).view(b, t, self.h, self.d))                   # (b, t, h, d)
+            y = self.k_norm(_linear(self.to_k, x, own).view(b, t, self.h, self.d))      # (b, t, h, d)
         else:
-            y = self.to_v(x).view(b, t, self.h, self.d)
+            y = _linear(self.to_v, x, own).view(b, t, self.h, self.d)
         kv[:, :, :t, which * self.d:(which + 1) * self.d].copy_(y.transpose(1, 2))
 
 
@@ -213,7 +227,11 @@ class MLP(nn.Module):
         self.fc2 = nn.Linear(hidden, dim)
 
     def forward(self, x):
-        return self.fc2(self.act(self.fc1(x)))
+        return self.fc2(self.hidden(x))
+
+    def hidden(self, x):
+        """The second layer's input."""
+        return self.act(self.fc1(x))
 
 
 @dataclass
@@ -242,12 +260,14 @@ class DiTBlock(nn.Module):
         return Modulation([sm, sp, sc], [1 + cm, 1 + cp, 1 + cc], [gm, gp, gc])
 
     def forward(self, x: torch.Tensor, m: Modulation, kv: torch.Tensor, cnn: torch.Tensor,
-                frames_major: bool = False, lanes: bool = False, fused: bool = False) -> torch.Tensor:
+                frames_major: bool = False, lanes: bool = False, fused: bool = False,
+                own: bool = False) -> torch.Tensor:
         """x ``[b, t, C]``; ``frames_major``: the conv block's channels-last layout; ``lanes``: q/k/v side by
-        side; ``fused``: each modulation and gated residual in one kernel (all checked per GPU, see
-        :meth:`DiT.fast`)."""
+        side; ``fused``: each modulation and gated residual in one kernel; ``own`` (with ``fused``): the
+        512-wide linears by :func:`.linears.linear`, the output projections with their gated residuals (all
+        checked per GPU, see :meth:`DiT.fast`)."""
         if fused:
-            return self._fused(x, m, kv, cnn, lanes)
+            return self._fused(x, m, kv, cnn, lanes, own)
         # modulate(x, shift, scale) = x * (1 + scale) + shift, with (1 + scale) precomputed
         x = x + m.gate[0] * self.attn(self.norm1(x) * m.scale1[0] + m.shift[0], kv, lanes)
         if frames_major:
@@ -256,12 +276,18 @@ class DiTBlock(nn.Module):
             x = x + m.gate[2] * self.conv(self.norm3(x) * m.scale1[2] + m.shift[2], cnn)
         return x + m.gate[1] * self.mlp(self.norm2(x) * m.scale1[1] + m.shift[1])
 
-    def _fused(self, x: torch.Tensor, m: Modulation, kv: torch.Tensor, cnn: torch.Tensor, lanes: bool) -> torch.Tensor:
-        """:meth:`forward` with :func:`.fused.mul_add` for ``a * b + c`` (the same roundings, one kernel each)."""
-        x = mul_add(self.attn(mul_add(self.norm1(x), m.scale1[0], m.shift[0]), kv, lanes), m.gate[0], x)
+    def _fused(self, x: torch.Tensor, m: Modulation, kv: torch.Tensor, cnn: torch.Tensor, lanes: bool,
+               own: bool = False) -> torch.Tensor:
+        """:meth:`forward` with :func:`.fused.mul_add` for ``a * b + c`` (the same roundings, one kernel each);
+        ``own``: the linears and the gated residuals after the two output projections by :func:`.linears.linear`."""
+        heads = self.attn.attend(mul_add(self.norm1(x), m.scale1[0], m.shift[0]), kv, lanes, own)
+        proj = self.attn.proj
+        x = linears.linear(heads, proj.weight, proj.bias, m.gate[0], x) if own else mul_add(proj(heads), m.gate[0], x)
         y2 = self.conv.forward_fused(self.norm3(x), m.scale1[2], m.shift[2], cnn, lanes)     # [b, C, t], no bias
         x = mul_add(y2.transpose(1, 2), m.gate[2], x, bias=self.conv.block[6].bias)
-        return mul_add(self.mlp(mul_add(self.norm2(x), m.scale1[1], m.shift[1])), m.gate[1], x)
+        hidden = self.mlp.hidden(mul_add(self.norm2(x), m.scale1[1], m.shift[1]))
+        fc2 = self.mlp.fc2
+        return linears.linear(hidden, fc2.weight, fc2.bias, m.gate[1], x) if own else mul_add(fc2(hidden), m.gate[1], x)
 
 
 class FinalLayer(nn.Module):
@@ -359,9 +385,9 @@ class DiT(nn.Module):
         blk = self.blocks[0]
         x, kv, cnn, *mod = inputs
         m = self.mods[0][0] if self.mods else Modulation(mod[0:3], mod[3:6], mod[6:9])
-        fused = on and path == "fused elementwise"
+        fused = on and path in TRITON_PATHS
         out = blk(x, m, kv, cnn, frames_major=on and path == "frames-major convs",
-                  lanes=on and path == "parallel lanes", fused=fused)
+                  lanes=on and path == "parallel lanes", fused=fused, own=on and path == "split-K linears")
         if not self.final_mods:
             return [out, kv, cnn]
         return [out, self.final_layer(out, *self.final_mods[0], fused=fused), kv, cnn]
@@ -379,7 +405,8 @@ class DiT(nn.Module):
         mods = self.mods[step]
         fast = self.fast(x.shape[1])
         fused = fast["fused elementwise"] and fused_worth_it(x.device)
+        own = fused and fast["split-K linears"]
         for i, blk in enumerate(self.blocks):
-            x = blk(x, mods[i], kv[i], cnn[i], fast["frames-major convs"], fast["parallel lanes"], fused)
+            x = blk(x, mods[i], kv[i], cnn[i], fast["frames-major convs"], fast["parallel lanes"], fused, own)
         shift, scale1 = self.final_mods[step]
         return self.final_layer(x, shift, scale1, fused).transpose(1, 2)

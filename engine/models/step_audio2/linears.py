@@ -1,0 +1,126 @@
+"""The DiT's fp32 linears in one kernel each, summed in the order cuBLAS's split-K kernel sums them.
+
+At the steady chunk lengths (the CFG pair of a 50- or 58-frame chunk: 100 or 116 rows) cuBLAS runs each of
+the DiT's 512-wide projections (q, k, v, the attention's output, the MLP's second layer) as four kernels: a
+memset, a ``scal`` zeroing the output, the split-K SIMT GEMM ``sgemm_largek`` and a cuBLASLt bias epilogue:
+807 GEMMs, ~3,200 kernels of a chunk's 8,918. Session 19's probe on the H200
+(``docs/bench/s19/probe_splitk.py``) found the arithmetic those four kernels do, by searching split counts,
+k layouts and reduction orders for the one that is ``torch.equal`` at every such shape: the k axis is cut into
+**four contiguous ranges**; each output's partial sum over a range is a chain of fused multiply-adds in
+ascending k starting from zero; the four partials are added **in range order** onto the zeroed output, each
+addition rounded; the bias is added last. (With one range the chain is the non-split ``ffma`` kernels'.)
+
+:func:`linear` does that arithmetic in one Triton kernel, and can finish with the block's gated residual
+``(y + bias) * gate + r`` (each operation rounded, as the separate kernels round it), which saves the next
+kernel as well. ``tl.dot`` with ``input_precision="ieee"`` lowers to a chain of FMAs in ascending k; the
+kernel is compiled with floating-point contraction off, so the reduction and epilogue adds stay separate
+roundings. Whether cuBLAS picks the split-K kernel at a shape is its heuristic's choice on that GPU and
+library, so the DiT runs this path only at chunk lengths where its start-up self-check proved the block
+``torch.equal`` (:class:`.checked.CheckedPaths`), and only inside captured graphs (as :mod:`.fused`: Triton's
+launcher costs host time an eager step does not have).
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Optional
+
+import torch
+
+from . import fused
+
+#: k ranges summed separately (cuBLAS's split-K at the DiT's steady shapes, found by the probe)
+SPLITS = 4
+#: tile (rows, columns, k step) and warps: 112-128 programs at 100-116 x 512 on the H200's 132 SMs
+BM, BN, BK, WARPS = 16, 32, 32, 4
+
+_kernels: Optional[SimpleNamespace] = None
+
+
+def available(device: torch.device) -> Optional[str]:
+    """None when :func:`linear` can run on ``device``, else why not (a self-check's ``not_applicable``)."""
+    return fused.available(device)
+
+
+def _ready() -> SimpleNamespace:
+    global _kernels
+    if _kernels is None:
+        fused._ready()                                  # imports Triton (a RuntimeError naming why not if absent)
+        _kernels = _define(fused.triton, fused.tl)
+    return _kernels
+
+
+def _define(triton, tl) -> SimpleNamespace:
+    @triton.jit(do_not_specialize=["M", "N", "K", "T", "sx_m", "sw_n", "so_m", "sg_b", "sr_b", "sr_t"])
+    def _linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, g_ptr, r_ptr, M, N, K, T, sx_m, sw_n, so_m, sg_b, sr_b, sr_t,
+                       SPLITS: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                       BK: tl.constexpr):
+        rows = tl.program_id(0) * BM + tl.arange(0, BM)
+        cols = tl.program_id(1) * BN + tl.arange(0, BN)
+        ks = tl.arange(0, BK)
+        row_ok = rows < M
+        col_ok = cols < N
+        per = K // SPLITS
+        total = tl.zeros((BM, BN), dtype=tl.float32)            # the zeroed output the partials are added onto
+        for s in tl.static_range(SPLITS):
+            part = tl.zeros((BM, BN), dtype=tl.float32)
+            for k0 in range(s * per, (s + 1) * per, BK):
+                a = tl.load(x_ptr + rows[:, None] * sx_m + (k0 + ks)[None, :], mask=row_ok[:, None], other=0.0)
+                b = tl.load(w_ptr + cols[None, :] * sw_n + (k0 + ks)[:, None], mask=col_ok[None, :], other=0.0)
+                part = tl.dot(a, b, part, input_precision="ieee")     # FMA chain, ascending k
+            total = total + part
+        y = total + tl.load(b_ptr + cols, mask=col_ok, other=0.0)[None, :]
+        if GATED:
+            bt = rows // T                                          # rows are (batch, frame) pairs
+            tt = rows % T
+            ok = row_ok[:, None] & col_ok[None, :]
+            gate = tl.load(g_ptr + bt[:, None] * sg_b + cols[None, :], mask=ok, other=0.0)
+            res = tl.load(r_ptr + bt[:, None] * sr_b + tt[:, None] * sr_t + cols[None, :], mask=ok, other=0.0)
+            y = y * gate + res
+        tl.store(out_ptr + rows[:, None] * so_m + cols[None, :], y, mask=row_ok[:, None] & col_ok[None, :])
+
+    return SimpleNamespace(linear=_linear_kernel)
+
+
+def fits(x: torch.Tensor, weight: torch.Tensor, splits: int = SPLITS) -> Optional[str]:
+    """None when :func:`linear` takes these operands, else why not."""
+    k = weight.shape[1]
+    if x.dtype != torch.float32 or weight.dtype != torch.float32:
+        return f"float32 only (x {x.dtype}, weight {weight.dtype})"
+    if x.shape[-1] != k or k % (splits * BK):
+        return f"k {x.shape[-1]} vs weight {tuple(weight.shape)}: k must be a multiple of {splits * BK}"
+    if x.stride(-1) != 1 or weight.stride(1) != 1:
+        return "x and weight need unit stride along k"
+    return None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, gate: Optional[torch.Tensor] = None,
+           residual: Optional[torch.Tensor] = None, splits: int = SPLITS) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` over ``x`` ``[B, T, K]`` summed as cuBLAS's split-K kernel sums it (module
+    docstring); with ``gate`` ``[B, 1, N]`` and ``residual`` ``[B, T, N]``: ``linear(...) * gate + residual``, each
+    operation rounded. Returns a new contiguous ``[B, T, N]``."""
+    why = fits(x, weight, splits)
+    if why is not None:
+        raise ValueError(f"split-K linear: {why}")
+    b, t, k = x.shape
+    n = weight.shape[0]
+    x2 = x.reshape(b * t, k)                           # a view for the DiT's contiguous activations
+    out = torch.empty(b, t, n, dtype=x.dtype, device=x.device)
+    gated = gate is not None
+    if gated and (gate.shape != (b, 1, n) or residual is None or residual.shape != (b, t, n)
+                  or gate.stride(2) != 1 or residual.stride(2) != 1):
+        raise ValueError(f"split-K linear: gate {tuple(gate.shape)} / residual "
+                         f"{None if residual is None else tuple(residual.shape)} do not fit [B, 1, N] / [B, T, N]")
+    g, r = (gate, residual) if gated else (out, out)
+    kern = _ready().linear
+    triton = fused.triton
+    kern[(triton.cdiv(b * t, BM), triton.cdiv(n, BN))](
+        x2, weight, bias, out, g, r, b * t, n, k, t, x2.stride(0), weight.stride(0), n, g.stride(0), r.stride(0),
+        r.stride(1), SPLITS=splits, GATED=gated, BM=BM, BN=BN, BK=BK, num_warps=WARPS, enable_fp_fusion=False)
+    return out
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, gate: Optional[torch.Tensor] = None,
+              residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The same, as the stock computes it (cuBLAS's linear, then PyTorch's multiply and add)."""
+    y = torch.nn.functional.linear(x, weight, bias)
+    return y if gate is None else y * gate + residual
