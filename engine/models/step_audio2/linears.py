@@ -1,4 +1,4 @@
-"""The DiT's fp32 linears in one kernel each, summed in the order cuBLAS's split-K kernel sums them.
+"""The DiT's fp32 linears in two kernels each, summed in the order cuBLAS's split-K kernel sums them.
 
 At the steady chunk lengths (the CFG pair of a 50- or 58-frame chunk: 100 or 116 rows) cuBLAS runs each of
 the DiT's 512-wide projections (q, k, v, the attention's output, the MLP's second layer) as four kernels: a
@@ -10,10 +10,12 @@ k layouts and reduction orders for the one that is ``torch.equal`` at every such
 ascending k starting from zero; the four partials are added **in range order** onto the zeroed output, each
 addition rounded; the bias is added last. (With one range the chain is the non-split ``ffma`` kernels'.)
 
-:func:`linear` does that arithmetic in one Triton kernel, and can finish with the block's gated residual
-``(y + bias) * gate + r`` (each operation rounded, as the separate kernels round it), which saves the next
-kernel as well. ``tl.dot`` with ``input_precision="ieee"`` lowers to a chain of FMAs in ascending k; the
-kernel is compiled with floating-point contraction off, so the reduction and epilogue adds stay separate
+:func:`linear` does that arithmetic in two Triton kernels: the four ranges' partial sums side by side (one
+program per tile and range), then their ordered reduction with the bias, optionally finished with the block's
+gated residual ``(y + bias) * gate + r`` (each operation rounded, as the separate kernels round it), which saves
+the next kernel as well. (One kernel that ran the four ranges in turn kept the bits but took 21-71 us a call on
+the H200 against cuBLAS's 20-35: the ranges must run side by side, as cuBLAS runs them.) ``tl.dot`` with ``input_precision="ieee"`` lowers to a chain of FMAs in ascending k; the
+kernels are compiled with floating-point contraction off, so the reduction and epilogue adds stay separate
 roundings. Whether cuBLAS picks the split-K kernel at a shape is its heuristic's choice on that GPU and
 library, so the DiT runs this path only at chunk lengths where its start-up self-check proved the block
 ``torch.equal`` (:class:`.checked.CheckedPaths`), and only inside captured graphs (as :mod:`.fused`: Triton's
@@ -30,8 +32,10 @@ from . import fused
 
 #: k ranges summed separately (cuBLAS's split-K at the DiT's steady shapes, found by the probe)
 SPLITS = 4
-#: tile (rows, columns, k step) and warps: 112-128 programs at 100-116 x 512 on the H200's 132 SMs
-BM, BN, BK, WARPS = 16, 32, 32, 4
+#: the partial sums' tile (rows, columns, k step) and warps: 448-512 programs at 100-116 x 512 with four ranges
+BM, BN, BK, WARPS = 16, 32, 32, 2
+#: elements per program of the reduction
+REDUCE_BLOCK = 1024
 
 _kernels: Optional[SimpleNamespace] = None
 
@@ -50,35 +54,45 @@ def _ready() -> SimpleNamespace:
 
 
 def _define(triton, tl) -> SimpleNamespace:
-    @triton.jit(do_not_specialize=["M", "N", "K", "T", "sx_m", "sw_n", "so_m", "sg_b", "sr_b", "sr_t"])
-    def _linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, g_ptr, r_ptr, M, N, K, T, sx_m, sw_n, so_m, sg_b, sr_b, sr_t,
-                       SPLITS: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                       BK: tl.constexpr):
+    @triton.jit(do_not_specialize=["M", "N", "K", "sx_m", "sw_n"])
+    def _partials_kernel(x_ptr, w_ptr, p_ptr, M, N, K, sx_m, sw_n,
+                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        """One k range's partial sums (program axis 2 picks the range): an FMA chain in ascending k from 0."""
         rows = tl.program_id(0) * BM + tl.arange(0, BM)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
+        s = tl.program_id(2)
         ks = tl.arange(0, BK)
         row_ok = rows < M
         col_ok = cols < N
-        per = K // SPLITS
-        total = tl.zeros((BM, BN), dtype=tl.float32)            # the zeroed output the partials are added onto
-        for s in tl.static_range(SPLITS):
-            part = tl.zeros((BM, BN), dtype=tl.float32)
-            for k0 in range(s * per, (s + 1) * per, BK):
-                a = tl.load(x_ptr + rows[:, None] * sx_m + (k0 + ks)[None, :], mask=row_ok[:, None], other=0.0)
-                b = tl.load(w_ptr + cols[None, :] * sw_n + (k0 + ks)[:, None], mask=col_ok[None, :], other=0.0)
-                part = tl.dot(a, b, part, input_precision="ieee")     # FMA chain, ascending k
-            total = total + part
-        y = total + tl.load(b_ptr + cols, mask=col_ok, other=0.0)[None, :]
-        if GATED:
-            bt = rows // T                                          # rows are (batch, frame) pairs
-            tt = rows % T
-            ok = row_ok[:, None] & col_ok[None, :]
-            gate = tl.load(g_ptr + bt[:, None] * sg_b + cols[None, :], mask=ok, other=0.0)
-            res = tl.load(r_ptr + bt[:, None] * sr_b + tt[:, None] * sr_t + cols[None, :], mask=ok, other=0.0)
-            y = y * gate + res
-        tl.store(out_ptr + rows[:, None] * so_m + cols[None, :], y, mask=row_ok[:, None] & col_ok[None, :])
+        per = K // tl.num_programs(2)
+        part = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(s * per, (s + 1) * per, BK):
+            a = tl.load(x_ptr + rows[:, None] * sx_m + (k0 + ks)[None, :], mask=row_ok[:, None], other=0.0)
+            b = tl.load(w_ptr + cols[None, :] * sw_n + (k0 + ks)[:, None], mask=col_ok[None, :], other=0.0)
+            part = tl.dot(a, b, part, input_precision="ieee")
+        tl.store(p_ptr + (s * M + rows[:, None]) * N + cols[None, :], part,
+                 mask=row_ok[:, None] & col_ok[None, :])
 
-    return SimpleNamespace(linear=_linear_kernel)
+    @triton.jit(do_not_specialize=["n", "M", "N", "T", "sg_b", "sr_b", "sr_t"])
+    def _reduce_kernel(p_ptr, b_ptr, out_ptr, g_ptr, r_ptr, n, M, N, T, sg_b, sr_b, sr_t,
+                       SPLITS: tl.constexpr, GATED: tl.constexpr, BLOCK: tl.constexpr):
+        """The partials added in range order onto zero, then the bias (then ``* gate + residual``), each rounded."""
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < n
+        col = offs % N
+        y = tl.zeros((BLOCK,), dtype=tl.float32)
+        for s in tl.static_range(SPLITS):
+            y = y + tl.load(p_ptr + s * M * N + offs, mask=ok, other=0.0)
+        y = y + tl.load(b_ptr + col, mask=ok, other=0.0)
+        if GATED:
+            row = offs // N
+            bt = row // T
+            tt = row % T
+            y = y * tl.load(g_ptr + bt * sg_b + col, mask=ok, other=0.0) \
+                + tl.load(r_ptr + bt * sr_b + tt * sr_t + col, mask=ok, other=0.0)
+        tl.store(out_ptr + offs, y, mask=ok)
+
+    return SimpleNamespace(partials=_partials_kernel, reduce=_reduce_kernel)
 
 
 def fits(x: torch.Tensor, weight: torch.Tensor, splits: int = SPLITS) -> Optional[str]:
@@ -111,11 +125,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, gate: Opti
         raise ValueError(f"split-K linear: gate {tuple(gate.shape)} / residual "
                          f"{None if residual is None else tuple(residual.shape)} do not fit [B, 1, N] / [B, T, N]")
     g, r = (gate, residual) if gated else (out, out)
-    kern = _ready().linear
+    kern = _ready()
     triton = fused.triton
-    kern[(triton.cdiv(b * t, BM), triton.cdiv(n, BN))](
-        x2, weight, bias, out, g, r, b * t, n, k, t, x2.stride(0), weight.stride(0), n, g.stride(0), r.stride(0),
-        r.stride(1), SPLITS=splits, GATED=gated, BM=BM, BN=BN, BK=BK, num_warps=WARPS, enable_fp_fusion=False)
+    m = b * t
+    parts = torch.empty(splits, m, n, dtype=x.dtype, device=x.device)
+    kern.partials[(triton.cdiv(m, BM), triton.cdiv(n, BN), splits)](
+        x2, weight, parts, m, n, k, x2.stride(0), weight.stride(0), BM=BM, BN=BN, BK=BK, num_warps=WARPS,
+        enable_fp_fusion=False)
+    kern.reduce[(triton.cdiv(m * n, REDUCE_BLOCK),)](
+        parts, bias, out, g, r, m * n, m, n, t, g.stride(0), r.stride(0), r.stride(1), SPLITS=splits, GATED=gated,
+        BLOCK=REDUCE_BLOCK, num_warps=4, enable_fp_fusion=False)
     return out
 
 
