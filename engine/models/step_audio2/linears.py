@@ -14,9 +14,12 @@ addition rounded; the bias is added last. (With one range the chain is the non-s
 program per tile and range), then their ordered reduction with the bias, optionally finished with the block's
 gated residual ``(y + bias) * gate + r`` (each operation rounded, as the separate kernels round it), which saves
 the next kernel as well. (One kernel that ran the four ranges in turn kept the bits but took 21-71 us a call on
-the H200 against cuBLAS's 20-35: the ranges must run side by side, as cuBLAS runs them.) ``tl.dot`` with ``input_precision="ieee"`` lowers to a chain of FMAs in ascending k; the
-kernels are compiled with floating-point contraction off, so the reduction and epilogue adds stay separate
-roundings. Whether cuBLAS picks the split-K kernel at a shape is its heuristic's choice on that GPU and
+the H200 against cuBLAS's 20-35: the ranges must run side by side, as cuBLAS runs them.) Side by side they take
+15-16 us at k = 512 against cuBLAS's 20 (call E), but 50 us at k = 2,048 against 35, so the DiT uses them for
+the attention's four linears (k = 512) and leaves the MLP's second layer (k = 2,048) to cuBLAS.
+
+``tl.dot`` with ``input_precision="ieee"`` lowers to a chain of FMAs in ascending k; the kernels are compiled
+with floating-point contraction off, so the reduction and epilogue adds stay separate roundings. Whether cuBLAS picks the split-K kernel at a shape is its heuristic's choice on that GPU and
 library, so the DiT runs this path only at chunk lengths where its start-up self-check proved the block
 ``torch.equal`` (:class:`.checked.CheckedPaths`), and only inside captured graphs (as :mod:`.fused`: Triton's
 launcher costs host time an eager step does not have).
