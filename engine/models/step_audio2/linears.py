@@ -35,8 +35,8 @@ from . import fused
 
 #: k ranges summed separately (cuBLAS's split-K at the DiT's steady shapes, found by the probe)
 SPLITS = 4
-#: the partial sums' tile (rows, columns, k step) and warps: 448-512 programs at 100-116 x 512 with four ranges
-BM, BN, BK, WARPS = 16, 32, 32, 2
+#: the partial sums' tile (rows, columns, k step) and warps: the fastest of nine in call E (15.0 us at 100-116 x 512 x 512)
+BM, BN, BK, WARPS = 32, 32, 16, 4
 #: elements per program of the reduction
 REDUCE_BLOCK = 1024
 
