@@ -9,18 +9,14 @@ the next elementwise kernel (the fused residual adds ``(p + bias) * gate + x`` i
 
     python3 docs/bench/s19/probe_t2w_merge.py      # on the H200: one line per rows x variant
 """
+import sys
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile
 
-
-def kernels(fn):
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    ev = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return len(ev), sum(e.device_time for e in ev), sorted({e.name.split("(")[0][-50:] for e in ev})
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "s18"))
+from probe_t2w_gemm import kernels          # noqa: E402  (call A's: kernels, device us, names of one call)
 
 
 def main() -> None:
