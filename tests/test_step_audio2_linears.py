@@ -23,8 +23,9 @@ def test_bad_operands_get_one_clear_error():
     w, b = torch.randn(512, 512), torch.randn(512)
     with pytest.raises(ValueError, match="split-K linear: float32 only"):
         linears.linear(torch.randn(2, 5, 512, dtype=torch.float64), w, b)
-    with pytest.raises(ValueError, match="k must be a multiple of 128"):
-        linears.linear(torch.randn(2, 5, 320), torch.randn(512, 320), b)
+    step = linears.SPLITS * linears.BK
+    with pytest.raises(ValueError, match=f"k must be a multiple of {step}"):
+        linears.linear(torch.randn(2, 5, step + 8), torch.randn(512, step + 8), b)
     with pytest.raises(ValueError, match=r"gate \(2, 5, 512\) / residual None do not fit"):
         linears.linear(torch.randn(2, 5, 512), w, b, gate=torch.randn(2, 5, 512))
     assert linears.fits(torch.randn(2, 5, 512), w) is None
