@@ -50,8 +50,9 @@ def captured_only(path: str) -> bool:
 
 
 def _linear(layer: nn.Linear, x: torch.Tensor, own: bool) -> torch.Tensor:
-    """``layer(x)``; ``own``: summed by :func:`.linears.linear` (cuBLAS's split-K order, one kernel)."""
-    return linears.linear(x, layer.weight, layer.bias) if own else layer(x)
+    """``layer(x)``; ``own``: summed by :func:`.linears.linear` (cuBLAS's split-K order, one kernel pair) from
+    the layer's transposed weight (:meth:`DiTBlock.build_transposed`)."""
+    return linears.linear(x, layer.weight_t, layer.bias) if own else layer(x)
 
 
 class TimestepEmbedder(nn.Module):
@@ -259,13 +260,36 @@ class DiTBlock(nn.Module):
         sm, cm, gm, sp, cp, gp, sc, cc, gc = self.adaLN_modulation(c).chunk(9, dim=-1)
         return Modulation([sm, sp, sc], [1 + cm, 1 + cp, 1 + cc], [gm, gp, gc])
 
+    def own_layers(self) -> List[nn.Linear]:
+        """The five 512-wide linears the split-K path computes (q, k, v, the attention's output, the MLP's second
+        layer)."""
+        return [self.attn.to_q, self.attn.to_k, self.attn.to_v, self.attn.proj, self.mlp.fc2]
+
+    def has_transposed(self) -> bool:
+        """Whether :meth:`build_transposed` made the split-K path's weights for the weights as they are now."""
+        return all(getattr(layer, "weight_t_of", None) == (layer.weight.device, layer.weight._version)
+                   for layer in self.own_layers())
+
+    @torch.no_grad()
+    def build_transposed(self) -> None:
+        """Each :meth:`own_layers` weight's ``[K, N]`` copy (``weight_t``, a plain attribute: 4 MB a block at the
+        released size), made once, before any capture, where the split-K path is chosen."""
+        for layer in self.own_layers():
+            layer.weight_t = linears.transposed(layer.weight)
+            layer.weight_t_of = (layer.weight.device, layer.weight._version)
+
+    def drop_transposed(self) -> None:
+        for layer in self.own_layers():
+            layer.__dict__.pop("weight_t", None)
+            layer.__dict__.pop("weight_t_of", None)
+
     def forward(self, x: torch.Tensor, m: Modulation, kv: torch.Tensor, cnn: torch.Tensor,
                 frames_major: bool = False, lanes: bool = False, fused: bool = False,
                 own: bool = False) -> torch.Tensor:
         """x ``[b, t, C]``; ``frames_major``: the conv block's channels-last layout; ``lanes``: q/k/v side by
-        side; ``fused``: each modulation and gated residual in one kernel; ``own`` (with ``fused``): the
-        attention's linears by :func:`.linears.linear`, its output projection with the gated residual (all
-        checked per GPU, see :meth:`DiT.fast`)."""
+        side; ``fused``: each modulation and gated residual in one kernel; ``own`` (with ``fused``): the five
+        512-wide linears by :func:`.linears.linear`, the attention's output and the MLP's second layer with their
+        gated residuals (all checked per GPU, see :meth:`DiT.fast`)."""
         if fused:
             return self._fused(x, m, kv, cnn, lanes, own)
         # modulate(x, shift, scale) = x * (1 + scale) + shift, with (1 + scale) precomputed
@@ -279,15 +303,18 @@ class DiTBlock(nn.Module):
     def _fused(self, x: torch.Tensor, m: Modulation, kv: torch.Tensor, cnn: torch.Tensor, lanes: bool,
                own: bool = False) -> torch.Tensor:
         """:meth:`forward` with :func:`.fused.mul_add` for ``a * b + c`` (the same roundings, one kernel each);
-        ``own``: the q/k/v projections and the attention's output projection with its gated residual by
-        :func:`.linears.linear` (the MLP's 2,048-deep second layer stays cuBLAS's: ours took 50 us a call to its 35
-        on the H200, session 19's call E)."""
+        ``own``: the q/k/v projections, and the attention's output projection and the MLP's second layer each
+        with its gated residual, by :func:`.linears.linear`."""
         heads = self.attn.attend(mul_add(self.norm1(x), m.scale1[0], m.shift[0]), kv, lanes, own)
         proj = self.attn.proj
-        x = linears.linear(heads, proj.weight, proj.bias, m.gate[0], x) if own else mul_add(proj(heads), m.gate[0], x)
+        x = linears.linear(heads, proj.weight_t, proj.bias, m.gate[0], x) if own else mul_add(proj(heads), m.gate[0], x)
         y2 = self.conv.forward_fused(self.norm3(x), m.scale1[2], m.shift[2], cnn, lanes)     # [b, C, t], no bias
         x = mul_add(y2.transpose(1, 2), m.gate[2], x, bias=self.conv.block[6].bias)
-        return mul_add(self.mlp(mul_add(self.norm2(x), m.scale1[1], m.shift[1])), m.gate[1], x)
+        h = mul_add(self.norm2(x), m.scale1[1], m.shift[1])
+        if own:
+            fc2 = self.mlp.fc2
+            return linears.linear(self.mlp.hidden(h), fc2.weight_t, fc2.bias, m.gate[1], x)
+        return mul_add(self.mlp(h), m.gate[1], x)
 
 
 class FinalLayer(nn.Module):
@@ -347,6 +374,7 @@ class DiT(nn.Module):
         self.checked.clear()
         for blk in self.blocks:
             blk.conv.weights_cl = []
+            blk.drop_transposed()
 
     # -- faster paths, checked per GPU ---------------------------------------------------------------
     def fast(self, t: int) -> Dict[str, bool]:
@@ -363,6 +391,9 @@ class DiT(nn.Module):
         if got["frames-major convs"] and not all(blk.conv.weights_cl for blk in self.blocks):
             for blk in self.blocks:
                 blk.conv.build_layouts()
+        if got["split-K linears"] and not all(blk.has_transposed() for blk in self.blocks):
+            for blk in self.blocks:
+                blk.build_transposed()
         return got
 
     @torch.no_grad()
@@ -375,6 +406,8 @@ class DiT(nn.Module):
         cnn = torch.randn(2, 2 * c, blk.conv.pad, generator=g).to(dev)
         if path == "frames-major convs" and not blk.conv.weights_cl:
             blk.conv.build_layouts()
+        if path == "split-K linears" and not blk.has_transposed():
+            blk.build_transposed()
         mod = [] if self.mods else [torch.randn(2, 1, c, generator=g).to(dev) for _ in range(9)]
         return [x, kv, cnn, *mod]
 

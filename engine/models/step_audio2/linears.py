@@ -14,9 +14,14 @@ addition rounded; the bias is added last. (With one range the chain is the non-s
 program per tile and range), then their ordered reduction with the bias, optionally finished with the block's
 gated residual ``(y + bias) * gate + r`` (each operation rounded, as the separate kernels round it), which saves
 the next kernel as well. (One kernel that ran the four ranges in turn kept the bits but took 21-71 us a call on
-the H200 against cuBLAS's 20-35: the ranges must run side by side, as cuBLAS runs them.) Side by side they take
-15-16 us at k = 512 against cuBLAS's 20 (call E), but 50 us at k = 2,048 against 35, so the DiT uses them for
-the attention's four linears (k = 512) and leaves the MLP's second layer (k = 2,048) to cuBLAS.
+the H200 against cuBLAS's 20-35: the ranges must run side by side, as cuBLAS runs them.)
+
+The weight is read **transposed**, ``[K, N]`` with N contiguous (:func:`transposed`: one copy per weight, made
+once, before any capture), so each k step's weight tile is loaded along contiguous columns. Read from the
+``[N, K]`` weight the same kernel took 15 us at k = 512 and 49 us at k = 2,048 (cuBLAS: 20 and 35); from the
+transposed copy, 6.6 and 15.7 us with the reduction (session 20's ``docs/bench/s20/probe_fc2.py``: 240 tile /
+pipelining / layout variants, all ``torch.equal``). So the DiT runs all five of a block's 512-wide linears
+(q, k, v, the attention's output and the MLP's second layer) this way, at 4 MB more per block (fp32 copies).
 
 ``tl.dot`` with ``input_precision="ieee"`` lowers to a chain of FMAs in ascending k; the kernels are compiled
 with floating-point contraction off, so the reduction and epilogue adds stay separate roundings. Whether cuBLAS picks the split-K kernel at a shape is its heuristic's choice on that GPU and
@@ -35,8 +40,9 @@ from . import fused
 
 #: k ranges summed separately (cuBLAS's split-K at the DiT's steady shapes, found by the probe)
 SPLITS = 4
-#: the partial sums' tile (rows, columns, k step) and warps: the fastest of nine in call E (15.0 us at 100-116 x 512 x 512)
-BM, BN, BK, WARPS = 32, 32, 16, 4
+#: the partial sums' tile (rows, columns, k step), warps and pipeline stages: the fastest at k = 512 of session 20's
+#: probe on the H200 (6.6 us at 116 x 512 x 512, 15.7 at k = 2,048, the reduction included)
+BM, BN, BK, WARPS, STAGES = 16, 64, 32, 4, 3
 #: elements per program of the reduction
 REDUCE_BLOCK = 1024
 
@@ -57,8 +63,8 @@ def _ready() -> SimpleNamespace:
 
 
 def _define(triton, tl) -> SimpleNamespace:
-    @triton.jit(do_not_specialize=["M", "N", "K", "sx_m", "sw_n"])
-    def _partials_kernel(x_ptr, w_ptr, p_ptr, M, N, K, sx_m, sw_n,
+    @triton.jit(do_not_specialize=["M", "N", "K", "sx_m"])
+    def _partials_kernel(x_ptr, wt_ptr, p_ptr, M, N, K, sx_m,
                          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
         """One k range's partial sums (program axis 2 picks the range): an FMA chain in ascending k from 0."""
         rows = tl.program_id(0) * BM + tl.arange(0, BM)
@@ -71,7 +77,7 @@ def _define(triton, tl) -> SimpleNamespace:
         part = tl.zeros((BM, BN), dtype=tl.float32)
         for k0 in range(s * per, (s + 1) * per, BK):
             a = tl.load(x_ptr + rows[:, None] * sx_m + (k0 + ks)[None, :], mask=row_ok[:, None], other=0.0)
-            b = tl.load(w_ptr + cols[None, :] * sw_n + (k0 + ks)[:, None], mask=col_ok[None, :], other=0.0)
+            b = tl.load(wt_ptr + (k0 + ks)[:, None] * N + cols[None, :], mask=col_ok[None, :], other=0.0)
             part = tl.dot(a, b, part, input_precision="ieee")
         tl.store(p_ptr + (s * M + rows[:, None]) * N + cols[None, :], part,
                  mask=row_ok[:, None] & col_ok[None, :])
@@ -98,28 +104,33 @@ def _define(triton, tl) -> SimpleNamespace:
     return SimpleNamespace(partials=_partials_kernel, reduce=_reduce_kernel)
 
 
-def fits(x: torch.Tensor, weight: torch.Tensor, splits: int = SPLITS) -> Optional[str]:
-    """None when :func:`linear` takes these operands, else why not."""
-    k = weight.shape[1]
-    if x.dtype != torch.float32 or weight.dtype != torch.float32:
-        return f"float32 only (x {x.dtype}, weight {weight.dtype})"
+def transposed(weight: torch.Tensor) -> torch.Tensor:
+    """The ``[K, N]`` contiguous copy of a linear's ``[N, K]`` weight that :func:`linear` reads."""
+    return weight.detach().t().contiguous()
+
+
+def fits(x: torch.Tensor, weight_t: torch.Tensor, splits: int = SPLITS) -> Optional[str]:
+    """None when :func:`linear` takes these operands (``weight_t`` from :func:`transposed`), else why not."""
+    k = weight_t.shape[0]
+    if x.dtype != torch.float32 or weight_t.dtype != torch.float32:
+        return f"float32 only (x {x.dtype}, weight {weight_t.dtype})"
     if x.shape[-1] != k or k % (splits * BK):
-        return f"k {x.shape[-1]} vs weight {tuple(weight.shape)}: k must be a multiple of {splits * BK}"
-    if x.stride(-1) != 1 or weight.stride(1) != 1:
-        return "x and weight need unit stride along k"
+        return f"k {x.shape[-1]} vs transposed weight {tuple(weight_t.shape)}: k must be a multiple of {splits * BK}"
+    if x.stride(-1) != 1 or not weight_t.is_contiguous():
+        return "x needs unit stride along k and the transposed weight must be contiguous"
     return None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, gate: Optional[torch.Tensor] = None,
+def linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor, gate: Optional[torch.Tensor] = None,
            residual: Optional[torch.Tensor] = None, splits: int = SPLITS) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` over ``x`` ``[B, T, K]`` summed as cuBLAS's split-K kernel sums it (module
-    docstring); with ``gate`` ``[B, 1, N]`` and ``residual`` ``[B, T, N]``: ``linear(...) * gate + residual``, each
-    operation rounded. Returns a new contiguous ``[B, T, N]``."""
-    why = fits(x, weight, splits)
+    """``F.linear(x, weight, bias)`` over ``x`` ``[B, T, K]``, given ``weight_t = transposed(weight)``, summed as
+    cuBLAS's split-K kernel sums it (module docstring); with ``gate`` ``[B, 1, N]`` and ``residual`` ``[B, T, N]``:
+    ``linear(...) * gate + residual``, each operation rounded. Returns a new contiguous ``[B, T, N]``."""
+    why = fits(x, weight_t, splits)
     if why is not None:
         raise ValueError(f"split-K linear: {why}")
     b, t, k = x.shape
-    n = weight.shape[0]
+    n = weight_t.shape[1]
     x2 = x.reshape(b * t, k)                           # a view for the DiT's contiguous activations
     out = torch.empty(b, t, n, dtype=x.dtype, device=x.device)
     gated = gate is not None
@@ -133,7 +144,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, gate: Opti
     m = b * t
     parts = torch.empty(splits, m, n, dtype=x.dtype, device=x.device)
     kern.partials[(triton.cdiv(m, BM), triton.cdiv(n, BN), splits)](
-        x2, weight, parts, m, n, k, x2.stride(0), weight.stride(0), BM=BM, BN=BN, BK=BK, num_warps=WARPS,
+        x2, weight_t, parts, m, n, k, x2.stride(0), BM=BM, BN=BN, BK=BK, num_warps=WARPS, num_stages=STAGES,
         enable_fp_fusion=False)
     kern.reduce[(triton.cdiv(m * n, REDUCE_BLOCK),)](
         parts, bias, out, g, r, m * n, m, n, t, g.stride(0), r.stride(0), r.stride(1), SPLITS=splits, GATED=gated,
