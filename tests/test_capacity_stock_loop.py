@@ -91,7 +91,7 @@ def test_a_stock_run_that_fails_is_one_line_in_its_row():
                          "p99_total_ms": 1500.0, "peak_memory_bytes": 2 ** 30}
     assert C._versus_stock(doc) == ("stock loop keeps 0 session(s) on time (3 of 60 s missed by its one session); "
                                     "optimized keeps 3")
-    assert C._stock_row(doc["stock_loop"])[2:6] == [0, "900", "1500", "1024 (peak)"]
+    assert C._stock_row(doc["stock_loop"])[2:7] == [0, "60", "900", "1500", "1024 (peak)"]
     assert C._versus_stock({"modes": {}}) is None
 
 
