@@ -470,6 +470,11 @@ class Primed:
     _primed = False
     _dry = False                                           # buffering again after running dry: still the gap
 
+    def play_out(self) -> None:
+        """No more audio is coming (the session's last second is done): play what is queued without waiting
+        for the buffer delay."""
+        self._primed, self._dry = True, False
+
     def pop_primed(self, n: int) -> np.ndarray:
         q = self.queue
         if not self._primed:

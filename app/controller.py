@@ -85,6 +85,7 @@ class SessionController(ConversationControls, QObject):
         self.failure: Optional[str] = None          # why the session stopped on its own (an error)
         self._stopper: Optional[threading.Thread] = None
         self._drain_left = 0
+        self._playout_until: Optional[float] = None  # monotonic: the end of the last seconds' playback at the latest
         self.session_info: Dict[str, object] = {}
         self._notice_shown = False
         self._push_to_talk = False
@@ -256,6 +257,7 @@ class SessionController(ConversationControls, QObject):
         self.pump.halt()
         self.source.stop()
         self._drain_left = int(timeout_s * 1000 / max(1, self._timer.interval()))
+        self._playout_until = None
         self._set_state(DRAINING)
 
     def _halt_audio(self) -> None:
@@ -322,7 +324,8 @@ class SessionController(ConversationControls, QObject):
                 self.finish(timeout_s=600.0)    # a slow engine still finishes every second it got
         if self.state == DRAINING:
             self._drain_left -= 1
-            if len(self.records) >= self.submitted or self._drain_left <= 0 or not self.runner.running:
+            finished = len(self.records) >= self.submitted or not self.runner.running
+            if self._drain_left <= 0 or (finished and not self._playing_out()):
                 self.stop()
         if self.state == STOPPING and not self._stopper.is_alive():
             self._drain_results()
@@ -335,6 +338,22 @@ class SessionController(ConversationControls, QObject):
             self._set_state(IDLE)
             self.event.emit("session", f"stopped after {len(self.records)} s")
             self.stopped.emit()
+
+    def _playing_out(self) -> bool:
+        """After the last second: whether the speaker still plays what the last seconds queued. The sink is told
+        that no more is coming (it plays the rest without waiting for its buffer delay); the session waits as
+        long as that takes, plus a second, and then stops whatever is left."""
+        pb = self.pump.playback if self.pump is not None else None
+        left = pb.queued_s() if pb is not None else 0.0
+        if left <= 0.0:
+            return False
+        now = time.monotonic()
+        if self._playout_until is None:
+            self._playout_until = now + left + 1.0
+            play_out = getattr(pb.sink, "play_out", None)
+            if play_out is not None:
+                play_out()
+        return now < self._playout_until
 
     def _finish_journal(self) -> None:
         if self.journal is None or self.journal.finished:
@@ -385,7 +404,7 @@ class SessionController(ConversationControls, QObject):
         pump = self.pump
         pump.model_speaking = rec.decision == "speak"
         ahead = None
-        if pump.playback is not None and self.state == RUNNING:
+        if pump.playback is not None and self.state in (RUNNING, DRAINING):   # input ended: still heard
             if pump.allows(frame_no):
                 ahead = pump.playback.push(audio, frame_no)
                 sink = pump.playback.sink
