@@ -272,7 +272,7 @@ class DiTBlock(nn.Module):
 
     @torch.no_grad()
     def build_transposed(self) -> None:
-        """Each :meth:`own_layers` weight's ``[K, N]`` copy (``weight_t``, a plain attribute: 4 MB a block at the
+        """Each :meth:`own_layers` weight's ``[K, N]`` copy (``weight_t``, a plain attribute: 8 MB a block at the
         released size), made once, before any capture, where the split-K path is chosen."""
         for layer in self.own_layers():
             layer.weight_t = linears.transposed(layer.weight)

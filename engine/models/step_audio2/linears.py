@@ -21,7 +21,8 @@ once, before any capture), so each k step's weight tile is loaded along contiguo
 ``[N, K]`` weight the same kernel took 15 us at k = 512 and 49 us at k = 2,048 (cuBLAS: 20 and 35); from the
 transposed copy, 6.6 and 15.7 us with the reduction (session 20's ``docs/bench/s20/probe_fc2.py``: 240 tile /
 pipelining / layout variants, all ``torch.equal``). So the DiT runs all five of a block's 512-wide linears
-(q, k, v, the attention's output and the MLP's second layer) this way, at 4 MB more per block (fp32 copies).
+(q, k, v, the attention's output and the MLP's second layer) this way, at 8 MB more per block (fp32 copies:
+128 MB at the released depth of 16; the bench measured 1,304 MiB kept against 1,174 on the reference paths).
 
 ``tl.dot`` with ``input_precision="ieee"`` lowers to a chain of FMAs in ascending k; the kernels are compiled
 with floating-point contraction off, so the reduction and epilogue adds stay separate roundings. Whether cuBLAS picks the split-K kernel at a shape is its heuristic's choice on that GPU and
