@@ -106,3 +106,12 @@ def test_dit_block_keeps_transposed_weights_in_step_with_its_weights():
     assert "weight_t" not in blk.state_dict() and not any("weight_t" in k for k in blk.state_dict())
     blk.drop_transposed()
     assert not blk.has_transposed() and not hasattr(blk.attn.to_q, "weight_t")
+
+
+def test_transposed_weights_of_an_inference_mode_block():
+    """Weights made under ``torch.inference_mode`` keep no version counter: the copies follow their storage."""
+    from engine.models.step_audio2.dit import DiTBlock
+    with torch.inference_mode():
+        blk = DiTBlock(64, 2, 32, 2.0)
+        blk.build_transposed()
+        assert blk.has_transposed() and torch.equal(blk.attn.proj.weight_t, blk.attn.proj.weight.t())

@@ -55,6 +55,12 @@ def _linear(layer: nn.Linear, x: torch.Tensor, own: bool) -> torch.Tensor:
     return linears.linear(x, layer.weight_t, layer.bias) if own else layer(x)
 
 
+def _weight_key(w: torch.Tensor) -> tuple:
+    """What a transposed copy of ``w`` is valid for: its storage and (outside inference mode, where tensors
+    count their in-place writes) its version."""
+    return w.device, w.data_ptr(), -1 if w.is_inference() else w._version
+
+
 class TimestepEmbedder(nn.Module):
     """Sinusoidal embedding of ``1000 t`` (256 frequencies) -> MLP."""
 
@@ -267,8 +273,7 @@ class DiTBlock(nn.Module):
 
     def has_transposed(self) -> bool:
         """Whether :meth:`build_transposed` made the split-K path's weights for the weights as they are now."""
-        return all(getattr(layer, "weight_t_of", None) == (layer.weight.device, layer.weight._version)
-                   for layer in self.own_layers())
+        return all(getattr(layer, "weight_t_of", None) == _weight_key(layer.weight) for layer in self.own_layers())
 
     @torch.no_grad()
     def build_transposed(self) -> None:
@@ -276,7 +281,7 @@ class DiTBlock(nn.Module):
         released size), made once, before any capture, where the split-K path is chosen."""
         for layer in self.own_layers():
             layer.weight_t = linears.transposed(layer.weight)
-            layer.weight_t_of = (layer.weight.device, layer.weight._version)
+            layer.weight_t_of = _weight_key(layer.weight)
 
     def drop_transposed(self) -> None:
         for layer in self.own_layers():
