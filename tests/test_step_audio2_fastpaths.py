@@ -63,6 +63,7 @@ def test_frames_major_block_equals_the_stock_layout_block(model, fresh_verdicts,
     dit = model.flow.decoder.estimator
     dit.checked.clear()
     assert dit.fast(7)["frames-major convs"], dit.verdicts()[0].line()
+    assert all(blk.conv.weights_cl for blk in dit.blocks)              # prepared for every block when chosen
     conv = dit.blocks[1].conv
     g = torch.Generator().manual_seed(5)
     for t in (1, 2, 50):
@@ -118,6 +119,24 @@ def test_checked_paths_choose_only_bit_identical_candidates(fresh_verdicts):
     assert len([c for c in calls if c[0] == 4]) == 5                     # same: 2 trials; ulp: 2 + the repeat
     same, ulp = cp.verdicts()
     assert same.line().startswith("toy same (4 frames): on") and "max abs diff" in ulp.reason
+
+
+def test_a_chosen_path_is_prepared_once_per_checked_shape(fresh_verdicts):
+    """``prepare`` (what a chosen path reads, e.g. the DiT's transposed weights) runs when a shape's check chooses
+    the path, never for a refused path and never again for a shape already checked."""
+    prepared = []
+
+    def trial(shape, path, on, inputs):
+        x, = inputs
+        return [x * 3 if path == "same" or not on else x * 3 + 1e-6 * x]
+
+    cp = CheckedPaths("toy", ("same", "ulp"), trial, lambda shape, path: [torch.arange(1.0, shape + 1.0)],
+                      prepare=prepared.append)
+    cp.which(4, torch.device("cpu"), "cfg")
+    cp.which(4, torch.device("cpu"), "cfg")
+    assert prepared == ["same"]
+    cp.which(6, torch.device("cpu"), "cfg")
+    assert prepared == ["same", "same"]
 
 
 def test_lanes_run_in_order_off_cuda():

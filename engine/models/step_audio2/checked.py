@@ -36,8 +36,12 @@ class CheckedPaths:
 
     def __init__(self, block: str, paths: Sequence[str], trial: Trial, inputs: Inputs,
                  not_applicable: Optional[Callable[[str, torch.device], Optional[str]]] = None,
-                 captured_only: Optional[Callable[[str], bool]] = None):
+                 captured_only: Optional[Callable[[str], bool]] = None,
+                 prepare: Optional[Callable[[str], None]] = None):
         self.block, self.paths, self.trial, self.inputs = block, tuple(paths), trial, inputs
+        #: called with a path each time a shape's check chooses it (outside any capture): makes what the path
+        #: reads (e.g. weights in another layout) once, so the per-call :meth:`which` stays a lookup
+        self.prepare = prepare or (lambda path: None)
         self.not_applicable = not_applicable or (lambda path, device: None)
         self.captured_only = captured_only or (lambda path: False)
         self.checked: Dict[int, Dict[str, Verdict]] = {}
@@ -61,6 +65,9 @@ class CheckedPaths:
                 return {p: False for p in self.paths}
             got = {p: self._check(shape, p, device, config) for p in self.paths}
             self.checked[shape] = got
+            for p, v in got.items():
+                if v.chosen:
+                    self.prepare(p)
         return {p: v.chosen for p, v in got.items()}
 
     def _check(self, shape: int, path: str, device: torch.device, config: Hashable) -> Verdict:

@@ -354,7 +354,7 @@ class DiT(nn.Module):
         self.final_mods: list = []
         #: per chunk length (frames): the self-checks' verdicts on the faster paths (see :meth:`fast`)
         self.checked = CheckedPaths("step-audio2 DiT", FAST_PATHS, self._trial, self._trial_inputs, _not_applicable,
-                                    captured_only)
+                                    captured_only, self._prepare)
 
     def _modulation_layers(self) -> List[nn.Module]:
         return [self.t_embedder, self.final_layer.adaLN_modulation] + [b.adaLN_modulation for b in self.blocks]
@@ -392,14 +392,16 @@ class DiT(nn.Module):
         The checks run before any capture (the executor's warm-up precedes every capture); a length first met
         inside a capture runs the reference paths.
         """
-        got = self.checked.which(t, self.in_proj.weight.device, self.cfg)
-        if got["frames-major convs"] and not all(blk.conv.weights_cl for blk in self.blocks):
-            for blk in self.blocks:
+        return self.checked.which(t, self.in_proj.weight.device, self.cfg)
+
+    def _prepare(self, path: str) -> None:
+        """What a chosen path reads, for every block, made once when a length's check chooses it (before any
+        capture): the convs' channels-last filters, the split-K linears' transposed weights."""
+        for blk in self.blocks:
+            if path == "frames-major convs" and not blk.conv.weights_cl:
                 blk.conv.build_layouts()
-        if got["split-K linears"] and not all(blk.has_transposed() for blk in self.blocks):
-            for blk in self.blocks:
+            elif path == "split-K linears" and not blk.has_transposed():
                 blk.build_transposed()
-        return got
 
     @torch.no_grad()
     def _trial_inputs(self, t: int, path: str) -> List[torch.Tensor]:
