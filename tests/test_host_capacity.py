@@ -78,6 +78,30 @@ def test_the_confirmation_leaves_time_for_its_builds():
     assert capacity.confirm_seconds(60, float("inf"), 8, 20.0) == 60     # no time limit
 
 
+class _Runner:
+    def __init__(self, backlog: int):
+        self._b = backlog
+
+    def backlog(self) -> int:
+        return self._b
+
+
+class _Load:
+    def __init__(self, backlogs):
+        self.sessions = [type("D", (), {"runner": _Runner(b)})() for b in backlogs]
+
+
+def test_the_confirmation_reserves_builds_only_for_sessions_it_makes():
+    """Session 21 on the H200: the ramp ended with 16 clean Step-Audio2 sessions running, the confirmation would
+    reuse them, yet 16 builds were reserved and the 60 s asked shrank to 5 s. Only the builds it makes count."""
+    assert capacity.builds_for(_Load([0] * 16), 16) == 0                # the ramp's sessions run on
+    assert capacity.builds_for(_Load([0] * 12), 16) == 4                # four more to make
+    assert capacity.builds_for(_Load([0, 3, 0]), 3) == 3                # a backlog: all afresh
+    assert capacity.builds_for(_Load([0] * 5), 4) == 4                  # more than the knee: all afresh
+    assert capacity.confirm_seconds(60, 120, capacity.builds_for(_Load([0] * 16), 16), 12.0) == 60
+    assert capacity.confirm_seconds(60, 120, capacity.builds_for(_Load([1] * 16), 16), 12.0) == 5.0
+
+
 def test_a_run_cut_short_keeps_its_windows_in_the_json(tmp_path, one_torch_thread, monkeypatch):
     """The JSON is written as the run goes: cut in the middle of a mode (a call's timeout, simulated by an
     interrupt right after the first window was written), it still holds the ramp's window, marked in progress."""

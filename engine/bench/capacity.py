@@ -117,7 +117,7 @@ def confirm(load: PacedLoad, cfg, inputs, label: str, knee: int, seconds: float,
     """Run ``knee`` sessions for ``seconds``; one fewer on a miss (up to ``tries`` runs). ``report(
     "confirmation_so_far", ...)`` every 10 s."""
     result: Optional[Window] = None
-    fresh = any(d.runner.backlog() for d in load.sessions) or len(load.sessions) > knee
+    fresh = _confirm_afresh(load, knee)
     while knee > 0 and tries > 0:
         set_count(load, cfg, inputs, knee, fresh=fresh)
         fresh = True
@@ -184,11 +184,24 @@ def left(a) -> float:
     return a.deadline - time.perf_counter()
 
 
-def confirm_seconds(asked: float, left_s: float, sessions: int, build_s: float) -> float:
-    """How long the confirmation at ``sessions`` runs within the ``left_s`` wall seconds left: ``asked``, or
-    shorter (never under 5 s) so that its builds (one after another, ``build_s`` each: the longest the ramp saw;
-    a whole MiniCPM-o session takes ~20 s on the H200) and 25 s of closing fit before the time limit."""
-    return min(asked, max(5.0, left_s - 25.0 - sessions * build_s))
+def confirm_seconds(asked: float, left_s: float, builds: int, build_s: float) -> float:
+    """How long the confirmation runs within the ``left_s`` wall seconds left: ``asked``, or shorter (never
+    under 5 s) so that its ``builds`` session builds (one after another, ``build_s`` each: the longest the ramp
+    saw; a whole MiniCPM-o session takes ~20 s on the H200) and 25 s of closing fit before the time limit."""
+    return min(asked, max(5.0, left_s - 25.0 - builds * build_s))
+
+
+def builds_for(load: PacedLoad, knee: int) -> int:
+    """How many sessions the confirmation at ``knee`` must build: all of them when the running ones carry a
+    backlog or outnumber the knee (:func:`confirm` starts afresh then), else only those the ramp left missing.
+    (Session 21: reserving ``knee`` builds when the ramp's 16 sessions ran on cut a 60 s confirmation to 5 s.)"""
+    if _confirm_afresh(load, knee):
+        return knee
+    return max(0, knee - len(load.sessions))
+
+
+def _confirm_afresh(load: PacedLoad, knee: int) -> bool:
+    return any(d.runner.backlog() for d in load.sessions) or len(load.sessions) > knee
 
 
 def run_mode(mode: str, base: SessionConfig, a, launch: str, inputs, ramp_only: bool = False,
@@ -214,7 +227,7 @@ def run_mode(mode: str, base: SessionConfig, a, launch: str, inputs, ramp_only: 
         ramp_s = min(a.ramp_limit, max(10.0, left(a) - (0 if ramp_only else a.seconds + 40)))
         report = _reporter(a, LABELS[mode], launch)
         knee, points = ramp(load, cfg, inputs, label, a.max_sessions, a.window, ramp_s, start, report)
-        seconds = confirm_seconds(a.seconds, left(a), knee, load.longest_build_s)   # reported when shortened
+        seconds = confirm_seconds(a.seconds, left(a), builds_for(load, knee), load.longest_build_s)  # shortened: said
         best, conf = (confirm(load, cfg, inputs, label, knee, seconds, a.confirm_tries, report)
                       if knee and not ramp_only else (knee if ramp_only else 0, None))
         mem = host.memory()
