@@ -6,6 +6,7 @@ import json
 import pytest
 
 from engine.bench import capacity
+from engine.bench import ramp as ramp_bench
 
 
 def test_capacity_dry_run_cpu(tmp_path, one_torch_thread, capsys):
@@ -35,6 +36,7 @@ def test_capacity_dry_run_cpu(tmp_path, one_torch_thread, capsys):
     (["--seconds", "0"], "--seconds must be positive"),
     (["--max-sessions", "0"], "--max-sessions"),
     (["--switch-interval", "0"], "--switch-interval must be between 0.01 and 1000 ms"),
+    (["--start", "9", "--max-sessions", "8"], "--start must be between 1 and --max-sessions (8), not 9"),
     (["--device", "cpu", "--tail", "step-audio2", "--checkpoint", "/nonexistent/folder"], "does not exist"),
 ])
 def test_capacity_bad_arguments(args, msg, capsys):
@@ -71,11 +73,11 @@ def test_the_switch_interval_holds_for_the_run_only(tmp_path, one_torch_thread, 
 def test_the_confirmation_leaves_time_for_its_builds():
     """Session 13 on the H200: the confirmation at 4 MiniCPM-o sessions was planned for 60 s with 100 s left,
     ignoring ~80 s of builds, and the call's time ran out before it wrote its JSON. It now shortens to fit them."""
-    assert capacity.confirm_seconds(60, 1000, 4, 20.0) == 60
-    assert capacity.confirm_seconds(60, 100, 4, 20.0) == 5.0             # 100 - 25 - 80 < 5: the floor
-    assert capacity.confirm_seconds(60, 150, 4, 20.0) == 45.0
-    assert capacity.confirm_seconds(60, 100, 0, 0.0) == 60
-    assert capacity.confirm_seconds(60, float("inf"), 8, 20.0) == 60     # no time limit
+    assert ramp_bench.confirm_seconds(60, 1000, 4, 20.0) == 60
+    assert ramp_bench.confirm_seconds(60, 100, 4, 20.0) == 5.0             # 100 - 25 - 80 < 5: the floor
+    assert ramp_bench.confirm_seconds(60, 150, 4, 20.0) == 45.0
+    assert ramp_bench.confirm_seconds(60, 100, 0, 0.0) == 60
+    assert ramp_bench.confirm_seconds(60, float("inf"), 8, 20.0) == 60     # no time limit
 
 
 class _Runner:
@@ -94,12 +96,72 @@ class _Load:
 def test_the_confirmation_reserves_builds_only_for_sessions_it_makes():
     """Session 21 on the H200: the ramp ended with 16 clean Step-Audio2 sessions running, the confirmation would
     reuse them, yet 16 builds were reserved and the 60 s asked shrank to 5 s. Only the builds it makes count."""
-    assert capacity.builds_for(_Load([0] * 16), 16) == 0                # the ramp's sessions run on
-    assert capacity.builds_for(_Load([0] * 12), 16) == 4                # four more to make
-    assert capacity.builds_for(_Load([0, 3, 0]), 3) == 3                # a backlog: all afresh
-    assert capacity.builds_for(_Load([0] * 5), 4) == 4                  # more than the knee: all afresh
-    assert capacity.confirm_seconds(60, 120, capacity.builds_for(_Load([0] * 16), 16), 12.0) == 60
-    assert capacity.confirm_seconds(60, 120, capacity.builds_for(_Load([1] * 16), 16), 12.0) == 5.0
+    assert ramp_bench.builds_for(_Load([0] * 16), 16) == 0                # the ramp's sessions run on
+    assert ramp_bench.builds_for(_Load([0] * 12), 16) == 4                # four more to make
+    assert ramp_bench.builds_for(_Load([0, 3, 0]), 3) == 3                # a backlog: all afresh
+    assert ramp_bench.builds_for(_Load([0] * 5), 4) == 4                  # more than the knee: all afresh
+    assert ramp_bench.confirm_seconds(60, 120, ramp_bench.builds_for(_Load([0] * 16), 16), 12.0) == 60
+    assert ramp_bench.confirm_seconds(60, 120, ramp_bench.builds_for(_Load([1] * 16), 16), 12.0) == 5.0
+
+
+def test_a_ramp_step_is_only_as_big_as_its_builds_allow():
+    """Session 21 on the H200: the ramp stepped from 8 to 16 Step-Audio2 sessions with ~200 s left; the eight
+    builds under load took longer and the command's timeout killed the run before any JSON. A step now plans its
+    builds (x1.5 the longest seen) against the ramp's time and stops the ramp when even one does not fit."""
+    assert ramp_bench.step_that_fits(8, 16, 1000.0, 10.0, 3.0) == 16           # all fit
+    assert ramp_bench.step_that_fits(8, 16, 80.0, 10.0, 3.0) == 12             # (80 - 8) // 15 = 4 more
+    assert ramp_bench.step_that_fits(8, 16, 20.0, 10.0, 3.0) == 8              # not one: the ramp stops
+    assert ramp_bench.step_that_fits(8, 5, 0.0, 10.0, 3.0) == 5                # bisecting down builds nothing
+    assert ramp_bench.step_that_fits(0, 4, 100.0, 10.0, 3.0) == 4              # afresh after a miss: 4 builds fit
+
+
+class _FakeLoad:
+    """A PacedLoad stand-in: windows are clean, each build takes ``build_s`` of a fake clock."""
+
+    def __init__(self, build_s: float, clock):
+        self.sessions, self.longest_build_s, self.clock = [], 0.0, clock
+        self.build_s = build_s
+
+    def add(self, cfg, frames):
+        self.clock[0] += self.build_s
+        self.longest_build_s = self.build_s
+        self.sessions.append(type("D", (), {"runner": _Runner(0)})())
+
+    def remove_last(self):
+        self.sessions.pop()
+
+    def settle(self, timeout):
+        return True
+
+    def measure(self, seconds, progress=None):
+        self.clock[0] += seconds
+        from engine.host.drive import Window
+        return Window(len(self.sessions), len(self.sessions), 0, 100.0, 200.0, 210.0, [])
+
+
+def test_the_ramp_stops_where_the_next_builds_would_outrun_its_time(monkeypatch, capsys):
+    clock = [0.0]
+    monkeypatch.setattr(ramp_bench.time, "perf_counter", lambda: clock[0])
+    load = _FakeLoad(build_s=20.0, clock=clock)
+    knee, points = ramp_bench.ramp(load, None, [[]] * 64, "optimized", 64, 3.0, 200.0)
+    # 1 (20 s + 3), 2 (+20 + 3), 4 (+40 + 3): 111 s left; 8 wants 4 builds (x1.5: 120 s): 3 fit, so 7 (+60 + 3);
+    # 48 s left: 14 wanted, 1 build fits, so 8 (+20 + 3); 25 s left: not one more
+    assert sorted(points) == [1, 2, 4, 7, 8] and knee == 8 and len(load.sessions) == 8
+    assert "ramp stopped at 8" in capsys.readouterr().err
+    assert clock[0] <= 200.0                                               # the ramp kept to its time
+
+
+def test_start_sends_the_optimized_ramp_straight_to_a_known_count(monkeypatch, tmp_path, one_torch_thread):
+    starts = {}
+
+    def fake_run_mode(mode, base, a, launch, inputs, ramp_only=False, start=1):
+        starts[mode] = start
+        raise RuntimeError("not run in this test")
+
+    monkeypatch.setattr(capacity, "run_mode", fake_run_mode)
+    capacity.main(["--device", "cpu", "--size", "tiny", "--max-sessions", "16", "--start", "12",
+                   "--modes", "stock,optimized,batched", "--json", str(tmp_path / "c.json")])
+    assert starts == {"stock": 1, "optimized": 12, "batched": 12}
 
 
 def test_a_run_cut_short_keeps_its_windows_in_the_json(tmp_path, one_torch_thread, monkeypatch):
@@ -129,7 +191,7 @@ def test_the_confirmation_ticker_reports_what_it_prints():
         def window(self, start, end):
             from types import SimpleNamespace
             return SimpleNamespace(misses=1, max_ms=412.0, p99_ms=400.0)
-    tick = capacity._ticker(Load(), "optimized", 60.0, 4, lambda key, value: seen.append((key, value)))
+    tick = ramp_bench._ticker(Load(), "optimized", 60.0, 4, lambda key, value: seen.append((key, value)))
     tick(5.0)
     tick(10.5)
     assert seen == [("confirmation_so_far", {"sessions": 4, "planned_s": 60.0, "ran_s": 10.5, "late": 1,

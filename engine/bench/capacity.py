@@ -2,7 +2,7 @@
 
   duplexcadence-bench capacity [--tail step-audio2] [--backbone synthetic] [--size auto] [--device auto]
                                [--seconds 60] [--max-sessions 16] [--modes stock,optimized,batched]
-                               [--launch threads|one|both] [--window 4] [--json OUT] [--plot PNG]
+                               [--launch threads|one|both] [--start 1] [--window 4] [--json OUT] [--plot PNG]
                                [--stock-loop PYTHON --stock-loop-folder DIR]   (MiniCPM-o 4.5)
 
 For each mode an :class:`~engine.host.EngineHost` runs sessions of the same config (shared weights,
@@ -42,7 +42,8 @@ from engine.audio import SESSION_RATE, frames_of
 from engine.bench import stock_loop
 from engine.bench.session import speech_like
 from engine.host import EngineHost, WeightsKey
-from engine.host.drive import PacedLoad, Window
+from engine.host.drive import PacedLoad
+from engine.bench.ramp import builds_for, confirm, confirm_seconds, ramp
 from engine.session import DuplexSession, SessionConfig
 from engine.session.records import DEADLINE_MS
 
@@ -62,91 +63,6 @@ def session_inputs(n: int, seed: int, rate: int = SESSION_RATE) -> List[List[np.
 
 
 # -- one mode -------------------------------------------------------------------------------------------
-def set_count(load: PacedLoad, cfg: SessionConfig, inputs, n: int, fresh: bool = False) -> None:
-    """``n`` sessions under load; ``fresh``: all of them new (after an overload, the old ones carry a
-    backlog of late frames into the next measurement)."""
-    if fresh:
-        while load.sessions:
-            load.remove_last()
-    while len(load.sessions) > n:
-        load.remove_last()
-    while len(load.sessions) < n:
-        load.add(cfg, inputs[len(load.sessions)])
-
-
-def _window_line(label: str, n: int, w: Window, seconds: float) -> str:
-    return (f"{label}: {n} session(s), {seconds:g} s: latency p50 {w.p50_ms:.0f} / p99 {w.p99_ms:.0f} / "
-            f"max {w.max_ms:.0f} ms, {w.misses} missed of {w.seconds}")
-
-
-def ramp(load: PacedLoad, cfg, inputs, label: str, max_n: int, window: float, time_limit: float,
-         start: int = 1, report: Callable[[str, object], None] = lambda key, value: None):
-    """(knee, points): the largest count with a clean window, stepping then bisecting (from ``start``,
-    a count another ramp found clean). ``report("ramp", windows)`` after each window."""
-    points: Dict[int, Window] = {}
-    clean, missed, n = 0, None, max(1, min(start, max_n))
-    t_end = time.perf_counter() + time_limit
-    budget = DEADLINE_MS * 0.9
-    overloaded = False
-    while True:
-        set_count(load, cfg, inputs, n, fresh=overloaded)
-        load.settle(5.0)
-        w = load.measure(window)
-        overloaded = w.misses > 0
-        points[n] = w
-        say(_window_line(label, n, w, window))
-        report("ramp", [dict(p.to_dict(), window_s=window) for _, p in sorted(points.items())])
-        if w.misses == 0:
-            clean = max(clean, n)
-        else:
-            missed = n if missed is None else min(missed, n)
-        if clean >= max_n or (missed is not None and missed <= clean + 1):
-            return clean, points
-        if time.perf_counter() > t_end:
-            say(f"{label}: ramp time limit reached; knee {clean} not bracketed")
-            return clean, points
-        if missed is None:                                   # step by what the p99 leaves free
-            est = int(n * budget / max(w.p99_ms, 1.0))
-            n = min(max_n, max(n + 1, min(est, 2 * n)))
-        else:
-            n = (clean + missed) // 2 if missed - clean > 2 else clean + 1
-
-
-def confirm(load: PacedLoad, cfg, inputs, label: str, knee: int, seconds: float, tries: int,
-            report: Callable[[str, object], None] = lambda key, value: None):
-    """Run ``knee`` sessions for ``seconds``; one fewer on a miss (up to ``tries`` runs). ``report(
-    "confirmation_so_far", ...)`` every 10 s."""
-    result: Optional[Window] = None
-    fresh = _confirm_afresh(load, knee)
-    while knee > 0 and tries > 0:
-        set_count(load, cfg, inputs, knee, fresh=fresh)
-        fresh = True
-        load.settle(10.0)
-        say(f"{label}: confirming {knee} session(s) over {seconds:g} s ...")
-        result = load.measure(seconds, progress=_ticker(load, label, seconds, knee, report))
-        say(_window_line(label, knee, result, seconds))
-        if result.misses == 0:
-            return knee, result
-        knee, tries = knee - 1, tries - 1
-    return 0, result
-
-
-def _ticker(load: PacedLoad, label: str, seconds: float, sessions: int = 0,
-            report: Callable[[str, object], None] = lambda key, value: None):
-    """Progress every 10 s of a long run: seconds done, late so far, worst latency so far (printed, and
-    reported as ``confirmation_so_far``, so a run cut short keeps them)."""
-    start, shown = time.perf_counter(), [0]
-
-    def tick(elapsed: float) -> None:
-        if elapsed - shown[0] >= 10.0 and elapsed < seconds:
-            shown[0] = elapsed
-            w = load.window(start, time.perf_counter() - 1.0)
-            say(f"{label}:   {elapsed:4.0f} / {seconds:g} s, {w.misses} late so far, worst {w.max_ms:.0f} ms")
-            report("confirmation_so_far", {"sessions": sessions, "planned_s": seconds, "ran_s": round(elapsed, 1),
-                                           "late": w.misses, "worst_ms": w.max_ms, "p99_ms": w.p99_ms})
-    return tick
-
-
 def solo_check(host: EngineHost, cfg: SessionConfig, load: PacedLoad, sessions: int, seconds: int):
     """Run the first ``seconds`` of some sessions again, each alone; compare bit for bit."""
     chosen = load.sessions if sessions <= 0 else _spread(load.sessions, sessions)
@@ -182,26 +98,6 @@ def _spread(items, k: int):
 def left(a) -> float:
     """Wall seconds left before ``--time-limit`` (infinite without one)."""
     return a.deadline - time.perf_counter()
-
-
-def confirm_seconds(asked: float, left_s: float, builds: int, build_s: float) -> float:
-    """How long the confirmation runs within the ``left_s`` wall seconds left: ``asked``, or shorter (never
-    under 5 s) so that its ``builds`` session builds (one after another, ``build_s`` each: the longest the ramp
-    saw; a whole MiniCPM-o session takes ~20 s on the H200) and 25 s of closing fit before the time limit."""
-    return min(asked, max(5.0, left_s - 25.0 - builds * build_s))
-
-
-def builds_for(load: PacedLoad, knee: int) -> int:
-    """How many sessions the confirmation at ``knee`` must build: all of them when the running ones carry a
-    backlog or outnumber the knee (:func:`confirm` starts afresh then), else only those the ramp left missing.
-    (Session 21: reserving ``knee`` builds when the ramp's 16 sessions ran on cut a 60 s confirmation to 5 s.)"""
-    if _confirm_afresh(load, knee):
-        return knee
-    return max(0, knee - len(load.sessions))
-
-
-def _confirm_afresh(load: PacedLoad, knee: int) -> bool:
-    return any(d.runner.backlog() for d in load.sessions) or len(load.sessions) > knee
 
 
 def run_mode(mode: str, base: SessionConfig, a, launch: str, inputs, ramp_only: bool = False,
@@ -391,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--launch", default="threads", choices=["threads", "one", "both"],
                    help="who launches the seconds; 'both' ramps the optimized mode with each and keeps the better")
     p.add_argument("--window", type=float, default=4.0, help="seconds measured at each ramp step")
+    p.add_argument("--start", type=int, default=1, metavar="N",
+                   help="the optimized and batched ramps' first count (default 1): where a knee is known, its "
+                        "builds go straight there instead of through 1, 2, 4, ...")
     p.add_argument("--ramp-limit", type=float, default=240.0, help="wall seconds a mode's ramp may take")
     p.add_argument("--time-limit", type=float, default=0.0,
                    help="wall seconds for the whole bench (0: none); later modes shorten or are skipped")
@@ -420,6 +319,8 @@ def _check_args(a) -> Optional[str]:
             return f"--{name} must be positive"
     if a.max_sessions < 1:
         return "--max-sessions must be at least 1"
+    if not 1 <= a.start <= a.max_sessions:
+        return f"--start must be between 1 and --max-sessions ({a.max_sessions}), not {a.start}"
     if a.solo_seconds < 1 or a.confirm_tries < 1:
         return "--solo-seconds and --confirm-tries must be at least 1"
     if a.switch_interval is not None and not 0.01 <= a.switch_interval <= 1000:
@@ -492,7 +393,7 @@ def _run(a) -> int:
         if left(a) < 30:
             doc["modes"][LABELS[m]] = {"launch": launch, "skipped": "the --time-limit was reached before this mode"}
         else:
-            start = getattr(a, "optimized_start", 1) if m == "optimized" else 1
+            start = 1 if m == "stock" else max(a.start, getattr(a, "optimized_start", 1) if m == "optimized" else 1)
             doc["modes"][LABELS[m]] = _guarded(lambda m=m, st=start: run_mode(m, base, a, launch, inputs, start=st),
                                                launch)
         if a.json:                                      # written as it goes: a cut-short run keeps what it had
