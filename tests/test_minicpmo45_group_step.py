@@ -1,0 +1,106 @@
+"""One LLM step for a group of sessions (``group_step.group_forward``): every session's hidden state, logits and
+key/value store come out with the bits of its own one-token forward, whichever linears the device's row check
+lets it batch; sessions at different lengths (so different RoPE positions and attention lengths)."""
+import pytest
+import torch
+
+from engine.backbones.minicpmo45.dims import preset
+from engine.backbones.minicpmo45.group_step import LINEARS, check_rows, group_forward
+from engine.backbones.minicpmo45.kv import kv_regions, make_store
+from engine.backbones.minicpmo45.layers import seeded_init
+from engine.backbones.minicpmo45.llm import Qwen3
+from engine.backbones.minicpmo45.weights import build
+
+PREFIXES = (3, 11, 7, 20)            # each session's history before the step
+
+
+def _model(dtype):
+    d = preset("tiny").llm
+    model = build(Qwen3, d, device="cpu", dtype=dtype).eval()
+    seeded_init(model, 21)
+    return model, d
+
+
+def _stores(model, d, dtype, n: int, seed: int):
+    """``n`` demand stores, session s holding PREFIXES[s] positions fed from its own seeded embeddings."""
+    regions = kv_regions("llm", d.layers, d.kv_heads, d.head_dim, 32, 64, dtype, "")
+    out = []
+    with torch.no_grad():
+        for s in range(n):
+            store = make_store(True, regions[0], d.layers, 64, "cpu")
+            g = torch.Generator().manual_seed(seed + s)
+            model(torch.randn(PREFIXES[s], d.hidden, generator=g).to(dtype), store)
+            out.append(store)
+    return out
+
+
+def _solo(model, stores, embeds):
+    with torch.no_grad():
+        return [(h, model.logits(h)) for h in (model(embeds[s:s + 1], st) for s, st in enumerate(stores))]
+
+
+def _same_store(a, b) -> bool:
+    n = a.length
+    return (n == b.length and torch.equal(a.k_buf[:, :, :n], b.k_buf[:, :, :n])
+            and torch.equal(a.v_buf[:, :, :n], b.v_buf[:, :, :n]))
+
+
+@pytest.mark.bits
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("sessions", [1, 2, 3, 4])
+def test_a_group_step_gives_each_session_its_own_bits(sessions, dtype, one_torch_thread):
+    model, d = _model(dtype)
+    verdicts = check_rows(model, range(1, 5), seed=3)
+    assert set(verdicts) == set(LINEARS) and all(1 in v for v in verdicts.values())
+    embeds = torch.randn(sessions, d.hidden, generator=torch.Generator().manual_seed(99)).to(dtype)
+    alone, together = _stores(model, d, dtype, sessions, 40), _stores(model, d, dtype, sessions, 40)
+    want = _solo(model, alone, embeds)
+    with torch.no_grad():
+        got = group_forward(model, together, embeds, verdicts)
+    for s in range(sessions):
+        assert torch.equal(got[s][0], want[s][0]) and torch.equal(got[s][1], want[s][1]), (s, dtype)
+        assert _same_store(together[s], alone[s]), s
+
+
+@pytest.mark.bits
+def test_every_linear_one_row_at_a_time_gives_the_same_bits(one_torch_thread):
+    """No linear proven at any count (a device where cuBLAS changes kernels with the rows): still exact."""
+    model, d = _model(torch.float32)
+    embeds = torch.randn(3, d.hidden, generator=torch.Generator().manual_seed(5))
+    alone, together = _stores(model, d, torch.float32, 3, 8), _stores(model, d, torch.float32, 3, 8)
+    want = _solo(model, alone, embeds)
+    with torch.no_grad():
+        got = group_forward(model, together, embeds, {name: frozenset({1}) for name in LINEARS})
+    assert all(torch.equal(got[s][1], want[s][1]) for s in range(3))
+
+
+def test_rows_in_another_order_than_their_stores_are_caught(one_torch_thread):
+    """The comparison bites: rows handed to the wrong sessions give other logits."""
+    model, d = _model(torch.float32)
+    embeds = torch.randn(2, d.hidden, generator=torch.Generator().manual_seed(6))
+    alone, together = _stores(model, d, torch.float32, 2, 12), _stores(model, d, torch.float32, 2, 12)
+    want = _solo(model, alone, embeds)
+    with torch.no_grad():
+        got = group_forward(model, together, embeds.flip(0), check_rows(model, (1, 2)))
+    assert not torch.equal(got[0][1], want[0][1])
+
+
+def test_the_check_refuses_a_count_whose_rows_differ(monkeypatch, one_torch_thread):
+    """A GEMM that rounds its second row differently (as cuBLAS's other kernel does) is refused at that count."""
+    model, _ = _model(torch.float32)
+    real = torch.nn.functional.linear
+
+    def skewed(x, w, b=None):
+        y = real(x, w, b)
+        return y + (y.new_zeros(y.shape).index_fill_(0, torch.tensor([1]), 1e-3) if x.shape[0] > 1 else 0)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", skewed)
+    verdicts = check_rows(model, (1, 2, 3))
+    assert all(v == frozenset({1}) for v in verdicts.values())
+
+
+def test_one_row_per_session_is_required(one_torch_thread):
+    model, d = _model(torch.float32)
+    stores = _stores(model, d, torch.float32, 2, 1)
+    with pytest.raises(ValueError, match="one row per session: 3 rows, 2 stores"):
+        group_forward(model, stores, torch.zeros(3, d.hidden), {})
