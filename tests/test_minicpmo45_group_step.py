@@ -39,6 +39,14 @@ def _solo(model, stores, embeds):
         return [(h, model.logits(h)) for h in (model(embeds[s:s + 1], st) for s, st in enumerate(stores))]
 
 
+def _setup(sessions: int, dtype, seed: int, rows_seed: int):
+    """The model, fresh rows, two identical sets of stores (one stepped alone, one together) and the solo results."""
+    model, d = _model(dtype)
+    embeds = torch.randn(sessions, d.hidden, generator=torch.Generator().manual_seed(rows_seed)).to(dtype)
+    alone, together = _stores(model, d, dtype, sessions, seed), _stores(model, d, dtype, sessions, seed)
+    return model, embeds, alone, together, _solo(model, alone, embeds)
+
+
 def _same_store(a, b) -> bool:
     n = a.length
     return (n == b.length and torch.equal(a.k_buf[:, :, :n], b.k_buf[:, :, :n])
@@ -49,12 +57,9 @@ def _same_store(a, b) -> bool:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("sessions", [1, 2, 3, 4])
 def test_a_group_step_gives_each_session_its_own_bits(sessions, dtype, one_torch_thread):
-    model, d = _model(dtype)
+    model, embeds, alone, together, want = _setup(sessions, dtype, 40, 99)
     verdicts = check_rows(model, range(1, 5), seed=3)
     assert set(verdicts) == set(LINEARS) and all(1 in v for v in verdicts.values())
-    embeds = torch.randn(sessions, d.hidden, generator=torch.Generator().manual_seed(99)).to(dtype)
-    alone, together = _stores(model, d, dtype, sessions, 40), _stores(model, d, dtype, sessions, 40)
-    want = _solo(model, alone, embeds)
     with torch.no_grad():
         got = group_forward(model, together, embeds, verdicts)
     for s in range(sessions):
@@ -65,10 +70,7 @@ def test_a_group_step_gives_each_session_its_own_bits(sessions, dtype, one_torch
 @pytest.mark.bits
 def test_every_linear_one_row_at_a_time_gives_the_same_bits(one_torch_thread):
     """No linear proven at any count (a device where cuBLAS changes kernels with the rows): still exact."""
-    model, d = _model(torch.float32)
-    embeds = torch.randn(3, d.hidden, generator=torch.Generator().manual_seed(5))
-    alone, together = _stores(model, d, torch.float32, 3, 8), _stores(model, d, torch.float32, 3, 8)
-    want = _solo(model, alone, embeds)
+    model, embeds, alone, together, want = _setup(3, torch.float32, 8, 5)
     with torch.no_grad():
         got = group_forward(model, together, embeds, {name: frozenset({1}) for name in LINEARS})
     assert all(torch.equal(got[s][1], want[s][1]) for s in range(3))
@@ -76,10 +78,7 @@ def test_every_linear_one_row_at_a_time_gives_the_same_bits(one_torch_thread):
 
 def test_rows_in_another_order_than_their_stores_are_caught(one_torch_thread):
     """The comparison bites: rows handed to the wrong sessions give other logits."""
-    model, d = _model(torch.float32)
-    embeds = torch.randn(2, d.hidden, generator=torch.Generator().manual_seed(6))
-    alone, together = _stores(model, d, torch.float32, 2, 12), _stores(model, d, torch.float32, 2, 12)
-    want = _solo(model, alone, embeds)
+    model, embeds, alone, together, want = _setup(2, torch.float32, 12, 6)
     with torch.no_grad():
         got = group_forward(model, together, embeds.flip(0), check_rows(model, (1, 2)))
     assert not torch.equal(got[0][1], want[0][1])
