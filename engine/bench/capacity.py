@@ -44,16 +44,13 @@ from engine.bench.session import speech_like
 from engine.host import EngineHost, WeightsKey
 from engine.host.drive import PacedLoad
 from engine.bench.ramp import builds_for, confirm, confirm_seconds, ramp
+from engine.bench.report import say
 from engine.session import DuplexSession, SessionConfig
 from engine.session.records import DEADLINE_MS
 
 MODES = {"stock": (False, False), "optimized": (True, True), "batched": (True, True)}
 LABELS = {"stock": "stock-like", "optimized": "optimized", "batched": "batched"}
 CLIP_SECONDS = 30
-
-
-def say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def session_inputs(n: int, seed: int, rate: int = SESSION_RATE) -> List[List[np.ndarray]]:

@@ -7,17 +7,13 @@ the builds it must make (:func:`builds_for`) fit before the bench's time limit.
 """
 from __future__ import annotations
 
-import sys
 import time
 from typing import Callable, Dict, Optional
 
 from engine.host.drive import PacedLoad, Window
 from engine.session import SessionConfig
+from engine.bench.report import say
 from engine.session.records import DEADLINE_MS
-
-
-def say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def set_count(load: PacedLoad, cfg: SessionConfig, inputs, n: int, fresh: bool = False) -> None:

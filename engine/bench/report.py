@@ -22,6 +22,11 @@ import torch
 from engine.atomic import atomic_write
 
 
+def say(msg: str) -> None:
+    """A progress line of a bench, on stderr (stdout carries its report)."""
+    print(msg, file=sys.stderr, flush=True)
+
+
 @dataclass
 class Bars:
     """A grouped bar chart: one group per label, one bar per series (e.g. median and p90 per mode)."""

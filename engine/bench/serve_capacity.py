@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from engine.bench.capacity import session_inputs
-from engine.bench.report import Bars, Figure, markdown, write_all
+from engine.bench.report import Bars, Figure, markdown, say, write_all
 from engine import registry
 from engine.core.toggles import MODES, Toggles
 from engine.cli.validate import OneLineParser
@@ -38,10 +38,6 @@ from engine.session import SessionConfig
 from engine.stats import table
 
 TOKEN = "serve-capacity-bench-" + os.urandom(8).hex()
-
-
-def say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 class _Paced:

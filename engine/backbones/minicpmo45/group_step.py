@@ -30,18 +30,16 @@ LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 Verdicts = Dict[str, FrozenSet[int]]          # linear name -> the row counts proven on this device
 
 
-def _weight(llm: Qwen3, name: str, layer: int = 0) -> torch.Tensor:
-    block = llm.model.layers[layer]
-    owner = block.self_attn if name in LINEARS[:4] else block.mlp
-    return getattr(owner, name).weight
+def _weight(llm: Qwen3, name: str) -> torch.Tensor:
+    block = llm.model.layers[0]
+    return getattr(block.self_attn if hasattr(block.self_attn, name) else block.mlp, name).weight
 
 
 def check_rows(llm: Qwen3, counts: Sequence[int], seed: int = 0) -> Verdicts:
     """For each layer linear and each row count ``r`` in ``counts``: is one GEMM over ``r`` fresh random rows
     ``torch.equal`` to the ``r`` rows one at a time, on this device with this weight's shape and dtype? The
     kernel is picked by shape and dtype, the same in every layer, so layer 0's weights stand for all."""
-    w0 = llm.lm_head.weight
-    g = torch.Generator(device=w0.device).manual_seed(int(seed))
+    g = torch.Generator(device=llm.lm_head.weight.device).manual_seed(int(seed))
     out: Verdicts = {}
     with torch.no_grad():
         for name in LINEARS:
@@ -65,11 +63,12 @@ def _linear(x: torch.Tensor, module: torch.nn.Linear, name: str, verdicts: Verdi
 
 def _attention(layer, i: int, h: torch.Tensor, stores: Sequence[KVStore], tables, verdicts: Verdicts
                ) -> torch.Tensor:
-    """Layer ``layer``'s attention for the normed rows ``h`` [S, 1, hidden] -> its o_proj output [S, 1, hidden]."""
+    """Layer ``layer``'s attention for the normed rows ``h`` [S, 1, hidden] -> its o_proj output [S, 1, hidden]:
+    the projections over all rows, then per session the steps of :meth:`.layers.Attention.forward` between its
+    projections and ``o_proj``. (Those steps belong in one method of ``Attention`` that both call; that split
+    waits for the GPU run that wires this step in, since the GPU-proven session code goes through ``forward``.)"""
     a = layer.self_attn
-    q_all = _linear(h, a.q_proj, "q_proj", verdicts)
-    k_all = _linear(h, a.k_proj, "k_proj", verdicts)
-    v_all = _linear(h, a.v_proj, "v_proj", verdicts)
+    q_all, k_all, v_all = (_linear(h, getattr(a, n), n, verdicts) for n in ("q_proj", "k_proj", "v_proj"))
     outs = []
     for s, store in enumerate(stores):
         cos, sin = tables[s]
