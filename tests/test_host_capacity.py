@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -122,10 +123,15 @@ class _FakeLoad:
         self.sessions, self.longest_build_s, self.clock = [], 0.0, clock
         self.build_s = build_s
 
-    def add(self, cfg, frames):
+        self.held = 0
+
+    def add(self, cfg, frames, hold=False):
         self.clock[0] += self.build_s
         self.longest_build_s = self.build_s
         self.sessions.append(type("D", (), {"runner": _Runner(0)})())
+
+    def release(self):
+        pass
 
     def remove_last(self):
         self.sessions.pop()
@@ -217,3 +223,60 @@ def test_a_confirmation_cut_short_by_the_time_limit_says_so():
     assert rows["optimized"][3] == "5" and rows["stock-like"][3] == "60"
     assert capacity.shortened(doc) == ["optimized: 32 session(s) held 5 s, not the 60 s asked (--time-limit left "
                                        "no more): not confirmed at 60 s"]
+
+
+class _BuildHost:
+    """A host stand-in whose runners note when they were built and when their first frame came."""
+
+    def __init__(self):
+        self.log, self.opened = [], 0
+
+    def open(self, cfg, force=True):
+        import queue
+        import threading
+        import types
+        host = self
+
+        class Runner:
+            def __init__(self):
+                self.session, self.ready, self.results = object(), threading.Event(), queue.Queue()
+                self.name = f"s{host.opened}"
+                host.opened += 1
+
+            def start(self):
+                time.sleep(0.3)                                          # a build takes time
+                host.log.append(("built", self.name))
+                self.ready.set()
+
+            def submit(self, frame, arrival):
+                if ("fed", self.name) not in host.log:
+                    host.log.append(("fed", self.name))
+
+            def backlog(self):
+                return 0
+
+            def stop(self, timeout=0.0):
+                pass
+        return Runner()
+
+
+def test_several_new_sessions_are_all_built_before_any_is_fed():
+    """Session 22 on the H200: 16 Step-Audio2 sessions built one by one, each beside the seconds of those built
+    before it, took ~400 s of a 440 s limit and left the 60 s confirmation 5 s. A step that adds several sessions
+    now builds them all, then feeds them; a single new session starts at once."""
+    import numpy as np
+    from engine.host.drive import PacedLoad
+    host = _BuildHost()
+    load = PacedLoad(host)
+    try:
+        frames = [[np.zeros(4, np.float32)]] * 4
+        ramp_bench.set_count(load, None, frames, 3)
+        time.sleep(1.3)
+        kinds = [k for k, _ in host.log]
+        assert kinds[:3] == ["built"] * 3 and sorted(kinds[3:]) == ["fed"] * 3 and load.held == 0
+        ramp_bench.set_count(load, None, frames, 4)                 # one more: built and fed at once
+        assert host.log[6] == ("built", "s3") and len(load.sessions) == 4
+        phases = sorted(round((d.t0 - load.sessions[0].t0) % 1.0, 3) for d in load.sessions[:3])
+        assert len(set(phases)) == 3                                  # each its own phase
+    finally:
+        load.close()

@@ -69,6 +69,7 @@ class PacedLoad:
         self.keep_audio = int(keep_audio)
         self.sessions: List[Driven] = []
         self._removed: List[Driven] = []         # stopped sessions: their errors still count in errors()
+        self._held: List[Driven] = []            # built, not yet fed (add(hold=True) until release())
         self._lock = threading.Lock()
         self._heap: List = []
         self._stop = threading.Event()
@@ -80,8 +81,10 @@ class PacedLoad:
         self._collector.start()
 
     # -- sessions --------------------------------------------------------------------------------
-    def add(self, cfg: SessionConfig, frames: Sequence[np.ndarray], force: bool = True) -> Driven:
-        """Admit and build a session (blocks until built), then start feeding it at its own phase."""
+    def add(self, cfg: SessionConfig, frames: Sequence[np.ndarray], force: bool = True, hold: bool = False) -> Driven:
+        """Admit and build a session (blocks until built), then start feeding it at its own phase. ``hold``:
+        built but not fed until :meth:`release` (a batch of builds then runs beside the running sessions
+        only, not beside each other's first seconds too)."""
         b0 = time.perf_counter()
         runner = self.host.open(cfg, force=force)
         runner.start()
@@ -90,15 +93,28 @@ class PacedLoad:
         if runner.session is None:
             err = runner.results.get()
             raise RuntimeError(err.message if isinstance(err, LiveError) else "the session did not start")
-        now = time.perf_counter()
-        slot = self._added // self.align if self.align > 0 else self._added
-        phase = (slot * GOLDEN) % 1.0
-        d = Driven(self._added, runner, frames, t0=now + 0.05 + phase)
+        d = Driven(self._added, runner, frames)
         self._added += 1
-        with self._lock:
-            self.sessions.append(d)
-            heapq.heappush(self._heap, (d.t0, d.index, d))
+        self._held.append(d)
+        if not hold:
+            self.release()
         return d
+
+    @property
+    def held(self) -> int:
+        """Sessions built and not yet fed."""
+        return len(self._held)
+
+    def release(self) -> None:
+        """Start feeding every held session, each at its own phase from now."""
+        now = time.perf_counter()
+        with self._lock:
+            for d in self._held:
+                slot = d.index // self.align if self.align > 0 else d.index
+                d.t0 = now + 0.05 + (slot * GOLDEN) % 1.0
+                self.sessions.append(d)
+                heapq.heappush(self._heap, (d.t0, d.index, d))
+            self._held.clear()
 
     def remove_last(self) -> None:
         """Stop the most recently added session (its slot frees; its records stay)."""
@@ -109,7 +125,7 @@ class PacedLoad:
 
     def close(self) -> None:
         self._stop.set()
-        for d in list(self.sessions):
+        for d in list(self.sessions) + self._held:
             d.runner.stop(timeout=30.0)
         self._feeder.join(5.0)
         self._collector.join(5.0)
