@@ -66,3 +66,22 @@ def test_a_build_on_the_host_is_a_pause(monkeypatch):
         assert h.seconds == 0                                   # a's only second overlapped b's build
     finally:
         host.close()
+
+
+def test_the_backlog_a_stall_leaves_is_not_the_load():
+    """H200, Ray Serve, one replica of whole MiniCPM-o sessions: the fourth was refused at "the slowest second
+    took 2,761 ms" though 3 sessions held 30 s with a worst of 769 ms. The seconds that arrived after a build but
+    waited in their session's queue behind the seconds it stalled carried the stall in their wait. They are left
+    out too; a second that arrives after the backlog drained counts again, and other sessions are not touched."""
+    m = LoadMeter(window_s=30.0, min_seconds=1)
+    m.sessions_changed()
+    with m.pause():
+        time.sleep(0.05)
+    p1 = time.perf_counter()
+    m.record(p1 + 0.001, p1 + 0.40, 450.0, session=0)           # arrived in the build: left out (as before)
+    m.record(p1 + 0.40, p1 + 0.80, 780.0, session=0)            # arrived after it, queued behind the one above
+    m.record(p1 + 0.80, p1 + 0.90, 520.0, session=0)            # still behind the backlog
+    m.record(p1 + 2.00, p1 + 2.10, 100.0, session=0)            # arrived when the backlog had drained
+    m.record(p1 + 0.45, p1 + 0.95, 600.0, session=1)            # another session, a slow second of its own
+    h = m.headroom(2)
+    assert h.seconds == 2 and h.worst_ms == 600.0

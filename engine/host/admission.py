@@ -12,7 +12,8 @@ and how late it finished relative to its frame's arrival. Over the trailing wind
 
 Seconds that the host itself stalled or slowed (a departure's teardown holds every session at the gate; an
 admission's build and graph captures run beside the sessions' seconds and compete with them for the host and
-the GPU: :meth:`LoadMeter.pause`) are left out: they say nothing about the sessions' own load.
+the GPU: :meth:`LoadMeter.pause`) are left out, with the seconds that then waited in their session's queue
+behind them: they say nothing about the sessions' own load.
 
 Admitting adds that cost to both: the new session's second can come due just before anyone's.
 Admission is allowed when, after it, ``busy`` and ``worst`` both stay under the deadline less a
@@ -103,10 +104,21 @@ class LoadMeter:
             with self._lock:
                 entry[1] = time.perf_counter()
 
-    def _paused(self, span: Tuple[float, float, float, int]) -> bool:
-        _, end, latency_ms, _ = span
-        arrival = end - latency_ms / 1000.0
-        return any(arrival <= b and end >= a for a, b in self._pauses)
+    def _left_out(self, spans: List[Tuple[float, float, float, int]]) -> List[bool]:
+        """Per span (in the order given): left out of the headroom? A second whose arrival-to-done overlaps a
+        pause is; so is a later second of the same session that arrived before a left-out one finished: it
+        waited in that session's queue behind the stall (on the H200 a MiniCPM-o replica refused a fourth
+        session at "the slowest second took 2,761 ms": the backlog a build left, drained after it ended)."""
+        stalled_until: dict = {}
+        out = []
+        for start, end, latency_ms, sid in spans:
+            arrival = end - latency_ms / 1000.0
+            left = (any(arrival <= b and end >= a for a, b in self._pauses)
+                    or arrival < stalled_until.get(sid, float("-inf")))
+            if left:
+                stalled_until[sid] = max(end, stalled_until.get(sid, float("-inf")))
+            out.append(left)
+        return out
 
     def sessions_changed(self) -> None:
         """An admission or a departure: measurements before it no longer describe the host."""
@@ -123,7 +135,8 @@ class LoadMeter:
         now = time.perf_counter() if now is None else now
         with self._lock:
             self._trim(now)
-            spans = [s for s in self._spans if s[0] >= self._since and not self._paused(s)]
+            every = list(self._spans)
+            spans = [s for s, left in zip(every, self._left_out(every)) if not left and s[0] >= self._since]
         budget = self.deadline_ms - self.reserve_ms
         if not spans:
             return Headroom(sessions, 0, 0.0, 0.0, 0.0, budget)
