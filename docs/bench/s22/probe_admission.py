@@ -1,0 +1,84 @@
+"""Session 22 probe (issue 24): what makes a second take seconds right after a MiniCPM-o session is admitted?
+
+Ray Serve's replica refused a 5th whole MiniCPM-o session at "the slowest second took 4,195 ms" while 4 held 30 s
+with a worst of 785 ms, and the in-process ramp once saw three sessions finish nothing in a 6 s window after a
+5th was added. This probe runs the host in process (released dims, random weights, graphs, 1 ms switch
+interval): 3 sessions built then fed, 12 s; a 4th added (fed as soon as it is built), 20 s; a 5th, 20 s. A sampler
+thread notes every 20 ms the process's graph captures and gate upgrades. Printed: every second over 600 ms
+(session, index, arrival relative to the start, queue wait, work, decision, captures and upgrades during it) and
+the builds' spans. JSON: every second of every session.
+Usage: PYTHONPATH=. python3 docs/bench/s22/probe_admission.py OUT.json (a CPU smoke run: DEVICE=cpu SIZE=tiny SCALE=0.2)
+"""
+import json
+import os
+import sys
+import threading
+import time
+
+import torch
+
+from engine.bench.capacity import session_inputs
+from engine.bench.ramp import set_count
+from engine.core import graphs
+from engine.core.gate import GATE
+from engine.host import EngineHost
+from engine.host.drive import PacedLoad
+from engine.session import SessionConfig
+
+sys.setswitchinterval(0.001)
+DEV, SIZE, SCALE = os.environ.get("DEVICE", "cuda"), os.environ.get("SIZE", "released"), float(os.environ.get("SCALE", "1"))
+cfg = SessionConfig(tail="step-audio2", backbone="minicpm-o-4.5", size=SIZE, device=DEV, seed=0)
+host = EngineHost(device=DEV, launch="threads")
+load = PacedLoad(host)
+inputs = session_inputs(6, 0)
+T0 = time.perf_counter()
+samples, stop = [], threading.Event()
+
+
+def sample():
+    while not stop.is_set():
+        c, _ = graphs.launches()
+        samples.append((time.perf_counter() - T0, c, GATE.upgrades))
+        time.sleep(0.02)
+
+
+threading.Thread(target=sample, daemon=True).start()
+builds = []
+for n, hold_s in ((3, 12.0), (4, 20.0), (5, 20.0)):
+    b0 = time.perf_counter() - T0
+    set_count(load, cfg, inputs, n)
+    builds.append((n, b0, time.perf_counter() - T0))
+    print(f"{n} sessions: built {b0:.1f} .. {builds[-1][2]:.1f} s", flush=True)
+    time.sleep(hold_s * SCALE)
+stop.set()
+time.sleep(1.5)
+
+
+def during(a, b):
+    inside = [s for s in samples if a <= s[0] <= b]
+    before = [s for s in samples if s[0] < a]
+    c0, u0 = (before[-1][1], before[-1][2]) if before else (0, 0)
+    return (inside[-1][1] - c0, inside[-1][2] - u0) if inside else (0, 0)
+
+
+rows = []
+for d in load.sessions:
+    for r in d.records:
+        arrival = d.t0 + r.index - T0
+        done = arrival + (r.queue_wait_ms + r.total_ms) / 1e3
+        caps, ups = during(arrival, done)
+        rows.append({"session": d.index, "index": r.index, "arrival_s": round(arrival, 3), "queue_ms": r.queue_wait_ms,
+                     "work_ms": r.total_ms, "listen_ms": r.listen_ms, "think_ms": r.think_ms, "speak_ms": r.speak_ms,
+                     "decision": r.decision, "captures": caps, "upgrades": ups})
+rows.sort(key=lambda x: x["arrival_s"])
+print("slow seconds (arrival to done over 600 ms):")
+for x in rows:
+    if x["queue_ms"] + x["work_ms"] > 600:
+        print(f"  s{x['session']} #{x['index']:3d} at {x['arrival_s']:7.2f} s: queue {x['queue_ms']:6.0f} work "
+              f"{x['work_ms']:6.0f} (L {x['listen_ms']:.0f} T {x['think_ms']:.0f} S {x['speak_ms']:.0f}) "
+              f"{x['decision']:6s} captures {x['captures']} upgrades {x['upgrades']}")
+print("captures over time (s, total):", [(round(t, 1), c) for t, c, _ in samples[::50]])
+json.dump({"builds": builds, "seconds": rows, "samples": samples[::5],
+           "errors": load.errors()}, open(sys.argv[1], "w"), indent=1)
+load.close()
+host.close()
