@@ -48,23 +48,32 @@ def test_capacity_bad_arguments(args, msg, capsys):
 
 def test_the_switch_interval_holds_for_the_run_only(tmp_path, one_torch_thread, monkeypatch):
     """``--switch-interval`` (issue 24: how long one session's thread may hold the interpreter) is set for the
-    run, recorded in the JSON, and the process's own interval is back afterwards."""
+    run, recorded in the JSON, and the process's own interval is back afterwards; ``--hand-over`` likewise turns
+    the builds' hand-over of the capture lock on for the run's host only."""
     import sys
-    seen = []
+    from engine.core.gate import GATE
+    seen, hand_over = [], []
     run_mode = capacity.run_mode
 
     def spy(*args, **kw):
         seen.append(sys.getswitchinterval())
         return run_mode(*args, **kw)
+    host_init = capacity.EngineHost.__init__
+
+    def host_spy(self, *args, **kw):
+        host_init(self, *args, **kw)
+        hand_over.append(GATE.hand_over)
+    monkeypatch.setattr(capacity.EngineHost, "__init__", host_spy)
     monkeypatch.setattr(capacity, "run_mode", spy)
     before = sys.getswitchinterval()
     out = tmp_path / "cap.json"
     rc = capacity.main(["--device", "cpu", "--size", "tiny", "--tail", "mimi", "--seconds", "1", "--window", "1",
                         "--max-sessions", "1", "--modes", "optimized", "--solo-sessions", "0",
-                        "--switch-interval", "0.5", "--json", str(out)])
+                        "--switch-interval", "0.5", "--hand-over", "--json", str(out)])
     assert seen == [pytest.approx(0.0005)] and sys.getswitchinterval() == before
+    assert hand_over == [True] and not GATE.hand_over               # --hand-over: on for the run's host only
     doc = json.loads(out.read_text())
-    assert doc["switch_interval_ms"] == pytest.approx(0.5)
+    assert doc["switch_interval_ms"] == pytest.approx(0.5) and doc["hand_over"] is True
     # whether the one session kept the deadline on this busy CPU is not the point; either way the run is no failure:
     # a session that held is re-run alone and identical, and none that held leaves nothing to compare (None)
     m = doc["modes"]["optimized"]

@@ -3,6 +3,7 @@
   duplexcadence-bench capacity [--tail step-audio2] [--backbone synthetic] [--size auto] [--device auto]
                                [--seconds 60] [--max-sessions 16] [--modes stock,optimized,batched]
                                [--launch threads|one|both] [--start 1] [--window 4] [--json OUT] [--plot PNG]
+                               [--hand-over] [--switch-interval MS]
                                [--stock-loop PYTHON --stock-loop-folder DIR]   (MiniCPM-o 4.5)
 
 For each mode an :class:`~engine.host.EngineHost` runs sessions of the same config (shared weights,
@@ -102,7 +103,8 @@ def run_mode(mode: str, base: SessionConfig, a, launch: str, inputs, ramp_only: 
     demand, graphs = MODES[mode]
     cfg = base.replace(demand_sized=demand, graph_replay=graphs)
     label = f"{LABELS[mode]} [{launch}]"
-    host = EngineHost(device=cfg.device, launch=launch, batched=(mode == "batched"), batch_slots=a.batch_slots)
+    host = EngineHost(device=cfg.device, launch=launch, batched=(mode == "batched"), batch_slots=a.batch_slots,
+                      hand_over=a.hand_over)
     out: Dict[str, object] = {"launch": launch}
     if mode == "batched":
         ok, why = host.batched_check(cfg)
@@ -296,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--solo-seconds", type=int, default=8)
     p.add_argument("--batch-slots", type=int, default=8, help="sessions per batched group (phase-aligned)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hand-over", action="store_true",
+                   help="a session build hands the capture lock to a running session waiting to capture, between "
+                        "its own captures (EngineHost(hand_over=True); off by default until checked on a GPU)")
     p.add_argument("--switch-interval", type=float, default=None, metavar="MS",
                    help="Python's thread switch interval for the run, in ms (sys.setswitchinterval; default: "
                         "Python's own, 5 ms): how long one session's thread may hold the interpreter while the "
@@ -363,6 +368,7 @@ def _run(a) -> int:
         "gpu": torch.cuda.get_device_name(0) if base.device == "cuda" else "cpu", "torch": torch.__version__,
         "seconds": a.seconds, "window_s": a.window, "deadline_ms": DEADLINE_MS, "command": " ".join(sys.argv),
         "switch_interval_ms": sys.getswitchinterval() * 1e3,
+        "hand_over": bool(a.hand_over),
         "modes": {}}
     if a.json:
         def partial(mode_label: str, launch: str, key: str, value: object) -> None:

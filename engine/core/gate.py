@@ -6,7 +6,9 @@ its own registered generator state, its launches go to its own stream).
 Capturing: a CUDA graph capture with its warm-up, and a whole session build (which installs the
 session's random state on the process's default generators and captures its graphs). It holds the
 gate shared, so other sessions' shared seconds go on beside it, plus the *capture lock*, so at most one
-thread in the process captures or builds at a time. That is safe because a capture runs in
+thread in the process captures or builds at a time. With ``hand_over`` on, a build gives the lock to a
+session waiting to capture between two of its own captures (:meth:`Gate.let_waiters_capture`), its own
+random state taken off the default generators meanwhile, instead of making it wait for the whole build. That is safe because a capture runs in
 ``"thread_local"`` mode on a non-blocking side stream (another thread's launches, allocations and
 syncs cannot invalidate it), the allocator sends only the capturing stream's allocations to the
 graph's pool, and a shared second never draws from the default generators (the one state a capture
@@ -46,6 +48,12 @@ class Gate:
         self._mine = threading.local()          # .shared, .exclusive, .capturing: this thread's depths
         self._capture_lock = threading.RLock()  # at most one capture (or build) in the process
         self.upgrades = 0                        # shared holds that went exclusive (lazy captures)
+        # hand-overs (see let_waiters_capture): off until a host turns them on; threads waiting for the lock
+        # for a capture (not a build), and how many times a waiter took it
+        self.hand_over = False
+        self._capture_waiting = 0
+        self._capture_taken = 0
+        self.handovers = 0
 
     def _depths(self):
         m = self._mine
@@ -134,15 +142,61 @@ class Gate:
                 m.shared = held
 
     @contextlib.contextmanager
-    def capturing(self) -> Iterator[None]:
-        """Shared, plus the process's capture lock: one capture or build at a time, beside shared seconds."""
+    def capturing(self, build: bool = False) -> Iterator[None]:
+        """Shared, plus the process's capture lock: one capture or build at a time, beside shared seconds.
+        ``build``: a whole session build (it waits for the lock like any other, but is not handed it by
+        :meth:`let_waiters_capture`: two builds never interleave)."""
         m = self._depths()
-        with self.shared(), self._capture_lock:
+        with self.shared():
+            counted = not m.capturing and not build
+            if counted:
+                with self._cv:
+                    self._capture_waiting += 1
+            self._capture_lock.acquire()
+            if counted:
+                with self._cv:
+                    self._capture_waiting -= 1
+                    self._capture_taken += 1
+                    self._cv.notify_all()
             m.capturing += 1
             try:
                 yield
             finally:
                 m.capturing -= 1
+                self._capture_lock.release()
+
+    def capture_depth(self) -> int:
+        """How many capturing holds this thread has open (0: it does not hold the capture lock)."""
+        return self._depths().capturing
+
+    def waiters_for_capture(self) -> bool:
+        """Whether hand-overs are on and another thread waits for the capture lock to capture."""
+        return self.hand_over and self._capture_waiting > 0
+
+    def let_waiters_capture(self, timeout_s: float = 5.0) -> bool:
+        """Between two captures of a long hold (a session build holds the lock for all of its captures, ~14 s
+        for a whole MiniCPM-o session on the H200): when another thread waits for the lock to capture (a running
+        session whose store grew), give the lock up until that thread has taken it, then take it back at the same
+        depth. Without this, that session's second waited for the rest of the build (session 22: THINK and
+        LISTEN seconds of 5-12 s, each ending when the build ended). The caller must be at a point where no
+        capture and no warm-up of its own is open and its session's random state is not on the default
+        generators (:func:`engine.core.graphs.between_captures` sees to both). Returns whether it handed over."""
+        m = self._depths()
+        if not (m.capturing and self.waiters_for_capture()):
+            return False
+        with self._cv:
+            taken = self._capture_taken
+        depth = m.capturing
+        for _ in range(depth):
+            self._capture_lock.release()
+        try:
+            with self._cv:
+                self._cv.wait_for(lambda: self._capture_taken != taken or not self._capture_waiting, timeout_s)
+        finally:
+            for _ in range(depth):
+                self._capture_lock.acquire()
+        self.handovers += 1
+        return True
 
     def section(self, exclusive: bool):
         """``exclusive()`` or ``shared()``."""

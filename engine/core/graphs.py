@@ -82,6 +82,19 @@ def _installed() -> ContextManager:
     return rng.installed() if rng is not None else contextlib.nullcontext()
 
 
+def between_captures() -> None:
+    """A point between two captures of a long capture-lock hold (a session build): where another thread waits
+    to capture, hand it the lock (:meth:`~engine.core.gate.Gate.let_waiters_capture`), with the random state
+    of the session this thread works for taken off the default generators meanwhile (``rng.suspended()``), so
+    the other capture neither sees nor advances it. Called where no capture or warm-up of this thread is open:
+    on entering :meth:`GraphRuntime.capture` and :meth:`GraphRuntime.side`."""
+    if not (GATE.capture_depth() and GATE.waiters_for_capture()):
+        return
+    suspend = getattr(getattr(_local, "rng", None), "suspended", None)
+    with suspend() if suspend is not None else contextlib.nullcontext():
+        GATE.let_waiters_capture()
+
+
 def session_generator(device) -> Optional["torch.Generator"]:
     """The generator an eager draw on ``device`` takes: the hosted session's own CUDA state, when this
     thread works for one on CUDA (its seconds run concurrently with others', so the default generator
@@ -221,6 +234,7 @@ class GraphRuntime:
     def side(self) -> Iterator["torch.cuda.Stream"]:
         """Eager work (warm-ups) on the capture stream, ordered after and before the current stream, under the
         capture lock (the stream is every runtime's: only the lock's holder uses it)."""
+        between_captures()
         with GATE.capturing():
             s, cur = self.stream, torch.cuda.current_stream(self.device)
             s.wait_stream(cur)
@@ -239,6 +253,7 @@ class GraphRuntime:
         synchronizes the whole device and empties the allocator's cache: with other sessions replaying
         beside the capture, that would stall all of them and hand their cached blocks back to the driver
         at every capture (a session build captures hundreds of graphs)."""
+        between_captures()
         with GATE.capturing(), _installed(), _no_collection():
             graph = torch.cuda.CUDAGraph()
             for g in generators:

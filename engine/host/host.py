@@ -39,7 +39,10 @@ class EngineHost:
 
     def __init__(self, device: str = "auto", launch: str = "threads", max_sessions: Optional[int] = None,
                  reserve_ms: float = 100.0, window_s: float = 10.0, min_seconds: int = 3,
-                 batched: bool = False, batch_slots: int = 8):
+                 batched: bool = False, batch_slots: int = 8, hand_over: bool = False):
+        # ``hand_over``: a session build gives the capture lock, between its captures, to a running session that
+        # waits to capture (Gate.let_waiters_capture); process-wide while this host lives. Off by default until
+        # the GPU multi-session tests have run with it (session 22 built it after its device time ran out).
         if launch not in LAUNCH_MODES:
             raise ValueError(f"unknown launch mode {launch!r}; choose one of: {', '.join(LAUNCH_MODES)}")
         if max_sessions is not None and int(max_sessions) < 1:
@@ -58,6 +61,9 @@ class EngineHost:
         self._next_id = 0
         self._dispatcher: Optional[Dispatcher] = Dispatcher() if launch == "one" else None
         self.batcher: Optional[ListenBatcher] = ListenBatcher(self, batch_slots) if batched else None
+        self._hand_over_before = GATE.hand_over
+        if hand_over:
+            GATE.hand_over = True
 
     # -- batched LISTEN (opt-in) -------------------------------------------------------------------
     def batched_check(self, cfg: SessionConfig, slots: Optional[int] = None) -> Tuple[bool, str]:
@@ -161,6 +167,7 @@ class EngineHost:
         if self._dispatcher is not None:
             self._dispatcher.close()
             self._dispatcher = None
+        GATE.hand_over = self._hand_over_before
 
     # -- the dispatcher (launch="one") -----------------------------------------------------------------
     def dispatcher_add(self, runner: HostedRunner) -> None:

@@ -67,16 +67,37 @@ class SessionRng:
 
     @contextlib.contextmanager
     def _swapped(self) -> Iterator[None]:
-        outer_cpu = torch.get_rng_state()
-        torch.set_rng_state(self._cpu)
-        outer = None
-        if self._gen is not None:
-            outer = self._gen.graphsafe_get_state()
-            self._gen.graphsafe_set_state(self._state)
+        self._put_on()
         try:
             yield
         finally:
-            self._cpu = torch.get_rng_state()
-            torch.set_rng_state(outer_cpu)
-            if self._gen is not None:
-                self._gen.graphsafe_set_state(outer)
+            self._take_off()
+
+    def _put_on(self) -> None:
+        """This session's states on the default generators; the ones there kept to be put back."""
+        self._outer_cpu = torch.get_rng_state()
+        torch.set_rng_state(self._cpu)
+        if self._gen is not None:
+            self._outer = self._gen.graphsafe_get_state()
+            self._gen.graphsafe_set_state(self._state)
+
+    def _take_off(self) -> None:
+        """This session's states saved (as far as they advanced) and the kept ones put back."""
+        self._cpu = torch.get_rng_state()
+        torch.set_rng_state(self._outer_cpu)
+        if self._gen is not None:
+            self._gen.graphsafe_set_state(self._outer)
+
+    @contextlib.contextmanager
+    def suspended(self) -> Iterator[None]:
+        """Inside :meth:`installed`: the states that were on the default generators before it are back for the
+        block (another session's capture may run meanwhile: a build hands the capture lock over), this
+        session's put on again after, each as far as it advanced. Outside: nothing changes."""
+        if not self._depth:
+            yield
+            return
+        self._take_off()
+        try:
+            yield
+        finally:
+            self._put_on()

@@ -84,7 +84,7 @@ class HostedSession:
         then joins a batched group exclusively; a CPU build holds it exclusively (the CPU's default
         generator is swapped for the session's, and every CPU second runs exclusively anyway)."""
         cache, c = self.host.weights, self.cfg
-        hold = self.host.gate.capturing() if self.device.type == "cuda" else self.host.gate.exclusive()
+        hold = self.host.gate.capturing(build=True) if self.device.type == "cuda" else self.host.gate.exclusive()
         # the build slows the others down: their seconds meanwhile are not the load (meter.pause)
         with self.host.meter.pause(), hold, self.rng.installed(), graphs.working_for(self.rng):
             b0 = time.perf_counter()

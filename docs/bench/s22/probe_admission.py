@@ -7,7 +7,8 @@ interval): 3 sessions built then fed, 12 s; a 4th added (fed as soon as it is bu
 thread notes every 20 ms the process's graph captures and gate upgrades. Printed: every second over 600 ms
 (session, index, arrival relative to the start, queue wait, work, decision, captures and upgrades during it) and
 the builds' spans. JSON: every second of every session.
-Usage: PYTHONPATH=. python3 docs/bench/s22/probe_admission.py OUT.json (a CPU smoke run: DEVICE=cpu SIZE=tiny SCALE=0.2)
+Usage: PYTHONPATH=. python3 docs/bench/s22/probe_admission.py OUT.json (a CPU smoke run: DEVICE=cpu SIZE=tiny SCALE=0.2;
+HAND_OVER=1: builds hand the capture lock to waiting captures, EngineHost(hand_over=True))
 """
 import json
 import os
@@ -28,7 +29,7 @@ from engine.session import SessionConfig
 sys.setswitchinterval(0.001)
 DEV, SIZE, SCALE = os.environ.get("DEVICE", "cuda"), os.environ.get("SIZE", "released"), float(os.environ.get("SCALE", "1"))
 cfg = SessionConfig(tail="step-audio2", backbone="minicpm-o-4.5", size=SIZE, device=DEV, seed=0)
-host = EngineHost(device=DEV, launch="threads")
+host = EngineHost(device=DEV, launch="threads", hand_over=os.environ.get("HAND_OVER") == "1")
 load = PacedLoad(host)
 inputs = session_inputs(6, 0)
 T0 = time.perf_counter()

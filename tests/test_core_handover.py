@@ -1,0 +1,148 @@
+"""A session build hands the capture lock to a running session that waits to capture (engine.core.gate), on the
+CPU with a fake torch.cuda. Session 22 on the H200: whole MiniCPM-o sessions whose store grew while another session
+was being built waited for the rest of that build in their THINK or LISTEN (5-12 s seconds, each ending when the
+build ended): the build held the capture lock for all of its ~14 s. Whether CUDA agrees is for the GPU tests."""
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from engine.core import graphs
+from engine.core.gate import GATE, Gate
+from engine.host.rng import SessionRng
+
+from tests.test_core_graphs import fake_cuda  # noqa: F401  (the fixture)
+
+
+def _build(g: Gate, captures: int, step_s: float, log: list, started: threading.Event) -> None:
+    with g.capturing(build=True):
+        started.set()
+        for _ in range(captures):
+            g.let_waiters_capture()
+            time.sleep(step_s)                                  # one capture's work
+        log.append(("build done", time.perf_counter()))
+
+
+def _waiter(g: Gate, log: list, build: bool = False) -> None:
+    t = time.perf_counter()
+    with g.capturing(build=build):
+        log.append(("waiter in", time.perf_counter() - t))
+
+
+def _run(hand_over: bool, waiter_is_build: bool = False):
+    g, log, started = Gate(), [], threading.Event()
+    g.hand_over = hand_over
+    b = threading.Thread(target=_build, args=(g, 40, 0.02, log, started))
+    b.start()
+    started.wait(5)
+    time.sleep(0.05)
+    w = threading.Thread(target=_waiter, args=(g, log, waiter_is_build))
+    w.start()
+    w.join(10)
+    b.join(10)
+    return g, dict(log)
+
+
+def test_a_waiting_capture_gets_the_lock_between_the_builds_captures():
+    g, log = _run(hand_over=True)
+    assert log["waiter in"] < 0.2 and g.handovers == 1                  # one capture's time, not the build's
+    g, log = _run(hand_over=False)
+    assert log["waiter in"] > 0.5 and g.handovers == 0                  # the old way: the whole build
+
+
+def test_a_build_is_never_handed_another_builds_lock():
+    """Two builds would each have their session's random state on the default generators: never interleaved."""
+    g, log = _run(hand_over=True, waiter_is_build=True)
+    assert log["waiter in"] > 0.5 and g.handovers == 0
+
+
+def test_the_hand_over_keeps_the_builders_depth():
+    g, got = Gate(), []
+    g.hand_over = True
+    with g.capturing(build=True), g.capturing():
+        t = threading.Thread(target=lambda: (_waiter(g, got)))
+        t.start()
+        while not g.waiters_for_capture():
+            time.sleep(0.001)
+        assert g.let_waiters_capture()
+        assert g.capture_depth() == 2 and got and got[0][0] == "waiter in"
+        t.join(5)
+    assert g.capture_depth() == 0 and g._capture_lock.acquire(blocking=False)
+    g._capture_lock.release()
+
+
+def test_suspended_puts_the_outer_state_back_and_keeps_both_streams():
+    torch.manual_seed(5)
+    outer_expected = torch.rand(3)
+    torch.manual_seed(5)
+    rng = SessionRng(torch.device("cpu"))
+    with rng.installed():
+        torch.manual_seed(9)
+        a = torch.rand(2)
+        with rng.suspended():
+            outer = torch.rand(3)                               # the state that was on before the session's
+        b = torch.rand(2)
+    torch.manual_seed(9)
+    assert torch.equal(torch.cat([a, b]), torch.rand(4))         # the session's stream, not skipped or rewound
+    assert torch.equal(outer, outer_expected)
+    with rng.suspended():                                        # outside installed(): nothing changes
+        pass
+
+
+def test_a_build_hands_over_at_a_capture_with_its_random_state_off(fake_cuda):  # noqa: F811
+    """The builder (its session's state installed, as HostedSession.start does) captures graph after graph; a
+    running session's capture comes in between, draws from its own state, and the builder's draws come out as
+    if nothing had run between them."""
+    before = GATE.hand_over
+    GATE.hand_over = True
+    try:
+        torch.manual_seed(1)
+        rng_a, rng_b = SessionRng(torch.device("cpu")), SessionRng(torch.device("cpu"))
+        with rng_a.installed():
+            torch.manual_seed(21)
+        with rng_b.installed():
+            torch.manual_seed(42)
+        rt_a, rt_b = graphs.GraphRuntime("cpu", "builder"), graphs.GraphRuntime("cpu", "runner")
+        drawn_a, drawn_b, started, waited = [], [], threading.Event(), []
+
+        def builder():
+            with graphs.working_for(rng_a), GATE.capturing(build=True), rng_a.installed():
+                started.set()
+                for _ in range(30):
+                    rt_a.capture(lambda: drawn_a.append(torch.rand(1)))
+                    time.sleep(0.01)
+
+        def runner():
+            with graphs.working_for(rng_b), GATE.shared():
+                t = time.perf_counter()
+                with rt_b.side():
+                    torch.rand(5)                               # a warm-up's draw: whatever the default state is
+                rt_b.capture(lambda: drawn_b.append(torch.rand(1)))
+                waited.append(time.perf_counter() - t)
+
+        tb = threading.Thread(target=builder)
+        tb.start()
+        started.wait(5)
+        time.sleep(0.05)
+        tr = threading.Thread(target=runner)
+        tr.start()
+        tr.join(5)
+        tb.join(10)
+        assert waited[0] < 0.3 and GATE.handovers >= 1
+        torch.manual_seed(21)
+        assert torch.equal(torch.cat(drawn_a), torch.rand(30))
+        torch.manual_seed(42)
+        assert torch.equal(drawn_b[0], torch.rand(1))
+    finally:
+        GATE.hand_over = before
+
+
+def test_a_host_turns_hand_over_on_for_its_life_only():
+    from engine.host import EngineHost
+    before = GATE.hand_over
+    h = EngineHost(device="cpu", hand_over=True)
+    assert GATE.hand_over
+    h.close()
+    assert GATE.hand_over == before
