@@ -1,0 +1,189 @@
+"""The one-token LLM step of a group of sessions as layer graphs over all their rows (issue 24; the design:
+docs/design-cross-session-llm.md).
+
+:class:`~.llm_graphs.LayerGraphs` replays one session's one-token forward as 37 graphs with exact-length attention
+eagerly between them. :class:`GroupGraphs` does the same for ``S`` sessions at once: each graph runs the segment
+between two attention calls over the ``S`` rows — the input norm, the q/k/v projections, the q/k norms, RoPE at
+each row's own position, each row's key and value written into its own session's store at that store's length,
+then after attention the o projection, the residual, the MLP and the next norm — and attention runs eagerly per
+session over exactly its own history (its own :class:`~.llm_graphs.ExactAttention`). The last graph takes the
+final norm over all rows and the lm_head **one row at a time** (no row count keeps its bits on the H200).
+
+Bits: a linear runs as one GEMM of ``S`` rows only where :func:`.group_step.check_rows` proved it on this device
+for that weight and count (else one row at a time, as alone); norms, RoPE and the elementwise work are per row
+(session 22's probe: ``torch.equal`` at 2-32 rows on the H200). :func:`check` runs the whole step against each
+session's own layer graphs on fresh random histories at different lengths, every output and every byte of every
+store, before a host lets a group of that size use it.
+
+Without CUDA the segments run eagerly (the CPU tests check them against each session's own forward).
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from engine.core.gate import GATE
+from engine.core.graphs import GraphRuntime
+from engine.core.hostcopy import device_ids
+
+from .group_step import Verdicts, _linear
+from .kv import DemandKV
+from .layers import apply_rope, rope_tables
+from .llm import Qwen3
+from .llm_graphs import ExactAttention, LayerGraphs
+
+
+def group_pre(llm: Qwen3, stores: Sequence[DemandKV], i: int, x: torch.Tensor, cos: torch.Tensor,
+              sin: torch.Tensor, pos: torch.Tensor, verdicts: Verdicts) -> torch.Tensor:
+    """Layer ``i`` up to attention for the rows ``x`` [S, 1, hidden] at positions ``pos`` [S] (tables ``cos`` /
+    ``sin`` [S, 1, 1, hd]): the queries [S, H, 1, hd]; row ``s``'s key and value written into ``stores[s]``."""
+    layer = llm.model.layers[i]
+    a, n = layer.self_attn, x.shape[0]
+    h = layer.input_layernorm(x)
+    q = _linear(h, a.q_proj, "q_proj", verdicts).view(n, 1, a.h, a.hd)
+    k = _linear(h, a.k_proj, "k_proj", verdicts).view(n, 1, a.hkv, a.hd)
+    v = _linear(h, a.v_proj, "v_proj", verdicts).view(n, 1, a.hkv, a.hd).transpose(1, 2)    # [S, Hkv, 1, hd]
+    q = apply_rope(a.q_norm(q).transpose(1, 2), cos, sin)                                     # [S, H, 1, hd]
+    k = apply_rope(a.k_norm(k).transpose(1, 2), cos, sin)                                     # [S, Hkv, 1, hd]
+    for s, store in enumerate(stores):
+        at = pos.narrow(0, s, 1)
+        store.k_buf[i].index_copy_(1, at, k[s])
+        store.v_buf[i].index_copy_(1, at, v[s])
+    return q
+
+
+def group_post(llm: Qwen3, i: int, x: torch.Tensor, att: torch.Tensor, verdicts: Verdicts) -> torch.Tensor:
+    """Layer ``i`` after attention ``att`` [S, H, 1, hd]: o projection, residual, MLP -> [S, 1, hidden]."""
+    layer = llm.model.layers[i]
+    a, mlp, n = layer.self_attn, layer.mlp, x.shape[0]
+    x = x + _linear(att.transpose(1, 2).reshape(n, 1, a.h * a.hd), a.o_proj, "o_proj", verdicts)
+    h = layer.post_attention_layernorm(x)
+    act = torch.nn.functional.silu(_linear(h, mlp.gate_proj, "gate_proj", verdicts)) \
+        * _linear(h, mlp.up_proj, "up_proj", verdicts)
+    return x + _linear(act, mlp.down_proj, "down_proj", verdicts)
+
+
+def group_final(llm: Qwen3, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The final norm over the rows [S, 1, hidden] -> (hidden [S, hidden], logits [S, V]: the head row by row)."""
+    h = llm.model.norm(x)[:, 0]
+    return h, torch.cat([llm.lm_head(h[s].view(1, -1)) for s in range(h.shape[0])])
+
+
+class GroupGraphs:
+    """One-token forwards of ``len(stores)`` sessions through ``llm`` together, graphed between attention calls."""
+
+    def __init__(self, llm: Qwen3, stores: Sequence[DemandKV], device, verdicts: Verdicts, capture: bool):
+        d = llm.d
+        self.llm, self.stores, self.verdicts = llm, list(stores), verdicts
+        self.device = torch.device(device)
+        n, dt = len(self.stores), llm.lm_head.weight.dtype
+        self.x_in = torch.zeros(n, 1, d.hidden, dtype=dt, device=self.device)
+        self.pos = torch.zeros(n, dtype=torch.long, device=self.device)
+        self.att = [torch.zeros(n, d.heads, 1, d.head_dim, dtype=dt, device=self.device) for _ in range(d.layers)]
+        self.attend = [ExactAttention(llm, st) for st in self.stores]
+        self.buffers = [(st.k_buf.data_ptr(), st.v_buf.data_ptr()) for st in self.stores]
+        self.graphs: List[torch.cuda.CUDAGraph] = []
+        self.outs: List[Tuple[torch.Tensor, ...]] = []
+        self.runtime = GraphRuntime(self.device, f"group graphs: {n} sessions")
+        self.replays = 0
+        if capture:
+            self._capture()
+
+    def _segment(self, s: int):
+        """Segment ``s``: 0 = the rows' RoPE tables and the first layer's pre; then post(s-1) + pre(s); the last
+        is post + the final norm and head (as :meth:`.llm_graphs.LayerGraphs._segment`, over all rows)."""
+        d, n = self.llm.d, len(self.stores)
+        if s == 0:
+            cos, sin = rope_tables(self.pos, d.head_dim, d.rope_theta, self.x_in.dtype)
+            cos, sin = cos.view(n, 1, 1, -1), sin.view(n, 1, 1, -1)
+            return (self.x_in, group_pre(self.llm, self.stores, 0, self.x_in, cos, sin, self.pos, self.verdicts),
+                    cos, sin)
+        x = group_post(self.llm, s - 1, self.outs[s - 1][0], self.att[s - 1], self.verdicts)
+        if s == d.layers:
+            return group_final(self.llm, x)
+        return x, group_pre(self.llm, self.stores, s, x, *self.outs[0][2:], self.pos, self.verdicts)
+
+    def _capture(self) -> None:
+        """Every segment warmed up for real on the side stream, then captured (one gate hold for all)."""
+        self._set_positions()
+        rt = self.runtime
+        with GATE.capturing():
+            with rt.side():
+                for s in range(self.llm.d.layers + 1):
+                    self.outs.append(tuple(t.clone() for t in self._segment(s)))
+            for s in range(self.llm.d.layers + 1):
+                g, out = rt.capture(lambda: self._segment(s))
+                self.graphs.append(g)
+                self.outs[s] = out
+
+    def _set_positions(self) -> List[int]:
+        lengths = [st.length for st in self.stores]
+        self.pos.copy_(device_ids(lengths, self.device))
+        return lengths
+
+    def valid_for(self, stores: Sequence[DemandKV]) -> bool:
+        """Whether these graphs write into exactly these stores' current buffers."""
+        return (len(stores) == len(self.stores) and all(a is b for a, b in zip(stores, self.stores))
+                and self.buffers == [(st.k_buf.data_ptr(), st.v_buf.data_ptr()) for st in stores])
+
+    def forward(self, embeds: torch.Tensor) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+        """Row ``s`` of ``embeds`` [S, hidden] at ``stores[s]``'s length -> per session (final hidden [1, hidden],
+        logits [1, V]); each store commits its one position."""
+        n = len(self.stores)
+        if embeds.shape[0] != n:
+            raise ValueError(f"a group step of {n} sessions takes {n} rows, not {embeds.shape[0]}")
+        if any(st.length + 1 > st.capacity for st in self.stores):
+            raise RuntimeError("a member's LLM store is full: regrow it (and capture again) before the step")
+        self.x_in.copy_(embeds.view(n, 1, -1))
+        lengths = self._set_positions()
+        layers = self.llm.d.layers
+        for s in range(layers + 1):
+            if self.graphs:
+                self.runtime.replay(self.graphs[s])
+            else:
+                self.outs = self.outs[:s] + [self._segment(s)] if s else [self._segment(0)]
+            if s < layers:
+                q = self.outs[s][1]
+                for m, att in enumerate(self.attend):
+                    att.into(s, q.narrow(0, m, 1), lengths[m] + 1, None, self.att[s].narrow(0, m, 1))
+        for st in self.stores:
+            st.commit(1)
+        self.replays += 1
+        h, logits = self.outs[-1]
+        return [(h[m:m + 1].clone(), logits[m:m + 1].clone()) for m in range(n)]
+
+
+def check(llm: Qwen3, make_store, device, sessions: int, verdicts: Verdicts, graphs: bool,
+          seed: int = 0) -> Tuple[bool, str]:
+    """The group step of ``sessions`` sessions against each session's own layer graphs, on this device: fresh
+    random histories of different lengths (``make_store()`` gives an empty store), one fresh row each; every
+    hidden state, every logit and every byte of every store must be identical. (ok, why)."""
+    dev = torch.device(device)
+    g = torch.Generator(device="cpu").manual_seed(int(seed))
+    dt, hidden = llm.lm_head.weight.dtype, llm.d.hidden
+    pairs = []
+    with torch.no_grad():
+        for s in range(int(sessions)):
+            history = torch.randn(3 + 5 * s + int(torch.randint(0, 7, (1,), generator=g)), hidden, generator=g)
+            alone, together = make_store(), make_store()
+            for st in (alone, together):
+                llm(history.to(dev, dt), st)
+            pairs.append((alone, together))
+        rows = torch.randn(int(sessions), hidden, generator=g).to(dev, dt)
+        want = []
+        for s, (alone, _) in enumerate(pairs):
+            own = LayerGraphs(llm, alone, dev, capture=graphs)
+            want.append(own.forward(rows[s:s + 1]))
+        got = GroupGraphs(llm, [t for _, t in pairs], dev, verdicts, capture=graphs).forward(rows)
+    for s, ((h0, l0), (h1, l1)) in enumerate(zip(want, got)):
+        a, b = pairs[s]
+        n = a.length
+        if not (torch.equal(h0, h1) and torch.equal(l0, l1)):
+            return False, f"session {s} of {sessions}: the group step's hidden state or logits differ from its own"
+        if not (b.length == n and torch.equal(a.k_buf[:, :, :n], b.k_buf[:, :, :n])
+                and torch.equal(a.v_buf[:, :, :n], b.v_buf[:, :, :n])):
+            return False, f"session {s} of {sessions}: the group step wrote other keys or values"
+    batched = sorted(name for name, counts in verdicts.items() if int(sessions) in counts)
+    return True, (f"{sessions} sessions: identical to each session's own step "
+                  f"(one GEMM over the rows for {', '.join(batched) or 'no linear'}; the rest row by row)")
