@@ -23,7 +23,6 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from engine.core.gate import GATE
 from engine.core.graphs import GraphRuntime
 from engine.core.hostcopy import device_ids
 
@@ -31,7 +30,7 @@ from .group_step import Verdicts, _linear
 from .kv import DemandKV
 from .layers import apply_rope, rope_tables
 from .llm import Qwen3
-from .llm_graphs import ExactAttention, LayerGraphs
+from .llm_graphs import ExactAttention, LayerGraphs, capture_segments, run_segments
 
 
 def group_pre(llm: Qwen3, stores: Sequence[DemandKV], i: int, x: torch.Tensor, cos: torch.Tensor,
@@ -107,15 +106,7 @@ class GroupGraphs:
     def _capture(self) -> None:
         """Every segment warmed up for real on the side stream, then captured (one gate hold for all)."""
         self._set_positions()
-        rt = self.runtime
-        with GATE.capturing():
-            with rt.side():
-                for s in range(self.llm.d.layers + 1):
-                    self.outs.append(tuple(t.clone() for t in self._segment(s)))
-            for s in range(self.llm.d.layers + 1):
-                g, out = rt.capture(lambda: self._segment(s))
-                self.graphs.append(g)
-                self.outs[s] = out
+        capture_segments(self, self.llm.d.layers + 1)
 
     def _set_positions(self) -> List[int]:
         lengths = [st.length for st in self.stores]
@@ -137,16 +128,11 @@ class GroupGraphs:
             raise RuntimeError("a member's LLM store is full: regrow it (and capture again) before the step")
         self.x_in.copy_(embeds.view(n, 1, -1))
         lengths = self._set_positions()
-        layers = self.llm.d.layers
-        for s in range(layers + 1):
-            if self.graphs:
-                self.runtime.replay(self.graphs[s])
-            else:
-                self.outs = self.outs[:s] + [self._segment(s)] if s else [self._segment(0)]
-            if s < layers:
-                q = self.outs[s][1]
-                for m, att in enumerate(self.attend):
-                    att.into(s, q.narrow(0, m, 1), lengths[m] + 1, None, self.att[s].narrow(0, m, 1))
+        def attention(s: int) -> None:
+            q = self.outs[s][1]
+            for m, att in enumerate(self.attend):
+                att.into(s, q.narrow(0, m, 1), lengths[m] + 1, None, self.att[s].narrow(0, m, 1))
+        run_segments(self, self.llm.d.layers + 1, attention)
         for st in self.stores:
             st.commit(1)
         self.replays += 1

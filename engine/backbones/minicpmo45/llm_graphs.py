@@ -15,7 +15,7 @@ give the bits of :meth:`Qwen3.forward`).
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -89,16 +89,7 @@ class LayerGraphs:
         """Warm every segment up for real on the runtime's side stream, then capture each (one gate
         hold for all of them: a capture that has to upgrade a shared second does so once)."""
         torch.add(self._steps, self.kv.length, out=self.pos)    # warm-up writes land where the next real ones will
-        rt = self.runtime
-        with GATE.capturing():
-            with rt.side():
-                for s in range(self.llm.d.layers + 1):           # warm-up, for real, segment by segment
-                    self.outs.append(tuple(t.clone() for t in self._segment(s)))
-            self.outs = [tuple(o) for o in self.outs]
-            for s in range(self.llm.d.layers + 1):
-                g, out = rt.capture(lambda: self._segment(s))
-                self.graphs.append(g)
-                self.outs[s] = out
+        capture_segments(self, self.llm.d.layers + 1)
 
     def valid_for(self, kv) -> bool:
         """Whether these graphs write into ``kv``'s current buffers (a grown store needs new graphs)."""
@@ -120,13 +111,7 @@ class LayerGraphs:
         if self._lane is not None and mask is None:
             self._replay_lane(n)
             return self._done(t)
-        for s in range(layers + 1):
-            if self.graphs:
-                self.runtime.replay(self.graphs[s])
-            else:
-                self.outs = self.outs[:s] + [self._segment(s)] if s else [self._segment(0)]
-            if s < layers:
-                self.attend.into(s, self.outs[s][1], n, mask, self.att[s])
+        run_segments(self, layers + 1, lambda s: self.attend.into(s, self.outs[s][1], n, mask, self.att[s]))
         return self._done(t)
 
     def _replay_lane(self, n: int) -> None:
@@ -146,6 +131,34 @@ class LayerGraphs:
         h = self.outs[-1][0]
         return h.clone(), (self.outs[-1][1].clone() if t == 1 else None)
 
+
+
+# -- segments between attention calls, shared with the group step's graphs (:mod:`.group_graphs`) ---------
+def capture_segments(owner, count: int) -> None:
+    """``owner``'s ``count`` segments (``owner._segment(s)``, each reading the outputs of those before it from
+    ``owner.outs``) warmed up for real on its runtime's side stream, then each captured (one gate hold for all of
+    them: a capture that has to upgrade a shared second does so once) into ``owner.graphs``."""
+    rt = owner.runtime
+    with GATE.capturing():
+        with rt.side():
+            for s in range(count):                           # warm-up, for real, segment by segment
+                owner.outs.append(tuple(t.clone() for t in owner._segment(s)))
+        for s in range(count):
+            g, out = rt.capture(lambda: owner._segment(s))
+            owner.graphs.append(g)
+            owner.outs[s] = out
+
+
+def run_segments(owner, count: int, between: Callable[[int], None]) -> None:
+    """``owner``'s segments in order, each replayed (or run eagerly where it holds no graphs: the CPU), with
+    ``between(s)`` (the attention calls) after every segment but the last."""
+    for s in range(count):
+        if owner.graphs:
+            owner.runtime.replay(owner.graphs[s])
+        else:
+            owner.outs = owner.outs[:s] + [owner._segment(s)] if s else [owner._segment(0)]
+        if s < count - 1:
+            between(s)
 
 
 # -- the step's pieces, shared with the whole-forward graphs of :mod:`.exact_graphs` ------------------------
