@@ -6,14 +6,14 @@ its own registered generator state, its launches go to its own stream).
 Capturing: a CUDA graph capture with its warm-up, and a whole session build (which installs the
 session's random state on the process's default generators and captures its graphs). It holds the
 gate shared, so other sessions' shared seconds go on beside it, plus the *capture lock*, so at most one
-thread in the process captures or builds at a time. With ``hand_over`` on, a build gives the lock to a
-session waiting to capture between two of its own captures (:meth:`Gate.let_waiters_capture`), its own
-random state taken off the default generators meanwhile, instead of making it wait for the whole build. That is safe because a capture runs in
+thread in the process captures or builds at a time. That is safe because a capture runs in
 ``"thread_local"`` mode on a non-blocking side stream (another thread's launches, allocations and
 syncs cannot invalidate it), the allocator sends only the capturing stream's allocations to the
 graph's pool, and a shared second never draws from the default generators (the one state a capture
 registers besides its own session's): so no other thread can move the state being captured ("Offset
-increment outside graph capture").
+increment outside graph capture"). With ``hand_over`` on, a build gives the lock to a session waiting to capture between two of its own
+captures (:meth:`Gate.let_waiters_capture`), its own random state taken off the default generators
+meanwhile, instead of making that session's second wait for the whole build.
 
 Exclusive, with nothing else in flight anywhere in the process: closing a session, a second whose
 toggles change, every eager second (its draws come from the default generators, which the host swaps
