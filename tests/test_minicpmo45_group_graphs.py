@@ -1,18 +1,119 @@
-"""The group step as layer graphs over all sessions' rows (``group_graphs.GroupGraphs``), run eagerly on the CPU:
-each session's hidden state, logits and store equal its own one-token layer-graph forward, at 1-4 sessions of
-different lengths, in float32 (the CPU proves no batched GEMM: every linear row by row) and bfloat16 (all
-batched); the start-up ``check`` passes, and fails on a planted error. The captured graphs are the GPU's test."""
+"""One LLM step for a group of sessions (``group_graphs.GroupGraphs``; eager here, its captured graphs are the GPU's
+test): every session's hidden state, logits and key/value store come out with the bits of its own one-token forward
+(:meth:`Qwen3.forward` and its own layer graphs), whichever linears the device's row check lets it batch; sessions
+at different lengths (so different RoPE positions and attention lengths), in float32 (the CPU proves no batched
+GEMM: every linear row by row) and bfloat16 (all batched); the start-up ``check`` passes, and fails on a planted
+error."""
 import pytest
 import torch
 
+from engine.backbones.minicpmo45.dims import preset
 from engine.backbones.minicpmo45 import group_graphs
-from engine.backbones.minicpmo45.group_graphs import GroupGraphs, check
-from engine.backbones.minicpmo45.group_step import check_rows
+from engine.backbones.minicpmo45.group_graphs import LINEARS, GroupGraphs, check, check_rows
+from engine.backbones.minicpmo45.kv import kv_regions, make_store
+from engine.backbones.minicpmo45.layers import seeded_init
 from engine.backbones.minicpmo45.llm_graphs import LayerGraphs
+from engine.backbones.minicpmo45.llm import Qwen3
+from engine.backbones.minicpmo45.weights import build
 
-from tests.test_minicpmo45_group_step import _model, _same_store, _stores
-
+PREFIXES = (3, 11, 7, 20)            # each session's history before the step
 CPU = torch.device("cpu")
+
+
+def _model(dtype):
+    d = preset("tiny").llm
+    model = build(Qwen3, d, device="cpu", dtype=dtype).eval()
+    seeded_init(model, 21)
+    return model, d
+
+
+def _stores(model, d, dtype, n: int, seed: int):
+    """``n`` demand stores, session s holding PREFIXES[s] positions fed from its own seeded embeddings."""
+    regions = kv_regions("llm", d.layers, d.kv_heads, d.head_dim, 32, 64, dtype, "")
+    out = []
+    with torch.no_grad():
+        for s in range(n):
+            store = make_store(True, regions[0], d.layers, 64, "cpu")
+            g = torch.Generator().manual_seed(seed + s)
+            model(torch.randn(PREFIXES[s], d.hidden, generator=g).to(dtype), store)
+            out.append(store)
+    return out
+
+
+def _solo(model, stores, embeds):
+    with torch.no_grad():
+        return [(h, model.logits(h)) for h in (model(embeds[s:s + 1], st) for s, st in enumerate(stores))]
+
+
+def _setup(sessions: int, dtype, seed: int, rows_seed: int):
+    """The model, fresh rows, two identical sets of stores (one stepped alone, one together) and the solo results."""
+    model, d = _model(dtype)
+    embeds = torch.randn(sessions, d.hidden, generator=torch.Generator().manual_seed(rows_seed)).to(dtype)
+    alone, together = _stores(model, d, dtype, sessions, seed), _stores(model, d, dtype, sessions, seed)
+    return model, embeds, alone, together, _solo(model, alone, embeds)
+
+
+def _group_step(model, stores, embeds, verdicts):
+    """One eager group step of ``stores``' sessions (a fresh GroupGraphs, as a host makes one per membership)."""
+    return GroupGraphs(model, stores, CPU, verdicts, capture=False).forward(embeds)
+
+
+def _same_store(a, b) -> bool:
+    n = a.length
+    return (n == b.length and torch.equal(a.k_buf[:, :, :n], b.k_buf[:, :, :n])
+            and torch.equal(a.v_buf[:, :, :n], b.v_buf[:, :, :n]))
+
+
+@pytest.mark.bits
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("sessions", [1, 2, 3, 4])
+def test_a_group_step_gives_each_session_its_own_bits(sessions, dtype, one_torch_thread):
+    model, embeds, alone, together, want = _setup(sessions, dtype, 40, 99)
+    verdicts = check_rows(model, range(1, 5), seed=3)
+    assert set(verdicts) == set(LINEARS) and all(1 in v for v in verdicts.values())
+    with torch.no_grad():
+        got = _group_step(model, together, embeds, verdicts)
+    for s in range(sessions):
+        assert torch.equal(got[s][0], want[s][0]) and torch.equal(got[s][1], want[s][1]), (s, dtype)
+        assert _same_store(together[s], alone[s]), s
+
+
+@pytest.mark.bits
+def test_every_linear_one_row_at_a_time_gives_the_same_bits(one_torch_thread):
+    """No linear proven at any count (a device where cuBLAS changes kernels with the rows): still exact."""
+    model, embeds, alone, together, want = _setup(3, torch.float32, 8, 5)
+    with torch.no_grad():
+        got = _group_step(model, together, embeds, {name: frozenset({1}) for name in LINEARS})
+    assert all(torch.equal(got[s][1], want[s][1]) for s in range(3))
+
+
+def test_rows_in_another_order_than_their_stores_are_caught(one_torch_thread):
+    """The comparison bites: rows handed to the wrong sessions give other logits."""
+    model, embeds, alone, together, want = _setup(2, torch.float32, 12, 6)
+    with torch.no_grad():
+        got = _group_step(model, together, embeds.flip(0), check_rows(model, (1, 2)))
+    assert not torch.equal(got[0][1], want[0][1])
+
+
+def test_the_check_refuses_a_count_whose_rows_differ(monkeypatch, one_torch_thread):
+    """A GEMM that rounds its second row differently (as cuBLAS's other kernel does) is refused at that count."""
+    model, _ = _model(torch.float32)
+    real = torch.nn.functional.linear
+
+    def skewed(x, w, b=None):
+        y = real(x, w, b)
+        return y + (y.new_zeros(y.shape).index_fill_(0, torch.tensor([1]), 1e-3) if x.shape[0] > 1 else 0)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", skewed)
+    verdicts = check_rows(model, (1, 2, 3))
+    assert all(v == frozenset({1}) for v in verdicts.values())
+
+
+def test_one_row_per_session_is_required(one_torch_thread):
+    model, d = _model(torch.float32)
+    stores = _stores(model, d, torch.float32, 2, 1)
+    with pytest.raises(ValueError, match="takes 2 rows, not 3"):
+        _group_step(model, stores, torch.zeros(3, d.hidden), {})
 
 
 def _own(model, stores, rows):
@@ -42,7 +143,6 @@ def test_the_group_graphs_give_each_session_its_own_bits(sessions, dtype, one_to
 
 
 def _make_store(model, d, dtype):
-    from engine.backbones.minicpmo45.kv import kv_regions, make_store
     regions = kv_regions("llm", d.layers, d.kv_heads, d.head_dim, 32, 64, dtype, "")
     return lambda: make_store(True, regions[0], d.layers, 64, "cpu")
 
@@ -68,11 +168,3 @@ def test_the_check_catches_a_row_handed_to_the_wrong_session(monkeypatch, one_to
     monkeypatch.setattr(group_graphs, "group_final", swapped)
     ok, why = check(model, _make_store(model, d, torch.bfloat16), CPU, 2, check_rows(model, [1, 2]), graphs=False)
     assert not ok and "session 0 of 2" in why and "logits differ" in why
-
-
-def test_a_row_count_that_does_not_match_the_group_is_refused(one_torch_thread):
-    model, d = _model(torch.float32)
-    stores = _stores(model, d, torch.float32, 2, 1)
-    group = GroupGraphs(model, stores, CPU, check_rows(model, [1, 2]), capture=False)
-    with pytest.raises(ValueError, match="takes 2 rows, not 3"):
-        group.forward(torch.zeros(3, d.hidden))

@@ -148,7 +148,7 @@ class Gate:
         :meth:`let_waiters_capture`: two builds never interleave)."""
         m = self._depths()
         with self.shared():
-            counted = not m.capturing and not build
+            counted = self.hand_over and not m.capturing and not build     # a waiter a build may hand over to
             if counted:
                 with self._cv:
                     self._capture_waiting += 1

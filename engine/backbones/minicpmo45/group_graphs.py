@@ -9,7 +9,7 @@ then after attention the o projection, the residual, the MLP and the next norm â
 session over exactly its own history (its own :class:`~.llm_graphs.ExactAttention`). The last graph takes the
 final norm over all rows and the lm_head **one row at a time** (no row count keeps its bits on the H200).
 
-Bits: a linear runs as one GEMM of ``S`` rows only where :func:`.group_step.check_rows` proved it on this device
+Bits: a linear runs as one GEMM of ``S`` rows only where :func:`check_rows` proved it on this device
 for that weight and count (else one row at a time, as alone); norms, RoPE and the elementwise work are per row
 (session 22's probe: ``torch.equal`` at 2-32 rows on the H200). :func:`check` runs the whole step against each
 session's own layer graphs on fresh random histories at different lengths, every output and every byte of every
@@ -19,18 +19,54 @@ Without CUDA the segments run eagerly (the CPU tests check them against each ses
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, List, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 
 from engine.core.graphs import GraphRuntime
 from engine.core.hostcopy import device_ids
 
-from .group_step import Verdicts, _linear
 from .kv import DemandKV
 from .layers import apply_rope, rope_tables
 from .llm import Qwen3
 from .llm_graphs import ExactAttention, LayerGraphs, capture_segments, run_segments
+
+
+#: the layer linears a group step may batch, by their names in a decoder layer
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+Verdicts = Dict[str, FrozenSet[int]]          # linear name -> the row counts proven on this device
+
+
+def _weight(llm: Qwen3, name: str) -> torch.Tensor:
+    block = llm.model.layers[0]
+    return getattr(block.self_attn if hasattr(block.self_attn, name) else block.mlp, name).weight
+
+
+def check_rows(llm: Qwen3, counts: Sequence[int], seed: int = 0) -> Verdicts:
+    """For each layer linear and each row count ``r`` in ``counts``: is one GEMM over ``r`` fresh random rows
+    ``torch.equal`` to the ``r`` rows one at a time, on this device with this weight's shape and dtype? The
+    kernel is picked by shape and dtype, the same in every layer, so layer 0's weights stand for all."""
+    g = torch.Generator(device=llm.lm_head.weight.device).manual_seed(int(seed))
+    out: Verdicts = {}
+    with torch.no_grad():
+        for name in LINEARS:
+            w = _weight(llm, name)
+            ok = set()
+            for r in counts:
+                x = torch.randn(int(r), 1, w.shape[1], generator=g, device=w.device).to(w.dtype)
+                alone = torch.cat([F.linear(x[i:i + 1], w) for i in range(int(r))])
+                if int(r) == 1 or torch.equal(F.linear(x, w), alone):
+                    ok.add(int(r))
+            out[name] = frozenset(ok)
+    return out
+
+
+def rows_through(x: torch.Tensor, module: torch.nn.Linear, name: str, verdicts: Verdicts) -> torch.Tensor:
+    """``x`` [S, 1, in] through ``module``: one GEMM where S rows are proven, else one row at a time."""
+    if x.shape[0] in verdicts.get(name, frozenset({1})):
+        return module(x)
+    return torch.cat([module(x[i:i + 1]) for i in range(x.shape[0])])
 
 
 def group_pre(llm: Qwen3, stores: Sequence[DemandKV], i: int, x: torch.Tensor, cos: torch.Tensor,
@@ -40,9 +76,9 @@ def group_pre(llm: Qwen3, stores: Sequence[DemandKV], i: int, x: torch.Tensor, c
     layer = llm.model.layers[i]
     a, n = layer.self_attn, x.shape[0]
     h = layer.input_layernorm(x)
-    q = _linear(h, a.q_proj, "q_proj", verdicts).view(n, 1, a.h, a.hd)
-    k = _linear(h, a.k_proj, "k_proj", verdicts).view(n, 1, a.hkv, a.hd)
-    v = _linear(h, a.v_proj, "v_proj", verdicts).view(n, 1, a.hkv, a.hd).transpose(1, 2)    # [S, Hkv, 1, hd]
+    q = rows_through(h, a.q_proj, "q_proj", verdicts).view(n, 1, a.h, a.hd)
+    k = rows_through(h, a.k_proj, "k_proj", verdicts).view(n, 1, a.hkv, a.hd)
+    v = rows_through(h, a.v_proj, "v_proj", verdicts).view(n, 1, a.hkv, a.hd).transpose(1, 2)    # [S, Hkv, 1, hd]
     q = apply_rope(a.q_norm(q).transpose(1, 2), cos, sin)                                     # [S, H, 1, hd]
     k = apply_rope(a.k_norm(k).transpose(1, 2), cos, sin)                                     # [S, Hkv, 1, hd]
     for s, store in enumerate(stores):
@@ -56,11 +92,11 @@ def group_post(llm: Qwen3, i: int, x: torch.Tensor, att: torch.Tensor, verdicts:
     """Layer ``i`` after attention ``att`` [S, H, 1, hd]: o projection, residual, MLP -> [S, 1, hidden]."""
     layer = llm.model.layers[i]
     a, mlp, n = layer.self_attn, layer.mlp, x.shape[0]
-    x = x + _linear(att.transpose(1, 2).reshape(n, 1, a.h * a.hd), a.o_proj, "o_proj", verdicts)
+    x = x + rows_through(att.transpose(1, 2).reshape(n, 1, a.h * a.hd), a.o_proj, "o_proj", verdicts)
     h = layer.post_attention_layernorm(x)
-    act = torch.nn.functional.silu(_linear(h, mlp.gate_proj, "gate_proj", verdicts)) \
-        * _linear(h, mlp.up_proj, "up_proj", verdicts)
-    return x + _linear(act, mlp.down_proj, "down_proj", verdicts)
+    act = F.silu(rows_through(h, mlp.gate_proj, "gate_proj", verdicts)) \
+        * rows_through(h, mlp.up_proj, "up_proj", verdicts)
+    return x + rows_through(act, mlp.down_proj, "down_proj", verdicts)
 
 
 def group_final(llm: Qwen3, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
