@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 import torch
 
 from engine.core import graphs
@@ -139,10 +140,31 @@ def test_a_build_hands_over_at_a_capture_with_its_random_state_off(fake_cuda):  
         GATE.hand_over = before
 
 
-def test_a_host_turns_hand_over_on_for_its_life_only():
+@pytest.mark.parametrize("hand_over", [None, True, False])
+def test_a_host_sets_hand_over_for_its_life_only(hand_over):
+    """On by default (session 23, after the H200 runs), off when asked; the process's setting is back after."""
     from engine.host import EngineHost
     before = GATE.hand_over
-    h = EngineHost(device="cpu", hand_over=True)
-    assert GATE.hand_over
-    h.close()
-    assert GATE.hand_over == before
+    GATE.hand_over = not (hand_over is None or hand_over)       # the opposite of what the host should set
+    try:
+        h = EngineHost(device="cpu") if hand_over is None else EngineHost(device="cpu", hand_over=hand_over)
+        assert GATE.hand_over is (hand_over is None or hand_over)
+        h.close()
+        assert GATE.hand_over is not (hand_over is None or hand_over)
+    finally:
+        GATE.hand_over = before
+
+
+def test_a_minicpmo_build_offers_the_lock_at_the_end_of_each_phase(monkeypatch):
+    """Session 23 (H200): with hand-overs only at capture entries, a running session's LISTEN that needed a capture
+    still waited 6.5 s during a 5th build — the build's eager phases (stores, the prelude's feeds, the rehearsal)
+    hold the lock with no capture in them. The build now offers the lock where each phase ends; here each offer
+    is seen, in order (the hand-over itself: :func:`test_a_waiting_capture_gets_the_lock_between_the_builds_captures`)."""
+    from engine.backbones.base import TokenFormat, make_backbone
+    from engine.backbones.minicpmo45 import backbone as bb
+    offers = []
+    monkeypatch.setattr(bb, "between_captures", lambda: offers.append(len(offers)))
+    fmt = TokenFormat(1, 6561, 25.0)
+    b = make_backbone("minicpm-o-4.5", fmt, size="tiny", device="cpu", seed=3)
+    b.start()
+    assert len(offers) == 5          # executor, stores, graphs, before and after the rehearsal (no prelude: no folder)

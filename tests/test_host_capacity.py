@@ -48,8 +48,8 @@ def test_capacity_bad_arguments(args, msg, capsys):
 
 def test_the_switch_interval_holds_for_the_run_only(tmp_path, one_torch_thread, monkeypatch):
     """``--switch-interval`` (issue 24: how long one session's thread may hold the interpreter) is set for the
-    run, recorded in the JSON, and the process's own interval is back afterwards; ``--hand-over`` likewise turns
-    the builds' hand-over of the capture lock on for the run's host only."""
+    run, recorded in the JSON, and the process's own interval is back afterwards; the builds' hand-over of the
+    capture lock is on by default and ``--no-hand-over`` turns it off, for the run's host only."""
     import sys
     from engine.core.gate import GATE
     seen, hand_over = [], []
@@ -69,11 +69,12 @@ def test_the_switch_interval_holds_for_the_run_only(tmp_path, one_torch_thread, 
     out = tmp_path / "cap.json"
     rc = capacity.main(["--device", "cpu", "--size", "tiny", "--tail", "mimi", "--seconds", "1", "--window", "1",
                         "--max-sessions", "1", "--modes", "optimized", "--solo-sessions", "0",
-                        "--switch-interval", "0.5", "--hand-over", "--json", str(out)])
+                        "--switch-interval", "0.5", "--json", str(out)])
     assert seen == [pytest.approx(0.0005)] and sys.getswitchinterval() == before
-    assert hand_over == [True] and not GATE.hand_over               # --hand-over: on for the run's host only
+    assert hand_over == [True] and not GATE.hand_over               # on by default, for the run's host only
     doc = json.loads(out.read_text())
     assert doc["switch_interval_ms"] == pytest.approx(0.5) and doc["hand_over"] is True
+    assert capacity.build_parser().parse_args(["--no-hand-over"]).hand_over is False
     # whether the one session kept the deadline on this busy CPU is not the point; either way the run is no failure:
     # a session that held is re-run alone and identical, and none that held leaves nothing to compare (None)
     m = doc["modes"]["optimized"]

@@ -3,7 +3,7 @@
   duplexcadence-bench capacity [--tail step-audio2] [--backbone synthetic] [--size auto] [--device auto]
                                [--seconds 60] [--max-sessions 16] [--modes stock,optimized,batched]
                                [--launch threads|one|both] [--start 1] [--window 4] [--json OUT] [--plot PNG]
-                               [--hand-over] [--switch-interval MS]
+                               [--no-hand-over] [--switch-interval MS]
                                [--stock-loop PYTHON --stock-loop-folder DIR]   (MiniCPM-o 4.5)
 
 For each mode an :class:`~engine.host.EngineHost` runs sessions of the same config (shared weights,
@@ -298,9 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--solo-seconds", type=int, default=8)
     p.add_argument("--batch-slots", type=int, default=8, help="sessions per batched group (phase-aligned)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--hand-over", action="store_true",
+    p.add_argument("--hand-over", action=argparse.BooleanOptionalAction, default=True,
                    help="a session build hands the capture lock to a running session waiting to capture, between "
-                        "its own captures (EngineHost(hand_over=True); off by default until checked on a GPU)")
+                        "its own captures and phases (EngineHost(hand_over=...); on by default, --no-hand-over "
+                        "holds it for the whole build)")
     p.add_argument("--switch-interval", type=float, default=None, metavar="MS",
                    help="Python's thread switch interval for the run, in ms (sys.setswitchinterval; default: "
                         "Python's own, 5 ms): how long one session's thread may hold the interpreter while the "

@@ -39,10 +39,11 @@ class EngineHost:
 
     def __init__(self, device: str = "auto", launch: str = "threads", max_sessions: Optional[int] = None,
                  reserve_ms: float = 100.0, window_s: float = 10.0, min_seconds: int = 3,
-                 batched: bool = False, batch_slots: int = 8, hand_over: bool = False):
-        # ``hand_over``: a session build gives the capture lock, between its captures, to a running session that
-        # waits to capture (Gate.let_waiters_capture); process-wide while this host lives. Off by default until
-        # the GPU multi-session tests have run with it (session 22 built it after its device time ran out).
+                 batched: bool = False, batch_slots: int = 8, hand_over: bool = True):
+        # ``hand_over``: a session build gives the capture lock, between its captures and at the ends of its
+        # phases, to a running session that waits to capture (Gate.let_waiters_capture); process-wide while this
+        # host lives. On by default since session 23 (H200: the GPU host tests pass with it on and off, and the
+        # 4th MiniCPM-o build no longer holds running sessions' seconds 5-12 s; docs/device-notes-session23.md).
         if launch not in LAUNCH_MODES:
             raise ValueError(f"unknown launch mode {launch!r}; choose one of: {', '.join(LAUNCH_MODES)}")
         if max_sessions is not None and int(max_sessions) < 1:
@@ -62,8 +63,7 @@ class EngineHost:
         self._dispatcher: Optional[Dispatcher] = Dispatcher() if launch == "one" else None
         self.batcher: Optional[ListenBatcher] = ListenBatcher(self, batch_slots) if batched else None
         self._hand_over_before = GATE.hand_over
-        if hand_over:
-            GATE.hand_over = True
+        GATE.hand_over = bool(hand_over)
 
     # -- batched LISTEN (opt-in) -------------------------------------------------------------------
     def batched_check(self, cfg: SessionConfig, slots: Optional[int] = None) -> Tuple[bool, str]:

@@ -39,6 +39,7 @@ import torch
 
 from engine import fastpath
 from engine.core import Executor, make_plan
+from engine.core.graphs import between_captures
 from engine.core.toggles import PendingToggles, Toggles
 from engine.kernels import exact
 
@@ -150,6 +151,7 @@ class MiniCPMO45Backbone(Backbone):
             self.executor = Executor(self.encoder, make_plan(self.encoder.regions(spec), spec), dev,
                                      debug=self.debug, **self._toggles)
             self.executor.prepare_graphs(lambda sp: self.encoder.example_inputs(sp, dev))
+            between_captures()                  # each phase's end: a running session waiting to capture goes first
             self.executor.init_state({})
             self.front = FrontEnd(self.encoder.fbank, self.encoder.window, dev, self._toggles.demand_sized)
             warm_front_end(self.encoder.fbank, self.encoder.window, dev)     # the CPU mel's first calls, off the clock
@@ -158,8 +160,10 @@ class MiniCPMO45Backbone(Backbone):
                 self.front.threads = 1 if one.chosen else None
                 self._fused.append(one)
             self._make_stores()
+            between_captures()
             self._prepare_tts_graphs()
             self._capture_llm_graphs()
+            between_captures()
             tok = self.folder.tokenizer if self.folder else None
             too_long = None
             if tok is not None:
@@ -172,8 +176,11 @@ class MiniCPMO45Backbone(Backbone):
             if tok is not None:                 # the stock's prepare: the system prompt around the reference audio
                 clip = self.reference_clip
                 pre = prelude(tok, self.system_prompt, reference_embeddings(self.encoder, clip) if clip else None)
+                between_captures()
                 self.protocol.prepare(pre.prefix_ids, pre.reference, pre.suffix_ids)
+            between_captures()
             self.rehearsed = self._rehearse()
+            between_captures()
 
     def _rehearse(self) -> Optional[str]:
         """On CUDA, over demand stores: one listening and one speaking second's eager paths once on scratch, state
