@@ -8,7 +8,9 @@ thread notes every 20 ms the process's graph captures and gate upgrades. Printed
 (session, index, arrival relative to the start, queue wait, work, decision, captures and upgrades during it) and
 the builds' spans. JSON: every second of every session.
 Usage: PYTHONPATH=. python3 docs/bench/s22/probe_admission.py OUT.json (a CPU smoke run: DEVICE=cpu SIZE=tiny SCALE=0.2;
-HAND_OVER=1: builds hand the capture lock to waiting captures, EngineHost(hand_over=True))
+HAND_OVER=0: builds hold the capture lock throughout (session 23 turned the hand-over on by default);
+STACKS=1 (session 23): every 0.5 s while a session is built, each thread's innermost frames, written beside
+OUT as OUT.stacks.txt with the gate's hand-over count after each build — what a stalled second waits on)
 """
 import json
 import os
@@ -29,7 +31,7 @@ from engine.session import SessionConfig
 sys.setswitchinterval(0.001)
 DEV, SIZE, SCALE = os.environ.get("DEVICE", "cuda"), os.environ.get("SIZE", "released"), float(os.environ.get("SCALE", "1"))
 cfg = SessionConfig(tail="step-audio2", backbone="minicpm-o-4.5", size=SIZE, device=DEV, seed=0)
-host = EngineHost(device=DEV, launch="threads", hand_over=os.environ.get("HAND_OVER") == "1")
+host = EngineHost(device=DEV, launch="threads", hand_over=os.environ.get("HAND_OVER", "1") == "1")
 load = PacedLoad(host)
 inputs = session_inputs(6, 0)
 T0 = time.perf_counter()
@@ -44,11 +46,34 @@ def sample():
 
 
 threading.Thread(target=sample, daemon=True).start()
+building, stacks = threading.Event(), []
+
+
+def stack_sampler():
+    import traceback
+    me = threading.get_ident()
+    while not stop.is_set():
+        if building.is_set():
+            names = {t.ident: t.name for t in threading.enumerate()}
+            for ident, frame in sys._current_frames().items():
+                if ident == me:
+                    continue
+                top = traceback.extract_stack(frame)[-7:]
+                stacks.append(f"{time.perf_counter() - T0:8.2f} {names.get(ident, ident)}: " + " <- ".join(
+                    f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in reversed(top)))
+        time.sleep(0.5)
+
+
+if os.environ.get("STACKS") == "1":
+    threading.Thread(target=stack_sampler, daemon=True).start()
 builds = []
 for n, hold_s in ((3, 12.0), (4, 20.0), (5, 20.0)):
     b0 = time.perf_counter() - T0
+    building.set()
     set_count(load, cfg, inputs, n)
+    building.clear()
     builds.append((n, b0, time.perf_counter() - T0))
+    stacks.append(f"-- {n} sessions built {b0:.1f} .. {builds[-1][2]:.1f} s; gate hand-overs so far {GATE.handovers}")
     print(f"{n} sessions: built {b0:.1f} .. {builds[-1][2]:.1f} s", flush=True)
     time.sleep(hold_s * SCALE)
 stop.set()
@@ -79,7 +104,9 @@ for x in rows:
               f"{x['work_ms']:6.0f} (L {x['listen_ms']:.0f} T {x['think_ms']:.0f} S {x['speak_ms']:.0f}) "
               f"{x['decision']:6s} captures {x['captures']} upgrades {x['upgrades']}")
 print("captures over time (s, total):", [(round(t, 1), c) for t, c, _ in samples[::50]])
-json.dump({"builds": builds, "seconds": rows, "samples": samples[::5],
+if stacks:
+    open(sys.argv[1] + ".stacks.txt", "w").write("\n".join(stacks) + "\n")
+json.dump({"builds": builds, "handovers": GATE.handovers, "seconds": rows, "samples": samples[::5],
            "errors": load.errors()}, open(sys.argv[1], "w"), indent=1)
 load.close()
 host.close()
