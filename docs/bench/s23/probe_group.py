@@ -4,7 +4,8 @@
 2. ``group_graphs.check`` at 2, 4 and 8 sessions with captured graphs (every hidden state, logit and store byte
    against each session's own captured layer graphs);
 3. time: S sessions at ~800-token histories, one token each — S captured LayerGraphs replays one after another
-   against one captured GroupGraphs replay, interleaved, medians of 15.
+   against one captured GroupGraphs replay, interleaved, medians of 15; where a repeat's outputs part, the first
+   such repeat, its members and the first piece (layer, residual / query / attention) where each parts.
 Random seeded weights (released sizes, bfloat16); SDPA's cuDNN backend off, as the backbone's build sets it (the
 first run of this probe left it on: its timing's outputs differed and its own steps paid cuDNN's per-length
 planning, docs/device-notes-session23.md). Usage: PYTHONPATH=. python3 docs/bench/s23/probe_group.py OUT.json
@@ -49,23 +50,45 @@ def timed(fn):
     return (time.perf_counter() - t) * 1000
 
 
+def first_piece(own, grp, m, layers):
+    """Where member ``m``'s row of the group step first parts from its own step: per layer the residual stream
+    in, the query, the attention output; then the final hidden state and logits."""
+    for i in range(layers):
+        for j, name in ((0, "residual in"), (1, "query")):
+            if not torch.equal(own.outs[i][j], grp.outs[i][j].narrow(0, m, 1)):
+                return f"layer {i} {name}"
+        if not torch.equal(own.att[i], grp.att[i].narrow(0, m, 1)):
+            return f"layer {i} attention"
+    h, logits = grp.outs[-1]
+    if not torch.equal(own.outs[-1][0].view(-1), h[m].view(-1)):
+        return "final hidden"
+    return "same" if torch.equal(own.outs[-1][1].view(-1), logits[m].view(-1)) else "logits"
+
+
 def timing(llm, d, dev, n, verdicts, out):
     pairs = stores_for(llm, d, dev, n, 500 + n)
     own = [LayerGraphs(llm, a, dev, capture=True) for a, _ in pairs]
     grp = gg.GroupGraphs(llm, [b for _, b in pairs], dev, verdicts, capture=True)
     g = torch.Generator(device=dev).manual_seed(n)
-    solo_ms, group_ms, same = [], [], True
+    solo_ms, group_ms, same, first = [], [], True, None
     with torch.no_grad():
-        for _ in range(15):
+        for rep in range(15):
             rows = torch.randn(n, d.hidden, generator=g, device=dev).to(torch.bfloat16)
             res = []
             solo_ms.append(timed(lambda: res.extend(o.forward(rows[s:s + 1]) for s, o in enumerate(own))))
             got = []
             group_ms.append(timed(lambda: got.extend(grp.forward(rows))))
-            same = same and all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(res, got))
+            ok = [torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(res, got)]
+            if first is None and not all(ok):     # the first repeat that parts (later ones carry its keys)
+                first = {"repeat": rep, "members": [m for m, k in enumerate(ok) if not k],
+                         "pieces": {m: first_piece(own[m], grp, m, d.layers) for m, k in enumerate(ok) if not k},
+                         "positions": [p.length - 1 for _, p in pairs]}
+            same = same and all(ok)
     s, gm = statistics.median(solo_ms), statistics.median(group_ms)
     out[str(n)] = {"solo_ms_median": round(s, 3), "group_ms_median": round(gm, 3), "ratio": round(s / gm, 3),
-                   "identical_every_repeat": same}
+                   "identical_every_repeat": same, "first_difference": first}
+    if first is not None:
+        print(f"  first difference at {n}: {first}", flush=True)
     print(f"{n} sessions: {n} own steps {s:.2f} ms, one group step {gm:.2f} ms ({s / gm:.2f}x), identical {same}",
           flush=True)
     del own, grp, pairs
@@ -93,7 +116,7 @@ def main(path):
         print(f"check {n}: {ok} — {why}", flush=True)
         torch.cuda.empty_cache()
     res["timing"] = {}
-    for n in (2, 4, 8):
+    for n in (2, 4, 6, 7, 8):
         timing(llm, d, dev, n, verdicts, res["timing"])
         with open(path, "w") as f:
             json.dump(res, f, indent=1)
