@@ -198,3 +198,64 @@ def test_account_at_counts_the_seconds_named_even_the_first_and_capturing_ones(t
     assert rc == 2 and err == ["duplexcadence-bench session: error: --account-at '2': each second must lie in 0..1 "
                                "(--seconds 2)"]
     assert not (tmp_path / "bad").exists()
+
+
+class Op:
+    """A profiler FunctionEvent as ``prof.events()`` hands it over with ``with_stack``: name, parent, CPU time."""
+
+    def __init__(self, name, parent=None, us=0.0, device="DeviceType.CPU"):
+        self.name, self.cpu_parent, self.cpu_time_total, self.device_type = name, parent, us, device
+
+
+def test_host_sites_charge_each_top_level_op_to_our_innermost_frame():
+    from engine.bench import host_sites as hs
+    outer = Op("/work/main/engine/backbones/minicpmo45/protocol.py(130): prefill")
+    inner = Op("engine/backbones/minicpmo45/llm.py(46): forward", outer)
+    torch_frame = Op("torch/nn/modules/module.py(1750): _call_impl", inner)
+    mm = Op("aten::mm", torch_frame, 40.0)
+    child = Op("aten::resolve_conj", mm, 1.0)                 # dispatched by aten::mm: in its total, not counted
+    add = Op("aten::add", outer, 10.0)
+    builtin = Op("<built-in method item of Tensor object at 0x1>", outer)
+    item = Op("aten::item", builtin, 5.0)
+    stray = Op("aten::empty", Op("torch/profiler/profiler.py(1118): __enter__"), 2.0)
+    kernel = Op("gemm", None, 99.0, "DeviceType.CUDA")
+    t = hs.tally([outer, inner, torch_frame, mm, child, add, builtin, item, stray, kernel])
+    assert t == {"engine/backbones/minicpmo45/llm.py:forward": (1, 0.04),
+                 "engine/backbones/minicpmo45/protocol.py:prefill": (2, 0.015), hs.OUTSIDE: (1, 0.002)}
+    assert [x["site"] for x in hs.top(t)] == ["engine/backbones/minicpmo45/protocol.py:prefill", hs.OUTSIDE,
+                                              "engine/backbones/minicpmo45/llm.py:forward"]    # ties: by name
+    assert hs.site("C:\\repo\\engine\\core\\graphs.py(270): replay") == "engine/core/graphs.py:replay"
+    assert hs.site("aten::mm") is None and hs.site("torch/functional.py(9): f") is None
+
+
+def test_a_profiled_window_names_the_engine_function_that_ran_its_ops():
+    """A real profile on the CPU: the ops of ``rope_tables`` are charged to it, Python frames are not counted as
+    CPU operators, and the counts without sites are the same operators."""
+    from engine.backbones.minicpmo45.layers import rope_tables
+    run = lambda: rope_tables(torch.arange(6), 8, 10000.0, torch.float32)     # noqa: E731
+    run()                                                   # its frequencies cached, as in both windows below
+    _, plain = accounting.profiled(run, cuda=False)
+    _, c = accounting.profiled(run, cuda=False, sites=True)
+    top = {x["site"]: x for x in accounting.host_sites.top(c["site_tally"])}
+    assert top["engine/backbones/minicpmo45/layers.py:rope_tables"]["ops"] >= 4
+    assert c["cpu_ops"] == plain["cpu_ops"] and "site_tally" not in plain
+
+
+def test_bench_session_account_sites_on_cpu(tmp_path, capsys, one_torch_thread):
+    from engine.bench.cli import main
+    rc = main(["session", "--seconds", "6", "--size", "tiny", "--device", "cpu", "--modes", "graphs",
+               "--flip-seconds", "0", "--no-digests", "--account-seconds", "4", "--account-sites", "--quiet",
+               "--out", str(tmp_path)])
+    assert rc == 0
+    assert "where the host operators come from" in (tmp_path / "bench.md").read_text()
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    acc = doc["modes"]["graphs"]["accounting"]
+    assert doc["account_sites"] is True
+    for e in acc["per_second"]:
+        sites = e["top_host_sites"]
+        assert sites and all(s["site"].startswith("engine/") or s["site"] == "(not called from engine/)"
+                             for s in sites)
+        assert sum(s["ops"] for s in sites) <= e["cpu_ops"]
+    for kind in ("speaking", "listening"):
+        assert acc[kind]["top_host_sites"], kind
+    capsys.readouterr()

@@ -24,6 +24,9 @@ Counted from the profiler's events (kineto activity types):
   window's delta of :func:`engine.core.graphs.launches` (our runtime's replay counter, no profiler needed),
   and ``graph_replays_main``: that counter's delta in the main run's same second;
 * ``memcpy`` / ``memset``: device copy and set activities; ``cpu_ops``: profiled CPU operators;
+* ``top_host_sites`` (``--account-sites``: the profiler records Python frames too): which of our functions
+  issued the second's top-level CPU operators, [{"site": ``engine/path.py:function``, "ops", "cpu_ms"}]
+  (:mod:`engine.bench.host_sites`); the means per speaking / listening second rank the mean tally;
 * ``top_kernels``: where the kernel time went, the ``TOP_KERNELS`` kernels with the most summed time (each
   ``{"kernel": name, "n": how many ran, "ms": summed duration}``, the name cut at its argument list), from the
   second's whole tally by name (``kernel_tally``, kept out of bench.json); the means per speaking / listening
@@ -40,6 +43,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Ty
 
 import torch
 
+from engine.bench import host_sites
 from engine.core import graphs
 from engine.stats import table
 
@@ -184,21 +188,25 @@ def _events(prof) -> List[object]:
     return list(results.events())
 
 
-def profiled(fn: Callable[[], T], cuda: bool) -> Tuple[T, Dict[str, Optional[float]]]:
+def profiled(fn: Callable[[], T], cuda: bool, sites: bool = False) -> Tuple[T, Dict[str, Optional[float]]]:
     """``fn()`` under torch.profiler (CPU, plus CUDA when ``cuda``); its result and the window's counts,
-    including ``graph_replays_counted`` / ``graph_captures_counted`` from :func:`engine.core.graphs.launches`."""
+    including ``graph_replays_counted`` / ``graph_captures_counted`` from :func:`engine.core.graphs.launches`;
+    ``sites``: Python frames recorded too, and ``site_tally`` (:func:`.host_sites.tally`) added."""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     if cuda:
         torch.cuda.synchronize()
     cap0, rep0 = graphs.launches()
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, with_stack=bool(sites)) as prof:
         out = fn()
         if cuda:
             torch.cuda.synchronize()
     cap1, rep1 = graphs.launches()
-    counts = count_events(_events(prof), cuda)
+    events = _events(prof)
+    counts = count_events([e for e in events if not (sites and host_sites.is_python(e.name()))], cuda)
     counts.update(graph_replays_counted=rep1 - rep0, graph_captures_counted=cap1 - cap0)
+    if sites:
+        counts["site_tally"] = host_sites.tally(prof.events())
     return out, counts
 
 
@@ -253,6 +261,8 @@ def entries(picks: Sequence[int], counted: Dict[int, Dict[str, object]], records
         profiled_speaking, profiled_wall = c.pop("speaking"), c.pop("profiled_wall_ms")
         tally = c.pop("kernel_tally")
         c["top_kernels"] = None if tally is None else top_kernels(tally)
+        if "site_tally" in c:
+            c["top_host_sites"] = host_sites.top(c.pop("site_tally"))
         speaking = records[k].decision == "speak"
         e = {"index": k, "speaking": speaking, "wall_ms": records[k].total_ms, "profiled_wall_ms": profiled_wall}
         e.update(c)
@@ -267,11 +277,12 @@ def _mean(vals: List[Optional[float]]) -> Optional[float]:
     return sum(vals) / len(vals)
 
 
-def means(per_second: Sequence[Dict[str, object]], tallies: Sequence[Optional[Tally]]
-          ) -> Dict[str, Dict[str, object]]:
+def means(per_second: Sequence[Dict[str, object]], tallies: Sequence[Optional[Tally]],
+          site_tallies: Optional[Sequence[Tally]] = None) -> Dict[str, Dict[str, object]]:
     """Means per speaking and per listening second of each field (None: not measured here, or no such second);
     ``top_kernels`` from the mean of the seconds' whole kernel ``tallies`` (one per entry, None on the CPU), so
-    a kernel outside one second's top list still counts there."""
+    a kernel outside one second's top list still counts there; ``top_host_sites`` likewise from
+    ``site_tallies`` when the seconds were counted with sites."""
     out = {}
     for kind, flag in (("speaking", True), ("listening", False)):
         rows = [i for i, e in enumerate(per_second) if e["speaking"] is flag]
@@ -280,6 +291,9 @@ def means(per_second: Sequence[Dict[str, object]], tallies: Sequence[Optional[Ta
                else top_kernels(_add_up(kind_tallies, divide=len(rows))))
         out[kind] = {"seconds": len(rows), **{f: _mean([per_second[i][f] for i in rows]) for f in MEAN_FIELDS},
                      "top_kernels": top}
+        if site_tallies is not None:
+            out[kind]["top_host_sites"] = (host_sites.top(_add_up([site_tallies[i] for i in rows],
+                                                                  divide=len(rows))) if rows else None)
     return out
 
 
@@ -298,9 +312,10 @@ def format_kernels(rows: Dict[str, Dict[str, object]], wrap: bool = True) -> str
 
 
 def account(make_session: Callable[[], object], frames: Sequence[object], picks: Sequence[int],
-            cuda: bool, ahead: str = "off") -> Dict[int, Dict[str, object]]:
+            cuda: bool, ahead: str = "off", sites: bool = False) -> Dict[int, Dict[str, object]]:
     """A fresh session (``make_session()``, started here) over ``frames`` up to the last picked second, the
-    picked seconds under the profiler; {second: counts, with ``speaking`` and ``profiled_wall_ms``}."""
+    picked seconds under the profiler (``sites``: with Python frames, see :func:`profiled`); {second: counts,
+    with ``speaking`` and ``profiled_wall_ms``}."""
     counted: Dict[int, Dict[str, object]] = {}
     if not picks:
         return counted
@@ -314,7 +329,7 @@ def account(make_session: Callable[[], object], frames: Sequence[object], picks:
             if k not in wanted:
                 s.process(f)
             else:
-                (_, rec), c = profiled(lambda: s.process(f), cuda)
+                (_, rec), c = profiled(lambda: s.process(f), cuda, sites)
                 counted[k] = {**c, "speaking": rec.decision == "speak", "profiled_wall_ms": rec.total_ms}
             if ahead != "off":                    # as the main run: the next second's graphs, unprofiled
                 s.ahead(scope=ahead)
@@ -326,13 +341,28 @@ def account(make_session: Callable[[], object], frames: Sequence[object], picks:
 def summary(picks: Sequence[int], counted: Dict[int, Dict[str, object]], records: Sequence[object],
             replays_main: Sequence[int], cuda: bool) -> Dict[str, object]:
     """A mode's ``accounting`` entry in bench.json."""
+    sites = [counted[k]["site_tally"] for k in picks] if picks and "site_tally" in counted[picks[0]] else None
     per_second = entries(picks, counted, records, replays_main)
     return {"counts": "cuda" if cuda else "cpu (CUDA fields None; cpu_ops counted)", "seconds": list(picks),
-            "per_second": per_second, **means(per_second, [counted[k]["kernel_tally"] for k in picks])}
+            "per_second": per_second, **means(per_second, [counted[k]["kernel_tally"] for k in picks], sites)}
 
 
 def _cell(v: Optional[float], fmt: str = "{:.1f}") -> str:
     return "—" if v is None else fmt.format(v)
+
+
+def format_sites(rows: Dict[str, Dict[str, object]], wrap: bool = True) -> str:
+    """Per mode and kind, which of our functions issue a second's host operators: mean operators and CPU ms per
+    second by site ('' when no mode counted sites)."""
+    body = []
+    for name, acc in rows.items():
+        for kind in ("speaking", "listening"):
+            for k in acc[kind].get("top_host_sites") or []:
+                body.append([name, kind, k["ops"], k["cpu_ms"], k["site"]])
+    if not body:
+        return ""
+    heads = ["mode", "second", "ops per second", "CPU ms per second", "site (engine/path.py:function)"]
+    return table(body, heads, max_widths=[20, None, None, None, 70], header_width=10, wrap=wrap)
 
 
 def format_table(rows: Dict[str, Dict[str, object]], wrap: bool = True) -> str:

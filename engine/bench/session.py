@@ -2,7 +2,8 @@
 
   duplexcadence-bench session [--seconds 60] [--tail TAIL] [--backbone BACKBONE]
                               [--size released] [--device cuda] [--modes stock,graphs]
-                              [--flip-seconds N] [--account-seconds N] [--input IN.wav] [--out DIR]
+                              [--flip-seconds N] [--account-seconds N] [--account-sites] [--input IN.wav]
+                              [--out DIR]
 
 Each mode builds a fresh session (same seed, same input) and runs every second back to back; the
 input is paced virtually (frame k arrives at k seconds after the session starts), so a late second
@@ -32,7 +33,8 @@ run, N of its seconds (half speaking, half listening) are re-run under torch.pro
 same mode, and the bench prints, per speaking and per listening second, the wall time (from the main,
 unprofiled run) next to the CUDA kernel ms, kernel launches, graph launches (profiler and our replay counter)
 and copies (on the CPU: the CPU op count, the CUDA columns left empty); ``bench.json`` keeps each mode's
-``accounting`` (``per_second`` and the ``speaking`` / ``listening`` means).
+``accounting`` (``per_second`` and the ``speaking`` / ``listening`` means). ``--account-sites`` adds which of
+our functions issue each counted second's host operators (:mod:`engine.bench.host_sites`).
 """
 from __future__ import annotations
 
@@ -249,15 +251,15 @@ def _means_table(rows: Dict[str, Dict[str, object]], wrap: bool = True) -> str:
 
 
 def account_mode(cfg: SessionConfig, frames: List[np.ndarray], run: Dict[str, object], n: int,
-                 ahead: str = "off", at: Optional[List[int]] = None) -> Dict[str, object]:
+                 ahead: str = "off", at: Optional[List[int]] = None, sites: bool = False) -> Dict[str, object]:
     """The mode's per-second accounting (:mod:`engine.bench.accounting`): ``n`` seconds picked from the main
     ``run`` (or the seconds ``at``, those the run has), counted under the profiler in a separate run of the same
-    config; wall times stay the main run's."""
+    config (``sites``: with the host operators' call sites); wall times stay the main run's."""
     cuda = torch.device(cfg.device).type == "cuda"
     speaking = [rec.decision == "speak" for rec in run["records"]]
     picks = ([k for k in at if k < len(speaking)] if at
              else accounting.pick_seconds(speaking, run["captures"], n))
-    counted = accounting.account(lambda: DuplexSession(cfg), frames, picks, cuda, ahead)
+    counted = accounting.account(lambda: DuplexSession(cfg), frames, picks, cuda, ahead, sites)
     return accounting.summary(picks, counted, run["records"], run["replays"], cuda)
 
 
@@ -301,6 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per mode, this many seconds (half speaking, half listening) re-run under torch.profiler "
                         "in a separate run: kernel ms, kernel and graph launches per speaking / listening second "
                         f"(default {accounting.DEFAULT_SECONDS}; 0: none). The main run is never profiled")
+    p.add_argument("--account-sites", action="store_true",
+                   help="the counted seconds also record Python frames: which of our functions (engine/path.py:"
+                        "function) issue each second's host operators, and their CPU ms (slower to count)")
     p.add_argument("--account-at", default=None, metavar="K[,K...]",
                    help="count these seconds (0-based) instead of the automatic pick, e.g. the first speaking "
                         "second or the slowest one a run named; counted even with --account-seconds 0")
@@ -457,7 +462,7 @@ def main(argv=None) -> int:
                 _write_digests(Path(a.out) / f"session-{key}-digests.jsonl", r["digests"])
         if a.account_seconds or a.account_at:       # after the main run, never inside it
             accounts[labels[key]] = r["accounting"] = account_mode(cfg, frames, r, a.account_seconds, a.ahead,
-                                                                   a.account_at)
+                                                                   a.account_at, a.account_sites)
             print(accounting.format_table({labels[key]: r["accounting"]}), file=sys.stderr, flush=True)
     ref = results[keys[0]]["audio"]
     identical = identical_to_reference(keys, {key: r["audio"] for key, r in results.items()})
@@ -484,10 +489,13 @@ def main(argv=None) -> int:
         if results[key]["records"]:
             print(textwrap.fill(format_slowest(labels[key], slowest_second(results[key])), 120))
     kernels = accounting.format_kernels(accounts) if accounts else ""
+    sites = accounting.format_sites(accounts) if accounts else ""
     if accounts:
         print(accounting.format_table(accounts))
         if kernels:
             print(kernels)
+        if sites:
+            print(sites)
         print(textwrap.fill(acc_note, 120))
     for key in keys:
         summ = results[key]["summary"]
@@ -504,7 +512,8 @@ def main(argv=None) -> int:
         out = Path(a.out)
         doc = {"seconds": len(frames),
                "modes": {key: _mode_doc(labels[key], results[key]) for key in keys},
-               "account_seconds": a.account_seconds, "account_at": a.account_at, "ahead": a.ahead,
+               "account_seconds": a.account_seconds, "account_at": a.account_at,
+               "account_sites": a.account_sites, "ahead": a.ahead,
                "reference": keys[0], "identical": identical if identical else "n/a", "flip_identical": flip,
                "flip_seconds": n_flip if flip is not None else 0, "divergence": where, "deadline_ms": DEADLINE_MS,
                "torch": torch.__version__,
@@ -520,7 +529,9 @@ def main(argv=None) -> int:
                              + ([("per-second accounting", accounting.format_table(accounts, wrap=False))]
                                 if accounts else [])
                              + ([("where the kernel time goes", accounting.format_kernels(accounts, wrap=False))]
-                                if kernels else []),
+                                if kernels else [])
+                             + ([("where the host operators come from", accounting.format_sites(accounts, wrap=False))]
+                                if sites else []),
                              [same] + where_lines + ([acc_note] if accounts else []))
         try:
             report.write_all(out / "bench.json", doc, md, fig)
