@@ -168,3 +168,86 @@ def test_the_check_catches_a_row_handed_to_the_wrong_session(monkeypatch, one_to
     monkeypatch.setattr(group_graphs, "group_final", swapped)
     ok, why = check(model, _make_store(model, d, torch.bfloat16), CPU, 2, check_rows(model, [1, 2]), graphs=False)
     assert not ok and "session 0 of 2" in why and "logits differ" in why
+
+
+def _sink_stores(model, d, dtype, n: int, seed: int):
+    """As :func:`_stores`, each with a sink (one position past its room)."""
+    regions = kv_regions("llm", d.layers, d.kv_heads, d.head_dim, 32, 64, dtype, "")
+    out = []
+    with torch.no_grad():
+        for s in range(n):
+            store = make_store(True, regions[0], d.layers, 64, "cpu", sink=True)
+            g = torch.Generator().manual_seed(seed + s)
+            model(torch.randn(PREFIXES[s], d.hidden, generator=g).to(dtype), store)
+            out.append(store)
+    return out
+
+
+def test_a_sink_is_one_position_past_the_room_and_moves_with_a_growth():
+    d = preset("tiny").llm
+    regions = kv_regions("llm", d.layers, d.kv_heads, d.head_dim, 32, 256, torch.float32, "")
+    st = make_store(True, regions[0], d.layers, 8, "cpu", growable=True, sink=True)
+    plain = make_store(True, regions[0], d.layers, 8, "cpu")
+    assert st.sink == 8 and st.k_buf.shape[2] == 9 and plain.sink is None and plain.k_buf.shape[2] == 8
+    assert st.state_bytes() == plain.state_bytes() * 9 // 8           # the sink is counted, not hidden
+    st.ensure(12)                                                     # a growth: 16 positions of room + the sink
+    assert st.capacity == 16 and st.sink == 16 and st.k_buf.shape[2] == 17
+
+
+@pytest.mark.bits
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("present", [(True, False, True), (False, True, False, True), (False, False, True)])
+def test_members_absent_from_a_round_keep_their_stores_and_the_present_their_bits(present, dtype,
+                                                                                  one_torch_thread):
+    """A round where some members sit out (listening while the others decode): the present members get their
+    own step's bits, two rounds running; an absent member's store is untouched below its sink, its length
+    unchanged, and it gets no result. Its row may hold anything (here: large values)."""
+    model, d = _model(dtype)
+    n = len(present)
+    rows = torch.randn(n, d.hidden, generator=torch.Generator().manual_seed(78)).to(dtype)
+    rows[[not p for p in present]] = 1e3
+    alone, together = _sink_stores(model, d, dtype, n, 60), _sink_stores(model, d, dtype, n, 60)
+    before = [(st.k_buf[:, :, :st.capacity].clone(), st.length) for st in together]
+    group = GroupGraphs(model, together, CPU, check_rows(model, range(1, 5), seed=4), capture=False)
+    with torch.no_grad():
+        for step in range(2):
+            got = group.forward(rows + step, present)
+            for s, p in enumerate(present):
+                if not p:
+                    assert got[s] is None
+                    continue
+                want = _own(model, [alone[s]], (rows + step)[s:s + 1])[0]
+                assert torch.equal(want[0], got[s][0]) and torch.equal(want[1], got[s][1]), (s, step)
+    for s, p in enumerate(present):
+        if p:
+            assert _same_store(alone[s], together[s]), s
+        else:
+            k0, n0 = before[s]
+            assert together[s].length == n0 and torch.equal(together[s].k_buf[:, :, :together[s].capacity], k0)
+
+
+def test_a_round_refuses_an_absent_member_without_a_sink_and_an_empty_round(one_torch_thread):
+    model, d = _model(torch.float32)
+    stores = _stores(model, d, torch.float32, 2, 1)
+    group = GroupGraphs(model, stores, CPU, {}, capture=False)
+    with pytest.raises(ValueError, match="needs a store with a sink"):
+        group.forward(torch.zeros(2, d.hidden), [True, False])
+    with pytest.raises(ValueError, match="a member present"):
+        group.forward(torch.zeros(2, d.hidden), [False, False])
+    with pytest.raises(ValueError, match="one flag per member"):
+        group.forward(torch.zeros(2, d.hidden), [True])
+
+
+def test_the_check_with_members_absent_passes_and_catches_a_write_past_the_sink(monkeypatch, one_torch_thread):
+    """The start-up check with a member sitting out passes; planted: absent rows written at the member's length
+    instead of its sink (the race the sink exists for) — the check must name that member."""
+    model, d = _model(torch.bfloat16)
+    regions = kv_regions("llm", d.layers, d.kv_heads, d.head_dim, 32, 64, torch.bfloat16, "")
+    sinks = lambda: make_store(True, regions[0], d.layers, 64, "cpu", sink=True)     # noqa: E731
+    verdicts = check_rows(model, [1, 2, 3])
+    ok, why = check(model, sinks, CPU, 3, verdicts, graphs=False, seed=9, absent=[1])
+    assert ok and "1 sitting the round out untouched" in why, why
+    real = GroupGraphs._set_positions
+    monkeypatch.setattr(GroupGraphs, "_set_positions", lambda self, here=None: real(self, None))
+    ok, why = check(model, sinks, CPU, 3, verdicts, graphs=False, seed=9, absent=[1])
+    assert not ok and why.startswith("session 1 of 3: absent from the round"), why

@@ -260,6 +260,9 @@ class DemandGrowth(GrowingStore):
     regions' :class:`~.regions.Horizon`), one copy, ``grown`` + 1; otherwise it refuses in one line."""
 
     kind = "demand"
+    #: units allocated past ``capacity`` that no history ever reaches (a subclass's scratch: the MiniCPM-o LLM
+    #: store's sink for a group step's absent rows); set before this class's ``__init__`` allocates
+    spare = 0
 
     def __init__(self, regions: Sequence[Region], device, capacity: int, growable: bool = False):
         super().__init__(regions, device)
@@ -268,7 +271,8 @@ class DemandGrowth(GrowingStore):
         self.capacity = int(capacity)
         self.growable = bool(growable)
         self.storage: Dict[str, torch.Tensor] = {
-            r.name: torch.zeros(r.shape_at(self.capacity), dtype=r.dtype, device=self.device) for r in self.regions}
+            r.name: torch.zeros(r.shape_at(self.capacity + self.spare), dtype=r.dtype, device=self.device)
+            for r in self.regions}
 
     def room(self) -> Optional[int]:
         return self.capacity
@@ -298,7 +302,7 @@ class DemandGrowth(GrowingStore):
         """Growth as a migration: new storage of ``cap`` units, the history copied, ``grown`` bumped."""
         for r in self.regions:
             old = self.storage[r.name]
-            new = torch.zeros(r.shape_at(cap), dtype=r.dtype, device=old.device)
+            new = torch.zeros(r.shape_at(cap + self.spare), dtype=r.dtype, device=old.device)
             new.narrow(self.axis, 0, self.length).copy_(old.narrow(self.axis, 0, self.length))
             self.storage[r.name] = new
         self.capacity = cap

@@ -19,7 +19,7 @@ Without CUDA the segments run eagerly (the CPU tests check them against each ses
 """
 from __future__ import annotations
 
-from typing import Dict, FrozenSet, List, Sequence, Tuple
+from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -144,9 +144,11 @@ class GroupGraphs:
         self._set_positions()
         capture_segments(self, self.llm.d.layers + 1)
 
-    def _set_positions(self) -> List[int]:
+    def _set_positions(self, here: Optional[Sequence[bool]] = None) -> List[int]:
+        """Each row's write position into ``pos``: a present member's length, an absent one's sink."""
         lengths = [st.length for st in self.stores]
-        self.pos.copy_(device_ids(lengths, self.device))
+        at = lengths if here is None else [n if p else st.sink for n, p, st in zip(lengths, here, self.stores)]
+        self.pos.copy_(device_ids(at, self.device))
         return lengths
 
     def valid_for(self, stores: Sequence[DemandKV]) -> bool:
@@ -154,36 +156,57 @@ class GroupGraphs:
         return (len(stores) == len(self.stores) and all(a is b for a, b in zip(stores, self.stores))
                 and self.buffers == [(st.k_buf.data_ptr(), st.v_buf.data_ptr()) for st in stores])
 
-    def forward(self, embeds: torch.Tensor) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    def _presence(self, present: Optional[Sequence[bool]]) -> List[bool]:
+        n = len(self.stores)
+        here = [True] * n if present is None else [bool(p) for p in present]
+        if len(here) != n or not any(here):
+            raise ValueError(f"a round of this group of {n} needs one flag per member and a member present, "
+                             f"got {present!r}")
+        for st, p in zip(self.stores, here):
+            if p and st.length + 1 > st.capacity:
+                raise RuntimeError("a member's LLM store is full: regrow it (and capture again) before the step")
+            if not p and getattr(st, "sink", None) is None:
+                raise ValueError("a member absent from a round needs a store with a sink (make_store(sink=True))")
+        return here
+
+    def forward(self, embeds: torch.Tensor, present: Optional[Sequence[bool]] = None
+                ) -> List[Optional[Tuple[torch.Tensor, torch.Tensor]]]:
         """Row ``s`` of ``embeds`` [S, hidden] at ``stores[s]``'s length -> per session (final hidden [1, hidden],
-        logits [1, V]); each store commits its one position."""
+        logits [1, V]); each store commits its one position. ``present`` (default: all): members absent from this
+        round get None; their rows (any values: zeros from a round) still run through the row-wise segments, their
+        keys and values go to their stores' sinks, no attention runs for them, and their stores do not commit.
+        The positions live in device memory, so every presence pattern replays the same graphs."""
         n = len(self.stores)
         if embeds.shape[0] != n:
             raise ValueError(f"a group step of {n} sessions takes {n} rows, not {embeds.shape[0]}")
-        if any(st.length + 1 > st.capacity for st in self.stores):
-            raise RuntimeError("a member's LLM store is full: regrow it (and capture again) before the step")
+        here = self._presence(present)
         self.x_in.copy_(embeds.view(n, 1, -1))
-        lengths = self._set_positions()
+        lengths = self._set_positions(here)
+        members = [(m, att) for m, (att, p) in enumerate(zip(self.attend, here)) if p]
         def attention(s: int) -> None:
             q = self.outs[s][1]
-            for m, att in enumerate(self.attend):
+            for m, att in members:
                 att.into(s, q.narrow(0, m, 1), lengths[m] + 1, None, self.att[s].narrow(0, m, 1))
         run_segments(self, self.llm.d.layers + 1, attention)
-        for st in self.stores:
-            st.commit(1)
+        for st, p in zip(self.stores, here):
+            if p:
+                st.commit(1)
         self.replays += 1
         h, logits = self.outs[-1]
-        return [(h[m:m + 1].clone(), logits[m:m + 1].clone()) for m in range(n)]
+        return [(h[m:m + 1].clone(), logits[m:m + 1].clone()) if here[m] else None for m in range(n)]
 
 
 def check(llm: Qwen3, make_store, device, sessions: int, verdicts: Verdicts, graphs: bool,
-          seed: int = 0) -> Tuple[bool, str]:
+          seed: int = 0, absent: Sequence[int] = ()) -> Tuple[bool, str]:
     """The group step of ``sessions`` sessions against each session's own layer graphs, on this device: fresh
-    random histories of different lengths (``make_store()`` gives an empty store), one fresh row each; every
-    hidden state, every logit and every byte of every store must be identical. (ok, why)."""
+    random histories of different lengths (``make_store()`` gives an empty store, with a sink where ``absent``
+    is not empty), one fresh row each; every hidden state, every logit and every byte of every store must be
+    identical. Members in ``absent`` sit the round out: their stores must come out unchanged below their sinks.
+    (ok, why)."""
     dev = torch.device(device)
     g = torch.Generator(device="cpu").manual_seed(int(seed))
     dt, hidden = llm.lm_head.weight.dtype, llm.d.hidden
+    away = {int(a) for a in absent}
     pairs = []
     with torch.no_grad():
         for s in range(int(sessions)):
@@ -193,19 +216,35 @@ def check(llm: Qwen3, make_store, device, sessions: int, verdicts: Verdicts, gra
                 llm(history.to(dev, dt), st)
             pairs.append((alone, together))
         rows = torch.randn(int(sessions), hidden, generator=g).to(dev, dt)
-        want = []
-        for s, (alone, _) in enumerate(pairs):
-            own = LayerGraphs(llm, alone, dev, capture=graphs)
-            want.append(own.forward(rows[s:s + 1]))
-        got = GroupGraphs(llm, [t for _, t in pairs], dev, verdicts, capture=graphs).forward(rows)
-    for s, ((h0, l0), (h1, l1)) in enumerate(zip(want, got)):
-        a, b = pairs[s]
-        n = a.length
+        before = {s: (pairs[s][1].k_buf.clone(), pairs[s][1].v_buf.clone(), pairs[s][1].length) for s in away}
+        want = [None if s in away else LayerGraphs(llm, alone, dev, capture=graphs).forward(rows[s:s + 1])
+                for s, (alone, _) in enumerate(pairs)]
+        got = GroupGraphs(llm, [t for _, t in pairs], dev, verdicts, capture=graphs).forward(
+            rows, [s not in away for s in range(int(sessions))])
+    bad = _first_difference(pairs, want, got, before)
+    if bad is not None:
+        return False, f"session {bad[0]} of {sessions}: {bad[1]}"
+    batched = sorted(name for name, counts in verdicts.items() if int(sessions) in counts)
+    sat_out = f", {len(away)} sitting the round out untouched" if away else ""
+    return True, (f"{sessions} sessions{sat_out}: identical to each session's own step "
+                  f"(one GEMM over the rows for {', '.join(batched) or 'no linear'}; the rest row by row)")
+
+
+def _first_difference(pairs, want, got, before) -> Optional[Tuple[int, str]]:
+    """The first member whose group-step results or store differ from its own step's (or, absent, from its
+    store before the round): (member, why); None when every one matches."""
+    for s, (a, b) in enumerate(pairs):
+        if s in before:
+            k0, v0, n0 = before[s]
+            cap = b.capacity
+            if got[s] is not None or b.length != n0 or not (torch.equal(k0[:, :, :cap], b.k_buf[:, :, :cap])
+                                                            and torch.equal(v0[:, :, :cap], b.v_buf[:, :, :cap])):
+                return s, "absent from the round, yet its store changed below its sink (or it got results)"
+            continue
+        (h0, l0), (h1, l1), n = want[s], got[s], a.length
         if not (torch.equal(h0, h1) and torch.equal(l0, l1)):
-            return False, f"session {s} of {sessions}: the group step's hidden state or logits differ from its own"
+            return s, "the group step's hidden state or logits differ from its own"
         if not (b.length == n and torch.equal(a.k_buf[:, :, :n], b.k_buf[:, :, :n])
                 and torch.equal(a.v_buf[:, :, :n], b.v_buf[:, :, :n])):
-            return False, f"session {s} of {sessions}: the group step wrote other keys or values"
-    batched = sorted(name for name, counts in verdicts.items() if int(sessions) in counts)
-    return True, (f"{sessions} sessions: identical to each session's own step "
-                  f"(one GEMM over the rows for {', '.join(batched) or 'no linear'}; the rest row by row)")
+            return s, "the group step wrote other keys or values"
+    return None

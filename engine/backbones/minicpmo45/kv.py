@@ -21,7 +21,7 @@ The stores here are the core's growth policies with the attention layers' handle
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -104,11 +104,22 @@ class GrowingKV(KVStore, StockGrowth):
 
 class DemandKV(KVStore, DemandGrowth):
     """Allocated once at ``capacity`` positions; in-place writes; exact-length views (stable addresses).
-    ``growable``: past its room the store migrates to twice the room (up to the horizon), ``grown`` + 1."""
+    ``growable``: past its room the store migrates to twice the room (up to the horizon), ``grown`` + 1.
+    ``sink``: one more position allocated past the room, at index ``capacity`` (:attr:`sink`), that no history
+    reaches and no attention reads: where a group step writes the key and value of a member absent from its
+    round, so the write never meets the member's own forward on its own stream (docs/design-cross-session-llm.md,
+    "rounds with members absent")."""
 
-    def __init__(self, region_k: Region, layers: int, capacity: int, device, growable: bool = False):
+    def __init__(self, region_k: Region, layers: int, capacity: int, device, growable: bool = False,
+                 sink: bool = False):
+        self.spare = 1 if sink else 0
         DemandGrowth.__init__(self, _pair(region_k, layers), device, capacity, growable)
         self._kv_init(layers)
+
+    @property
+    def sink(self) -> Optional[int]:
+        """The sink's position (the first past the room, so it moves with a growth), or None without one."""
+        return self.capacity if self.spare else None
 
     @property
     def k_buf(self) -> torch.Tensor:                     # [layers, Hkv, capacity, hd]
@@ -123,10 +134,10 @@ class DemandKV(KVStore, DemandGrowth):
         self.ensure(end)
 
 
-def make_store(demand: bool, region_k: Region, layers: int, capacity: int, device, growable: bool = False
-               ) -> KVStore:
+def make_store(demand: bool, region_k: Region, layers: int, capacity: int, device, growable: bool = False,
+               sink: bool = False) -> KVStore:
     if demand:
-        return DemandKV(region_k, layers, capacity, device, growable)
+        return DemandKV(region_k, layers, capacity, device, growable, sink)
     return GrowingKV(region_k, layers, device)
 
 
