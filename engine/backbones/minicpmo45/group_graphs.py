@@ -140,8 +140,10 @@ class GroupGraphs:
         return x, group_pre(self.llm, self.stores, s, x, *self.outs[0][2:], self.pos, self.verdicts)
 
     def _capture(self) -> None:
-        """Every segment warmed up for real on the side stream, then captured (one gate hold for all)."""
-        self._set_positions()
+        """Every segment warmed up for real on the side stream, then captured (one gate hold for all). Where every
+        store has a sink the warm-up writes there (a member may be feeding its own store meanwhile: rounds)."""
+        sinks = all(getattr(st, "sink", None) is not None for st in self.stores)
+        self._set_positions([False] * len(self.stores) if sinks else None)
         capture_segments(self, self.llm.d.layers + 1)
 
     def _set_positions(self, here: Optional[Sequence[bool]] = None) -> List[int]:

@@ -1,0 +1,179 @@
+"""LLM rounds (``rounds.LLMRounds``): hosted MiniCPM-o sessions' one-token steps met across threads in one group
+step. On the CPU (eager, tiny sizes): members stepping together get their own steps' bits and stores, rounds run;
+a member that is not decoding sits rounds out untouched; a round a decoding member never joins fires after
+``wait_s``; a size the check refuses, a member outside a shared second, and a failed round step alone, with the
+same bits (the failure reported). The captured graphs and the streams are the GPU's test."""
+import threading
+
+import pytest
+import torch
+
+from engine.backbones.minicpmo45 import group_graphs
+from engine.backbones.minicpmo45.dims import preset
+from engine.backbones.minicpmo45.group_graphs import check_rows
+from engine.backbones.minicpmo45.kv import kv_regions, make_store
+from engine.backbones.minicpmo45.layers import seeded_init
+from engine.backbones.minicpmo45.llm import Qwen3
+from engine.backbones.minicpmo45.llm_graphs import LayerGraphs
+from engine.backbones.minicpmo45.rounds import LLMRounds
+from engine.backbones.minicpmo45.weights import build
+
+CPU = torch.device("cpu")
+DT = torch.bfloat16
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = build(Qwen3, preset("tiny").llm, device="cpu", dtype=DT).eval()
+    seeded_init(m, 31)
+    return m
+
+
+def _stores(model, n, seed, sink=True):
+    d = model.d
+    regions = kv_regions("llm", d.layers, d.kv_heads, d.head_dim, 32, 64, DT, "")
+    out = []
+    with torch.no_grad():
+        for s in range(n):
+            st = make_store(True, regions[0], d.layers, 16, "cpu", growable=True, sink=sink)
+            model(torch.randn(5 + 3 * s, d.hidden, generator=torch.Generator().manual_seed(seed + s)).to(DT), st)
+            out.append(st)
+    return out
+
+
+def _solo(model, store):
+    lg = LayerGraphs(model, store, CPU, capture=False)
+    def step(e):
+        if store.length + 1 > store.capacity or not lg.valid_for(store):
+            store._room(store.length + 1)
+            step.lg = LayerGraphs(model, store, CPU, capture=False)
+        return step.lg.forward(e)
+    step.lg = lg
+    return step
+
+
+def _rows(model, n, k, seed):
+    return torch.randn(k, n, 1, model.d.hidden, generator=torch.Generator().manual_seed(seed)).to(DT)
+
+
+def _reference(model, n, rows, seed, active):
+    """Each member's own steps, one after another, over its own copy of the histories."""
+    stores = _stores(model, n, seed)
+    out = {s: [] for s in active}
+    with torch.no_grad():
+        for s in active:
+            solo = _solo(model, stores[s])
+            out[s] = [solo(rows[k, s]) for k in range(rows.shape[0])]
+    return out, stores
+
+
+def _rounds(model, stores, check=lambda n: (True, f"{n}: checked"), wait_s=0.05, allow=None):
+    r = LLMRounds(model, CPU, check_rows(model, range(1, 5), seed=3), check, wait_s=wait_s, graphs=False)
+    for s, st in enumerate(stores):
+        r.join(s, st, _solo(model, st), (allow or (lambda: True)))
+    return r
+
+
+def _run_members(r, rows, active, decoding=True):
+    got, errors = {s: [] for s in active}, []
+    barrier = threading.Barrier(len(active))
+
+    def member(s):
+        try:
+            with torch.no_grad():
+                barrier.wait()
+                r.decoding(s, decoding)
+                for k in range(rows.shape[0]):
+                    got[s].append(r.step(s, rows[k, s]))
+                r.decoding(s, False)
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+    threads = [threading.Thread(target=member, args=(s,)) for s in active]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    return got
+
+
+def _same(want, got, stores_a, stores_b, members):
+    for s in members:
+        for k, (w, g) in enumerate(zip(want[s], got[s])):
+            assert torch.equal(w[0], g[0]) and torch.equal(w[1], g[1]), (s, k)
+        a, b = stores_a[s], stores_b[s]
+        n = a.length
+        assert b.length == n and torch.equal(a.k_buf[:, :, :n], b.k_buf[:, :, :n]), s
+        assert torch.equal(a.v_buf[:, :, :n], b.v_buf[:, :, :n]), s
+
+
+@pytest.mark.bits
+@pytest.mark.parametrize("n", [2, 3])
+def test_members_stepping_together_get_their_own_bits_in_rounds(model, n, one_torch_thread):
+    rows = _rows(model, n, 14, 5)                 # 14 steps: the stores (room 16) grow on the way
+    want, ref = _reference(model, n, rows, 40, range(n))
+    stores = _stores(model, n, 40)
+    r = _rounds(model, stores)
+    got = _run_members(r, rows, range(n))
+    _same(want, got, ref, stores, range(n))
+    assert r.rounds > 0 and not r.errors and r.admitted() == (True, f"{n}: checked")
+
+
+@pytest.mark.bits
+def test_a_member_not_decoding_sits_the_rounds_out_untouched(model, one_torch_thread):
+    rows = _rows(model, 3, 6, 6)
+    want, ref = _reference(model, 3, rows, 50, [0, 2])
+    stores = _stores(model, 3, 50)
+    idle = (stores[1].k_buf.clone(), stores[1].v_buf.clone(), stores[1].length)
+    r = _rounds(model, stores)
+    got = _run_members(r, rows, [0, 2])
+    _same(want, got, ref, stores, [0, 2])
+    cap = stores[1].capacity
+    assert stores[1].length == idle[2] and torch.equal(stores[1].k_buf[:, :, :cap], idle[0][:, :, :cap])
+    assert r.rounds > 0
+
+
+def test_a_decoding_member_that_never_comes_holds_a_round_back_only_wait_s(model, one_torch_thread):
+    rows = _rows(model, 2, 3, 7)
+    want, ref = _reference(model, 2, rows, 60, [0])
+    stores = _stores(model, 2, 60)
+    r = _rounds(model, stores, wait_s=0.01)
+    r.decoding(1, True)                               # marked, but never steps
+    got = _run_members(r, rows[:, :1], [0])
+    _same(want, got, ref, stores, [0])
+    assert r.solo_steps == 3 and r.rounds == 0        # each round fired alone after wait_s
+
+
+@pytest.mark.parametrize("why", ["refused", "not shared", "fails"])
+def test_rounds_that_cannot_run_step_each_member_alone_with_the_same_bits(model, why, monkeypatch,
+                                                                          one_torch_thread):
+    rows = _rows(model, 2, 4, 8)
+    want, ref = _reference(model, 2, rows, 70, range(2))
+    stores = _stores(model, 2, 70)
+    check = (lambda n: (False, "the device's check refused 2")) if why == "refused" else (lambda n: (True, "ok"))
+    if why == "fails":
+        def broken(self, embeds, present=None):
+            raise RuntimeError("planted")
+        monkeypatch.setattr(group_graphs.GroupGraphs, "forward", broken)
+    r = _rounds(model, stores, check=check, allow=(lambda: False) if why == "not shared" else None)
+    got = _run_members(r, rows, range(2))
+    _same(want, got, ref, stores, range(2))
+    assert r.rounds == 0 and r.solo_steps >= 8 - (why == "fails") * 4
+    assert (r.errors and r.errors[0] == "RuntimeError: planted") if why == "fails" else not r.errors
+    if why == "refused":
+        assert r.admitted() == (False, "the device's check refused 2")
+
+
+def test_membership_refuses_a_store_without_a_sink_and_a_full_group(model):
+    stores = _stores(model, 3, 80)
+    r = LLMRounds(model, CPU, {}, lambda n: (True, ""), slots=2, graphs=False)
+    with pytest.raises(ValueError, match="needs an LLM store with a sink"):
+        r.join(9, _stores(model, 1, 90, sink=False)[0], lambda e: None)
+    assert r.join(0, stores[0], lambda e: None) == "one member steps its own graphs"
+    r.join(1, stores[1], lambda e: None)
+    with pytest.raises(ValueError, match="full"):
+        r.join(2, stores[2], lambda e: None)
+    r.leave(1)
+    assert r.report()["members"] == 1
+    with pytest.raises(KeyError):
+        r.step(1, torch.zeros(1, model.d.hidden, dtype=DT))
