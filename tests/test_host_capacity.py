@@ -290,3 +290,15 @@ def test_several_new_sessions_are_all_built_before_any_is_fed():
         assert len(set(phases)) == 3                                  # each its own phase
     finally:
         load.close()
+
+
+def test_the_rounds_mode_reports_its_groups_and_why_sessions_step_alone(tmp_path, one_torch_thread):
+    """``--modes rounds`` (MiniCPM-o's LLM rounds): on the CPU its sessions step alone and the JSON says why; the
+    groups' report is there (empty). The rounds' own bits are tests/test_minicpmo45_rounds.py's."""
+    out = tmp_path / "cap.json"
+    rc = capacity.main(["--device", "cpu", "--size", "tiny", "--tail", "step-audio2", "--backbone", "minicpm-o-4.5",
+                        "--seconds", "1", "--window", "1", "--max-sessions", "1", "--modes", "rounds",
+                        "--solo-sessions", "0", "--json", str(out)])
+    m = json.loads(out.read_text())["modes"]["rounds"]
+    assert rc == 0 and m["llm_rounds"] == []
+    assert m["llm_rounds_notes"] and all(n.startswith("LLM rounds need CUDA graph replay") for n in m["llm_rounds_notes"])

@@ -140,3 +140,33 @@ def test_whole_minicpmo_sessions_start_and_stop_at_random_seconds(tmp_path, hand
     for i in range(5):
         solo = _solo(cfgs[i], inputs[i][:lengths[i]])
         assert np.array_equal(np.concatenate(outs[i]), solo), f"MiniCPM-o session {i} differs from its solo run"
+
+
+def test_minicpmo_sessions_in_llm_rounds_equal_solo():
+    """Four whole MiniCPM-o sessions (tiny) in the host's LLM rounds (engine/host/llm_rounds.py), fed together so
+    their THINKs meet: each session's audio is its solo run's, bit for bit, rounds ran (the group step, captured,
+    over members present and absent) and none failed; one session flips its state policy at second 2 and back at
+    4 (it leaves the rounds and joins again)."""
+    cfg = SessionConfig(tail="step-audio2", backbone="minicpm-o-4.5", size="tiny", device="cuda", seed=7)
+    cfgs = [cfg] * 4
+    flips = [None, None, None, {2: {"demand_sized": False}, 4: {"demand_sized": True}}]
+    inputs = [frames_of(speech_like(SECONDS, seed=500 + i))[:SECONDS] for i in range(len(cfgs))]
+    host = EngineHost(device="cuda", launch="threads", llm_rounds=True)
+    try:
+        outs, runners = _run(host, cfgs, inputs, flips)
+        report = host.llm_rounds.report()
+        print("llm rounds:", report, [r.hosted.rounds_note for r in runners])
+        for i, (c, frames) in enumerate(zip(cfgs, inputs)):
+            s = DuplexSession(c)
+            s.start()
+            solo = []
+            for k, f in enumerate(frames):
+                if flips[i] and k in flips[i]:
+                    s.set_toggles(s.asked_toggles().merged(**flips[i][k]))
+                solo.append(s.process(f)[0])
+            s.close()
+            assert np.array_equal(outs[i], np.concatenate(solo)), f"session {i} differs from its solo run"
+        assert report and sum(g["rounds"] for g in report) > 0, report
+        assert not any(g["errors"] for g in report), report
+    finally:
+        host.close()

@@ -1,7 +1,7 @@
 """`duplexcadence-bench capacity`: how many duplex sessions one device keeps on time, per engine mode.
 
   duplexcadence-bench capacity [--tail step-audio2] [--backbone synthetic] [--size auto] [--device auto]
-                               [--seconds 60] [--max-sessions 16] [--modes stock,optimized,batched]
+                               [--seconds 60] [--max-sessions 16] [--modes stock,optimized,batched,rounds]
                                [--launch threads|one|both] [--start 1] [--window 4] [--json OUT] [--plot PNG]
                                [--no-hand-over] [--switch-interval MS]
                                [--stock-loop PYTHON --stock-loop-folder DIR]   (MiniCPM-o 4.5)
@@ -17,7 +17,9 @@ the first seconds of some sessions are run again, each alone, and compared bit f
 
 Modes: *stock-like* (our models with the stock's state policy: stock-sized buffers, torch.cat,
 eager), *optimized* (demand-sized state + exact-shape graph replay), *batched* (optimized, plus the
-host's batched LISTEN replay when its start-up check passes; else the reason). On a CPU this is a
+host's batched LISTEN replay when its start-up check passes; else the reason), *rounds* (optimized, plus
+MiniCPM-o's LLM rounds: the members' one-token LLM forwards as one group step where the device's check
+passed at the group's size, engine/host/llm_rounds.py; phase-aligned like batched). On a CPU this is a
 functional dry run at tiny size.
 
 ``--stock-loop PYTHON`` (MiniCPM-o 4.5): first, MiniCPM-o-Demo's own duplex loop (eager, as its users run it;
@@ -49,8 +51,8 @@ from engine.bench.report import say
 from engine.session import DuplexSession, SessionConfig
 from engine.session.records import DEADLINE_MS
 
-MODES = {"stock": (False, False), "optimized": (True, True), "batched": (True, True)}
-LABELS = {"stock": "stock-like", "optimized": "optimized", "batched": "batched"}
+MODES = {"stock": (False, False), "optimized": (True, True), "batched": (True, True), "rounds": (True, True)}
+LABELS = {"stock": "stock-like", "optimized": "optimized", "batched": "batched", "rounds": "rounds"}
 CLIP_SECONDS = 30
 
 
@@ -104,7 +106,7 @@ def run_mode(mode: str, base: SessionConfig, a, launch: str, inputs, ramp_only: 
     cfg = base.replace(demand_sized=demand, graph_replay=graphs)
     label = f"{LABELS[mode]} [{launch}]"
     host = EngineHost(device=cfg.device, launch=launch, batched=(mode == "batched"), batch_slots=a.batch_slots,
-                      hand_over=a.hand_over)
+                      hand_over=a.hand_over, llm_rounds=(mode == "rounds"))
     out: Dict[str, object] = {"launch": launch}
     if mode == "batched":
         ok, why = host.batched_check(cfg)
@@ -116,7 +118,7 @@ def run_mode(mode: str, base: SessionConfig, a, launch: str, inputs, ramp_only: 
     if cfg.device == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    load = PacedLoad(host, keep_audio=a.solo_seconds, align=a.batch_slots if mode == "batched" else 0)
+    load = PacedLoad(host, keep_audio=a.solo_seconds, align=a.batch_slots if mode in ("batched", "rounds") else 0)
     t0 = time.perf_counter()
     try:
         ramp_s = min(a.ramp_limit, max(10.0, left(a) - (0 if ramp_only else a.seconds + 40)))
@@ -128,6 +130,10 @@ def run_mode(mode: str, base: SessionConfig, a, launch: str, inputs, ramp_only: 
         mem = host.memory()
         if host.batcher is not None:
             out["batched_groups"] = host.batcher.report()
+        if host.llm_rounds is not None:
+            out["llm_rounds"] = host.llm_rounds.report()
+            out["llm_rounds_notes"] = sorted({d.runner.hosted.rounds_note for d in load.sessions
+                                              if getattr(getattr(d, "runner", None), "hosted", None)})
     finally:
         load.close()
     per = list(mem["sessions"].values())
@@ -282,7 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--seconds", type=float, default=60.0, help="confirmation run at the knee (s)")
     p.add_argument("--max-sessions", type=int, default=16)
-    p.add_argument("--modes", default="stock,optimized,batched", help="comma-separated: stock, optimized, batched")
+    p.add_argument("--modes", default="stock,optimized,batched",
+                   help="comma-separated: stock, optimized, batched, rounds (MiniCPM-o's LLM rounds)")
     p.add_argument("--launch", default="threads", choices=["threads", "one", "both"],
                    help="who launches the seconds; 'both' ramps the optimized mode with each and keeps the better")
     p.add_argument("--window", type=float, default=4.0, help="seconds measured at each ramp step")

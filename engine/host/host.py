@@ -27,6 +27,7 @@ from engine.session import SessionConfig
 from .admission import HostFull, LoadMeter, memory_refusal
 from engine.core.gate import GATE
 from .groups import ListenBatcher
+from .llm_rounds import LLMRoundsHost
 from .runner import Dispatcher, HostedRunner
 from .session import HostedSession
 from .weights import WeightsCache
@@ -39,7 +40,7 @@ class EngineHost:
 
     def __init__(self, device: str = "auto", launch: str = "threads", max_sessions: Optional[int] = None,
                  reserve_ms: float = 100.0, window_s: float = 10.0, min_seconds: int = 3,
-                 batched: bool = False, batch_slots: int = 8, hand_over: bool = True):
+                 batched: bool = False, batch_slots: int = 8, hand_over: bool = True, llm_rounds: bool = False):
         # ``hand_over``: a session build gives the capture lock, between its captures and at the ends of its
         # phases, to a running session that waits to capture (Gate.let_waiters_capture); process-wide while this
         # host lives. On by default since session 23 (H200: the GPU host tests pass with it on and off, and the
@@ -62,6 +63,8 @@ class EngineHost:
         self._next_id = 0
         self._dispatcher: Optional[Dispatcher] = Dispatcher() if launch == "one" else None
         self.batcher: Optional[ListenBatcher] = ListenBatcher(self, batch_slots) if batched else None
+        # ``llm_rounds``: MiniCPM-o sessions step their one-token LLM forwards together (llm_rounds.py)
+        self.llm_rounds: Optional[LLMRoundsHost] = LLMRoundsHost(self, batch_slots) if llm_rounds else None
         self._hand_over_before = GATE.hand_over
         GATE.hand_over = bool(hand_over)
 

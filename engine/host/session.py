@@ -75,6 +75,8 @@ class HostedSession:
         self.in_shared_second = False           # a shared (concurrent) second is running now
         self.group = None                       # the batched-LISTEN group it belongs to, if any
         self.batched_note = ""
+        self.llm_rounds = None                  # the LLM rounds it steps in, if any (llm_rounds.py)
+        self.rounds_note = ""
         self._toggles = PendingToggles(Toggles(self.cfg.demand_sized, self.cfg.graph_replay))
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -110,14 +112,24 @@ class HostedSession:
             with self.host.meter.pause(), self.host.gate.exclusive(), self.rng.installed(), \
                     graphs.working_for(self.rng):
                 self.batched_note = self.host.batcher.join(self)
+        self._join_rounds()
         self.memory = SessionMemory(state=int(s.tail.state_bytes()) + int(s.backbone.state_bytes()),
                                     allocated=max(0, alloc1 - alloc0 - loaded), reserved=max(0, res1 - res0),
                                     shared_loaded=loaded,
                                     weights_reused=[k.label() for k, hit in zip(keys, found) if hit is not None])
 
+    def _join_rounds(self) -> None:
+        """Into the host's LLM rounds, where it has them (no round in flight: the exclusive gate)."""
+        if self.host.llm_rounds is not None:
+            with self.host.meter.pause(), self.host.gate.exclusive(), self.rng.installed(), \
+                    graphs.working_for(self.rng):
+                self.rounds_note = self.host.llm_rounds.join(self)
+
     def close(self) -> None:
         if self.session is not None:
             with self.host.meter.pause(), self.host.gate.exclusive():
+                if self.host.llm_rounds is not None:
+                    self.host.llm_rounds.leave(self)
                 if self.host.batcher is not None:
                     self.host.batcher.leave(self)
                 self.session.close()
@@ -145,14 +157,19 @@ class HostedSession:
             stream = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
             self.in_shared_second = not exclusive
             regroup = pending is not None and self.host.batcher is not None
+            rerounds = pending is not None and self.host.llm_rounds is not None
             with rng, stream, graphs.working_for(self.rng):
                 if regroup:                          # a migration would move the state its group's graph reads
                     self.host.batcher.leave(self)
+                if rerounds:                         # a policy switch replaces its LLM store (no sink)
+                    self.host.llm_rounds.leave(self)
                 if pending is not None:
                     self.session.set_toggles(pending)
                 out, rec = self.session.process(frame, arrival=arrival, backlog=backlog)
                 if regroup:
                     self.batched_note = self.host.batcher.join(self)
+                if rerounds:
+                    self.rounds_note = self.host.llm_rounds.join(self)
             self.in_shared_second = False
             t1 = time.perf_counter()
         self.exclusive_seconds += int(exclusive)

@@ -63,6 +63,8 @@ from . import weights as W
 if TYPE_CHECKING:
     from engine.vad import VadResult
 
+    from .rounds import LLMRounds
+
 SILENCE = 4218                 # the Step-Audio2 silence token
 LOOKAHEAD = 3
 LLM_TOKENS_PER_SECOND = 33     # worst case: finalize 2 + <unit> 1 + audio 10 + turn_eos 1 + 19 decoded
@@ -119,6 +121,9 @@ class MiniCPMO45Backbone(Backbone):
         self.grown_ahead = 0                    # LLM store moves made ahead (in a second after a listening one)
         self._force_listen = False            # the next THINK listens (the page's Force Listen)
         self._tap: Optional[Callable[[str, torch.Tensor], None]] = None
+        # a host's LLM rounds this session steps its one-token forwards in (rounds.py; None: alone)
+        self.rounds: Optional["LLMRounds"] = None
+        self.round_key: object = None
         l, t = self.dims.llm, self.dims.tts
         weights = f"checkpoint {self.folder.path}" if self.folder else "seeded random weights"
         self.info = BackboneInfo(
@@ -236,8 +241,10 @@ class MiniCPMO45Backbone(Backbone):
                                       d.tts.max_positions, dt, "HF DynamicCache per turn: torch.cat per token")
         self.tts_capacity = tts_cap
         demand = self._toggles.demand_sized
+        # a sink past the room (one position): where a round of other sessions writes this one's row while it
+        # sits the round out (rounds.py); never read, 147 KB at the released size
         self.kv_llm = make_store(demand, self.llm_regions[0], d.llm.layers, self.llm_capacity, self.device,
-                                 growable=True)
+                                 growable=True, sink=True)
         # a reply's turn bounds the TTS history, except over barge-ins (the stock keeps it across a cut):
         # then the store doubles, up to the TTS's positions, and its graphs are captured again
         self.kv_tts = make_store(demand, self.tts_regions[0], d.tts.layers, self.tts_capacity, self.device,
@@ -326,9 +333,16 @@ class MiniCPMO45Backbone(Backbone):
     def _graphed_forward(self, embed: torch.Tensor):
         """A forward of ``embed``'s rows [t, hidden] (t from 1 to the protocol's ``GRAPHED_FEED``) through
         layer graphs of that width — a decode step (t 1) or a short feed (LISTEN's close and audio tokens) —
-        -> (final hidden [t, hidden], logits [1, V] for t 1, else None); or None: the eager path runs it."""
+        -> (final hidden [t, hidden], logits [1, V] for t 1, else None); or None: the eager path runs it. In a
+        host's LLM rounds a one-token forward meets the other members' (:meth:`.rounds.LLMRounds.step`)."""
         if not self._graphs_on() or self.kv_llm.kind != "demand":
             return None
+        if self.rounds is not None and int(embed.shape[0]) == 1:
+            return self.rounds.step(self.round_key, embed)
+        return self.own_forward(embed)
+
+    def own_forward(self, embed: torch.Tensor):
+        """:meth:`_graphed_forward` of this session alone (graphs on, a demand store): the rounds' reference."""
         kv, t = self.kv_llm, int(embed.shape[0])
         if self.llm_exact is not None and self.llm_exact.valid_for(kv):    # only where ahead ran
             out = self.llm_exact.run(embed)                             # the forward prepared for this position
@@ -413,7 +427,7 @@ class MiniCPMO45Backbone(Backbone):
         if self._force_listen:
             turn, self._force_listen = TurnDecision("listen"), False
         with torch.no_grad():
-            unit, hidden = self.protocol.decode(turn)
+            unit, hidden = self._decode(turn)
             self._listened = unit.decision == "listen"
             if unit.decision == "listen":
                 # only a cut restarts token2wav: a reply the LLM closed inside a listening unit keeps its
@@ -437,6 +451,16 @@ class MiniCPMO45Backbone(Backbone):
                        turn_end="end" if unit.end_of_turn else "", llm_ids=tuple(unit.ids),
                        codes=tuple(int(c) for c in unit.codes.tolist()))
 
+    def _decode(self, turn: TurnDecision):
+        """THINK's unit; in LLM rounds marked as decoding meanwhile, so rounds wait for this session's slots."""
+        if self.rounds is None:
+            return self.protocol.decode(turn)
+        self.rounds.decoding(self.round_key, True)
+        try:
+            return self.protocol.decode(turn)
+        finally:
+            self.rounds.decoding(self.round_key, False)
+
     def _silence(self, n: int) -> torch.Tensor:
         return torch.full((1, n), SILENCE, dtype=torch.long, device=self.device)
 
@@ -458,7 +482,8 @@ class MiniCPMO45Backbone(Backbone):
         self.front.set_toggles(pending)
         demand = self._toggles.demand_sized
         p = self.protocol
-        p.kv_llm = self.kv_llm = switch_store(self.kv_llm, demand, self.llm_capacity, self.device, growable=True)
+        p.kv_llm = self.kv_llm = switch_store(self.kv_llm, demand, self.llm_capacity, self.device, growable=True,
+                                              sink=True)
         new_tts = switch_store(self.kv_tts, demand, self.tts_capacity, self.device, growable=True)
         if new_tts is not self.kv_tts:
             self.tts_graphs = None                                      # graphs point into the old storage

@@ -141,8 +141,9 @@ def make_store(demand: bool, region_k: Region, layers: int, capacity: int, devic
     return GrowingKV(region_k, layers, device)
 
 
-def switch_store(store: KVStore, demand: bool, capacity: int, device, growable: bool = False) -> KVStore:
+def switch_store(store: KVStore, demand: bool, capacity: int, device, growable: bool = False,
+                 sink: bool = False) -> KVStore:
     """The same history in the other policy (bit-exact copies); the store itself when nothing changes."""
     if (store.kind == "demand") == bool(demand):
         return store
-    return move_contents(store, make_store(demand, store.region, store.layers, capacity, device, growable))
+    return move_contents(store, make_store(demand, store.region, store.layers, capacity, device, growable, sink))
