@@ -297,18 +297,29 @@ def means(per_second: Sequence[Dict[str, object]], tallies: Sequence[Optional[Ta
     return out
 
 
+def _top_table(rows: Dict[str, Dict[str, object]], key: str, cells: Callable[[Dict[str, object]], list],
+               heads: List[str], last_width: int, wrap: bool) -> str:
+    """Per mode and kind, one row per entry of each mean's ``key`` list ('' when no mode has one)."""
+    body = [[name, kind, *cells(k)] for name, acc in rows.items() for kind in ("speaking", "listening")
+            for k in acc[kind].get(key) or []]
+    if not body:
+        return ""
+    return table(body, ["mode", "second"] + heads, max_widths=[20, None, None, None, last_width], header_width=10,
+                 wrap=wrap)
+
+
 def format_kernels(rows: Dict[str, Dict[str, object]], wrap: bool = True) -> str:
     """Per mode and kind, where a second's kernel time goes: mean ms and count per second, by kernel name
     ('' when no mode has them: a CPU run)."""
-    body = []
-    for name, acc in rows.items():
-        for kind in ("speaking", "listening"):
-            for k in acc[kind].get("top_kernels") or []:
-                body.append([name, kind, k["ms"], k["n"], k["kernel"]])
-    if not body:
-        return ""
-    heads = ["mode", "second", "ms per second", "kernels per second", "kernel (summed over a second)"]
-    return table(body, heads, max_widths=[20, None, None, None, 60], header_width=10, wrap=wrap)
+    return _top_table(rows, "top_kernels", lambda k: [k["ms"], k["n"], k["kernel"]],
+                      ["ms per second", "kernels per second", "kernel (summed over a second)"], 60, wrap)
+
+
+def format_sites(rows: Dict[str, Dict[str, object]], wrap: bool = True) -> str:
+    """Per mode and kind, which of our functions issue a second's host operators: mean operators and CPU ms per
+    second by site ('' when no mode counted sites)."""
+    return _top_table(rows, "top_host_sites", lambda k: [k["ops"], k["cpu_ms"], k["site"]],
+                      ["ops per second", "CPU ms per second", "site (engine/path.py:function)"], 70, wrap)
 
 
 def account(make_session: Callable[[], object], frames: Sequence[object], picks: Sequence[int],
@@ -349,20 +360,6 @@ def summary(picks: Sequence[int], counted: Dict[int, Dict[str, object]], records
 
 def _cell(v: Optional[float], fmt: str = "{:.1f}") -> str:
     return "—" if v is None else fmt.format(v)
-
-
-def format_sites(rows: Dict[str, Dict[str, object]], wrap: bool = True) -> str:
-    """Per mode and kind, which of our functions issue a second's host operators: mean operators and CPU ms per
-    second by site ('' when no mode counted sites)."""
-    body = []
-    for name, acc in rows.items():
-        for kind in ("speaking", "listening"):
-            for k in acc[kind].get("top_host_sites") or []:
-                body.append([name, kind, k["ops"], k["cpu_ms"], k["site"]])
-    if not body:
-        return ""
-    heads = ["mode", "second", "ops per second", "CPU ms per second", "site (engine/path.py:function)"]
-    return table(body, heads, max_widths=[20, None, None, None, 70], header_width=10, wrap=wrap)
 
 
 def format_table(rows: Dict[str, Dict[str, object]], wrap: bool = True) -> str:
