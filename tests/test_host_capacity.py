@@ -66,6 +66,7 @@ def test_the_switch_interval_holds_for_the_run_only(tmp_path, one_torch_thread, 
     monkeypatch.setattr(capacity.EngineHost, "__init__", host_spy)
     monkeypatch.setattr(capacity, "run_mode", spy)
     before = sys.getswitchinterval()
+    GATE.hand_over = False                   # the process's own setting (other tests' hosts may have left it on)
     out = tmp_path / "cap.json"
     rc = capacity.main(["--device", "cpu", "--size", "tiny", "--tail", "mimi", "--seconds", "1", "--window", "1",
                         "--max-sessions", "1", "--modes", "optimized", "--solo-sessions", "0",
