@@ -59,6 +59,7 @@ def test_membership_groups_by_llm_up_to_the_slots_and_leaves(monkeypatch):
         bb = bbmod.MiniCPMO45Backbone.__new__(bbmod.MiniCPMO45Backbone)
         bb.llm, bb.kv_llm, bb.rounds, bb.round_key = llm, types.SimpleNamespace(sink=9), None, None
         bb.own_forward = lambda e: None
+        bb.ensure_llm_sink = lambda: True
         bb.toggles = lambda: {"graph_replay": toggles[0], "demand_sized": toggles[1]}
         return types.SimpleNamespace(id=i, session=types.SimpleNamespace(backbone=bb), in_shared_second=True)
     hs = [hosted(0, llm_a), hosted(1, llm_a), hosted(2, llm_a), hosted(3, llm_b), hosted(4, llm_a, (False, True))]

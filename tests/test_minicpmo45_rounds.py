@@ -177,3 +177,25 @@ def test_membership_refuses_a_store_without_a_sink_and_a_full_group(model):
     assert r.report()["members"] == 1
     with pytest.raises(KeyError):
         r.step(1, torch.zeros(1, model.d.hidden, dtype=DT))
+
+
+def test_a_backbone_moves_its_llm_store_into_one_with_a_sink_bit_for_bit(one_torch_thread):
+    """Joining rounds (engine/host/llm_rounds.py) first gives the session's LLM store a sink: the history moves
+    bit for bit, the LLM graphs over the old storage are dropped, a second call changes nothing; a stock-policy
+    store cannot have one."""
+    from engine.backbones.base import TokenFormat, make_backbone
+    b = make_backbone("minicpm-o-4.5", TokenFormat(1, 6561, 25.0), size="tiny", device="cpu", seed=4)
+    b.start()
+    old = b.kv_llm
+    k0, v0 = old.export()
+    assert old.sink is None and b.ensure_llm_sink()
+    new = b.kv_llm
+    assert new is not old and new is b.protocol.kv_llm and new.sink == new.capacity == old.capacity
+    k1, v1 = new.export()
+    assert torch.equal(k0, k1) and torch.equal(v0, v1) and new.length == old.length
+    assert b.llm_graphs is None and b.llm_exact is None
+    assert b.ensure_llm_sink() and b.kv_llm is new
+    stock = make_backbone("minicpm-o-4.5", TokenFormat(1, 6561, 25.0), size="tiny", device="cpu", seed=4,
+                          demand_sized=False)
+    stock.start()
+    assert not stock.ensure_llm_sink() and stock.kv_llm.kind != "demand"

@@ -2,8 +2,8 @@
 weights step their one-token LLM forwards together (:mod:`engine.backbones.minicpmo45.rounds`).
 
 At admission a session whose backbone replays graphs over demand stores joins a group of up to ``slots`` members
-of the same LLM (its one-token forwards are routed to the group's rounds); at close, or before a second whose
-toggles change, it leaves. Membership changes run under the host's exclusive gate, so no round is in flight. A
+of the same LLM (its LLM store first moved into one with a sink, ``ensure_llm_sink``; its one-token forwards are
+then routed to the group's rounds); at close, or before a second whose toggles change, it leaves. Membership changes run under the host's exclusive gate, so no round is in flight. A
 group of ``n`` members steps together only where the start-up check passed at ``n`` on this device
 (:func:`~engine.backbones.minicpmo45.group_graphs.check`, captured, with a member sitting the round out); the GEMMs'
 row verdicts (:func:`~engine.backbones.minicpmo45.group_graphs.check_rows`) are made once per LLM. A member takes
@@ -42,7 +42,7 @@ class LLMRoundsHost:
         if not isinstance(backbone, MiniCPMO45Backbone):
             return f"the {type(backbone).__name__} has no LLM rounds (MiniCPM-o 4.5 only)"
         t = backbone.toggles()
-        if not (t.get("graph_replay") and t.get("demand_sized")) or getattr(backbone.kv_llm, "sink", None) is None:
+        if not (t.get("graph_replay") and t.get("demand_sized")):
             return "the session does not replay graphs over demand stores: it steps alone"
         return None
 
@@ -52,6 +52,8 @@ class LLMRoundsHost:
         why = self.ineligible(bb)
         if why is not None:
             return why
+        if not bb.ensure_llm_sink():                # its store moved into one with a sink (graphs recaptured)
+            return "the session's LLM store is not a demand store: it steps alone"
         group = next((g for g in self.groups if g.llm is bb.llm and len(g.members) < self.slots), None)
         if group is None:
             group = self._group(bb)

@@ -40,6 +40,7 @@ import torch
 from engine import fastpath
 from engine.core import Executor, make_plan
 from engine.core.graphs import between_captures
+from engine.core.growing import move_contents
 from engine.core.toggles import PendingToggles, Toggles
 from engine.kernels import exact
 
@@ -241,10 +242,8 @@ class MiniCPMO45Backbone(Backbone):
                                       d.tts.max_positions, dt, "HF DynamicCache per turn: torch.cat per token")
         self.tts_capacity = tts_cap
         demand = self._toggles.demand_sized
-        # a sink past the room (one position): where a round of other sessions writes this one's row while it
-        # sits the round out (rounds.py); never read, 147 KB at the released size
         self.kv_llm = make_store(demand, self.llm_regions[0], d.llm.layers, self.llm_capacity, self.device,
-                                 growable=True, sink=True)
+                                 growable=True)
         # a reply's turn bounds the TTS history, except over barge-ins (the stock keeps it across a cut):
         # then the store doubles, up to the TTS's positions, and its graphs are captured again
         self.kv_tts = make_store(demand, self.tts_regions[0], d.tts.layers, self.tts_capacity, self.device,
@@ -482,8 +481,7 @@ class MiniCPMO45Backbone(Backbone):
         self.front.set_toggles(pending)
         demand = self._toggles.demand_sized
         p = self.protocol
-        p.kv_llm = self.kv_llm = switch_store(self.kv_llm, demand, self.llm_capacity, self.device, growable=True,
-                                              sink=True)
+        p.kv_llm = self.kv_llm = switch_store(self.kv_llm, demand, self.llm_capacity, self.device, growable=True)
         new_tts = switch_store(self.kv_tts, demand, self.tts_capacity, self.device, growable=True)
         if new_tts is not self.kv_tts:
             self.tts_graphs = None                                      # graphs point into the old storage
@@ -502,6 +500,21 @@ class MiniCPMO45Backbone(Backbone):
             self.llm_graphs = None
             self.llm_feeds = {}
             self.llm_exact = None
+
+    def ensure_llm_sink(self) -> bool:
+        """Give the LLM store a sink (one position past its room, where a round of other sessions writes this one's
+        row while it sits the round out: rounds.py) if it has none: the same history moved, bit for bit, into a
+        demand store with it; the LLM graphs over the old storage are dropped (captured again at their next use).
+        Between seconds only (a host calls it under its exclusive gate). Whether the store has a sink now (a stock
+        policy store cannot)."""
+        kv = self.kv_llm
+        if kv.kind != "demand":
+            return False
+        if kv.sink is None:
+            self.protocol.kv_llm = self.kv_llm = move_contents(
+                kv, make_store(True, kv.region, kv.layers, kv.capacity, self.device, kv.growable, sink=True))
+            self.llm_graphs, self.llm_feeds, self.llm_exact = None, {}, None
+        return True
 
     def set_tap(self, tap: Optional[Callable[[str, torch.Tensor], None]]) -> None:
         """Hand each stage's output to ``tap(stage, tensor)`` as it is made (None stops it): ``encoder``
