@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -37,6 +38,7 @@ def test_capacity_dry_run_cpu(tmp_path, one_torch_thread, capsys):
     (["--seconds", "0"], "--seconds must be positive"),
     (["--max-sessions", "0"], "--max-sessions"),
     (["--switch-interval", "0"], "--switch-interval must be between 0.01 and 1000 ms"),
+    (["--cuda-connections", "33"], "--cuda-connections: the CUDA work queue count must be a whole number from 1"),
     (["--start", "9", "--max-sessions", "8"], "--start must be between 1 and --max-sessions (8), not 9"),
     (["--device", "cpu", "--tail", "step-audio2", "--checkpoint", "/nonexistent/folder"], "does not exist"),
 ])
@@ -54,6 +56,8 @@ def test_the_switch_interval_holds_for_the_run_only(tmp_path, one_torch_thread, 
     from engine.core.gate import GATE
     seen, hand_over = [], []
     run_mode = capacity.run_mode
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "8")     # recorded: the run's own write is undone afterwards
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS")
 
     def spy(*args, **kw):
         seen.append(sys.getswitchinterval())
@@ -70,11 +74,12 @@ def test_the_switch_interval_holds_for_the_run_only(tmp_path, one_torch_thread, 
     out = tmp_path / "cap.json"
     rc = capacity.main(["--device", "cpu", "--size", "tiny", "--tail", "mimi", "--seconds", "1", "--window", "1",
                         "--max-sessions", "1", "--modes", "optimized", "--solo-sessions", "0",
-                        "--switch-interval", "0.5", "--json", str(out)])
+                        "--switch-interval", "0.5", "--cuda-connections", "32", "--json", str(out)])
     assert seen == [pytest.approx(0.0005)] and sys.getswitchinterval() == before
     assert hand_over == [True] and not GATE.hand_over               # on by default, for the run's host only
     doc = json.loads(out.read_text())
     assert doc["switch_interval_ms"] == pytest.approx(0.5) and doc["hand_over"] is True
+    assert os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "32" and doc["cuda_connections"] is None   # no CUDA here
     assert capacity.build_parser().parse_args(["--no-hand-over"]).hand_over is False
     # whether the one session kept the deadline on this busy CPU is not the point; either way the run is no failure:
     # a session that held is re-run alone and identical, and none that held leaves nothing to compare (None)

@@ -149,6 +149,7 @@ def run_cli(argv, capsys):
     (["--port", "0"], "--port must be from 1 to 65535"),
     (["--replicas", "0"], "--replicas must be at least 1"),
     (["--max-replicas", "2"], "--max-replicas goes with --autoscale"),
+    (["--cuda-connections", "0"], "--cuda-connections: the CUDA work queue count must be a whole number from 1"),
     ([], "no token"),
     (["--token-file", "/nonexistent/t"], "cannot read the token file"),
     (["--checkpoint", "/nonexistent/ckpt"], "does not exist"),
@@ -174,6 +175,8 @@ def test_serve_plan_one_replica_per_gpu():
         plan(build_parser().parse_args(["--device", "cuda"]), 0.0)
     spec = plan(build_parser().parse_args(["--autoscale"]), 4.0)
     assert spec.autoscale and spec.replicas == 1 and spec.max_replicas == 4
+    assert spec.cuda_connections is None
+    assert plan(build_parser().parse_args(["--cuda-connections", "32"]), 1.0).cuda_connections == 32
 
 
 def test_client_with_no_server_says_so():

@@ -3,7 +3,7 @@
   duplexcadence-bench capacity [--tail step-audio2] [--backbone synthetic] [--size auto] [--device auto]
                                [--seconds 60] [--max-sessions 16] [--modes stock,optimized,batched,rounds]
                                [--launch threads|one|both] [--start 1] [--window 4] [--json OUT] [--plot PNG]
-                               [--no-hand-over] [--switch-interval MS]
+                               [--no-hand-over] [--switch-interval MS] [--cuda-connections N]
                                [--stock-loop PYTHON --stock-loop-folder DIR]   (MiniCPM-o 4.5)
 
 For each mode an :class:`~engine.host.EngineHost` runs sessions of the same config (shared weights,
@@ -41,6 +41,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import torch
 
+from engine import cuda_queues
 from engine.audio import SESSION_RATE, frames_of
 from engine.bench import stock_loop
 from engine.bench.session import speech_like
@@ -313,6 +314,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Python's thread switch interval for the run, in ms (sys.setswitchinterval; default: "
                         "Python's own, 5 ms): how long one session's thread may hold the interpreter while the "
                         "others wait to launch their work")
+    p.add_argument("--cuda-connections", type=int, default=None, metavar="N",
+                   help="the CUDA driver's work queues to the device, 1-32 (CUDA_DEVICE_MAX_CONNECTIONS, set before "
+                        "CUDA starts; default: the environment's, else the driver's 8): past 8 the sessions' streams "
+                        "share queues and wait behind each other (engine/cuda_queues.py)")
     p.add_argument("--json", default=None, help="write the results here (JSON)")
     p.add_argument("--plot", default=None, help="PNG of sessions vs p99 (default: next to --json)")
     p.add_argument("--stock-loop", default=None, metavar="PYTHON",
@@ -335,6 +340,8 @@ def _check_args(a) -> Optional[str]:
         return "--solo-seconds and --confirm-tries must be at least 1"
     if a.switch_interval is not None and not 0.01 <= a.switch_interval <= 1000:
         return f"--switch-interval must be between 0.01 and 1000 ms, not {a.switch_interval:g}"
+    if a.cuda_connections is not None and cuda_queues.check(a.cuda_connections):
+        return "--cuda-connections: " + cuda_queues.check(a.cuda_connections)
     return None
 
 
@@ -353,13 +360,15 @@ def _run(a) -> int:
     why = _check_args(a) or (f"unknown mode(s) {bad}; choose from {', '.join(MODES)}" if bad or not modes else None)
     folder = None
     try:
+        if not why:                                     # before anything starts CUDA
+            cuda_queues.request(a.cuda_connections)
         fields = dict(tail=a.tail, backbone=a.backbone, size=a.size, device=a.device, seed=a.seed,
                       checkpoint=a.checkpoint, backbone_checkpoint=a.backbone_checkpoint)
         if not why and a.stock_loop is not None:       # ours read the stock's folder, voice and 16 kHz input
             folder = stock_loop.check(a.stock_loop, a.stock_loop_folder, a.backbone, a.backbone_checkpoint)
             fields.update(stock_loop.ours_reading(folder))
         base = SessionConfig(**fields).resolved()
-    except ValueError as e:
+    except (ValueError, cuda_queues.TooLate) as e:
         why = why or str(e)
     if why:
         print(f"duplexcadence-bench capacity: error: {why}", file=sys.stderr)
@@ -377,6 +386,7 @@ def _run(a) -> int:
         "seconds": a.seconds, "window_s": a.window, "deadline_ms": DEADLINE_MS, "command": " ".join(sys.argv),
         "switch_interval_ms": sys.getswitchinterval() * 1e3,
         "hand_over": bool(a.hand_over),
+        "cuda_connections": cuda_queues.in_effect() if base.device == "cuda" else None,
         "modes": {}}
     if a.json:
         def partial(mode_label: str, launch: str, key: str, value: object) -> None:

@@ -29,7 +29,7 @@ from typing import Dict, List, Optional
 
 from engine.bench.capacity import session_inputs
 from engine.bench.report import Bars, Figure, markdown, say, write_all
-from engine import registry
+from engine import cuda_queues, registry
 from engine.core.toggles import MODES, Toggles
 from engine.cli.validate import OneLineParser
 from engine.host.drive import PacedLoad, Window
@@ -78,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=30.0, help="seconds the final count is held")
     p.add_argument("--cpus-per-replica", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cuda-connections", type=int, default=None, metavar="N",
+                   help="each replica's CUDA work queues, 1-32 (CUDA_DEVICE_MAX_CONNECTIONS; default: the driver's 8)")
     p.add_argument("--json", help="write the results here")
     return p
 
@@ -153,6 +155,10 @@ def main(argv=None) -> int:
         print(f"duplexcadence-bench serve-capacity: error: --replicas {a.replicas!r} is not a list of counts >= 1",
               file=sys.stderr)
         return 2
+    if a.cuda_connections is not None and cuda_queues.check(a.cuda_connections):
+        print(f"duplexcadence-bench serve-capacity: error: --cuda-connections: {cuda_queues.check(a.cuda_connections)}",
+              file=sys.stderr)
+        return 2
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     try:
         import ray
@@ -172,14 +178,15 @@ def main(argv=None) -> int:
     gpus = float(ray.cluster_resources().get("GPU", 0))
     serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
     doc: Dict[str, object] = {"command": " ".join(["duplexcadence-bench", "serve-capacity"] + list(argv or sys.argv[2:])),
-                              "gpus": gpus, "config": {k: v for k, v in vars(cfg).items()}, "replicas": {}}
+                              "gpus": gpus, "config": {k: v for k, v in vars(cfg).items()},
+                              "cuda_connections": a.cuda_connections, "replicas": {}}
     try:
         for r in counts:
             use_gpu = gpus >= r and a.device != "cpu"
             spec = ServeSpec(config={k: v for k, v in vars(cfg).items()}, token=TOKEN,
                              max_sessions=a.sessions_per_replica, replicas=r,
                              gpus_per_replica=1.0 if use_gpu else 0.0, cpus_per_replica=a.cpus_per_replica,
-                             drain_timeout_s=10.0, stats_period_s=1.0)
+                             drain_timeout_s=10.0, stats_period_s=1.0, cuda_connections=a.cuda_connections)
             t0 = time.perf_counter()
             serve.run(build_app(spec), name="duplexcadence", route_prefix="/")
             label = f"{r} replica{'s' if r > 1 else ''} ({'GPU' if use_gpu else 'CPU'})"

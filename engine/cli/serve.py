@@ -20,7 +20,7 @@ from typing import List, Optional
 
 from engine.cli.run import MODES, make_config
 from engine.cli.validate import OneLineParser
-from engine import registry
+from engine import cuda_queues, registry
 
 from engine.serve import drain, lockdown
 from engine.serve.auth import ENV, TokenError, read_token
@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default engine toggles of a session (a client may choose its own)")
     p.add_argument("--cpu-threads", type=int, default=0, help="torch threads per CPU session (0: auto)")
     p.add_argument("--seed", type=int, default=0, help="default seed of a session (a client may choose its own)")
+    p.add_argument("--cuda-connections", type=int, default=None, metavar="N",
+                   help="each replica's CUDA work queues to its GPU, 1-32 (CUDA_DEVICE_MAX_CONNECTIONS; default: "
+                        "the environment's, else the driver's 8)")
     return p
 
 
@@ -83,6 +86,8 @@ def _check_args(a: argparse.Namespace) -> Optional[str]:
         return "--drain-timeout, --cpu-threads and --cpus-per-replica cannot be negative"
     if not 0 <= a.drain_seconds <= 86400:
         return f"--drain-seconds must be from 0 to 86400, got {a.drain_seconds:g}"
+    if a.cuda_connections is not None and cuda_queues.check(a.cuda_connections):
+        return "--cuda-connections: " + cuda_queues.check(a.cuda_connections)
     return lockdown.check_host(a.host, a.port)
 
 
@@ -108,7 +113,8 @@ def plan(a: argparse.Namespace, gpus: float):
     spec = ServeSpec(config=model_config(a), token="", max_sessions=sessions,
                      replicas=a.replicas or (1 if a.autoscale else default), autoscale=a.autoscale,
                      max_replicas=a.max_replicas or default, gpus_per_replica=1.0 if use_gpu else 0.0,
-                     cpus_per_replica=a.cpus_per_replica, drain_timeout_s=a.drain_timeout)
+                     cpus_per_replica=a.cpus_per_replica, drain_timeout_s=a.drain_timeout,
+                     cuda_connections=a.cuda_connections)
     if use_gpu:
         spec.config["device"] = "cuda" if a.device == "auto" else a.device
     return spec

@@ -27,6 +27,7 @@ from fastapi import FastAPI, WebSocket
 from ray import serve
 from starlette.websockets import WebSocketDisconnect
 
+from engine import cuda_queues
 from engine.host import HostFull
 from engine.session import LiveError, SessionConfig
 
@@ -62,6 +63,9 @@ class ServeSpec:
     #: under the GIL, and shorter turns keep more of them on time (H200, session 20: whole MiniCPM-o sessions
     #: held 4 at 1 ms where Python's default 5 ms held 3); None keeps the interpreter's
     switch_interval_ms: Optional[float] = 1.0
+    #: the replica process's CUDA work queues (CUDA_DEVICE_MAX_CONNECTIONS, engine/cuda_queues.py), set before
+    #: its first CUDA call; None keeps the environment's (else the driver's 8)
+    cuda_connections: Optional[int] = None
 
     def session_config(self) -> SessionConfig:
         return SessionConfig(**self.config)
@@ -94,6 +98,7 @@ class SessionReplica:
         lockdown.bind_replica_grpc_to_node()   # before Serve starts the replica's own gRPC server
         self.spec = ServeSpec(**spec)
         self.spec.apply_switch_interval()
+        cuda_queues.request(self.spec.cuda_connections)     # before the host's first CUDA call
         self.token = self.spec.token
         self.host = SessionHost(self.spec.session_config(), self.spec.max_sessions)
         ctx = serve.get_replica_context()
