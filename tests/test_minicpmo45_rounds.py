@@ -77,12 +77,13 @@ def _rounds(model, stores, check=lambda n: (True, f"{n}: checked"), wait_s=0.05,
 def _run_members(r, rows, active, decoding=True):
     got, errors = {s: [] for s in active}, []
     barrier = threading.Barrier(len(active))
+    for s in active:                                  # all marked before any steps: the first round waits for all
+        r.decoding(s, decoding)
 
     def member(s):
         try:
             with torch.no_grad():
                 barrier.wait()
-                r.decoding(s, decoding)
                 for k in range(rows.shape[0]):
                     got[s].append(r.step(s, rows[k, s]))
                 r.decoding(s, False)
@@ -199,3 +200,43 @@ def test_a_backbone_moves_its_llm_store_into_one_with_a_sink_bit_for_bit(one_tor
                           demand_sized=False)
     stock.start()
     assert not stock.ensure_llm_sink() and stock.kv_llm.kind != "demand"
+
+
+def test_a_members_store_moves_only_between_group_steps(model, one_torch_thread):
+    """A member's store may grow on its own thread while another member leads a group step that writes it (its
+    sink): the move waits for the rounds' step lock (on the GPU also for the last step's end on the device), so the
+    old storage is never let go under a step in flight. Members get the guard when they join and lose it when they
+    leave."""
+    stores = _stores(model, 2, 100)
+    r = _rounds(model, stores)
+    assert all(st.move_guard is not None for st in stores)
+    moved = threading.Event()
+    with r.steps:                                     # a group step launching
+        t = threading.Thread(target=lambda: (stores[1]._room(stores[1].capacity + 1), moved.set()))
+        t.start()
+        assert not moved.wait(0.3)                    # the move waits for the step
+    t.join(10)
+    assert moved.is_set() and stores[1].grown == 1
+    r.leave(1)
+    assert stores[1].move_guard is None and stores[0].move_guard is not None
+
+
+@pytest.mark.bits
+def test_a_store_that_moves_after_the_capture_is_captured_again_before_the_step(model, monkeypatch, one_torch_thread):
+    """Between the group's capture and its launch (the step lock is let go in between) a member's store moves: the
+    leader sees it (``valid_for``) and captures again; every member still gets its own bits."""
+    rows = _rows(model, 2, 3, 9)
+    want, ref = _reference(model, 2, rows, 110, range(2))
+    stores = _stores(model, 2, 110)
+    r = _rounds(model, stores)
+    made, recapture = [], LLMRounds._recapture
+
+    def then_move(self, sts):
+        recapture(self, sts)
+        made.append(self.group)
+        if len(made) == 1:
+            stores[1]._room(stores[1].capacity + 1)  # what a member's own thread may do right here
+    monkeypatch.setattr(LLMRounds, "_recapture", then_move)
+    got = _run_members(r, rows, range(2))
+    _same(want, got, ref, stores, range(2))
+    assert len(made) >= 2 and made[0] is not made[1] and stores[1].grown >= 1 and r.rounds > 0

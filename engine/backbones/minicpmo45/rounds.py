@@ -12,16 +12,26 @@ Each member's results carry its own bits: the group's size is admitted only wher
 :func:`.group_graphs.check` with members present and absent) passed; a size refused, a member not in a shared second
 (``allow``), or a failed round runs each member's own step, the reference. On CUDA a member records an event after
 its embedding on its own stream, the leader's stream waits on every present member's event, runs the step, and
-records one event that each member's stream waits on before it reads its row.
+records one event that each member's stream waits on before it reads its row; the next round's leader (maybe on
+another stream) waits on it too before it writes the group's buffers.
+
+Moves. A member's store may grow on the member's own thread while another member leads a step that writes it (the
+absent rows go to its sink). Its migration therefore runs under the rounds' step lock with the last round's work
+done on the device (:meth:`LLMRounds._moving`, set as the store's ``move_guard``), so the old storage is never let
+go under a step in flight; the leader sees the moved store (``valid_for``) and captures again. A capture takes the
+process's capture lock before the step lock, the one order every taker keeps.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
+
+from engine.core.gate import GATE
 
 from .group_graphs import GroupGraphs, Verdicts
 
@@ -60,6 +70,8 @@ class LLMRounds:
         self.members: List[Member] = []
         self.group: Optional[GroupGraphs] = None
         self.open: Optional[Round] = None
+        self.steps = threading.Lock()           # a group step's launches, a capture, a member's store moving
+        self.last: Optional["torch.cuda.Event"] = None      # the last group step's end on the device
         self._checked: Dict[int, Tuple[bool, str]] = {}
         self.rounds = self.solo_steps = 0
         self.errors: List[str] = []
@@ -74,14 +86,34 @@ class LLMRounds:
             if len(self.members) >= self.slots:
                 raise ValueError(f"these LLM rounds are full ({self.slots} members)")
             self.members.append(Member(key, store, solo, allow))
-            self.group = None
+            self._retire()
+            store.move_guard = self._moving
             return self.admitted()[1]
 
     def leave(self, key) -> None:
         with self.cv:
+            for m in self.members:
+                if m.key == key:
+                    m.store.move_guard = None
             self.members = [m for m in self.members if m.key != key]
-            self.group = None
+            self._retire()
             self.cv.notify_all()
+
+    def _retire(self) -> None:
+        """Let the group's graphs go, once their last step has run on the device."""
+        self._settle()
+        self.group = None
+
+    def _settle(self) -> None:
+        if self.last is not None:
+            self.last.synchronize()
+
+    @contextlib.contextmanager
+    def _moving(self) -> Iterator[None]:
+        """A member's store migrates in here: no group step launching, and the last one done on the device."""
+        with self.steps:
+            self._settle()
+            yield
 
     def decoding(self, key, on: bool) -> None:
         """Mark a member as drawing its unit's slots (rounds wait for it) or done (they stop waiting)."""
@@ -176,6 +208,7 @@ class LLMRounds:
         except Exception as e:  # noqa: BLE001 - each member then steps alone; the host reports the line
             rnd.error = f"{type(e).__name__}: {e}"
             rnd.results.clear()
+            self._quiet_stream()            # its launches done before the members step alone on their streams
         with self.cv:
             if rnd.error:
                 self.errors.append(rnd.error)
@@ -189,11 +222,39 @@ class LLMRounds:
         with self.cv:
             self.solo_steps += solo
 
+    def _quiet_stream(self) -> None:
+        if self.device.type == "cuda":
+            try:
+                torch.cuda.current_stream(self.device).synchronize()
+            except Exception:  # noqa: BLE001 - a broken context reports itself on the next call
+                pass
+
     def _group_step(self, rnd: Round) -> None:
+        """The group step over the round's rows, captured again first where a member joined, left or moved (a
+        store may move between the capture and the step: then again, at most three times)."""
         stores = [m.store for m in self.members]
-        if self.group is None or not self.group.valid_for(stores):
+        for _ in range(3):
+            if self.group is None or not self.group.valid_for(stores):
+                self._recapture(stores)
+            with self.steps:
+                if self.group is not None and self.group.valid_for(stores):
+                    self._launch(rnd, stores)
+                    return
+        raise RuntimeError("the members' LLM stores moved during every capture of the group step")
+
+    def _recapture(self, stores) -> None:
+        """New group graphs for ``stores``: the capture lock, then the step lock (so no store moves under the
+        warm-up and capture, which write the members' sinks), the old graphs let go once their last step ran."""
+        with GATE.capturing() if self.graphs else contextlib.nullcontext(), self.steps:
+            self._retire()
             self.group = GroupGraphs(self.llm, stores, self.device, self.verdicts, capture=self.graphs)
+            if self.graphs:
+                torch.cuda.synchronize(self.device)      # the warm-up's writes done before a store may move
+
+    def _launch(self, rnd: Round, stores) -> None:
         stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+        if stream is not None and self.last is not None:
+            stream.wait_event(self.last)                 # the last round (maybe another stream's) is off the buffers
         for _, ready in rnd.rows.values():
             if ready is not None:
                 stream.wait_event(ready)
@@ -206,3 +267,4 @@ class LLMRounds:
         if stream is not None:
             rnd.event = torch.cuda.Event()
             rnd.event.record(stream)
+            self.last = rnd.event
