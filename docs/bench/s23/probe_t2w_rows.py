@@ -11,6 +11,8 @@ batch of 2S with every session's own cache and modulation. For S = 1..8:
   * the whole block as production runs it (the DiT's per-length verdicts for this chunk, Triton paths eager):
     every session's output, key/value cache and conv cache against the session alone;
   * time: the block once over 2S rows against S blocks over 2 rows one after another (eager, medians of 20).
+Session 24 added the vocoder: the HiFT's ``decode`` (mel + NSF source -> speech; cuDNN convs and transposed convs,
+STFT/iSTFT) over S sessions' 58-frame mels at once against each alone (bits, time), and the F0 predictor likewise.
 Usage: PYTHONPATH=. python3 docs/bench/s23/probe_t2w_rows.py OUT.json
 """
 import json
@@ -26,7 +28,14 @@ from engine.models.step_audio2 import linears
 from engine.models.step_audio2.config import DiTConfig
 from engine.models.step_audio2.dit import DiT, Modulation
 
-T, T0, SESSIONS = 50, 300, (1, 2, 3, 4, 6, 8)
+T, T0 = 50, 300
+SESSIONS = tuple(int(x) for x in __import__("os").environ.get("SESSIONS", "1,2,3,4,6,8").split(","))
+REPEATS = int(__import__("os").environ.get("REPEATS", "20"))
+
+
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def pairs(S, c, g, dev):
@@ -49,19 +58,53 @@ def per_pair(fn, x, S):
     return torch.cat([fn(x[2 * s:2 * s + 2]) for s in range(S)])
 
 
-def timed(fn, k=20):
+def timed(fn, k=None):
     ms = []
-    for _ in range(k):
-        torch.cuda.synchronize()
+    for _ in range(k or REPEATS):
+        sync()
         t = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        sync()
         ms.append((time.perf_counter() - t) * 1000)
     return round(statistics.median(ms), 3)
 
 
+def hift_rows(res, dev, path):
+    """The vocoder over S sessions' chunks at once against each alone: decode (with the self-check's paths for
+    this length) and the F0 predictor; bits and time."""
+    from engine.models.step_audio2 import weights as W
+    from engine.models.step_audio2.config import preset
+    cfg = preset("released")                                 # seeded random weights, as the benches read them
+    hift = W.build(cfg, W.random_state_dict(cfg, 24), dev).hift
+    frames = T + 8                                           # a chunk's mel with its 8-frame overlap
+    fast = hift.fast(frames)
+    lanes, fused = fast["parallel lanes"], fast["fused elementwise"]
+    res["hift"] = {"fast": fast, "sessions": {}}
+    g = torch.Generator().manual_seed(2424)
+    for S in SESSIONS:
+        mel = torch.randn(S, 80, frames, generator=g).to(dev)
+        src = (0.1 * torch.randn(S, 1, frames * hift.upp, generator=g)).to(dev)
+        out = {}
+        try:
+            one = lambda m, x: hift.decode(m, x, lanes, None, fused)              # noqa: E731
+            both = one(mel, src)
+            alone = torch.cat([one(mel[i:i + 1], src[i:i + 1]) for i in range(S)])
+            out["decode"] = bool(torch.equal(both, alone))
+            out["decode max diff"] = float((both - alone).abs().max())
+            f0 = hift.f0_predictor(mel)
+            out["f0 predictor"] = bool(torch.equal(f0, torch.cat([hift.f0_predictor(mel[i:i + 1]) for i in range(S)])))
+            out["batched ms"] = timed(lambda: one(mel, src))
+            out["one by one ms"] = timed(lambda: [one(mel[i:i + 1], src[i:i + 1]) for i in range(S)])
+        except Exception as e:  # noqa: BLE001 - a batch the code does not take is an answer too
+            out["error"] = f"{type(e).__name__}: {e}"
+        res["hift"]["sessions"][str(S)] = out
+        print("hift", S, out, flush=True)
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
+
+
 def main(path):
-    dev = torch.device("cuda")
+    dev = torch.device(__import__("os").environ.get("DEVICE", "cuda"))
     torch.manual_seed(23)
     c = DiTConfig()
     dit = DiT(c).to(dev).eval()
@@ -70,7 +113,7 @@ def main(path):
     with torch.no_grad():
         fast = dit.fast(T)
         blk.build_transposed()
-        res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "fast": fast, "sessions": {}}
+        res = {"gpu": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__, "fast": fast, "sessions": {}}
         print("paths for a", T, "frame chunk:", fast, flush=True)
         g = torch.Generator().manual_seed(2323)
         for S in SESSIONS:
@@ -81,7 +124,7 @@ def main(path):
                 xi = x if lin.in_features == c.hidden else torch.randn(2 * S, T, lin.in_features, generator=g).to(dev)
                 out[f"cublas {name}"] = torch.equal(F.linear(xi, lin.weight, lin.bias),
                                                     per_pair(lambda a: F.linear(a, lin.weight, lin.bias), xi, S))
-                if name != "fc1" and linears.fits(xi, lin.weight_t) is None:
+                if name != "fc1" and dev.type == "cuda" and linears.fits(xi, lin.weight_t) is None:
                     out[f"split-K {name}"] = torch.equal(linears.linear(xi, lin.weight_t, lin.bias),
                                                          per_pair(lambda a: linears.linear(a, lin.weight_t, lin.bias),
                                                                   xi, S))
@@ -104,6 +147,7 @@ def main(path):
             print(S, out, flush=True)
             with open(path, "w") as f:
                 json.dump(res, f, indent=1)
+        hift_rows(res, dev, path)
 
 
 if __name__ == "__main__":

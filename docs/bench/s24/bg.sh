@@ -8,7 +8,7 @@
 #     its BEST count goes to every capacity run below (--cuda-connections);
 #  3. capacity --modes rounds from 4 at released dims (groups of 4: the size proven over long histories);
 #  4. the Step-Audio2 pairs at 16 (issue 24 asks 16; session 22: 20 of 960 late at 8 queues, 5 ms switch interval);
-#  5. probe_t2w_rows.py: a Step-Audio2 DiT block over S sessions' chunks (bits per piece, time): batched token2wav;
+#  5. probe_t2w_rows.py: a Step-Audio2 DiT block and the HiFT over S sessions' chunks (bits per piece, time);
 #  6. the session bench, one MiniCPM-o session (released dims), with the host operators' call sites;
 #  7. probe_group.py: where the 8-row group step parts from each member's own step (s23b: not identical at 8);
 #  8. probe_admission.py with STACKS=1 (a build stall caught with every thread's frames).
@@ -33,7 +33,7 @@ timeout 360 python3 -m engine.bench.cli capacity --tail step-audio2 --size relea
   --max-sessions 16 --start 16 --modes optimized --window 3 --time-limit 340 --confirm-tries 1 --solo-sessions 1 \
   --solo-seconds 6 --switch-interval 1 --cuda-connections $Q --json $R/cap_step_audio2.json > $R/cap_step_audio2.txt 2>&1
 stamp "capacity, step-audio2 pairs at 16 (exit $?)"
-timeout 150 python3 docs/bench/s23/probe_t2w_rows.py $R/probe-t2w-rows.json > $R/probe-t2w-rows.txt 2>&1
+timeout 200 python3 docs/bench/s23/probe_t2w_rows.py $R/probe-t2w-rows.json > $R/probe-t2w-rows.txt 2>&1
 stamp "probe t2w rows (exit $?)"
 timeout 240 python3 -m engine.bench.cli session --backbone minicpm-o-4.5 --size released --device cuda --seconds 12 \
   --modes graphs --flip-seconds 0 --no-digests --account-seconds 4 --account-sites --quiet --out $R/sites \
