@@ -168,3 +168,38 @@ def test_a_minicpmo_build_offers_the_lock_at_the_end_of_each_phase(monkeypatch):
     b = make_backbone("minicpm-o-4.5", fmt, size="tiny", device="cpu", seed=3)
     b.start()
     assert len(offers) == 5          # executor, stores, graphs, before and after the rehearsal (no prelude: no folder)
+
+
+def test_a_traced_gate_says_who_waited_for_whom_and_how_long():
+    """``Gate.trace`` (a list): every wait of over a millisecond for the gate or the capture lock, every outermost
+    capture-lock hold and every hand-over, as (thread name, what, start, end) — what a probe needs to tell which
+    thread a stalled second waited for. Off (None), nothing is kept."""
+    g, log, started = Gate(), [], threading.Event()
+    g.trace = []
+    builder = threading.Thread(target=_build, args=(g, 10, 0.02, log, started), name="builder")
+    builder.start()
+    started.wait(5)
+    waiter = threading.Thread(target=_waiter, args=(g, log), name="hosted-session-7")
+    waiter.start()
+    waiter.join(10)
+    builder.join(10)
+    spans = {(who, what): t1 - t0 for who, what, t0, t1 in g.trace}
+    assert spans[("hosted-session-7", "wait capture lock")] > 0.1              # hand-over off: the whole build
+    assert spans[("builder", "held capture lock (build)")] > 0.15
+    assert ("hosted-session-7", "held capture lock") in spans
+    g.hand_over = True
+    g.trace = []
+    b2 = threading.Thread(target=_build, args=(g, 10, 0.02, log, started), name="builder")
+    started.clear()
+    b2.start()
+    started.wait(5)
+    w2 = threading.Thread(target=_waiter, args=(g, log), name="hosted-session-8")
+    w2.start()
+    w2.join(10)
+    b2.join(10)
+    whats = [what for _, what, _, _ in g.trace]
+    assert "handed the capture lock over" in whats
+    g.trace = None
+    with g.capturing(), g.shared():
+        pass
+    assert g.trace is None

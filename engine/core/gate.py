@@ -29,12 +29,17 @@ before it goes on — so two readers upgrading at once take turns instead of dea
 holds the capture lock may not ask to go exclusive (it would wait for readers that wait for its lock):
 that is a programming error, raised at once. Writers are preferred, so an admission waits for the
 seconds in flight and does not starve.
+
+Tracing (for probes): with :attr:`Gate.trace` a list, every wait of over a millisecond for the gate or the capture
+lock, every outermost hold of the capture lock and every hand-over is appended to it as (thread name, what, start,
+end) in ``time.perf_counter`` seconds: which thread a stalled second waited for, and for how long.
 """
 from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Iterator
+import time
+from typing import Iterator, List, Optional, Tuple
 
 
 class Gate:
@@ -54,6 +59,14 @@ class Gate:
         self._capture_waiting = 0
         self._capture_taken = 0
         self.handovers = 0
+        self.trace: Optional[List[Tuple[str, str, float, float]]] = None    # see the module's "Tracing"
+
+    def _note(self, what: str, t0: float, always: bool = False) -> None:
+        trace = self.trace
+        if trace is not None:
+            t1 = time.perf_counter()
+            if always or t1 - t0 > 1e-3:
+                trace.append((threading.current_thread().name, what, t0, t1))
 
     def _depths(self):
         m = self._mine
@@ -69,10 +82,12 @@ class Gate:
 
     # -- the raw lock ------------------------------------------------------------------------------------
     def _take_shared(self) -> None:
+        t0 = time.perf_counter()
         with self._cv:
             while self._writer or self._writers_waiting:
                 self._cv.wait()
             self._readers += 1
+        self._note("wait shared", t0)
 
     def _give_shared(self) -> None:
         with self._cv:
@@ -81,12 +96,14 @@ class Gate:
                 self._cv.notify_all()
 
     def _take_exclusive(self) -> None:
+        t0 = time.perf_counter()
         with self._cv:
             self._writers_waiting += 1
             while self._writer or self._readers:
                 self._cv.wait()
             self._writers_waiting -= 1
             self._writer = True
+        self._note("wait exclusive", t0)
 
     def _give_exclusive(self) -> None:
         with self._cv:
@@ -152,18 +169,23 @@ class Gate:
             if counted:
                 with self._cv:
                     self._capture_waiting += 1
+            t0 = time.perf_counter()
             self._capture_lock.acquire()
+            self._note("wait capture lock (build)" if build else "wait capture lock", t0)
             if counted:
                 with self._cv:
                     self._capture_waiting -= 1
                     self._capture_taken += 1
                     self._cv.notify_all()
             m.capturing += 1
+            held = time.perf_counter()
             try:
                 yield
             finally:
                 m.capturing -= 1
                 self._capture_lock.release()
+                if not m.capturing:
+                    self._note("held capture lock (build)" if build else "held capture lock", held, always=True)
 
     def capture_depth(self) -> int:
         """How many capturing holds this thread has open (0: it does not hold the capture lock)."""
@@ -187,6 +209,7 @@ class Gate:
         with self._cv:
             taken = self._capture_taken
         depth = m.capturing
+        t0 = time.perf_counter()
         for _ in range(depth):
             self._capture_lock.release()
         try:
@@ -195,6 +218,7 @@ class Gate:
         finally:
             for _ in range(depth):
                 self._capture_lock.acquire()
+        self._note("handed the capture lock over", t0, always=True)
         self.handovers += 1
         return True
 

@@ -10,7 +10,9 @@ the builds' spans. JSON: every second of every session.
 Usage: PYTHONPATH=. python3 docs/bench/s22/probe_admission.py OUT.json (a CPU smoke run: DEVICE=cpu SIZE=tiny SCALE=0.2;
 HAND_OVER=0: builds hold the capture lock throughout (session 23 turned the hand-over on by default);
 STACKS=1 (session 23): every 0.5 s while a session is built, each thread's innermost frames, written beside
-OUT as OUT.stacks.txt with the gate's hand-over count after each build — what a stalled second waits on)
+OUT as OUT.stacks.txt with the gate's hand-over count after each build — what a stalled second waits on;
+session 24: the gate's trace is on (TRACE=0 turns it off): for every slow second, how long its session's thread
+waited for the gate and the capture lock within it, and which threads held the capture lock meanwhile)
 """
 import json
 import os
@@ -46,6 +48,8 @@ def sample():
 
 
 threading.Thread(target=sample, daemon=True).start()
+if os.environ.get("TRACE", "1") == "1":
+    GATE.trace = []
 building, stacks = threading.Event(), []
 
 
@@ -97,16 +101,40 @@ for d in load.sessions:
                      "work_ms": r.total_ms, "listen_ms": r.listen_ms, "think_ms": r.think_ms, "speak_ms": r.speak_ms,
                      "decision": r.decision, "captures": caps, "upgrades": ups})
 rows.sort(key=lambda x: x["arrival_s"])
+trace = [(who, what, t0 - T0, t1 - T0) for who, what, t0, t1 in (GATE.trace or [])]
+
+
+def waits_in(x):
+    """The gate's trace within a slow second: its own thread's waits by kind, and the capture lock's holders."""
+    a, b = x["arrival_s"], x["arrival_s"] + (x["queue_ms"] + x["work_ms"]) / 1e3
+    me, mine, holders = f"hosted-session-{x['session']}", {}, {}
+    for who, what, t0, t1 in trace:
+        overlap = min(b, t1) - max(a, t0)
+        if overlap <= 0:
+            continue
+        if who == me and what.startswith("wait"):
+            mine[what] = round(mine.get(what, 0.0) + overlap * 1e3, 1)
+        elif what.startswith("held") and who != me:
+            holders[f"{who}: {what}"] = round(holders.get(f"{who}: {what}", 0.0) + overlap * 1e3, 1)
+    return {"waits_ms": mine, "capture_lock_held_by_others_ms": holders}
+
+
+for x in rows:
+    if trace and x["queue_ms"] + x["work_ms"] > 600:
+        x.update(waits_in(x))
 print("slow seconds (arrival to done over 600 ms):")
 for x in rows:
     if x["queue_ms"] + x["work_ms"] > 600:
         print(f"  s{x['session']} #{x['index']:3d} at {x['arrival_s']:7.2f} s: queue {x['queue_ms']:6.0f} work "
               f"{x['work_ms']:6.0f} (L {x['listen_ms']:.0f} T {x['think_ms']:.0f} S {x['speak_ms']:.0f}) "
               f"{x['decision']:6s} captures {x['captures']} upgrades {x['upgrades']}")
+        if "waits_ms" in x:
+            print(f"      waited {x['waits_ms']}; capture lock held by others {x['capture_lock_held_by_others_ms']}")
 print("captures over time (s, total):", [(round(t, 1), c) for t, c, _ in samples[::50]])
 if stacks:
     open(sys.argv[1] + ".stacks.txt", "w").write("\n".join(stacks) + "\n")
 json.dump({"builds": builds, "handovers": GATE.handovers, "seconds": rows, "samples": samples[::5],
+           "trace_kept": len(trace), "trace": [t for t in trace if t[3] - t[2] > 0.05][:5000],
            "errors": load.errors()}, open(sys.argv[1], "w"), indent=1)
 load.close()
 host.close()
