@@ -9,7 +9,8 @@ import torch
 
 from engine.backbones.minicpmo45.dims import preset
 from engine.backbones.minicpmo45 import group_graphs
-from engine.backbones.minicpmo45.group_graphs import LINEARS, GroupGraphs, check, check_rows
+from engine.backbones.minicpmo45.group_graphs import LINEARS, GroupGraphs, check
+from engine.backbones.minicpmo45.group_graphs import check_rows as _check_rows
 from engine.backbones.minicpmo45.kv import kv_regions, make_store
 from engine.backbones.minicpmo45.layers import seeded_init
 from engine.backbones.minicpmo45.llm_graphs import LayerGraphs
@@ -18,6 +19,18 @@ from engine.backbones.minicpmo45.weights import build
 
 PREFIXES = (3, 11, 7, 20)            # each session's history before the step
 CPU = torch.device("cpu")
+
+_VERDICTS = {}
+
+
+def check_rows(model, counts, seed=0):
+    """The device's row verdicts, made once per weights, counts and seed (each makes thousands of trials; the
+    tests' models of one dtype share their seeded weights)."""
+    w = model.model.layers[0].self_attn.q_proj.weight
+    key = (w.dtype, tuple(w.shape), float(w.detach().float().sum()), tuple(counts), seed)
+    if key not in _VERDICTS:
+        _VERDICTS[key] = _check_rows(model, counts, seed=seed)
+    return _VERDICTS[key]
 
 
 def _model(dtype):
@@ -251,3 +264,29 @@ def test_the_check_with_members_absent_passes_and_catches_a_write_past_the_sink(
     monkeypatch.setattr(GroupGraphs, "_set_positions", lambda self, here=None: real(self, None))
     ok, why = check(model, sinks, CPU, 3, verdicts, graphs=False, seed=9, absent=[1])
     assert not ok and why.startswith("session 1 of 3: absent from the round"), why
+
+
+def test_a_row_count_whose_gemm_differs_once_in_many_trials_is_refused(monkeypatch):
+    """A GEMM of several rows whose kernel sums in another order than one row alone rounds to the same bf16 nearly
+    always (a CPU's 3-row bf16 GEMM of a 32-wide weight: about once in 10^5 outputs), so the verdict runs trials
+    until ``ROW_CHECK_ELEMENTS`` outputs are compared: a planted difference in one output of the 40th 3-row trial
+    of one weight is caught; the other counts and weights keep the verdicts they had."""
+    from engine.backbones.minicpmo45 import group_graphs as G
+    model, _ = _model(torch.bfloat16)
+    before = G.check_rows(model, [1, 3], seed=9)
+    w_gate = model.model.layers[0].mlp.gate_proj.weight
+    assert G.row_trials(3, w_gate.shape[0]) >= 40 and 3 in before["gate_proj"]
+    real, seen = G.F.linear, {"n": 0}
+
+    def planted(x, w, b=None):
+        y = real(x, w, b)
+        if w is w_gate and x.shape[0] == 3:
+            seen["n"] += 1
+            if seen["n"] == 40:
+                y = y.clone()
+                y.view(-1)[5] += 1
+        return y
+    monkeypatch.setattr(G.F, "linear", planted)
+    after = G.check_rows(model, [1, 3], seed=9)
+    assert after["gate_proj"] == frozenset({1})
+    assert {k: v for k, v in after.items() if k != "gate_proj"} == {k: v for k, v in before.items() if k != "gate_proj"}

@@ -43,23 +43,44 @@ def _weight(llm: Qwen3, name: str) -> torch.Tensor:
     return getattr(block.self_attn if hasattr(block.self_attn, name) else block.mlp, name).weight
 
 
+#: output elements a row count's verdict compares at least (trials of fresh rows until then, at most
+#: :data:`ROW_TRIALS_MOST`): a GEMM whose kernel sums in another order than one row alone rounds to the same bf16
+#: nearly always, so one trial can pass it where it is in fact another kernel (a CPU's bf16 GEMM of a 64-wide
+#: weight: 2 rows differed from one at a time in 2 of 200 trials, 3 rows of a 32-wide one about once in 10^5
+#: outputs). 2^21 outputs (the released LLM's q projection at 8 rows: 64 trials) leave such a kernel ~20 chances.
+ROW_CHECK_ELEMENTS = 1 << 21
+ROW_TRIALS_MOST = 4096
+
+
+def row_trials(rows: int, width: int) -> int:
+    """Trials of ``rows`` fresh rows through a weight ``width`` outputs wide for one verdict."""
+    return max(1, min(ROW_TRIALS_MOST, -(-ROW_CHECK_ELEMENTS // (int(rows) * int(width)))))
+
+
 def check_rows(llm: Qwen3, counts: Sequence[int], seed: int = 0) -> Verdicts:
     """For each layer linear and each row count ``r`` in ``counts``: is one GEMM over ``r`` fresh random rows
-    ``torch.equal`` to the ``r`` rows one at a time, on this device with this weight's shape and dtype? The
-    kernel is picked by shape and dtype, the same in every layer, so layer 0's weights stand for all."""
+    ``torch.equal`` to the ``r`` rows one at a time, on this device with this weight's shape and dtype, in every one
+    of :func:`row_trials` trials? The kernel is picked by shape and dtype, the same in every layer, so layer 0's
+    weights stand for all."""
     g = torch.Generator(device=llm.lm_head.weight.device).manual_seed(int(seed))
-    out: Verdicts = {}
     with torch.no_grad():
-        for name in LINEARS:
-            w = _weight(llm, name)
-            ok = set()
-            for r in counts:
-                x = torch.randn(int(r), 1, w.shape[1], generator=g, device=w.device).to(w.dtype)
-                alone = torch.cat([F.linear(x[i:i + 1], w) for i in range(int(r))])
-                if int(r) == 1 or torch.equal(F.linear(x, w), alone):
-                    ok.add(int(r))
-            out[name] = frozenset(ok)
-    return out
+        return {name: _counts_equal(_weight(llm, name), sorted({int(r) for r in counts}), g) for name in LINEARS}
+
+
+def _counts_equal(w: torch.Tensor, counts: Sequence[int], g: torch.Generator) -> FrozenSet[int]:
+    """The row counts whose GEMMs equal one row at a time through ``w``: one pool of fresh rows, each row once
+    alone; each count's trials take consecutive rows of it (so the one-row launches are shared by every count)."""
+    many = [r for r in counts if r > 1]
+    need = max((r * row_trials(r, w.shape[0]) for r in many), default=0)
+    pool = torch.randn(need, 1, w.shape[1], generator=g, device=w.device).to(w.dtype)
+    alone = torch.cat([F.linear(pool[i:i + 1], w) for i in range(need)]) if need else pool
+    ok = {r for r in counts if r == 1}
+    for r in many:
+        n = r * row_trials(r, w.shape[0])
+        together = torch.cat([F.linear(pool[j:j + r], w) for j in range(0, n, r)])
+        if torch.equal(together, alone[:n]):
+            ok.add(r)
+    return frozenset(ok)
 
 
 def rows_through(x: torch.Tensor, module: torch.nn.Linear, name: str, verdicts: Verdicts) -> torch.Tensor:
