@@ -3,7 +3,8 @@
 # docs/bench/s24/bg.sh start`, then the same without `start` until ALL-DONE; carry .snap (HEAD without docs/ +
 # docs/bench/device_bg.sh, s6, s22, s23, s24) and .whl; the archive is s24.tar.gz). Most valuable first; the whole
 # list is ~1,900 s, more than one session's device time: what does not run waits for the next.
-#  1. the GPU test of LLM rounds (4 tiny MiniCPM-o sessions in rounds, each identical to solo; rounds ran);
+#  1. the GPU tests of LLM rounds (members on their own streams, store moves, an absent member growing its store;
+#     4 tiny whole MiniCPM-o sessions in rounds, each identical to solo);
 #  2. probe_connections.py: 1-16 sessions' token2wav replays at 8 vs 32 CUDA work queues (bits across settings);
 #     its BEST count goes to every capacity run below (--cuda-connections);
 #  3. capacity --modes rounds from 4 at released dims (groups of 4: the size proven over long histories);
@@ -18,8 +19,9 @@ python3 -m pip install -q --no-deps ../.whl/soxr*.whl ../.whl/einops*.whl 2>&1 |
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 t0=$(date +%s)
 stamp() { echo "$1 done after $(( $(date +%s) - t0 )) s" >> $R/steps.txt; }
-timeout 300 python3 -m pytest -q -m gpu -s tests/test_host_gpu.py -k "llm_rounds" > $R/gpu-rounds.txt 2>&1
-stamp "gpu test, llm rounds (exit $?)"
+timeout 300 python3 -m pytest -q -m gpu -s tests/test_minicpmo45_rounds_gpu.py tests/test_host_gpu.py \
+  -k "llm_rounds or own_streams or absent_member" > $R/gpu-rounds.txt 2>&1
+stamp "gpu tests, llm rounds (exit $?)"
 SETTINGS=8,32 timeout 300 python3 docs/bench/s24/probe_connections.py $R/probe-connections.json \
   > $R/probe-connections.txt 2>&1
 stamp "probe connections (exit $?)"
