@@ -169,6 +169,7 @@ class Gate:
             if counted:
                 with self._cv:
                     self._capture_waiting += 1
+                    self._cv.notify_all()           # a build waiting to hand the lock over again (AGAIN_S)
             t0 = time.perf_counter()
             self._capture_lock.acquire()
             self._note("wait capture lock (build)" if build else "wait capture lock", t0)
@@ -195,6 +196,11 @@ class Gate:
         """Whether hand-overs are on and another thread waits for the capture lock to capture."""
         return self.hand_over and self._capture_waiting > 0
 
+    #: after a hand-over, how long the build waits for another capture to ask (a waiter's next hold comes right
+    #: after its last), and for how long at most it keeps handing the lock over at one offer
+    AGAIN_S = 0.002
+    OFFER_MOST_S = 0.5
+
     def let_waiters_capture(self, timeout_s: float = 5.0) -> bool:
         """Between two captures of a long hold (a session build holds the lock for all of its captures, ~14 s
         for a whole MiniCPM-o session on the H200): when another thread waits for the lock to capture (a running
@@ -202,14 +208,28 @@ class Gate:
         depth. Without this, that session's second waited for the rest of the build (session 22: THINK and
         LISTEN seconds of 5-12 s, each ending when the build ended). The caller must be at a point where no
         capture and no warm-up of its own is open and its session's random state is not on the default
-        generators (:func:`engine.core.graphs.between_captures` sees to both). Returns whether it handed over."""
+        generators (:func:`engine.core.graphs.between_captures` sees to both). A waiter that asks again within
+        :attr:`AGAIN_S` of taking it back (its next capture), or another waiter, is handed it again, for up to
+        :attr:`OFFER_MOST_S` at this offer: a second that needs several captures gets them all here instead of one
+        per offer. Returns whether it handed over."""
         m = self._depths()
         if not (m.capturing and self.waiters_for_capture()):
             return False
+        depth, t0 = m.capturing, time.perf_counter()
+        while True:
+            self._hand_over_once(depth, timeout_s)
+            self.handovers += 1
+            with self._cv:
+                again = self._cv.wait_for(lambda: self._capture_waiting > 0, self.AGAIN_S)
+            if not again or time.perf_counter() - t0 > self.OFFER_MOST_S:
+                break
+        self._note("handed the capture lock over", t0, always=True)
+        return True
+
+    def _hand_over_once(self, depth: int, timeout_s: float) -> None:
+        """Give the lock (held ``depth`` deep) up until a waiter has taken it (or none waits), then take it back."""
         with self._cv:
             taken = self._capture_taken
-        depth = m.capturing
-        t0 = time.perf_counter()
         for _ in range(depth):
             self._capture_lock.release()
         try:
@@ -218,9 +238,6 @@ class Gate:
         finally:
             for _ in range(depth):
                 self._capture_lock.acquire()
-        self._note("handed the capture lock over", t0, always=True)
-        self.handovers += 1
-        return True
 
     def section(self, exclusive: bool):
         """``exclusive()`` or ``shared()``."""
