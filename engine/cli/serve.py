@@ -3,6 +3,7 @@
   duplexcadence serve [--host 127.0.0.1] [--port 8765] [--token-file F] [--address RAY_ADDRESS]
                       [--replicas N | --autoscale [--max-replicas M]] [--sessions-per-replica K] [--drain-seconds S]
                       [--model ...] [--backbone ...] [--checkpoint ...] [--size ...] [--device ...] [--mode ...]
+                      [--cuda-connections N]
 
 Starts a local Ray when no --address is given (or joins the cluster at RAY_ADDRESS). One replica
 per GPU of the cluster hosts up to K sessions; clients connect to ws://HOST:PORT/session with
