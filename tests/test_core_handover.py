@@ -32,14 +32,17 @@ def _waiter(g: Gate, log: list, build: bool = False) -> None:
         log.append(("waiter in", time.perf_counter() - t))
 
 
-def _run(hand_over: bool, waiter_is_build: bool = False):
-    g, log, started = Gate(), [], threading.Event()
+def _run(hand_over: bool, waiter_is_build: bool = False, waiter=None, step_s: float = 0.02, g: Gate = None):
+    """A build of 40 captures of ``step_s`` each and, once it holds the lock, a waiter (``waiter(g, log)``, default
+    one capture) in a thread named hosted-session-7; (the gate, the log as a dict)."""
+    g, log, started = g or Gate(), [], threading.Event()
     g.hand_over = hand_over
-    b = threading.Thread(target=_build, args=(g, 40, 0.02, log, started))
+    b = threading.Thread(target=_build, args=(g, 40, step_s, log, started), name="builder")
     b.start()
     started.wait(5)
     time.sleep(0.05)
-    w = threading.Thread(target=_waiter, args=(g, log, waiter_is_build))
+    w = threading.Thread(target=waiter or _waiter, args=(g, log) if waiter else (g, log, waiter_is_build),
+                         name="hosted-session-7")
     w.start()
     w.join(10)
     b.join(10)
@@ -174,31 +177,16 @@ def test_a_traced_gate_says_who_waited_for_whom_and_how_long():
     """``Gate.trace`` (a list): every wait of over a millisecond for the gate or the capture lock, every outermost
     capture-lock hold and every hand-over, as (thread name, what, start, end) — what a probe needs to tell which
     thread a stalled second waited for. Off (None), nothing is kept."""
-    g, log, started = Gate(), [], threading.Event()
+    g = Gate()
     g.trace = []
-    builder = threading.Thread(target=_build, args=(g, 10, 0.02, log, started), name="builder")
-    builder.start()
-    started.wait(5)
-    waiter = threading.Thread(target=_waiter, args=(g, log), name="hosted-session-7")
-    waiter.start()
-    waiter.join(10)
-    builder.join(10)
+    _run(False, g=g, step_s=0.005)
     spans = {(who, what): t1 - t0 for who, what, t0, t1 in g.trace}
     assert spans[("hosted-session-7", "wait capture lock")] > 0.1              # hand-over off: the whole build
     assert spans[("builder", "held capture lock (build)")] > 0.15
     assert ("hosted-session-7", "held capture lock") in spans
-    g.hand_over = True
     g.trace = []
-    b2 = threading.Thread(target=_build, args=(g, 10, 0.02, log, started), name="builder")
-    started.clear()
-    b2.start()
-    started.wait(5)
-    w2 = threading.Thread(target=_waiter, args=(g, log), name="hosted-session-8")
-    w2.start()
-    w2.join(10)
-    b2.join(10)
-    whats = [what for _, what, _, _ in g.trace]
-    assert "handed the capture lock over" in whats
+    _run(True, g=g, step_s=0.005)
+    assert "handed the capture lock over" in [what for _, what, _, _ in g.trace]
     g.trace = None
     with g.capturing(), g.shared():
         pass
@@ -211,23 +199,12 @@ def test_a_waiter_with_several_captures_gets_them_in_one_offer():
     within a moment (for at most half a second an offer). One hand-over per capture would make those seconds wait
     for one build capture each (session 23's H200 run: two THINK seconds of 9 s during a build whose captures came
     at ~20 a second)."""
-    g, log, started = Gate(), [], threading.Event()
-    g.hand_over = True
-    b = threading.Thread(target=_build, args=(g, 40, 0.03, log, started))
-    b.start()
-    started.wait(5)
-    time.sleep(0.05)
-
-    def waiter():
+    def ten(g, log):
         t = time.perf_counter()
         for _ in range(10):
             with g.capturing():
                 time.sleep(0.001)                               # a small capture
         log.append(("ten in", time.perf_counter() - t))
-    w = threading.Thread(target=waiter)
-    w.start()
-    w.join(10)
-    b.join(10)
-    got = dict(log)
+    g, got = _run(True, waiter=ten, step_s=0.03)
     assert got["ten in"] < 0.15, got                             # not ten of the build's 30 ms captures
     assert g.handovers >= 1
