@@ -7,7 +7,7 @@
 #     4 tiny whole MiniCPM-o sessions in rounds, each identical to solo);
 #  2. probe_connections.py: 1-16 sessions' token2wav replays at 8 vs 32 CUDA work queues (bits across settings);
 #     its BEST count goes to every capacity run below (--cuda-connections);
-#  3. capacity --modes rounds from 4 at released dims (groups of 4: the size proven over long histories);
+#  3. capacity --modes rounds, 8 built before fed, released dims (groups of 4: the size proven over long histories);
 #  4. the Step-Audio2 pairs at 16 (issue 24 asks 16; session 22: 20 of 960 late at 8 queues, 5 ms switch interval);
 #  5. probe_t2w_rows.py: a Step-Audio2 DiT block and the HiFT over S sessions' chunks (bits per piece, time);
 #  6. the session bench, one MiniCPM-o session (released dims), with the host operators' call sites;
@@ -27,7 +27,7 @@ SETTINGS=8,32 timeout 300 python3 docs/bench/s24/probe_connections.py $R/probe-c
 stamp "probe connections (exit $?)"
 Q=$(awk '/^BEST/ {print $2}' $R/probe-connections.txt); Q=${Q:-8}; echo "queues chosen: $Q" >> $R/steps.txt
 timeout 480 python3 -m engine.bench.cli capacity --tail step-audio2 --backbone minicpm-o-4.5 --size released \
-  --device cuda --seconds 60 --max-sessions 8 --start 4 --modes rounds --batch-slots 4 --window 6 --time-limit 450 \
+  --device cuda --seconds 60 --max-sessions 8 --start 8 --modes rounds --batch-slots 4 --window 6 --time-limit 450 \
   --confirm-tries 2 --solo-sessions 2 --solo-seconds 6 --switch-interval 1 --cuda-connections $Q \
   --json $R/capacity-rounds.json > $R/capacity-rounds.txt 2>&1
 stamp "capacity, llm rounds (exit $?)"
