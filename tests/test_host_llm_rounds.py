@@ -74,3 +74,33 @@ def test_membership_groups_by_llm_up_to_the_slots_and_leaves(monkeypatch):
     assert rh.report() == [{"members": 2}, {"members": 1}]
     other = types.SimpleNamespace(id=7, session=types.SimpleNamespace(backbone=object()), in_shared_second=True)
     assert rh.join(other).startswith("the object has no LLM rounds")
+
+
+def test_the_checks_are_made_before_the_join_beside_the_other_seconds(monkeypatch):
+    """``prepare`` (run under the shared gate before the exclusive join) makes the LLM's row verdicts and the
+    device's check at the size the session's group will have; the join then finds them made and checks nothing."""
+    from engine.backbones.minicpmo45 import backbone as bbmod
+    from engine.backbones.minicpmo45 import group_graphs
+    host = types.SimpleNamespace(device=torch.device("cuda"), launch="threads")
+    rh = LLMRoundsHost(host, slots=4)
+    made = []
+    monkeypatch.setattr(group_graphs, "check_rows", lambda llm, counts: made.append(("rows", tuple(counts))) or {})
+    monkeypatch.setattr(group_graphs, "check", lambda llm, fresh, dev, n, v, graphs, seed, absent: made.append(
+        ("check", n)) or (True, f"{n} checked"))
+    llm = object()
+
+    def hosted(i):
+        bb = bbmod.MiniCPMO45Backbone.__new__(bbmod.MiniCPMO45Backbone)
+        bb.llm, bb.kv_llm, bb.rounds, bb.round_key = llm, types.SimpleNamespace(sink=9), None, None
+        bb.own_forward, bb.ensure_llm_sink = (lambda e: None), (lambda: True)
+        bb.toggles = lambda: {"graph_replay": True, "demand_sized": True}
+        bb.dims, bb.llm_regions, bb.device = types.SimpleNamespace(llm=types.SimpleNamespace(layers=1)), [None], \
+            torch.device("cuda")
+        return types.SimpleNamespace(id=i, session=types.SimpleNamespace(backbone=bb), in_shared_second=True)
+    a, b = hosted(0), hosted(1)
+    rh.prepare(a)                                   # the first member: the verdicts, no group step to check yet
+    assert made == [("rows", (1, 2, 3, 4))]
+    assert rh.join(a) == "one member steps its own graphs"
+    rh.prepare(b)                                   # the second: the check at 2, before its join
+    assert made[1:] == [("check", 2)]
+    assert rh.join(b) == "2 checked" and made == [("rows", (1, 2, 3, 4)), ("check", 2)]    # nothing more

@@ -46,6 +46,20 @@ class LLMRoundsHost:
             return "the session does not replay graphs over demand stores: it steps alone"
         return None
 
+    def prepare(self, hosted: "HostedSession") -> None:
+        """Before the session joins, beside the other sessions' seconds (the shared gate, not the exclusive one the
+        join takes): the GEMM row verdicts of its LLM and the device's check of the group step at the size its group
+        will have, so the join finds both made. Each takes the device a second or two at the released sizes; made
+        inside the join they would hold every session's second meanwhile."""
+        bb = hosted.session.backbone
+        if self.ineligible(bb) is not None:
+            return
+        verdicts = self._verdicts_for(bb)
+        group = next((g for g in self.groups if g.llm is bb.llm and len(g.members) < self.slots), None)
+        n = len(group.members) + 1 if group is not None else 1
+        if n >= 2:
+            self._check(bb, verdicts, n)
+
     # -- membership (under the host's exclusive gate) ------------------------------------------------
     def join(self, hosted: "HostedSession") -> str:
         bb = hosted.session.backbone
@@ -73,14 +87,18 @@ class LLMRoundsHost:
         if not group.members:
             self.groups.remove(group)
 
-    def _group(self, bb):
+    def _verdicts_for(self, bb):
+        """The GEMM row verdicts of ``bb``'s LLM at 1..slots rows (made once per LLM)."""
         from engine.backbones.minicpmo45.group_graphs import check_rows
-        from engine.backbones.minicpmo45.rounds import LLMRounds
         key = id(bb.llm)
         if key not in self._verdicts:
             with torch.no_grad():
                 self._verdicts[key] = check_rows(bb.llm, range(1, self.slots + 1))
-        verdicts = self._verdicts[key]
+        return self._verdicts[key]
+
+    def _group(self, bb):
+        from engine.backbones.minicpmo45.rounds import LLMRounds
+        verdicts = self._verdicts_for(bb)
         return LLMRounds(bb.llm, self.host.device, verdicts, lambda n, _bb=bb: self._check(_bb, verdicts, n),
                          slots=self.slots, wait_s=self.wait_s)
 

@@ -119,8 +119,11 @@ class HostedSession:
                                     weights_reused=[k.label() for k, hit in zip(keys, found) if hit is not None])
 
     def _join_rounds(self) -> None:
-        """Into the host's LLM rounds, where it has them (no round in flight: the exclusive gate)."""
+        """Into the host's LLM rounds, where it has them: their checks first beside the other sessions' seconds
+        (shared), then the join itself with no round in flight (exclusive)."""
         if self.host.llm_rounds is not None:
+            with self.host.meter.pause(), self.host.gate.shared(), graphs.working_for(self.rng):
+                self.host.llm_rounds.prepare(self)
             with self.host.meter.pause(), self.host.gate.exclusive(), self.rng.installed(), \
                     graphs.working_for(self.rng):
                 self.rounds_note = self.host.llm_rounds.join(self)
