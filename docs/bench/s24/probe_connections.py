@@ -137,7 +137,7 @@ def parent(path):
             json.dump(out, f, indent=1)
     print(json.dumps({k: out[k] for k in ("median_round_ms", "bits_equal_across_settings")}, indent=1))
     best = {c: ms for c, ms in out.get("median_round_ms", {}).get(str(SESSIONS), {}).items()}
-    if best:
+    if out.get("bits_equal_across_settings") and len(best) == len(set(SETTINGS)):   # every setting measured
         print("BEST", min(best, key=best.get))
 
 
