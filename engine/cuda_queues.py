@@ -57,6 +57,20 @@ def check(n: int) -> Optional[str]:
     return None
 
 
+def add_option(parser, scope: str) -> None:
+    """The ``--cuda-connections N`` option of a command that hosts sessions (``scope``: whose queues it sets)."""
+    parser.add_argument("--cuda-connections", type=int, default=None, metavar="N",
+                        help=f"{scope} CUDA work queues to the device, 1-{MOST} ({ENV}, set before CUDA starts; "
+                             f"default: the environment's, else the driver's {DRIVER_DEFAULT}): past "
+                             f"{DRIVER_DEFAULT} the sessions' streams share queues and wait behind each other")
+
+
+def option_problem(n: Optional[int]) -> Optional[str]:
+    """The one-line complaint about a ``--cuda-connections`` value (None: fine, or not given)."""
+    why = None if n is None else check(n)
+    return f"--cuda-connections: {why}" if why else None
+
+
 def request(n: Optional[int]) -> int:
     """Ask for ``n`` work queues before CUDA starts (None: leave the environment as it is); returns the count
     the context runs with. Raises ValueError for a count out of range and :class:`TooLate` where CUDA already

@@ -11,13 +11,14 @@ import torch
 
 from engine.backbones.minicpmo45 import group_graphs
 from engine.backbones.minicpmo45.dims import preset
-from engine.backbones.minicpmo45.group_graphs import check_rows
 from engine.backbones.minicpmo45.kv import kv_regions, make_store
 from engine.backbones.minicpmo45.layers import seeded_init
 from engine.backbones.minicpmo45.llm import Qwen3
 from engine.backbones.minicpmo45.llm_graphs import LayerGraphs
 from engine.backbones.minicpmo45.rounds import LLMRounds
 from engine.backbones.minicpmo45.weights import build
+
+from tests.test_minicpmo45_group_graphs import check_rows as cached_check_rows
 
 CPU = torch.device("cpu")
 DT = torch.bfloat16
@@ -70,14 +71,9 @@ def _reference(model, n, rows, seed, active, dev=CPU):
     return out, stores
 
 
-_VERDICTS = {}
-
-
 def row_verdicts(model):
-    """The device's row verdicts for this model's linears (made once per model: thousands of trials each)."""
-    if id(model) not in _VERDICTS:
-        _VERDICTS[id(model)] = (model, check_rows(model, range(1, 5), seed=3))
-    return _VERDICTS[id(model)][1]
+    """The device's row verdicts for this model's linears (made once per weights: thousands of trials each)."""
+    return cached_check_rows(model, range(1, 5), seed=3)
 
 
 #: every linear one row at a time: the rounds' mechanics alone, with no GEMM verdict in play (a CPU's bf16 GEMMs

@@ -314,10 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Python's thread switch interval for the run, in ms (sys.setswitchinterval; default: "
                         "Python's own, 5 ms): how long one session's thread may hold the interpreter while the "
                         "others wait to launch their work")
-    p.add_argument("--cuda-connections", type=int, default=None, metavar="N",
-                   help="the CUDA driver's work queues to the device, 1-32 (CUDA_DEVICE_MAX_CONNECTIONS, set before "
-                        "CUDA starts; default: the environment's, else the driver's 8): past 8 the sessions' streams "
-                        "share queues and wait behind each other (engine/cuda_queues.py)")
+    cuda_queues.add_option(p, "this process's")
     p.add_argument("--json", default=None, help="write the results here (JSON)")
     p.add_argument("--plot", default=None, help="PNG of sessions vs p99 (default: next to --json)")
     p.add_argument("--stock-loop", default=None, metavar="PYTHON",
@@ -340,9 +337,7 @@ def _check_args(a) -> Optional[str]:
         return "--solo-seconds and --confirm-tries must be at least 1"
     if a.switch_interval is not None and not 0.01 <= a.switch_interval <= 1000:
         return f"--switch-interval must be between 0.01 and 1000 ms, not {a.switch_interval:g}"
-    if a.cuda_connections is not None and cuda_queues.check(a.cuda_connections):
-        return "--cuda-connections: " + cuda_queues.check(a.cuda_connections)
-    return None
+    return cuda_queues.option_problem(a.cuda_connections)
 
 
 def main(argv=None) -> int:

@@ -78,8 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=30.0, help="seconds the final count is held")
     p.add_argument("--cpus-per-replica", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cuda-connections", type=int, default=None, metavar="N",
-                   help="each replica's CUDA work queues, 1-32 (CUDA_DEVICE_MAX_CONNECTIONS; default: the driver's 8)")
+    cuda_queues.add_option(p, "each replica's")
     p.add_argument("--json", help="write the results here")
     return p
 
@@ -155,9 +154,9 @@ def main(argv=None) -> int:
         print(f"duplexcadence-bench serve-capacity: error: --replicas {a.replicas!r} is not a list of counts >= 1",
               file=sys.stderr)
         return 2
-    if a.cuda_connections is not None and cuda_queues.check(a.cuda_connections):
-        print(f"duplexcadence-bench serve-capacity: error: --cuda-connections: {cuda_queues.check(a.cuda_connections)}",
-              file=sys.stderr)
+    problem = cuda_queues.option_problem(a.cuda_connections)
+    if problem:
+        print(f"duplexcadence-bench serve-capacity: error: {problem}", file=sys.stderr)
         return 2
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     try:

@@ -63,9 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default engine toggles of a session (a client may choose its own)")
     p.add_argument("--cpu-threads", type=int, default=0, help="torch threads per CPU session (0: auto)")
     p.add_argument("--seed", type=int, default=0, help="default seed of a session (a client may choose its own)")
-    p.add_argument("--cuda-connections", type=int, default=None, metavar="N",
-                   help="each replica's CUDA work queues to its GPU, 1-32 (CUDA_DEVICE_MAX_CONNECTIONS; default: "
-                        "the environment's, else the driver's 8)")
+    cuda_queues.add_option(p, "each replica's")
     return p
 
 
@@ -87,9 +85,7 @@ def _check_args(a: argparse.Namespace) -> Optional[str]:
         return "--drain-timeout, --cpu-threads and --cpus-per-replica cannot be negative"
     if not 0 <= a.drain_seconds <= 86400:
         return f"--drain-seconds must be from 0 to 86400, got {a.drain_seconds:g}"
-    if a.cuda_connections is not None and cuda_queues.check(a.cuda_connections):
-        return "--cuda-connections: " + cuda_queues.check(a.cuda_connections)
-    return lockdown.check_host(a.host, a.port)
+    return cuda_queues.option_problem(a.cuda_connections) or lockdown.check_host(a.host, a.port)
 
 
 def model_config(a: argparse.Namespace) -> dict:

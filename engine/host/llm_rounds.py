@@ -55,7 +55,7 @@ class LLMRoundsHost:
         if self.ineligible(bb) is not None:
             return
         verdicts = self._verdicts_for(bb)
-        group = next((g for g in self.groups if g.llm is bb.llm and len(g.members) < self.slots), None)
+        group = self._open_group(bb)
         n = len(group.members) + 1 if group is not None else 1
         if n >= 2:
             self._check(bb, verdicts, n)
@@ -68,7 +68,7 @@ class LLMRoundsHost:
             return why
         if not bb.ensure_llm_sink():                # its store moved into one with a sink (graphs recaptured)
             return "the session's LLM store is not a demand store: it steps alone"
-        group = next((g for g in self.groups if g.llm is bb.llm and len(g.members) < self.slots), None)
+        group = self._open_group(bb)
         if group is None:
             group = self._group(bb)
             self.groups.append(group)
@@ -86,6 +86,10 @@ class LLMRoundsHost:
         bb.rounds, bb.round_key, hosted.llm_rounds = None, None, None
         if not group.members:
             self.groups.remove(group)
+
+    def _open_group(self, bb):
+        """The group a session of ``bb``'s LLM joins: the first of that LLM with a free slot (None: a new one)."""
+        return next((g for g in self.groups if g.llm is bb.llm and len(g.members) < self.slots), None)
 
     def _verdicts_for(self, bb):
         """The GEMM row verdicts of ``bb``'s LLM at 1..slots rows (made once per LLM)."""

@@ -70,11 +70,13 @@ def check_rows(llm: Qwen3, counts: Sequence[int], seed: int = 0) -> Verdicts:
 def _counts_equal(w: torch.Tensor, counts: Sequence[int], g: torch.Generator) -> FrozenSet[int]:
     """The row counts whose GEMMs equal one row at a time through ``w``: one pool of fresh rows, each row once
     alone; each count's trials take consecutive rows of it (so the one-row launches are shared by every count)."""
-    many = [r for r in counts if r > 1]
-    need = max((r * row_trials(r, w.shape[0]) for r in many), default=0)
-    pool = torch.randn(need, 1, w.shape[1], generator=g, device=w.device).to(w.dtype)
-    alone = torch.cat([F.linear(pool[i:i + 1], w) for i in range(need)]) if need else pool
     ok = {r for r in counts if r == 1}
+    many = [r for r in counts if r > 1]
+    if not many:
+        return frozenset(ok)
+    need = max(r * row_trials(r, w.shape[0]) for r in many)
+    pool = torch.randn(need, 1, w.shape[1], generator=g, device=w.device).to(w.dtype)
+    alone = torch.cat([F.linear(pool[i:i + 1], w) for i in range(need)])
     for r in many:
         n = r * row_trials(r, w.shape[0])
         together = torch.cat([F.linear(pool[j:j + r], w) for j in range(0, n, r)])

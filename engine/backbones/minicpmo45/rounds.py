@@ -92,10 +92,9 @@ class LLMRounds:
 
     def leave(self, key) -> None:
         with self.cv:
-            for m in self.members:
-                if m.key == key:
-                    m.store.move_guard = None
-            self.members = [m for m in self.members if m.key != key]
+            for m in [m for m in self.members if m.key == key]:
+                m.store.move_guard = None
+                self.members.remove(m)
             self._retire()
             self.cv.notify_all()
 
