@@ -14,13 +14,14 @@ The rules (MiniCPM-o 4.5's streaming mel, read from its duplex loop; written her
 * The second hands on its 100 new frames with 2 frames of context each side (104), except the first:
   frames 0-101 (102, no left context).
 
-What we keep instead of recomputing the buffer: a frame's log-mel depends only on its window's samples,
-so each complete frame is computed once; per frame we keep only its peak (max over the 80 bins), the
-buffer's floor is the max of those peaks and of the few frames that touch a reflected edge (the last
-frame each second; the first two at the start and after each slide), which are computed afresh. The
-bits are the whole-buffer computation's: a frame's FFT is the same alone or in a batch, and the mel
-product is computed over at least 100 frames at a time with the filters on the left, as the stock's
-(the CPU's matrix product gives other bits for a handful of columns).
+What we keep instead of recomputing the buffer: a frame's power spectrum depends only on its window's
+samples and the FFT gives each frame the same bits alone or in a batch, so each complete frame's spectrum is
+computed once and kept; the frames that touch a reflected edge (the last one each second; the first two at
+the start and after each slide) are computed afresh. The mel product is NOT cut to the new frames: the CPU's
+matrix product rounds a column by where it falls in the product (MKL's AVX2 kernels give the last columns of
+a product other bits than the same columns inside a wider one), so every second multiplies the filters by the
+whole buffer's spectra, [n_mels, 201] @ [201, frames] with the stock's layout, and the floor is the max of
+that whole log-mel, as the stock's are.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 from engine.core import Clock, Fixed, Region, SessionSpec, SlidingWindow, StateView, StepPlan, StreamingModel
 
 RATE, HOP, WIN = 16000, 160, 400
+BINS = WIN // 2 + 1                   # the power spectrum's bins
 SECOND = RATE                        # samples a step reads
 FRAMES = SECOND // HOP               # new frames a second
 CONTEXT = 2                          # frames of context each side of a second's frames
@@ -67,8 +69,9 @@ class StreamingLogMel(StreamingModel):
     output ``features`` [n_mels, 102] on the first second, [n_mels, 104] after.
 
     Regions: ``buffer`` (the mel buffer's samples, up to 30 s; the stream's 480 leading zeros before the
-    first second), ``held`` (the 80 samples each second holds back) and ``peaks`` (each complete frame's
-    largest log-mel value, frame ``i`` of ``peaks`` centred on sample ``160 i`` of ``buffer``).
+    first second), ``held`` (the 80 samples each second holds back) and ``power`` (each frame's power
+    spectrum, [frames, 201]: row ``i`` is the frame centred on sample ``160 i`` of ``buffer``; the last row,
+    the frame that reaches past the buffer's end, is rewritten each second).
     Host-shaped (its lengths change every second for 30 s): it runs eagerly, outside CUDA graphs.
     """
 
@@ -76,8 +79,8 @@ class StreamingLogMel(StreamingModel):
 
     def __init__(self, fbank: torch.Tensor, window: torch.Tensor):
         super().__init__()
-        self.register_buffer("fbank", fbank.to(torch.float32), persistent=False)      # [201, n_mels]
-        self.register_buffer("window", window.to(torch.float32), persistent=False)    # [400]
+        self.register_buffer("fbank", fbank.to(torch.float32).contiguous(), persistent=False)  # [201, n_mels]
+        self.register_buffer("window", window.to(torch.float32), persistent=False)             # [400]
         self.samples = Clock("samples16k", (SECOND,), rate_hz=float(RATE))
         self.frames = Clock("mel", (FRAMES,), rate_hz=float(FRAMES))
 
@@ -89,9 +92,8 @@ class StreamingLogMel(StreamingModel):
                    stock_note=note, doc="16 kHz samples of the mel buffer"),
             Region("held", (HELD,), self.samples, Fixed(HELD), stock_note="the duplex loop's audio_buffer rest",
                    doc="input samples held back for the next second"),
-            Region("peaks", (None,), self.frames,
-                   SlideWindow(SLIDE_AT // HOP, SLIDE_BY // HOP, lead // HOP - 1),
-                   stock_note="recomputed with the whole buffer each second", doc="each complete frame's peak"),
+            Region("power", (None, BINS), self.frames, SlideWindow(SLIDE_AT // HOP, SLIDE_BY // HOP, lead // HOP),
+                   stock_note="the whole buffer's STFT recomputed each second", doc="each frame's power spectrum"),
         ]
 
     def session_spec(self) -> SessionSpec:
@@ -101,41 +103,44 @@ class StreamingLogMel(StreamingModel):
         return {"pcm": torch.zeros(SECOND, device=device)}
 
     def step(self, state: StateView, inputs: Dict[str, torch.Tensor], plan: StepPlan) -> Dict[str, torch.Tensor]:
-        pcm = inputs["pcm"].to(torch.float32)
+        buf, base, first = self._take(state, inputs["pcm"].to(torch.float32), plan)
+        frames = buf.shape[0] // HOP                                  # the frames the stock keeps (last left out)
+        power = state["power"].grow()[base:]                          # [frames, 201]
+        assert power.shape[0] == frames and power.is_contiguous(), (power.shape, frames)
+        lo = frames - 1 - FRAMES                                      # the last second's edge frame, now complete
+        self._spectra(buf, power, lo, edge=first or base > 0)
+        log_mel = self._log_mel(power)                                # [n_mels, frames]
+        if buf.shape[0] < DYNAMIC_FROM:
+            floor = torch.full((), FIXED_FLOOR, dtype=torch.float32)
+        else:
+            floor = log_mel.max() - DYNAMIC_RANGE
+        out = log_mel[:, max(0, lo - 2 * CONTEXT):frames - 1]         # 104 frames (102 the first second)
+        return {"features": (torch.maximum(out, floor) + 4.0) / 4.0}
+
+    def _log_mel(self, power: torch.Tensor) -> torch.Tensor:
+        """The whole buffer's log-mel from its spectra [frames, 201]: the stock's product, layout and clamp."""
+        return torch.clamp(self.fbank.T @ power.T, min=1e-10).log10()
+
+    def _take(self, state: StateView, pcm: torch.Tensor, plan: StepPlan):
+        """This second's samples into the buffer (behind the 80 held back); the buffer as the log-mel sees it
+        (after this second's slide), its first frame's row in ``power``, and whether it is the first second."""
         new = state["buffer"].tail()                                  # [16000]
         new[:HELD].copy_(state["held"].get())
         new[HELD:].copy_(pcm[:SECOND - HELD])
         state["held"].set(pcm[SECOND - HELD:])
-        view = state["buffer"].grow()                                 # the buffer before this second's slide
-        grown = plan.grown["buffer"]
-        start = SLIDE_BY if grown >= SLIDE_AT else 0                  # the slide happens before the log-mel
-        buf = view[start:]
-        frames = buf.shape[0] // HOP                                  # the buffer's frames (last one left out)
-        first = plan.before["buffer"] < SECOND                        # the stream's first second
-        peaks = state["peaks"].grow()                                 # [frames of the view - 1]
-        assert peaks.shape[0] == grown // HOP - 1, (peaks.shape, grown)
-        lo = max(0, frames - 1 - FRAMES - 2 * CONTEXT)                # first frame handed on
-        edge = first or start > 0                                     # frames 0 and 1 meet the reflected start
+        start = SLIDE_BY if plan.grown["buffer"] >= SLIDE_AT else 0   # the slide happens before the log-mel
+        return state["buffer"].grow()[start:], start // HOP, plan.before["buffer"] < SECOND
+
+    def _spectra(self, buf: torch.Tensor, power: torch.Tensor, lo: int, edge: bool) -> None:
+        """Rows ``lo .. frames - 2`` (the new complete frames), the last row (the right edge) and, after a start
+        or a slide, rows 0 and 1 (the reflected left edge): one FFT over those windows."""
+        frames = power.shape[0]
         parts = [_edge_windows(buf, left=True)] if edge else []
-        parts += [_windows(buf, 2 if first else lo, frames - 1), _edge_windows(buf, left=False)]
-        mel = self._log_mel(torch.cat(parts))                         # [n_mels, windows]
-        top = mel.max(dim=0).values                                   # each frame's peak
-        base = start // HOP
+        parts += [_windows(buf, lo, frames - 1), _edge_windows(buf, left=False)]
+        spectra = torch.fft.rfft(torch.cat(parts) * self.window, dim=-1).abs() ** 2     # [windows, 201]
         if edge:
-            peaks[base:base + 2].copy_(top[:2])
-        peaks[-FRAMES:].copy_(top[-1 - FRAMES:-1])                    # the second's new complete frames
-        floor = self._floor(buf.shape[0], peaks[base:], top[-1:])
-        out = mel[:, -1 - (frames - 1 - lo):-1]                       # frames lo .. frames - 2
-        return {"features": (torch.maximum(out, floor) + 4.0) / 4.0}
-
-    def _log_mel(self, windows: torch.Tensor) -> torch.Tensor:
-        power = torch.fft.rfft(windows * self.window, dim=-1).abs() ** 2    # [n, 201]
-        return torch.clamp(self.fbank.T @ power.T, min=1e-10).log10()      # [n_mels, n]
-
-    def _floor(self, length: int, peaks: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
-        if length < DYNAMIC_FROM:
-            return torch.full((), FIXED_FLOOR, dtype=torch.float32, device=peaks.device)
-        return torch.maximum(peaks.max(), right.max()) - DYNAMIC_RANGE
+            power[:2].copy_(spectra[:2])
+        power[lo:].copy_(spectra[-(frames - lo):])
 
 
 def _windows(buf: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
