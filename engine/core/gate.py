@@ -61,9 +61,14 @@ class Gate:
         self.handovers = 0
         self.trace: Optional[List[Tuple[str, str, float, float]]] = None    # see the module's "Tracing"
 
-    def _note(self, what: str, t0: float, always: bool = False) -> None:
+    def _started(self) -> Optional[float]:
+        """The time a traced wait or hold starts (None, and no clock read, when the gate is not traced: the
+        gate is taken every second of every session)."""
+        return time.perf_counter() if self.trace is not None else None
+
+    def _note(self, what: str, t0: Optional[float], always: bool = False) -> None:
         trace = self.trace
-        if trace is not None:
+        if trace is not None and t0 is not None:
             t1 = time.perf_counter()
             if always or t1 - t0 > 1e-3:
                 trace.append((threading.current_thread().name, what, t0, t1))
@@ -82,7 +87,7 @@ class Gate:
 
     # -- the raw lock ------------------------------------------------------------------------------------
     def _take_shared(self) -> None:
-        t0 = time.perf_counter()
+        t0 = self._started()
         with self._cv:
             while self._writer or self._writers_waiting:
                 self._cv.wait()
@@ -96,7 +101,7 @@ class Gate:
                 self._cv.notify_all()
 
     def _take_exclusive(self) -> None:
-        t0 = time.perf_counter()
+        t0 = self._started()
         with self._cv:
             self._writers_waiting += 1
             while self._writer or self._readers:
@@ -170,7 +175,7 @@ class Gate:
                 with self._cv:
                     self._capture_waiting += 1
                     self._cv.notify_all()           # a build waiting to hand the lock over again (AGAIN_S)
-            t0 = time.perf_counter()
+            t0 = self._started()
             self._capture_lock.acquire()
             self._note("wait capture lock (build)" if build else "wait capture lock", t0)
             if counted:
@@ -179,7 +184,7 @@ class Gate:
                     self._capture_taken += 1
                     self._cv.notify_all()
             m.capturing += 1
-            held = time.perf_counter()
+            held = self._started()
             try:
                 yield
             finally:

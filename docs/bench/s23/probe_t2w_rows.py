@@ -16,6 +16,7 @@ STFT/iSTFT) over S sessions' 58-frame mels at once against each alone (bits, tim
 Usage: PYTHONPATH=. python3 docs/bench/s23/probe_t2w_rows.py OUT.json
 """
 import json
+import os
 import statistics
 import sys
 import time
@@ -29,8 +30,8 @@ from engine.models.step_audio2.config import DiTConfig
 from engine.models.step_audio2.dit import DiT, Modulation
 
 T, T0 = 50, 300
-SESSIONS = tuple(int(x) for x in __import__("os").environ.get("SESSIONS", "1,2,3,4,6,8").split(","))
-REPEATS = int(__import__("os").environ.get("REPEATS", "20"))
+SESSIONS = tuple(int(x) for x in os.environ.get("SESSIONS", "1,2,3,4,6,8").split(","))
+REPEATS = int(os.environ.get("REPEATS", "20"))
 
 
 def sync():
@@ -104,7 +105,7 @@ def hift_rows(res, dev, path):
 
 
 def main(path):
-    dev = torch.device(__import__("os").environ.get("DEVICE", "cuda"))
+    dev = torch.device(os.environ.get("DEVICE", "cuda"))
     torch.manual_seed(23)
     c = DiTConfig()
     dit = DiT(c).to(dev).eval()
