@@ -28,16 +28,6 @@ def _session_journals(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("DUPLEXCADENCE_SESSIONS", str(tmp_path_factory.mktemp("journals")))
 
 
-@pytest.fixture(autouse=True)
-def _gate_hand_over_kept():
-    """The process's capture gate's hand-over setting as it was before each test: a host turns it on for its life
-    (on by default), and a test that leaves a host open must not change it for the tests after it."""
-    from engine.core.gate import GATE
-    before = GATE.hand_over
-    yield
-    GATE.hand_over = before
-
-
 @pytest.fixture
 def fresh_fastpath(monkeypatch):
     """engine.fastpath with no cached verdicts, no override from the environment, before and after."""

@@ -72,7 +72,7 @@ FLIP_DEMAND = {1: {"demand_sized": False}, 3: {"demand_sized": True}, 4: {"deman
 
 
 def test_hosted_sessions_equal_solo_step_audio2(one_torch_thread):
-    host = EngineHost(device="cpu", launch="threads")
+    host = EngineHost(device="cpu")
     cfgs = [_cfg("step-audio2"), _cfg("step-audio2", demand_sized=False), _cfg("step-audio2")]
     flips = [None, {2: {"demand_sized": True}}, FLIP_DEMAND]
     inputs = _inputs(len(cfgs))
@@ -90,7 +90,7 @@ def test_hosted_sessions_equal_solo_step_audio2(one_torch_thread):
 
 
 def test_hosted_sessions_equal_solo_mimi(one_torch_thread):
-    host = EngineHost(device="cpu", launch="one")
+    host = EngineHost(device="cpu")
     cfgs = [_cfg("mimi"), _cfg("mimi", demand_sized=False), _cfg("mimi")]
     flips = [FLIP_DEMAND, None, None]
     inputs = _inputs(len(cfgs), 5)
@@ -101,7 +101,7 @@ def test_hosted_sessions_equal_solo_mimi(one_torch_thread):
 
 
 def test_weights_shared_by_key(one_torch_thread):
-    host = EngineHost(device="cpu", launch="one")
+    host = EngineHost(device="cpu")
     a = host.admit(_cfg("mimi"))
     b = host.admit(_cfg("mimi"), force=True)
     c = host.admit(_cfg("mimi", seed=4), force=True)              # other seed: other weights
@@ -116,7 +116,7 @@ def test_weights_shared_by_key(one_torch_thread):
 
 
 def test_admission_refuses_without_headroom(one_torch_thread):
-    host = EngineHost(device="cpu", launch="one", reserve_ms=995.0, min_seconds=2)
+    host = EngineHost(device="cpu", reserve_ms=995.0, min_seconds=2)
     cfg = _cfg("mimi")
     first = host.admit(cfg)                                         # an empty host admits
     with pytest.raises(HostFull, match="still measuring"):
@@ -127,7 +127,7 @@ def test_admission_refuses_without_headroom(one_torch_thread):
         host.open(cfg)
     assert "\n" not in str(e.value)
     assert host.headroom_ms() < 0
-    roomy = EngineHost(device="cpu", launch="one", reserve_ms=0.0, min_seconds=2)
+    roomy = EngineHost(device="cpu", reserve_ms=0.0, min_seconds=2)
     s = roomy.admit(cfg)
     for f in _inputs(1, 3)[0]:
         s.process(f)
@@ -266,7 +266,7 @@ def test_batched_rounds_meet_or_fall_back_to_solo():
 def test_hosted_sessions_equal_solo_other_pairs(one_torch_thread, tail, backbone):
     # every backbone/tail pair the session supports runs hosted: MiniCPM-o 4.5 (shared LLM, TTS and tail weights)
     # and the Nemotron codec tail, one session flipping demand sizing mid-run
-    host = EngineHost(device="cpu", launch="threads")
+    host = EngineHost(device="cpu")
     cfgs = [_cfg(tail, backbone=backbone), _cfg(tail, backbone=backbone)]
     flips = [None, FLIP_DEMAND]
     inputs = _inputs(len(cfgs), 6)

@@ -42,7 +42,7 @@ def test_a_build_on_the_host_is_a_pause(monkeypatch):
     take 300 ms, as released weights and graph captures do on a GPU); that second is not part of the
     headroom (before the fix it was, with its whole wait)."""
     import engine.host.session as hosted
-    host = EngineHost(device="cpu", launch="threads")
+    host = EngineHost(device="cpu")
     cfg = SessionConfig(tail="mimi", size="tiny", device="cpu", cpu_threads=1)
     frame = (np.random.default_rng().standard_normal(24000) * 0.05).astype(np.float32)
     try:

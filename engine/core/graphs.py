@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import gc
 import threading
 import weakref
@@ -31,6 +32,7 @@ from typing import Callable, ContextManager, Dict, Iterator, List, Optional, Seq
 
 import torch
 
+from . import yieldpoints
 from .gate import GATE
 
 T = TypeVar("T")
@@ -42,7 +44,9 @@ CAPTURE_MODE = "thread_local"
 # that out (engine.models.step_audio2.lanes does the same for the branches it forks inside a capture).
 CAPTURE_PRIORITY = -1
 
-_local = threading.local()
+#: the random state of the session the running code works for (:func:`working_for`): a context variable, so each of a
+#: scheduler's greenlets (one per session's second or build, all on one thread) sees its own
+_working_for: "contextvars.ContextVar[object]" = contextvars.ContextVar("duplexcadence_working_for", default=None)
 
 
 class _Tally:
@@ -66,40 +70,34 @@ _gone: "collections.deque[_Tally]" = collections.deque()
 
 @contextlib.contextmanager
 def working_for(rng) -> Iterator[None]:
-    """While the block runs, this thread works for the session whose random state is ``rng`` (an object
-    with ``installed()`` and ``generator``, e.g. the host's ``SessionRng``): captures install it, and
-    eager draws take :func:`session_generator` from it. ``None``: no session (the defaults)."""
-    outer = getattr(_local, "rng", None)
-    _local.rng = rng
+    """While the block runs, this code works for the session whose random state is ``rng`` (an object with
+    ``installed()`` and ``generator``, e.g. the host's ``SessionRng``): captures install it, and eager draws
+    take :func:`session_generator` from it. ``None``: no session (the defaults)."""
+    token = _working_for.set(rng)
     try:
         yield
     finally:
-        _local.rng = outer
+        _working_for.reset(token)
 
 
 def _installed() -> ContextManager:
-    rng = getattr(_local, "rng", None)
+    rng = _working_for.get()
     return rng.installed() if rng is not None else contextlib.nullcontext()
 
 
 def between_captures() -> None:
-    """A point between two captures of a long capture-lock hold (a session build): where another thread waits
-    to capture, hand it the lock (:meth:`~engine.core.gate.Gate.let_waiters_capture`), with the random state
-    of the session this thread works for taken off the default generators meanwhile (``rng.suspended()``), so
-    the other capture neither sees nor advances it. Called where no capture or warm-up of this thread is open:
-    on entering :meth:`GraphRuntime.capture` and :meth:`GraphRuntime.side`."""
-    if not (GATE.capture_depth() and GATE.waiters_for_capture()):
-        return
-    suspend = getattr(getattr(_local, "rng", None), "suspended", None)
-    with suspend() if suspend is not None else contextlib.nullcontext():
-        GATE.let_waiters_capture()
+    """A point between two captures of a long build: under a device's scheduler the build parks here, so the
+    running sessions' seconds go first (:func:`engine.core.yieldpoints.slice_point`); alone nothing happens.
+    Called where no capture or warm-up is open: on entering :meth:`GraphRuntime.capture` and
+    :meth:`GraphRuntime.side`, and at the ends of a build's phases."""
+    yieldpoints.slice_point()
 
 
 def session_generator(device) -> Optional["torch.Generator"]:
     """The generator an eager draw on ``device`` takes: the hosted session's own CUDA state, when this
     thread works for one on CUDA (its seconds run concurrently with others', so the default generator
     is not its own); else None, the device's default generator, which a lone session seeds."""
-    rng = getattr(_local, "rng", None)
+    rng = _working_for.get()
     if rng is None or torch.device(device).type != "cuda":
         return None
     return rng.generator

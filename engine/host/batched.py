@@ -150,7 +150,7 @@ class SlotStepper:
         static_x = torch.zeros(S, 1, dim, device=self.device)
         snaps = [ex.arena.snapshot() for ex in self.executors]
         rng = [r.generator.get_state() for r in self.rngs]
-        with GATE.exclusive():
+        with GATE.capturing():
             with self.runtime.side():                      # warm-up: cuBLAS workspaces, lazy inits
                 self._run(plans, static_x, commit_host=False)
             torch.cuda.synchronize(self.device)

@@ -1,89 +1,60 @@
 """The engine host: N duplex sessions in one process on one device, every one against its own deadline.
 
-    host = EngineHost(device="cuda", launch="threads")
+    host = EngineHost(device="cuda")
     runner = host.open(SessionConfig(tail="step-audio2"))   # HostFull: one line saying why not
     runner.start(); runner.submit(frame); runner.results.get()
 
-* **Weights once.** Sessions of the same model, size, device, checkpoint and seed share one copy of
-  the weights (:class:`~engine.host.weights.WeightsCache`); each session has its own state arenas,
-  graphs (captured serially when it is admitted), CUDA stream and RNG state
-  (:class:`~engine.host.rng.SessionRng`), so its output is the one it would give alone.
-* **Seconds on time.** Each second is timed against its own frame's arrival (deadline = arrival +
-  1 s); ``launch="threads"`` runs each session on its own thread (graph-replay seconds overlap),
-  ``launch="one"`` one dispatcher thread, earliest deadline first (:mod:`engine.host.runner`).
-* **Admission by measured headroom** (:mod:`engine.host.admission`): a session is refused when the
-  seconds measured so far say one more would make a second miss, when the device lacks memory for
-  one more, or at ``max_sessions``.
+* **One scheduler per device** (:mod:`engine.host.scheduler`): the only thread that launches the device's work.
+  Every session's build and seconds run there, each second against its own deadline (its frame's arrival + 1 s),
+  earliest first; the steps a backbone declares batchable (MiniCPM-o's one-token LLM forwards) run once for every
+  session parked at them, each session keeping the bits of its own step.
+* **Weights once.** Sessions of the same model, size, device, checkpoint and seed share one copy of the weights
+  (:class:`~engine.host.weights.WeightsCache`); each session has its own state arenas, graphs, CUDA stream and
+  random state (:class:`~engine.host.rng.SessionRng`), so its output is the one it would give alone.
+* **Admission by measured headroom** (:mod:`engine.host.admission`): a session is refused when the seconds
+  measured so far say one more would make a second miss, when the device lacks memory for one more, or at
+  ``max_sessions``.
 """
 from __future__ import annotations
 
 import threading
-from typing import Dict, List, Optional, Tuple
+import time
+from typing import Callable, Dict, List, Optional
 
 import torch
 
 from engine.session import SessionConfig
 
 from .admission import HostFull, LoadMeter, memory_refusal
-from engine.core.gate import GATE
-from .groups import ListenBatcher
-from .llm_rounds import LLMRoundsHost
-from .runner import Dispatcher, HostedRunner
+from .runner import HostedRunner
+from .scheduler import BATCH_WAIT_S, Scheduler
 from .session import HostedSession
+from .tasks import DONE
 from .weights import WeightsCache
-
-LAUNCH_MODES = ("threads", "one")
 
 
 class EngineHost:
-    """Runs many duplex sessions on one device; see the module docstring."""
+    """Runs many duplex sessions on one device through its scheduler; see the module docstring.
 
-    def __init__(self, device: str = "auto", launch: str = "threads", max_sessions: Optional[int] = None,
-                 reserve_ms: float = 100.0, window_s: float = 10.0, min_seconds: int = 3,
-                 batched: bool = False, batch_slots: int = 8, hand_over: bool = True, llm_rounds: bool = False):
-        # ``hand_over``: a session build gives the capture lock, between its captures and at the ends of its
-        # phases, to a running session that waits to capture (Gate.let_waiters_capture); process-wide while this
-        # host lives. On by default since session 23 (H200: the GPU host tests pass with it on and off, and the
-        # 4th MiniCPM-o build no longer holds running sessions' seconds 5-12 s; docs/device-notes-session23.md).
-        if launch not in LAUNCH_MODES:
-            raise ValueError(f"unknown launch mode {launch!r}; choose one of: {', '.join(LAUNCH_MODES)}")
+    ``batched``: the scheduler runs the backbones' batched steps (off: each session runs its own steps, through
+    the same scheduler; the same bits either way)."""
+
+    def __init__(self, device: str = "auto", max_sessions: Optional[int] = None, reserve_ms: float = 100.0,
+                 window_s: float = 10.0, min_seconds: int = 3, batched: bool = True,
+                 batch_wait_s: float = BATCH_WAIT_S):
         if max_sessions is not None and int(max_sessions) < 1:
             raise ValueError(f"max_sessions must be at least 1, got {max_sessions}")
         self.device = torch.device(SessionConfig(device=device).resolved().device)
-        self.launch = launch
         self.max_sessions = None if max_sessions is None else int(max_sessions)
         self.min_seconds = int(min_seconds)
         self.weights = WeightsCache()
-        self.gate = GATE                            # the process's one gate (engine.core.gate)
         self.meter = LoadMeter(window_s=window_s, reserve_ms=reserve_ms, min_seconds=min_seconds)
+        self.scheduler = Scheduler(self.device, batched=batched, batch_wait_s=batch_wait_s)
         self._lock = threading.Lock()
         self._admitting = threading.Lock()
         self._sessions: Dict[int, HostedSession] = {}
         self._runners: List[HostedRunner] = []
         self._next_id = 0
-        self._dispatcher: Optional[Dispatcher] = Dispatcher() if launch == "one" else None
-        self.batcher: Optional[ListenBatcher] = ListenBatcher(self, batch_slots) if batched else None
-        # ``llm_rounds``: MiniCPM-o sessions step their one-token LLM forwards together (llm_rounds.py)
-        self.llm_rounds: Optional[LLMRoundsHost] = LLMRoundsHost(self, batch_slots) if llm_rounds else None
-        self._hand_over_before = GATE.hand_over
-        GATE.hand_over = bool(hand_over)
-
-    # -- batched LISTEN (opt-in) -------------------------------------------------------------------
-    def batched_check(self, cfg: SessionConfig, slots: Optional[int] = None) -> Tuple[bool, str]:
-        """Whether a group of ``slots`` sessions of ``cfg`` (None: ``batch_slots``) would replay LISTEN
-        batched here, and why (or why not).
-
-        Builds one session of ``cfg`` (its weights stay cached) and runs the start-up check at that slot
-        count: batched steps against each session's own steps on random inputs, bit for bit, on this device
-        (a group of another size is checked at its own size when it forms)."""
-        if self.batcher is None:
-            return False, "batched replay is off (EngineHost(batched=True) turns it on)"
-        probe = self.admit(cfg, force=True)
-        try:
-            gemm, why = self.batcher.verdict(getattr(probe.session.backbone, "model", None), slots)
-        finally:
-            self.remove(probe)
-        return gemm is not None, why
 
     # -- admission ---------------------------------------------------------------------------------
     def refusal(self, cfg: SessionConfig) -> Optional[str]:
@@ -96,12 +67,11 @@ class EngineHost:
             return f"the host is full: {n} of {self.max_sessions} sessions"
         why = self.meter.refusal(n, self.min_seconds * n)
         if why is None and self.device.type == "cuda":
-            why = memory_refusal(self._free_bytes(), self._session_bytes())
+            why = memory_refusal(self.scheduler.run(self._free_bytes), self._session_bytes())
         return why
 
     def _free_bytes(self) -> int:
-        with self.gate.shared():                    # no CUDA call while an admission captures graphs
-            free, _ = torch.cuda.mem_get_info(self.device)
+        free, _ = torch.cuda.mem_get_info(self.device)
         cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
         return int(free + max(0, cached))
 
@@ -133,7 +103,7 @@ class EngineHost:
         return runner
 
     def admit(self, cfg: SessionConfig, force: bool = False) -> HostedSession:
-        """Admit and build a session now (synchronously), for callers that run seconds themselves."""
+        """Admit and build a session now, for callers that run its seconds themselves (``process``)."""
         hosted = self._register(cfg, force)
         try:
             hosted.start()
@@ -142,6 +112,26 @@ class EngineHost:
             raise
         self.meter.sessions_changed()
         return hosted
+
+    def run_task(self, hosted: HostedSession, body: Callable[[], object], what: str,
+                 deadline: Optional[float] = None) -> object:
+        """``body()`` as one greenlet of ``hosted`` on the scheduler, waited for from the calling thread."""
+        if self.scheduler.on_loop():
+            raise RuntimeError("the scheduler's own thread cannot wait for one of its greenlets")
+        done = threading.Event()
+        box: List[object] = []
+
+        def finished(task) -> None:
+            box.append(task)
+            done.set()
+
+        when = time.perf_counter() if deadline is None else deadline
+        self.scheduler.run(lambda: self.scheduler.spawn(hosted, body, what, when, finished))
+        done.wait()
+        task = box[0]
+        if task.state != DONE:
+            raise task.value
+        return task.value
 
     # -- leaving -----------------------------------------------------------------------------------
     def release(self, runner: HostedRunner) -> None:
@@ -162,24 +152,12 @@ class EngineHost:
         self.meter.sessions_changed()
 
     def close(self) -> None:
-        """Stop every runner (without draining) and every session; the host can be dropped after."""
+        """Stop every runner (without draining) and every session, then the scheduler."""
         for r in list(self._runners):
-            r.stop(timeout=5.0)
+            r.stop(timeout=30.0)
         for s in list(self._sessions.values()):
             self.remove(s)
-        if self._dispatcher is not None:
-            self._dispatcher.close()
-            self._dispatcher = None
-        GATE.hand_over = self._hand_over_before
-
-    # -- the dispatcher (launch="one") -----------------------------------------------------------------
-    def dispatcher_add(self, runner: HostedRunner) -> None:
-        if self._dispatcher is not None:
-            self._dispatcher.add(runner)
-
-    def dispatcher_poke(self) -> None:
-        if self._dispatcher is not None:
-            self._dispatcher.poke()
+        self.scheduler.close()
 
     # -- reporting ---------------------------------------------------------------------------------
     def active(self) -> int:
@@ -199,9 +177,11 @@ class EngineHost:
         """Per session: what its admission added; shared weights per key; the device's totals."""
         out: Dict[str, object] = {"sessions": {s.id: s.memory.to_dict() for s in self.sessions()},
                                   "shared_weights": self.weights.report()}
-        if self.batcher is not None:
-            out["batched_groups"] = self.batcher.report()
         if self.device.type == "cuda":
             out["allocated_bytes"] = int(torch.cuda.memory_allocated(self.device))
             out["reserved_bytes"] = int(torch.cuda.memory_reserved(self.device))
         return out
+
+    def scheduler_report(self) -> Dict[str, object]:
+        """What the scheduler did so far (turns, batches by kind and size, build slices, host busy time)."""
+        return self.scheduler.stats.to_dict()

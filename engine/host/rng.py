@@ -38,6 +38,7 @@ class SessionRng:
         self._gen: Optional[torch.Generator] = None
         self._state: Optional[torch.Generator] = None
         self._depth = 0
+        self._parked_depth = 0
         if self.device.type == "cuda":
             self._gen = _default_cuda_generator(self.device)
             self._state = self._gen.clone_state()      # a new state object, registered by this session's graphs
@@ -87,6 +88,19 @@ class SessionRng:
         torch.set_rng_state(self._outer_cpu)
         if self._gen is not None:
             self._gen.graphsafe_set_state(self._outer)
+
+    def enter(self) -> None:
+        """The scheduler switches into one of this session's greenlets: its states go on the default generators,
+        as deep inside :meth:`installed` blocks as the greenlet was when it parked (at least one: an
+        ``installed`` block inside then changes nothing)."""
+        self._put_on()
+        self._depth = max(1, self._parked_depth)
+
+    def leave(self) -> None:
+        """The greenlet parked or ended: this session's states saved as far as they advanced, the others back."""
+        self._parked_depth = self._depth
+        self._depth = 0
+        self._take_off()
 
     @contextlib.contextmanager
     def suspended(self) -> Iterator[None]:

@@ -40,11 +40,12 @@ import torch
 from engine import fastpath
 from engine.core import Executor, make_plan
 from engine.core.graphs import between_captures
-from engine.core.growing import move_contents
+from engine.core import yieldpoints
 from engine.core.toggles import PendingToggles, Toggles
 from engine.kernels import exact
 
 from ..base import Backbone, BackboneInfo, Thought, TokenFormat
+from .batched_llm import LLM_STEP, LLMStepBatch
 from .audio import AudioEncoder, FrontEnd, check_one_thread, warm_front_end
 from . import gqa
 from .dims import Dims, preset
@@ -63,8 +64,6 @@ from . import weights as W
 
 if TYPE_CHECKING:
     from engine.vad import VadResult
-
-    from .rounds import LLMRounds
 
 SILENCE = 4218                 # the Step-Audio2 silence token
 LOOKAHEAD = 3
@@ -122,9 +121,6 @@ class MiniCPMO45Backbone(Backbone):
         self.grown_ahead = 0                    # LLM store moves made ahead (in a second after a listening one)
         self._force_listen = False            # the next THINK listens (the page's Force Listen)
         self._tap: Optional[Callable[[str, torch.Tensor], None]] = None
-        # a host's LLM rounds this session steps its one-token forwards in (rounds.py; None: alone)
-        self.rounds: Optional["LLMRounds"] = None
-        self.round_key: object = None
         l, t = self.dims.llm, self.dims.tts
         weights = f"checkpoint {self.folder.path}" if self.folder else "seeded random weights"
         self.info = BackboneInfo(
@@ -184,6 +180,8 @@ class MiniCPMO45Backbone(Backbone):
                 pre = prelude(tok, self.system_prompt, reference_embeddings(self.encoder, clip) if clip else None)
                 between_captures()
                 self.protocol.prepare(pre.prefix_ids, pre.reference, pre.suffix_ids)
+            if self.can_join_group():          # under a device's scheduler: its batched step's checks, once
+                yieldpoints.prepare(LLM_STEP, self.llm, self)
             between_captures()
             self.rehearsed = self._rehearse()
             between_captures()
@@ -242,8 +240,10 @@ class MiniCPMO45Backbone(Backbone):
                                       d.tts.max_positions, dt, "HF DynamicCache per turn: torch.cat per token")
         self.tts_capacity = tts_cap
         demand = self._toggles.demand_sized
+        # with a sink: one position past the room where a batched step writes this session's row while it sits
+        # the step out (batched_llm.py); no history reaches it, no attention reads it
         self.kv_llm = make_store(demand, self.llm_regions[0], d.llm.layers, self.llm_capacity, self.device,
-                                 growable=True)
+                                 growable=True, sink=True)
         # a reply's turn bounds the TTS history, except over barge-ins (the stock keeps it across a cut):
         # then the store doubles, up to the TTS's positions, and its graphs are captured again
         self.kv_tts = make_store(demand, self.tts_regions[0], d.tts.layers, self.tts_capacity, self.device,
@@ -330,19 +330,27 @@ class MiniCPMO45Backbone(Backbone):
         return self.tts.step_code(code, kv)
 
     def _graphed_forward(self, embed: torch.Tensor):
-        """A forward of ``embed``'s rows [t, hidden] (t from 1 to the protocol's ``GRAPHED_FEED``) through
-        layer graphs of that width — a decode step (t 1) or a short feed (LISTEN's close and audio tokens) —
-        -> (final hidden [t, hidden], logits [1, V] for t 1, else None); or None: the eager path runs it. In a
-        host's LLM rounds a one-token forward meets the other members' (:meth:`.rounds.LLMRounds.step`)."""
-        if not self._graphs_on() or self.kv_llm.kind != "demand":
+        """A forward of ``embed``'s rows [t, hidden] (t from 1 to the protocol's ``GRAPHED_FEED``) over a demand
+        store -> (final hidden [t, hidden], logits [1, V] for t 1, else None); or None: the eager path runs it.
+        A one-token forward under a device's scheduler is batched with the other sessions' (batched_llm.py); the
+        rest replay this session's layer graphs of that width (graphs on)."""
+        if self.kv_llm.kind != "demand":
             return None
-        if self.rounds is not None and int(embed.shape[0]) == 1:
-            return self.rounds.step(self.round_key, embed)
+        if int(embed.shape[0]) == 1:
+            out = yieldpoints.batched(LLM_STEP, self.llm, self, embed)
+            if out is not None:
+                return out
+        if not self._graphs_on():
+            return None
         return self.own_forward(embed)
 
     def own_forward(self, embed: torch.Tensor):
-        """:meth:`_graphed_forward` of this session alone (graphs on, a demand store): the rounds' reference."""
+        """:meth:`_graphed_forward` of this session alone (a demand store): its layer graphs (graphs on) or the
+        eager forward; the batched step's reference."""
         kv, t = self.kv_llm, int(embed.shape[0])
+        if not self._graphs_on():
+            h = self.llm(embed, kv)
+            return h, (self.llm.logits(h) if t == 1 else None)
         if self.llm_exact is not None and self.llm_exact.valid_for(kv):    # only where ahead ran
             out = self.llm_exact.run(embed)                             # the forward prepared for this position
             if out is not None:
@@ -357,6 +365,19 @@ class MiniCPMO45Backbone(Backbone):
             else:
                 self.llm_feeds[t] = graphs
         return graphs.forward(embed)
+
+    # -- the scheduler's batched step (engine.host.scheduler) ---------------------------------------------------
+    def batch_runner(self, kind: str, group: object):
+        """The runner of a batched step this backbone declares: its one-token LLM forward over ``group`` (its LLM)."""
+        if kind != LLM_STEP or group is not self.llm:
+            raise yieldpoints.NotBatched(kind)
+        return LLMStepBatch(self.llm, self.device)
+
+    def can_join_group(self) -> bool:
+        """Whether this session's one-token forwards may run in a group step now: a demand store with a sink, and
+        graphs on where the device captures (a session with graphs off runs its own eager steps)."""
+        kv = self.kv_llm
+        return kv.kind == "demand" and kv.sink is not None and (self.device.type != "cuda" or self._graphs_on())
 
     def next_forwards(self, slots: Optional[int] = None) -> List[tuple]:
         """The (tokens, start) of every LLM forward the next second may make (by the declared clocks), THINK's
@@ -426,7 +447,7 @@ class MiniCPMO45Backbone(Backbone):
         if self._force_listen:
             turn, self._force_listen = TurnDecision("listen"), False
         with torch.no_grad():
-            unit, hidden = self._decode(turn)
+            unit, hidden = self.protocol.decode(turn)
             self._listened = unit.decision == "listen"
             if unit.decision == "listen":
                 # only a cut restarts token2wav: a reply the LLM closed inside a listening unit keeps its
@@ -450,16 +471,6 @@ class MiniCPMO45Backbone(Backbone):
                        turn_end="end" if unit.end_of_turn else "", llm_ids=tuple(unit.ids),
                        codes=tuple(int(c) for c in unit.codes.tolist()))
 
-    def _decode(self, turn: TurnDecision):
-        """THINK's unit; in LLM rounds marked as decoding meanwhile, so rounds wait for this session's slots."""
-        if self.rounds is None:
-            return self.protocol.decode(turn)
-        self.rounds.decoding(self.round_key, True)
-        try:
-            return self.protocol.decode(turn)
-        finally:
-            self.rounds.decoding(self.round_key, False)
-
     def _silence(self, n: int) -> torch.Tensor:
         return torch.full((1, n), SILENCE, dtype=torch.long, device=self.device)
 
@@ -481,7 +492,8 @@ class MiniCPMO45Backbone(Backbone):
         self.front.set_toggles(pending)
         demand = self._toggles.demand_sized
         p = self.protocol
-        p.kv_llm = self.kv_llm = switch_store(self.kv_llm, demand, self.llm_capacity, self.device, growable=True)
+        p.kv_llm = self.kv_llm = switch_store(self.kv_llm, demand, self.llm_capacity, self.device, growable=True,
+                                              sink=True)
         new_tts = switch_store(self.kv_tts, demand, self.tts_capacity, self.device, growable=True)
         if new_tts is not self.kv_tts:
             self.tts_graphs = None                                      # graphs point into the old storage
@@ -500,21 +512,6 @@ class MiniCPMO45Backbone(Backbone):
             self.llm_graphs = None
             self.llm_feeds = {}
             self.llm_exact = None
-
-    def ensure_llm_sink(self) -> bool:
-        """Give the LLM store a sink (one position past its room, where a round of other sessions writes this one's
-        row while it sits the round out: rounds.py) if it has none: the same history moved, bit for bit, into a
-        demand store with it; the LLM graphs over the old storage are dropped (captured again at their next use).
-        Between seconds only (a host calls it under its exclusive gate). Whether the store has a sink now (a stock
-        policy store cannot)."""
-        kv = self.kv_llm
-        if kv.kind != "demand":
-            return False
-        if kv.sink is None:
-            self.protocol.kv_llm = self.kv_llm = move_contents(
-                kv, make_store(True, kv.region, kv.layers, kv.capacity, self.device, kv.growable, sink=True))
-            self.llm_graphs, self.llm_feeds, self.llm_exact = None, {}, None
-        return True
 
     def set_tap(self, tap: Optional[Callable[[str, torch.Tensor], None]]) -> None:
         """Hand each stage's output to ``tap(stage, tensor)`` as it is made (None stops it): ``encoder``

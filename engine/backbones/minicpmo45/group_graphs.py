@@ -86,10 +86,17 @@ def _counts_equal(w: torch.Tensor, counts: Sequence[int], g: torch.Generator) ->
 
 
 def rows_through(x: torch.Tensor, module: torch.nn.Linear, name: str, verdicts: Verdicts) -> torch.Tensor:
-    """``x`` [S, 1, in] through ``module``: one GEMM where S rows are proven, else one row at a time."""
-    if x.shape[0] in verdicts.get(name, frozenset({1})):
+    """``x`` [S, 1, in] through ``module``: one GEMM where S rows are proven, else consecutive chunks, each as
+    many rows as the largest count proven that fits (one row at a time where none is), in row order."""
+    n, ok = x.shape[0], verdicts.get(name, frozenset({1}))
+    if n in ok:
         return module(x)
-    return torch.cat([module(x[i:i + 1]) for i in range(x.shape[0])])
+    parts, i = [], 0
+    while i < n:
+        r = max((c for c in ok if c <= n - i), default=1)
+        parts.append(module(x[i:i + r]))
+        i += r
+    return torch.cat(parts)
 
 
 def group_pre(llm: Qwen3, stores: Sequence[DemandKV], i: int, x: torch.Tensor, cos: torch.Tensor,
@@ -122,10 +129,11 @@ def group_post(llm: Qwen3, i: int, x: torch.Tensor, att: torch.Tensor, verdicts:
     return x + rows_through(act, mlp.down_proj, "down_proj", verdicts)
 
 
-def group_final(llm: Qwen3, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The final norm over the rows [S, 1, hidden] -> (hidden [S, hidden], logits [S, V]: the head row by row)."""
-    h = llm.model.norm(x)[:, 0]
-    return h, torch.cat([llm.lm_head(h[s].view(1, -1)) for s in range(h.shape[0])])
+def group_final(llm: Qwen3, x: torch.Tensor) -> Tuple[torch.Tensor]:
+    """The final norm over the rows [S, 1, hidden] -> (hidden [S, hidden],); the head runs per present row after
+    the graphs (:meth:`GroupGraphs.forward`): no row count keeps the lm_head's bits on the H200, and an absent
+    row's head would read the 1.2 GB weight for nothing."""
+    return (llm.model.norm(x)[:, 0],)
 
 
 class GroupGraphs:
@@ -217,13 +225,15 @@ class GroupGraphs:
             if p:
                 st.commit(1)
         self.replays += 1
-        h, logits = self.outs[-1]
-        return [(h[m:m + 1].clone(), logits[m:m + 1].clone()) if here[m] else None for m in range(n)]
+        h = self.outs[-1][0]
+        head = self.llm.lm_head
+        return [(h[m:m + 1].clone(), head(h[m:m + 1])) if here[m] else None for m in range(n)]
 
 
 def check(llm: Qwen3, make_store, device, sessions: int, verdicts: Verdicts, graphs: bool,
-          seed: int = 0, absent: Sequence[int] = ()) -> Tuple[bool, str]:
-    """The group step of ``sessions`` sessions against each session's own layer graphs, on this device: fresh
+          seed: int = 0, absent: Sequence[int] = (), own_graphs: Optional[bool] = None) -> Tuple[bool, str]:
+    """The group step of ``sessions`` sessions against each session's own layer graphs (``own_graphs``, default
+    ``graphs``: captured, or their segments run eagerly — the same kernels), on this device: fresh
     random histories of different lengths (``make_store()`` gives an empty store, with a sink where ``absent``
     is not empty), one fresh row each; every hidden state, every logit and every byte of every store must be
     identical. Members in ``absent`` sit the round out: their stores must come out unchanged below their sinks.
@@ -242,7 +252,8 @@ def check(llm: Qwen3, make_store, device, sessions: int, verdicts: Verdicts, gra
             pairs.append((alone, together))
         rows = torch.randn(int(sessions), hidden, generator=g).to(dev, dt)
         before = {s: (pairs[s][1].k_buf.clone(), pairs[s][1].v_buf.clone(), pairs[s][1].length) for s in away}
-        want = [None if s in away else LayerGraphs(llm, alone, dev, capture=graphs).forward(rows[s:s + 1])
+        own = graphs if own_graphs is None else bool(own_graphs)
+        want = [None if s in away else LayerGraphs(llm, alone, dev, capture=own).forward(rows[s:s + 1])
                 for s, (alone, _) in enumerate(pairs)]
         got = GroupGraphs(llm, [t for _, t in pairs], dev, verdicts, capture=graphs).forward(
             rows, [s not in away for s in range(int(sessions))])
