@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 import numpy as np
 import torch
 
-from engine.core import Clock, Executor, Plan, SessionSpec, StepPlan, StreamingModel, make_plan
+from engine.core import Clock, Executor, Plan, SessionSpec, StepPlan, StreamingModel, make_plan, yieldpoints
 from engine.core.planner import simulate_step   # the planner's own rule for one step's lengths
 from engine.core.toggles import Toggles, graphs_can_run
 
@@ -348,7 +348,9 @@ class EngineTail(DecoderTail):
 
     @staticmethod
     def _audio(out: Dict[str, torch.Tensor]) -> np.ndarray:
-        return out["audio"].reshape(-1).float().cpu().numpy()
+        audio = out["audio"].reshape(-1).float()
+        yieldpoints.wait()                     # under a device's scheduler: the others' work goes on meanwhile
+        return audio.cpu().numpy()
 
     def _require_stream(self) -> None:
         if self.executor is None or self._ended:

@@ -79,15 +79,13 @@ def test_finite_session_replays_repeated_signatures_and_runs_one_offs_eagerly():
 
 
 def test_captures_run_beside_eager_draws_from_session_generators():
-    """Session 4's crash, reduced, under the gate's capturing hold: thread A, a hosted session in its concurrent
-    seconds, draws eagerly from its own generator state (``session_generator``: the MiniCPM-o sampler, the
-    HiFT's one-off eager steps) while thread B captures, for its own session, graphs that draw. No "Offset
-    increment outside graph capture"; A draws while B's captures are open (timed); A's numbers are exactly what
-    its state gives alone; B's replays advance B's state only. (The version of this test where A drew from the
-    default generator, which a capture registers, failed on the H200 with that message: session 11, call 2.)"""
+    """A capture beside another thread's eager draws: thread A draws eagerly from its own generator state
+    (``session_generator``: the MiniCPM-o sampler, the HiFT's one-off eager steps) while thread B captures, for its
+    own session, graphs that draw. No "Offset increment outside graph capture"; A draws while B's captures are
+    open (timed); A's numbers are exactly what its state gives alone; B's replays advance B's state only. (Where
+    A drew from the default generator, which a capture registers, the H200 failed with that message.)"""
     import threading
     import time
-    from engine.core.gate import GATE
     from engine.core.graphs import GraphRuntime, session_generator, working_for
     from engine.host.rng import SessionRng
     torch.manual_seed(11)
@@ -101,7 +99,7 @@ def test_captures_run_beside_eager_draws_from_session_generators():
         try:
             with working_for(ra):
                 while not stop.is_set():
-                    with GATE.shared(), torch.cuda.stream(s):
+                    with torch.cuda.stream(s):
                         drawn.append(torch.randint(0, 100, (64,), device=DEV, generator=session_generator(DEV)))
                         s.synchronize()
                         at.append(time.perf_counter())
@@ -122,17 +120,16 @@ def test_captures_run_beside_eager_draws_from_session_generators():
     try:
         with working_for(rb):
             for _ in range(20):
-                with GATE.shared():
-                    with rt.side():
-                        y = x * torch.rand_like(x)
-                    t0 = time.perf_counter()
-                    graph, out = rt.capture(body)
-                    spans.append((t0, time.perf_counter()))
-                    offsets.append(rb.generator.get_offset())
-                    rt.replay(graph)
-                    torch.cuda.synchronize()
-                    assert out.shape == y.shape and torch.isfinite(out).all()
-                    assert rb.generator.get_offset() > offsets[-1]           # B's graph drew from B's state
+                with rt.side():
+                    y = x * torch.rand_like(x)
+                t0 = time.perf_counter()
+                graph, out = rt.capture(body)
+                spans.append((t0, time.perf_counter()))
+                offsets.append(rb.generator.get_offset())
+                rt.replay(graph)
+                torch.cuda.synchronize()
+                assert out.shape == y.shape and torch.isfinite(out).all()
+                assert rb.generator.get_offset() > offsets[-1]           # B's graph drew from B's state
     finally:
         stop.set()
         t.join(30)

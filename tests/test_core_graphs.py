@@ -1,10 +1,9 @@
-"""The process's one gate and the one graph runtime (engine.core.gate, engine.core.graphs), on the CPU.
+"""The process's capture lock and the one graph runtime (engine.core.gate, engine.core.graphs), on the CPU.
 
-What CUDA itself would do with a capture is checked on the GPU (tests/test_host_gpu.py); here: the
-gate's re-entrancy, the upgrade of a shared hold (a lazy capture inside a concurrent second), two
-upgrades at once without a deadlock, writer preference, that example inputs and the session
-generator never touch anyone's random stream, and the runtimes' counts (summed over live and gone
-runtimes, no lock on a replay) through a fake torch.cuda."""
+What CUDA itself would do with a capture is checked on the GPU (tests/test_host_gpu.py); here: the lock's
+re-entrancy and exclusion, the session each greenlet works for, that example inputs and the session generator
+never touch anyone's random stream, and the runtimes' counts (summed over live and gone runtimes, no lock on a
+replay) through a fake torch.cuda."""
 from __future__ import annotations
 
 import contextlib
@@ -21,99 +20,38 @@ from engine.core import graphs
 from engine.core.gate import GATE, Gate
 
 
-def test_gate_is_reentrant_for_its_writer():
-    g = Gate()
-    with g.exclusive():
-        assert g.holds() == "exclusive"
-        with g.exclusive(), g.shared():
-            assert g.holds() == "exclusive"
-        assert g.holds() == "exclusive"
-    assert g.holds() == ""
-
-
-def test_shared_hold_is_upgraded_and_taken_again():
+def test_the_capture_lock_is_reentrant_and_one_thread_holds_it_at_a_time():
     g, order = Gate(), []
-    reader_in, release = threading.Event(), threading.Event()
-
-    def other_reader():
-        with g.shared():
-            reader_in.set()
-            release.wait(5)
-            order.append("other reader done")
-
-    t = threading.Thread(target=other_reader)
-    t.start()
-    reader_in.wait(5)
-    with g.shared():
-        assert g.holds() == "shared"
-        threading.Timer(0.2, release.set).start()
-        with g.exclusive():                          # waits for the other reader, not for itself
-            order.append("upgraded")
-            assert g.holds() == "exclusive" and g._readers == 0
-        assert g.holds() == "shared" and g._readers == 1
-    t.join(5)
-    assert order == ["other reader done", "upgraded"]
-    assert g.upgrades == 1 and g._readers == 0 and not g._writer
-
-
-def test_two_readers_upgrading_at_once_take_turns():
-    g, inside, order = Gate(), [], []
-    both_shared = threading.Barrier(2)
-
-    def reader(name):
-        with g.shared():
-            both_shared.wait(5)
-            with g.exclusive():
-                inside.append(name)
-                assert len(inside) == 1, "two writers at once"
-                time.sleep(0.05)
-                inside.remove(name)
-                order.append(name)
-
-    ts = [threading.Thread(target=reader, args=(n,)) for n in "ab"]
-    for t in ts:
+    with g.capturing():
+        assert g.holds() == "capturing" and g.capture_depth() == 1
+        with g.capturing():
+            assert g.capture_depth() == 2
+        t = threading.Thread(target=lambda: (g.capturing().__enter__(), order.append("other"),
+                                              g._capture_lock.release()))
         t.start()
-    for t in ts:
-        t.join(10)
-    assert not any(t.is_alive() for t in ts), "deadlock: two upgrading readers"
-    assert sorted(order) == ["a", "b"] and g.upgrades == 2
+        time.sleep(0.1)
+        assert order == []                               # the other thread waits for the lock
+        order.append("first")
+    t.join(5)
+    assert order == ["first", "other"] and g.holds() == ""
 
 
-def test_waiting_writer_holds_new_readers_back():
-    g, order = Gate(), []
-    first_in, done = threading.Event(), threading.Event()
+def test_each_greenlet_sees_its_own_session():
+    """The session a greenlet works for is a context variable: two greenlets of one thread, switching inside
+    their ``working_for`` blocks, each see their own (a thread-local would hand one's to the other)."""
+    import greenlet
+    seen = []
 
-    def first():
-        with g.shared():
-            first_in.set()
-            time.sleep(0.3)
-            order.append("first reader")
-
-    def writer():
-        with g.exclusive():
-            order.append("writer")
-
-    def late_reader():
-        with g.shared():
-            order.append("late reader")
-        done.set()
-
-    t1 = threading.Thread(target=first)
-    t1.start()
-    first_in.wait(5)
-    t2 = threading.Thread(target=writer)
-    t2.start()
-    time.sleep(0.1)                                   # the writer is waiting now
-    t3 = threading.Thread(target=late_reader)
-    t3.start()
-    for t in (t1, t2, t3):
-        t.join(5)
-    assert order == ["first reader", "writer", "late reader"]
-
-
-def test_the_process_has_one_gate():
-    from engine.host.host import EngineHost
-    assert EngineHost(device="cpu").gate is GATE
+    def work(name):
+        with graphs.working_for(name):
+            greenlet.getcurrent().parent.switch()
+            seen.append((name, graphs._working_for.get()))
+    a, b = greenlet.greenlet(lambda: work("a")), greenlet.greenlet(lambda: work("b"))
+    a.switch()
+    b.switch()
+    a.switch()
+    b.switch()
+    assert seen == [("a", "a"), ("b", "b")] and graphs._working_for.get() is None
 
 
 def test_examples_draw_from_no_ones_stream():
@@ -332,76 +270,6 @@ def test_a_failed_capture_is_ended_and_raises_its_own_error(fake_cuda, monkeypat
         rt.capture(lambda: (_ for _ in ()).throw(ValueError("the body failed")))
     assert _FakeGraph.events[-1] == ("end",) and rt.captures == 0
     assert GATE.holds() == "" and not GATE._capture_lock._is_owned() and gc.isenabled()
-
-
-def test_capturing_runs_beside_shared_seconds_and_alone_among_captures():
-    """A capture (or a build) and a replaying second overlap; two captures never do; an exclusive section
-    waits for the capture; a thread holding the capture lock is refused exclusive at once (no deadlock)."""
-    g = Gate()
-    in_shared, leave_shared, log = threading.Event(), threading.Event(), []
-    inside = []
-
-    def second():
-        with g.shared():
-            in_shared.set()
-            leave_shared.wait(5)
-
-    def capture(name):
-        with g.capturing():
-            inside.append(name)
-            assert len(inside) == 1, "two captures at once"
-            time.sleep(0.05)
-            inside.remove(name)
-            log.append(name)
-
-    t = threading.Thread(target=second)
-    t.start()
-    in_shared.wait(5)
-    caps = [threading.Thread(target=capture, args=(n,)) for n in ("a", "b", "c")]
-    for c in caps:
-        c.start()
-    for c in caps:
-        c.join(5)
-    assert sorted(log) == ["a", "b", "c"] and g._readers == 1       # all ran while the second held on
-    leave_shared.set()
-    t.join(5)
-    with g.capturing():
-        assert g.holds() == "capturing"
-        with pytest.raises(RuntimeError, match="capture lock cannot go exclusive"):
-            with g.exclusive():
-                pass
-        assert g.holds() == "capturing"
-    with g.exclusive():
-        with g.capturing():                          # inside an exclusive section: free
-            assert g.holds() == "exclusive"
-    assert g.holds() == "" and g._readers == 0 and not g._writer
-
-
-def test_exclusive_waits_for_a_capture_and_a_capture_for_exclusive():
-    g, order = Gate(), []
-    started = threading.Event()
-
-    def build():
-        with g.capturing():
-            started.set()
-            time.sleep(0.2)
-            order.append("build")
-
-    def eager_second():
-        with g.exclusive():
-            order.append("eager")
-
-    t1 = threading.Thread(target=build)
-    t1.start()
-    started.wait(5)
-    t2 = threading.Thread(target=eager_second)
-    t2.start()
-    time.sleep(0.05)
-    t3 = threading.Thread(target=build)
-    t3.start()
-    for t in (t1, t2, t3):
-        t.join(5)
-    assert order == ["build", "eager", "build"]
 
 
 def test_capture_streams_never_come_from_the_pool_sessions_launch_on(monkeypatch):

@@ -246,67 +246,6 @@ def test_a_short_codec_second_makes_no_batched_call(monkeypatch):
     assert any(n == 5 for n, _ in seen)
 
 
-# -- batched LISTEN at every group size --------------------------------------------------------------------
-def _decoder():
-    from engine.backbones.speech_decoder import SpeechDecoder, decoder_args
-    return SpeechDecoder(decoder_args("tiny", 2048, 8), seed=1).eval()
-
-
-def test_batched_listen_is_checked_at_each_group_size(monkeypatch):
-    from engine.host import groups as G
-    checked = []
-
-    def check(model, device, slots):
-        checked.append(slots)
-        return ("bmm", f"{slots} slots ok") if slots != 3 else (None, "3 slots: max abs diff 5.96e-08")
-    monkeypatch.setattr(G, "check", check)
-    built = []
-
-    class Stepper:
-        def __init__(self, model, exs, rngs, device, gemm):
-            built.append((len(exs), gemm))
-
-        def step_plans(self):
-            return ["plan"]
-
-        def capture(self):
-            pass
-    monkeypatch.setattr(G, "SlotStepper", Stepper)
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: None)
-    host = SimpleNamespace(device=torch.device("cuda"), launch="threads")
-    b = G.ListenBatcher(host, slots=8)
-    model = _decoder()
-    group = G.Group(model)
-    member = lambda i: SimpleNamespace(id=i, rng=None, session=SimpleNamespace(       # noqa: E731
-        backbone=SimpleNamespace(executor=f"ex{i}")))
-    for n in range(1, 6):
-        group.members = [member(i) for i in range(n)]
-        why = b._recapture(group)
-        if n == 1:
-            assert group.stepper is None and checked == []
-        elif n == 3:
-            assert group.stepper is None and "5.96e-08" in why               # refused at 3: members step alone
-        else:
-            assert group.stepper is not None and built[-1] == (n, "bmm")
-    assert checked == [2, 3, 4, 5]                                           # each size checked, once
-    group.members = [member(i) for i in range(4)]
-    b._recapture(group)
-    assert checked == [2, 3, 4, 5]
-    assert b.verdict(model) == ("bmm", "8 slots ok") and checked[-1] == 8    # the host's check: its group size
-
-
-def test_batched_listen_verdicts_are_per_slot_count(monkeypatch):
-    import engine.host.batched as B
-    model = _decoder()
-    g2, why2 = B.check(model, "cpu", slots=2, steps=2)
-    g4, why4 = B.check(model, "cpu", slots=4, steps=2)
-    assert "over 2 slots" in why2 and "over 4 slots" in why4 and "cached" not in why4
-    assert g2 is not None and g4 is not None
-    k2 = fastpath.cache_key(f"batched LISTEN ({g2}, 2 slots)", "cpu", (repr(model.args), 2, 2, 0), B.CODE)
-    k4 = fastpath.cache_key(f"batched LISTEN ({g4}, 4 slots)", "cpu", (repr(model.args), 4, 2, 0), B.CODE)
-    assert k2 != k4
-
-
 # -- labels ------------------------------------------------------------------------------------------------
 def test_a_path_taken_only_in_captures_says_so(monkeypatch):
     from engine.models.step_audio2 import dit, fused, hift

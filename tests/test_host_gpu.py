@@ -1,5 +1,6 @@
-"""The engine host on CUDA: concurrent hosted sessions (threads, own streams, graph replay) give their
-solo output bit for bit; the batched LISTEN check runs on the device and batched groups keep the bits."""
+"""The engine host on CUDA: sessions on one device's scheduler (each its own stream, graph replay, batched LLM
+steps where the backbone declares them) give their solo output bit for bit, joining and leaving at random
+seconds; a session that fails to start fails alone."""
 from __future__ import annotations
 
 import numpy as np
@@ -55,46 +56,21 @@ def test_concurrent_hosted_sessions_equal_solo(tail):
     cfgs = [cfg, cfg, cfg.replace(demand_sized=False, graph_replay=False), cfg]
     flips = [None, None, None, {2: {"graph_replay": False}, 4: {"graph_replay": True}}]
     inputs = [frames_of(speech_like(SECONDS, seed=300 + i))[:SECONDS] for i in range(len(cfgs))]
-    host = EngineHost(device="cuda", launch="threads")
+    host = EngineHost(device="cuda")
     outs, runners = _run(host, cfgs, inputs, flips)
-    assert sum(r.hosted.exclusive_seconds for r in runners[:2]) == 0     # graph seconds ran concurrently
     host.close()
     for i, c in enumerate(cfgs):
         assert np.array_equal(outs[i], _solo(c, inputs[i])), f"{tail} session {i} differs from its solo run"
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_batched_listen_groups_keep_bits(n):
-    """Whatever this device's check says for a group of ``n``: chosen, the group's LISTEN replays batched;
-    refused, every member steps its own graphs. Either way each session equals its solo run, bit for bit."""
-    cfg = SessionConfig(tail="step-audio2", size="tiny", device="cuda", seed=6)
-    host = EngineHost(device="cuda", launch="threads", batched=True, batch_slots=3)
-    ok, why = host.batched_check(cfg, slots=n)
-    print(f"batched check at {n} slots:", ok, why)
-    assert f"over {n} slots" in why or "max |diff|" in why or "differs" in why, why
-    inputs = [frames_of(speech_like(SECONDS, seed=400 + i))[:SECONDS] for i in range(n)]
-    outs, runners = _run(host, [cfg] * n, inputs)
-    rounds = host.batcher.report()
-    host.close()
-    assert len(rounds) == 1 and rounds[0]["members"] == n, rounds
-    if ok:
-        assert rounds[0]["batched_rounds"] > 0, rounds
-    else:                                          # refused at this size: no batched step ran
-        assert rounds[0]["batched_rounds"] == 0, rounds
-    assert sum(r.hosted.exclusive_seconds for r in runners) == 0             # the members' seconds interleaved
-    for i in range(n):
-        assert np.array_equal(outs[i], _solo(cfg, inputs[i])), f"batched session {i} differs from its solo run"
-
-
-@pytest.mark.parametrize("hand_over", [False, True])
-def test_whole_minicpmo_sessions_start_and_stop_at_random_seconds(tmp_path, hand_over):
+@pytest.mark.parametrize("batched", [False, True])
+def test_whole_minicpmo_sessions_start_and_stop_at_random_seconds(tmp_path, batched):
     """Five whole MiniCPM-o 4.5 sessions (encoder, LLM, TTS, token2wav; tiny dims) start and stop at random
     seconds of each other, so their builds and captures overlap the others' seconds; one flips its
-    toggles, two have 2 s replies whose TTS store outgrows its room (a capture inside a concurrent second);
-    one whose folder is empty fails to start, alone, with one line. Builds hold the gate *capturing*, so
-    other sessions' seconds run while a build captures (shown by their wall spans). Every other session
-    equals its solo run, bit for bit. ``hand_over``: builds hand the capture lock to a session waiting to
-    capture between their own captures (session 22; off by default until this passes on the GPU)."""
+    toggles, two have 2 s replies whose TTS store outgrows its room (a capture inside a second); one whose
+    folder is empty fails to start, alone, with one line. Builds run in the scheduler's slices between the
+    other sessions' seconds (shown by their wall spans); with ``batched`` the one-token LLM forwards of the
+    sessions present run as group steps (some did). Every other session equals its solo run, bit for bit."""
     import time
     rng = np.random.default_rng(2026)
     base = SessionConfig(backbone="minicpm-o-4.5", size="tiny", device="cuda")
@@ -103,9 +79,7 @@ def test_whole_minicpmo_sessions_start_and_stop_at_random_seconds(tmp_path, hand
     lengths = [int(x) for x in rng.integers(5, 9, size=5)]
     inputs = [frames_of(speech_like(10, seed=700 + i))[:10] for i in range(5)]
     flips = {2: {1: {"graph_replay": False}, 3: {"graph_replay": True}}}
-    from engine.core.gate import GATE
-    handovers = GATE.handovers
-    host = EngineHost(device="cuda", launch="threads", hand_over=hand_over)
+    host = EngineHost(device="cuda", batched=batched)
     runners, fed, outs = {}, {i: 0 for i in range(5)}, {i: [] for i in range(5)}
     for tick in range(max(s + n for s, n in zip(starts, lengths)) + 1):
         if tick == 2:
@@ -134,28 +108,31 @@ def test_whole_minicpmo_sessions_start_and_stop_at_random_seconds(tmp_path, hand
     builds = [r.hosted.build_span for r in runners.values()]
     overlaps = sum(1 for r in runners.values() for a, b in r.hosted.spans for b0, b1 in builds
                    if a < b1 and b0 < b)
-    print("seconds that ran during another session's build:", overlaps, "; hand-overs:", GATE.handovers - handovers)
+    report = host.scheduler_report()
+    print("seconds that ran during another session's build:", overlaps, "; scheduler:", report)
     assert overlaps > 0, "no second ran beside a build: captures did not overlap work"
+    grouped = report["batches"].get("minicpm-o-4.5 llm step", {}).get("members_max", 0)
+    assert (grouped > 1) == batched, report
     host.close()
     for i in range(5):
         solo = _solo(cfgs[i], inputs[i][:lengths[i]])
         assert np.array_equal(np.concatenate(outs[i]), solo), f"MiniCPM-o session {i} differs from its solo run"
 
 
-def test_minicpmo_sessions_in_llm_rounds_equal_solo():
-    """Four whole MiniCPM-o sessions (tiny) in the host's LLM rounds (engine/host/llm_rounds.py), fed together so
-    their THINKs meet: each session's audio is its solo run's, bit for bit, rounds ran (the group step, captured,
-    over members present and absent) and none failed; one session flips its state policy at second 2 and back at
-    4 (it leaves the rounds and joins again)."""
+def test_minicpmo_sessions_batched_equal_solo():
+    """Four whole MiniCPM-o sessions (tiny) fed together, so their one-token LLM forwards meet in group steps:
+    each session's audio is its solo run's, bit for bit, group steps of several members ran, and none fell back;
+    one session flips its state policy at second 2 and back at 4 (it leaves its seat and takes one again)."""
     cfg = SessionConfig(tail="step-audio2", backbone="minicpm-o-4.5", size="tiny", device="cuda", seed=7)
     cfgs = [cfg] * 4
     flips = [None, None, None, {2: {"demand_sized": False}, 4: {"demand_sized": True}}]
     inputs = [frames_of(speech_like(SECONDS, seed=500 + i))[:SECONDS] for i in range(len(cfgs))]
-    host = EngineHost(device="cuda", launch="threads", llm_rounds=True)
+    host = EngineHost(device="cuda")
     try:
         outs, runners = _run(host, cfgs, inputs, flips)
-        report = host.llm_rounds.report()
-        print("llm rounds:", report, [r.hosted.rounds_note for r in runners])
+        report = host.scheduler_report()
+        steps = {k: r.report() for (k, _), r in host.scheduler._runners.items()}
+        print("scheduler:", report, steps)
         for i, (c, frames) in enumerate(zip(cfgs, inputs)):
             s = DuplexSession(c)
             s.start()
@@ -166,7 +143,7 @@ def test_minicpmo_sessions_in_llm_rounds_equal_solo():
                 solo.append(s.process(f)[0])
             s.close()
             assert np.array_equal(outs[i], np.concatenate(solo)), f"session {i} differs from its solo run"
-        assert report and sum(g["rounds"] for g in report) > 0, report
-        assert not any(g["errors"] for g in report), report
+        llm = steps["minicpm-o-4.5 llm step"]
+        assert llm["group_steps"] > 0 and report["batches"]["minicpm-o-4.5 llm step"]["members_max"] > 1, report
     finally:
         host.close()

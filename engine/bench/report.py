@@ -67,6 +67,54 @@ def machine() -> Dict[str, str]:
             "cpu": platform.processor() or platform.machine(), "cores": str(os.cpu_count())}
 
 
+def provenance() -> Dict[str, object]:
+    """What a result was measured on: the commit (and whether the tree had changes), the device and its driver,
+    torch with its CUDA, cuDNN and cuBLAS versions, the Python, the host."""
+    import subprocess
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    cuda = torch.cuda.is_available()
+    out: Dict[str, object] = {
+        "commit": git("rev-parse", "HEAD") or None, "tree_changed": bool(git("status", "--porcelain", "-uno")),
+        "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+        "cudnn": torch.backends.cudnn.version() if cuda else None, "host": platform.node()}
+    if cuda:
+        out["device"] = torch.cuda.get_device_name(0)
+        out["cublas"] = _cublas_version()
+        out["driver"] = _driver_version()
+    return out
+
+
+def _cublas_version() -> Optional[str]:
+    try:
+        import ctypes
+        lib = ctypes.CDLL("libcublas.so." + str(torch.version.cuda).split(".")[0])
+        parts = []
+        for prop in (0, 1, 2):                       # major, minor, patch (libraryPropertyType)
+            v = ctypes.c_int()
+            if lib.cublasGetProperty(prop, ctypes.byref(v)) != 0:
+                return None
+            parts.append(str(v.value))
+        return ".".join(parts)
+    except (OSError, AttributeError):
+        return None
+
+
+def _driver_version() -> Optional[str]:
+    import subprocess
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+        return out.splitlines()[0] if out else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def command_line(prog: str, argv: Sequence[str]) -> str:
     return " ".join([prog] + [shlex.quote(a) for a in argv])
 

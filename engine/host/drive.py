@@ -8,11 +8,13 @@ a second is timed from its frame's arrival, waits included.
 """
 from __future__ import annotations
 
+import hashlib
 import heapq
+import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -36,6 +38,7 @@ class Driven:
     next_k: int = 0
     records: List[SecondRecord] = field(default_factory=list)
     audio: List[np.ndarray] = field(default_factory=list)     # the first ``keep_audio`` seconds
+    digests: List[str] = field(default_factory=list)          # every second's output, by index (digest)
     error: str = ""
 
     def latency_ms(self, rec: SecondRecord) -> float:
@@ -52,23 +55,33 @@ class Window:
     p50_ms: float                 # arrival to done, all seconds of all sessions
     p99_ms: float
     max_ms: float
-    per_session: List[Dict[str, float]]
+    per_session: List[Dict[str, object]]
+    mean_ms: float = 0.0
 
     def to_dict(self) -> Dict[str, object]:
-        return {"sessions": self.sessions, "seconds": self.seconds, "misses": self.misses, "p50_ms": self.p50_ms,
-                "p99_ms": self.p99_ms, "max_ms": self.max_ms, "per_session": self.per_session}
+        return {"sessions": self.sessions, "seconds": self.seconds, "misses": self.misses, "mean_ms": self.mean_ms,
+                "p50_ms": self.p50_ms, "p99_ms": self.p99_ms, "max_ms": self.max_ms, "per_session": self.per_session}
+
+
+def digest(audio: np.ndarray) -> str:
+    """A second's output, by its bytes (equal digests: equal samples, short of a 64-bit collision)."""
+    return hashlib.blake2b(np.ascontiguousarray(audio, dtype=np.float32).tobytes(), digest_size=8).hexdigest()
 
 
 class PacedLoad:
     """Adds and removes sessions on ``host`` and feeds each one frame a second; see the module doc."""
 
-    def __init__(self, host: EngineHost, keep_audio: int = 0, align: int = 0):
-        """``align``: sessions come in phase-aligned groups of this many (batched LISTEN), 0: all staggered."""
+    def __init__(self, host: EngineHost, keep_audio: int = 0, align: int = 0, seed: Optional[int] = None):
+        """``align``: sessions come in phase-aligned groups of this many, 0: all staggered. ``seed``: each
+        session's phase drawn at random from it (sessions joining at random moments); None: spread by the
+        golden ratio."""
         self.host = host
         self.align = int(align)
+        self._phases = None if seed is None else random.Random(int(seed))
         self.keep_audio = int(keep_audio)
         self.sessions: List[Driven] = []
         self._removed: List[Driven] = []         # stopped sessions: their errors still count in errors()
+        self._paused: List[Driven] = []          # built and kept, fed no frames until resumed
         self._held: List[Driven] = []            # built, not yet fed (add(hold=True) until release())
         self._lock = threading.Lock()
         self._heap: List = []
@@ -111,7 +124,8 @@ class PacedLoad:
         with self._lock:
             for d in self._held:
                 slot = d.index // self.align if self.align > 0 else d.index
-                d.t0 = now + 0.05 + (slot * GOLDEN) % 1.0
+                phase = (slot * GOLDEN) % 1.0 if self._phases is None else self._phases.random()
+                d.t0 = now + 0.05 + phase
                 self.sessions.append(d)
                 heapq.heappush(self._heap, (d.t0, d.index, d))
             self._held.clear()
@@ -123,9 +137,31 @@ class PacedLoad:
             self._removed.append(d)
         d.runner.stop(timeout=30.0)
 
+    def pause_last(self) -> None:
+        """Stop feeding the most recently added session; it stays built (its records and digests too) and a
+        later :meth:`resume` feeds it again from its next frame, at a new moment."""
+        with self._lock:
+            self._paused.append(self.sessions.pop())
+
+    def resume(self) -> bool:
+        """Feed the most recently paused session again (from a random moment); False when none is paused."""
+        with self._lock:
+            if not self._paused:
+                return False
+            d = self._paused.pop()
+            phase = (d.index * GOLDEN) % 1.0 if self._phases is None else self._phases.random()
+            d.t0 = time.perf_counter() + 0.05 + phase - d.next_k
+            self.sessions.append(d)
+            heapq.heappush(self._heap, (d.t0 + d.next_k, d.index, d))
+        return True
+
+    @property
+    def paused(self) -> int:
+        return len(self._paused)
+
     def close(self) -> None:
         self._stop.set()
-        for d in list(self.sessions) + self._held:
+        for d in list(self.sessions) + self._held + self._paused:
             d.runner.stop(timeout=30.0)
         self._feeder.join(5.0)
         self._collector.join(5.0)
@@ -165,6 +201,7 @@ class PacedLoad:
                         d.error = res.message
                         continue
                     d.records.append(res.record)
+                    d.digests.append(digest(res.audio))
                     if len(d.audio) < self.keep_audio:
                         d.audio.append(res.audio)
             if not got:
@@ -209,12 +246,20 @@ class PacedLoad:
             per.append({"session": d.index, "seconds": due, "finished": len(mine), "misses": m,
                         "p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99),
                         "p50_work_ms": percentile([r.total_ms for r in mine], 50),
-                        "p99_work_ms": percentile([r.total_ms for r in mine], 99)})
+                        "p99_work_ms": percentile([r.total_ms for r in mine], 99),
+                        "speaking": sum(1 for r in mine if r.decision == "speak"),
+                        # (when its frame came, s after the window's start; arrival to done, ms)
+                        "series": [(round(d.t0 + r.index - start, 2), round(x, 1)) for r, x in zip(mine, ms)]})
             if d.error:
                 misses += 1
                 per[-1]["error"] = d.error
         return Window(len(every), seconds, misses, percentile(lat, 50), percentile(lat, 99),
-                      max(lat, default=0.0), per)
+                      max(lat, default=0.0), per, mean_ms=float(np.mean(lat)) if lat else 0.0)
+
+    def removed(self) -> List[Driven]:
+        """The sessions removed or paused so far (their records and digests kept)."""
+        with self._lock:
+            return list(self._removed) + list(self._paused)
 
     def errors(self) -> List[str]:
         """Every session's failure so far, the removed sessions' too (a ramp removes a failed one)."""

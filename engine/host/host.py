@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional
 
+import numpy as np
 import torch
 
 from engine.session import SessionConfig
@@ -181,6 +182,18 @@ class EngineHost:
             out["allocated_bytes"] = int(torch.cuda.memory_allocated(self.device))
             out["reserved_bytes"] = int(torch.cuda.memory_reserved(self.device))
         return out
+
+    def memory_summary(self) -> Dict[str, float]:
+        """MiB: the median session's state and what its admission added, the shared weights, the device's
+        reserved total."""
+        mem = self.memory()
+        per = list(mem["sessions"].values())
+        med = lambda key: float(np.median([m[key] for m in per])) / 2**20 if per else 0.0       # noqa: E731
+        return {"per_session_state_mib": round(med("state_bytes"), 1),
+                "per_session_allocated_mib": round(med("allocated_bytes"), 1),
+                "per_session_reserved_mib": round(med("reserved_bytes"), 1),
+                "shared_weights_mib": round(sum(v["bytes"] for v in mem["shared_weights"].values()) / 2**20, 1),
+                "device_reserved_mib": round(mem.get("reserved_bytes", 0) / 2**20, 1)}
 
     def scheduler_report(self) -> Dict[str, object]:
         """What the scheduler did so far (turns, batches by kind and size, build slices, host busy time)."""

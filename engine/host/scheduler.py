@@ -52,11 +52,26 @@ class SchedulerStats:
         self.since = time.perf_counter()
 
     def to_dict(self) -> Dict[str, object]:
-        wall = max(1e-9, time.perf_counter() - self.since)
-        return {"ticks": self.ticks, "resumes": self.resumes, "slices": self.slices,
-                "longest_slice_ms": round(self.longest_slice_ms, 2), "host_busy_fraction": round(self.busy_s / wall, 4),
-                "batches": {k: {"runs": len(v), "members_mean": round(sum(v) / max(1, len(v)), 2),
-                                "members_max": max(v, default=0)} for k, v in self.batches.items()}}
+        return self.since_snapshot({"t": self.since, "ticks": 0, "resumes": 0, "slices": 0, "busy_s": 0.0,
+                                    "batches": {}})
+
+    def snapshot(self) -> Dict[str, object]:
+        """The counts now, for :meth:`since_snapshot`."""
+        return {"t": time.perf_counter(), "ticks": self.ticks, "resumes": self.resumes, "slices": self.slices,
+                "busy_s": self.busy_s, "batches": {k: len(v) for k, v in self.batches.items()}}
+
+    def since_snapshot(self, snap: Dict[str, object]) -> Dict[str, object]:
+        """What the loop did since ``snap``: turns, resumes, build slices, the share of wall time it was busy,
+        and per batched step kind its runs and how many members they had."""
+        wall = max(1e-9, time.perf_counter() - snap["t"])
+        batches = {}
+        for k, v in self.batches.items():
+            new = v[snap["batches"].get(k, 0):]
+            if new:
+                batches[k] = {"runs": len(new), "members_mean": round(sum(new) / len(new), 2), "members_max": max(new)}
+        return {"ticks": self.ticks - snap["ticks"], "resumes": self.resumes - snap["resumes"],
+                "slices": self.slices - snap["slices"], "longest_slice_ms": round(self.longest_slice_ms, 2),
+                "host_busy_fraction": round((self.busy_s - snap["busy_s"]) / wall, 4), "batches": batches}
 
 
 class Scheduler:

@@ -39,12 +39,12 @@ class SessionHost:
     (see :meth:`config_for`).
     """
 
-    def __init__(self, base: SessionConfig, max_sessions: int = 32, launch: str = "threads"):
+    def __init__(self, base: SessionConfig, max_sessions: int = 32):
         if int(max_sessions) < 1:
             raise ValueError(f"max_sessions must be at least 1, got {max_sessions}")
         self.base = base.resolved()
         self.max_sessions = int(max_sessions)
-        self.engine = EngineHost(device=self.base.device, launch=launch, max_sessions=self.max_sessions)
+        self.engine = EngineHost(device=self.base.device, max_sessions=self.max_sessions)
         self._lock = threading.Lock()
         self.opened = 0                       # sessions admitted over the replica's life
 

@@ -12,6 +12,8 @@ from typing import Dict, List, Tuple
 
 import torch
 
+from engine.core import yieldpoints
+
 
 class StageClock:
     """Marks stage boundaries of one second and reports each stage's milliseconds."""
@@ -33,6 +35,7 @@ class StageClock:
     def stages(self) -> Dict[str, float]:
         """Milliseconds from each mark to the next, keyed by the earlier mark's name."""
         if self.cuda:
+            yieldpoints.wait()                 # under a device's scheduler: park until the second's work is done
             self.marks[-1][1].synchronize()
         out = {}
         for (name, a), (_, b) in zip(self.marks, self.marks[1:]):

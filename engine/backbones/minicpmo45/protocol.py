@@ -28,6 +28,8 @@ from typing import Callable, List, Optional, Sequence
 
 import torch
 
+from engine.core import yieldpoints
+
 from .dims import Dims
 from .kv import KVStore
 from .llm import Qwen3
@@ -237,8 +239,10 @@ class Protocol:
                 logits = self.tts_step(codes[t - 1:t], self.kv_tts)
             self._emit("tts_logits", logits)
             c = self._step_code(logits, codes, t, min_codes)
-            if t >= min_codes and int(c.item()) == eos:      # a host check only where EOS may come
-                return t
+            if t >= min_codes:                               # a host check only where EOS may come
+                yieldpoints.wait()
+                if int(c.item()) == eos:
+                    return t
         return steps - 1
 
     def _codes_ahead(self, logits: torch.Tensor, codes: torch.Tensor, min_codes: int) -> int:
@@ -256,6 +260,7 @@ class Protocol:
                 seen.append(logits)
             self._step_code(logits, codes, t, min_codes)
             after.append(draw_state(dev))
+        yieldpoints.wait()                                      # under a scheduler: park until the codes are in
         drawn = codes.tolist()
         kept = next((t for t in range(min_codes, steps) if drawn[t] == eos), steps - 1)
         if kept < steps - 1:                                    # the stock stopped at step ``kept``

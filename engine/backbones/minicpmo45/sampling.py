@@ -31,6 +31,7 @@ from typing import Dict, List, Sequence
 import torch
 import torch.nn.functional as F
 
+from engine.core import yieldpoints
 from engine.core.graphs import session_generator
 from engine.core.hostcopy import count_codes, device_ids
 
@@ -84,12 +85,16 @@ class TextSampler:
 
     def __call__(self, logits: torch.Tensor) -> int:
         gen = session_generator(logits.device)
-        decision = int(race(F.softmax(logits[0], dim=-1), gen).item())
+        drawn = race(F.softmax(logits[0], dim=-1), gen)
+        yieldpoints.wait()                       # under a scheduler: the others' work goes on while this is read
+        decision = int(drawn.item())
         if decision == self.t.chunk_eos:
             return decision
         x = self._penalised(logits.clone())
         x = top_k_top_p(x / self.s.temperature, self.s.top_k, self.s.top_p)
-        tok = int(race(F.softmax(x, dim=-1), gen).item())
+        drawn = race(F.softmax(x, dim=-1), gen)
+        yieldpoints.wait()
+        tok = int(drawn.item())
         self.history.append(tok)
         return tok
 
