@@ -49,7 +49,7 @@ def _solo(cfg: SessionConfig, frames) -> np.ndarray:
 
 def _hosted(cfgs, frames):
     """Both sessions in one host (the second built around the first one's cached weights), same input."""
-    host = EngineHost(device="cpu", launch="one")
+    host = EngineHost(device="cpu")
     runners = [host.open(c, force=True) for c in cfgs]
     for r in runners:
         r.start()

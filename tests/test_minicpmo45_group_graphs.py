@@ -171,16 +171,16 @@ def test_the_check_passes_where_the_step_keeps_the_bits(dtype, one_torch_thread)
 
 
 def test_the_check_catches_a_row_handed_to_the_wrong_session(monkeypatch, one_torch_thread):
-    """Planted: the last graph hands session 0 the head of row 1. The check must say so."""
+    """Planted: the last graph hands session 0 the final hidden state of row 1. The check must say so."""
     model, d = _model(torch.bfloat16)
     final = group_graphs.group_final
 
     def swapped(llm, x):
-        h, logits = final(llm, x)
-        return h, logits.flip(0)
+        (h,) = final(llm, x)
+        return (h.flip(0),)
     monkeypatch.setattr(group_graphs, "group_final", swapped)
     ok, why = check(model, _make_store(model, d, torch.bfloat16), CPU, 2, check_rows(model, [1, 2]), graphs=False)
-    assert not ok and "session 0 of 2" in why and "logits differ" in why
+    assert not ok and "session 0 of 2" in why and "hidden state or logits differ" in why
 
 
 def _sink_stores(model, d, dtype, n: int, seed: int):
