@@ -1,8 +1,8 @@
 """Where a second's host operators come from: each CPU operator called from Python, by our code that called it.
 
 A hosted MiniCPM-o speaking second on the H200 ran ~13,900 profiled CPU operators and ~2,100 host kernel launches
-beside its 307 graph launches (session 20's accounting), all under one interpreter: at eight sessions that host
-work, not the GPU's ~111 kernel ms, is what several sessions speaking at once contend for. To cut it one has to
+beside its 307 graph launches, all on the one thread that launches the device's work: with many sessions that host
+work, beside the GPU's ~111 kernel ms, is what several sessions speaking at once contend for. To cut it one has to
 know which of our functions issue it. With ``torch.profiler``'s ``with_stack``, every Python call is an event too,
 and each operator's ``cpu_parent`` chain leads up through the Python frames that called it. Here each *top-level*
 operator (one called from Python, not from inside another operator) is charged to the innermost frame of ours —

@@ -1,17 +1,16 @@
 """The one graph runtime: every CUDA graph in the process is captured here, through the one gate.
 
 Whoever captures — the executor (one graph per shape signature), a backbone (the LLM's layer graphs,
-the TTS's per-length decode graphs), the host (a group's batched LISTEN) or a fast-path self-check —
-owns a :class:`GraphRuntime`: a memory pool (dropped with its graphs, never reused) and counters; all
-runtimes of a device warm up and capture on its one capture stream (:func:`capture_stream`). :meth:`GraphRuntime.capture` is the only capture call, and it
+the TTS's per-length decode graphs), a batched step (the group LLM step) or a fast-path self-check — owns a
+:class:`GraphRuntime`: a memory pool (dropped with its graphs, never reused) and counters; all runtimes of a
+device warm up and capture on its one capture stream (:func:`capture_stream`). :meth:`GraphRuntime.capture` is
+the only capture call, and it
 
-* holds the process's gate (:data:`engine.core.gate.GATE`) *capturing* for the capture: one capture
-  at a time in the process and no exclusive section (an eager second, a migration) beside it, while
-  other sessions' replaying seconds go on (they never draw from the default generator a capture
-  registers);
-* captures in ``"thread_local"`` mode on the device's one (non-blocking) capture stream, so a CUDA call by another thread
-  (another session's second, the app's audio thread, a profiler) cannot invalidate it, and never
-  synchronizes the device or empties the allocator's cache for it;
+* holds the process's capture lock (:data:`engine.core.gate.GATE`) for the capture: one capture at a time in
+  the process;
+* captures in ``"thread_local"`` mode on the device's one (non-blocking) capture stream, so a CUDA call by another
+  thread (the app's audio thread, a profiler) cannot invalidate it, and never synchronizes the device or empties
+  the allocator's cache for it;
 * installs the random-number state of the session the thread is working for (:func:`working_for`),
   so the graph registers that session's generator state, not whatever another session left installed;
   eager draws in a session's concurrent second take :func:`session_generator`.

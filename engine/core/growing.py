@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -263,9 +263,6 @@ class DemandGrowth(GrowingStore):
     #: units allocated past ``capacity`` that no history ever reaches (a subclass's scratch: the MiniCPM-o LLM
     #: store's sink for a group step's absent rows); set before this class's ``__init__`` allocates
     spare = 0
-    #: the context a migration runs in (None: none). LLM rounds set it on a member's store so the old storage is
-    #: not let go while a group step another thread leads may still write it (engine/backbones/minicpmo45/rounds.py)
-    move_guard: Optional[Callable[[], ContextManager]] = None
 
     def __init__(self, regions: Sequence[Region], device, capacity: int, growable: bool = False):
         super().__init__(regions, device)
@@ -302,16 +299,14 @@ class DemandGrowth(GrowingStore):
         self._move(cap if limit is None else min(limit, cap))
 
     def _move(self, cap: int) -> None:
-        """Growth as a migration: new storage of ``cap`` units, the history copied, ``grown`` bumped (inside the
-        :attr:`move_guard`, where one is set)."""
-        with self.move_guard() if self.move_guard is not None else contextlib.nullcontext():
-            for r in self.regions:
-                old = self.storage[r.name]
-                new = torch.zeros(r.shape_at(cap + self.spare), dtype=r.dtype, device=old.device)
-                new.narrow(self.axis, 0, self.length).copy_(old.narrow(self.axis, 0, self.length))
-                self.storage[r.name] = new
-            self.capacity = cap
-            self.grown += 1
+        """Growth as a migration: new storage of ``cap`` units, the history copied, ``grown`` bumped."""
+        for r in self.regions:
+            old = self.storage[r.name]
+            new = torch.zeros(r.shape_at(cap + self.spare), dtype=r.dtype, device=old.device)
+            new.narrow(self.axis, 0, self.length).copy_(old.narrow(self.axis, 0, self.length))
+            self.storage[r.name] = new
+        self.capacity = cap
+        self.grown += 1
 
     def state_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.storage.values())

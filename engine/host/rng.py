@@ -11,9 +11,8 @@ depend on the others. :class:`SessionRng` gives each session its own state inste
   replay, reads and advances that object's seed and offset — not whatever is installed then. So a
   session's graphs keep drawing from its own state even while other sessions replay concurrently on
   other streams (each state also has its own seed/offset tensors for the graph, so nothing races).
-* CPU: the default CPU generator's state, saved after and restored before each of the session's
-  exclusive sections (eager draws cannot run concurrently with another session's: the host runs
-  every eager second exclusively, see :mod:`engine.core.gate`).
+* CPU: the default CPU generator's state, put on whenever the device's scheduler switches into one of the
+  session's greenlets and saved when it parks (:meth:`SessionRng.enter` / :meth:`SessionRng.leave`).
 """
 from __future__ import annotations
 
@@ -51,7 +50,7 @@ class SessionRng:
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
         """Make this session's state the default generators' for the duration of the block (re-entrant:
-        inside an installed block, e.g. a capture during the session's own exclusive second, nothing changes)."""
+        inside an installed block, e.g. a capture during one of the session's own seconds, nothing changes)."""
         if self._depth:
             self._depth += 1
             try:

@@ -31,7 +31,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import torch
 
-from .tasks import BATCH, DONE, FAILED, READY, SLICE, WAIT, Task
+from .tasks import BATCH, READY, SLICE, WAIT, Task
 
 log = logging.getLogger("engine.host.scheduler")
 

@@ -18,9 +18,8 @@ spread as the bench spreads them). :func:`predict` says, per session count, the 
 """
 from __future__ import annotations
 
-import heapq
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
@@ -84,14 +83,6 @@ def shapes_of(records) -> List[Shape]:
     return out
 
 
-@dataclass(order=True)
-class _Ev:
-    when: float
-    seq: int
-    what: str = field(compare=False)
-    who: int = field(compare=False, default=-1)
-
-
 class _Twin:
     """The simulated device: one host thread, streams, ``lanes`` device slots (all times in ms)."""
 
@@ -118,7 +109,6 @@ class _Twin:
         ready_at = {i: 0.0 for i in range(self.n)}
         arrival = {i: self.phase[i] for i in range(self.n)}
         second = {i: 0 for i in range(self.n)}
-        parked: List[int] = []
         for i in range(self.n):
             todo[i] = self._steps(self.shapes[i][0])
             ready_at[i] = arrival[i]

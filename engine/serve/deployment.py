@@ -59,9 +59,9 @@ class ServeSpec:
     drain_timeout_s: float = 3600.0
     stats_period_s: float = 1.0
     autoscaling: Dict[str, Any] = field(default_factory=dict)   # Serve autoscaling_config overrides (delays)
-    #: the replica process's thread switch interval (ms): its sessions' threads take turns launching kernels
-    #: under the GIL, and shorter turns keep more of them on time (H200, session 20: whole MiniCPM-o sessions
-    #: held 4 at 1 ms where Python's default 5 ms held 3); None keeps the interpreter's
+    #: the replica process's thread switch interval (ms): the scheduler's thread shares the interpreter with the
+    #: sessions' network threads, and shorter turns hand it back sooner (on the H200 whole MiniCPM-o sessions held
+    #: 4 at 1 ms where Python's default 5 ms held 3); None keeps the interpreter's
     switch_interval_ms: Optional[float] = 1.0
     #: the replica process's CUDA work queues (CUDA_DEVICE_MAX_CONNECTIONS, engine/cuda_queues.py), set before
     #: its first CUDA call; None keeps the environment's (else the driver's 8)

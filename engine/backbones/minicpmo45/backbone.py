@@ -395,8 +395,8 @@ class MiniCPMO45Backbone(Backbone):
         prepared runs the layer graphs, with the same bits. ``stop`` (asked between captures): the next frame is
         here. Nothing where graphs are off. Returns the captures made.
 
-        The LLM's scopes are not on by default: on the H200 (session 10) capturing "all" took ~2 s per second,
-        past the idle time (docs/device-notes-session10.md)."""
+        The LLM's scopes are not on by default: on the H200 capturing "all" took ~2 s per second, past the idle
+        time."""
         if scope not in AHEAD_SCOPES:
             raise ValueError(f"ahead scope {scope!r}: choose one of {', '.join(AHEAD_SCOPES)}")
         if not hasattr(self, "protocol") or not self._graphs_on():

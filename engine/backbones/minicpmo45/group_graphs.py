@@ -1,5 +1,4 @@
-"""The one-token LLM step of a group of sessions as layer graphs over all their rows (issue 24; the design:
-docs/design-cross-session-llm.md).
+"""The one-token LLM step of a group of sessions as layer graphs over all their rows (run by :mod:`.batched_llm`).
 
 :class:`~.llm_graphs.LayerGraphs` replays one session's one-token forward as 37 graphs with exact-length attention
 eagerly between them. :class:`GroupGraphs` does the same for ``S`` sessions at once: each graph runs the segment
@@ -7,11 +6,12 @@ between two attention calls over the ``S`` rows — the input norm, the q/k/v pr
 each row's own position, each row's key and value written into its own session's store at that store's length,
 then after attention the o projection, the residual, the MLP and the next norm — and attention runs eagerly per
 session over exactly its own history (its own :class:`~.llm_graphs.ExactAttention`). The last graph takes the
-final norm over all rows and the lm_head **one row at a time** (no row count keeps its bits on the H200).
+final norm over all rows; the lm_head runs after it for each present row alone (no row count keeps its bits on the
+H200).
 
-Bits: a linear runs as one GEMM of ``S`` rows only where :func:`check_rows` proved it on this device
-for that weight and count (else one row at a time, as alone); norms, RoPE and the elementwise work are per row
-(session 22's probe: ``torch.equal`` at 2-32 rows on the H200). :func:`check` runs the whole step against each
+Bits: a linear runs as one GEMM of ``S`` rows only where :func:`check_rows` proved it on this device for that
+weight and count (else in consecutive chunks of a proven count, one row at a time where none is); norms, RoPE and
+the elementwise work are per row (``torch.equal`` at 2-32 rows on the H200). :func:`check` runs the whole step against each
 session's own layer graphs on fresh random histories at different lengths, every output and every byte of every
 store, before a host lets a group of that size use it.
 
@@ -172,7 +172,7 @@ class GroupGraphs:
 
     def _capture(self) -> None:
         """Every segment warmed up for real on the side stream, then captured (one gate hold for all). Where every
-        store has a sink the warm-up writes there (a member may be feeding its own store meanwhile: rounds)."""
+        store has a sink the warm-up writes there (a member's own work may be writing its store meanwhile)."""
         sinks = all(getattr(st, "sink", None) is not None for st in self.stores)
         self._set_positions([False] * len(self.stores) if sinks else None)
         capture_segments(self, self.llm.d.layers + 1)

@@ -106,9 +106,9 @@ class DemandKV(KVStore, DemandGrowth):
     """Allocated once at ``capacity`` positions; in-place writes; exact-length views (stable addresses).
     ``growable``: past its room the store migrates to twice the room (up to the horizon), ``grown`` + 1.
     ``sink``: one more position allocated past the room, at index ``capacity`` (:attr:`sink`), that no history
-    reaches and no attention reads: where a group step writes the key and value of a member absent from its
-    round, so the write never meets the member's own forward on its own stream (docs/design-cross-session-llm.md,
-    "rounds with members absent")."""
+    reaches and no attention reads: where a group step writes the key and value of a session that sits it out
+    (:mod:`.batched_llm`), so the write never lands on the history of a session whose own work runs on its own
+    stream meanwhile."""
 
     def __init__(self, region_k: Region, layers: int, capacity: int, device, growable: bool = False,
                  sink: bool = False):

@@ -125,8 +125,8 @@ class DecodeGraphs:
     def prepare(self, kv, up_to: int) -> None:
         """Ahead of time (before the session's first turn), over an empty KV: lengths 2..up_to; and, where the
         store has room past them (a reply the model may carry on), the between-attention graphs that run those
-        lengths, so the second a reply first passes its prepared room pays no capture (H200, session 15: that
-        second's THINK took 130 ms against ~92 for its neighbours)."""
+        lengths, so the second a reply first passes its prepared room pays no capture (on the H200, capturing them
+        there made that second's THINK 130 ms against ~92 for its neighbours)."""
         self._follow(kv)
         for n in range(2, min(int(up_to), kv.capacity) + 1):
             self.capture(kv, n, warm=True)
@@ -146,8 +146,8 @@ class DecodeGraphs:
 
         Each new graph is launched once here, writing only past the history (where the real step writes again
         before anything reads): a graph's first launch uploads it to the device, and each of these replays
-        once in the second itself, so that cost stays out of the second (the H200's session 10: graphs
-        prepared ahead without it made the second no faster)."""
+        once in the second itself, so that cost stays out of the second (on the H200, graphs prepared ahead
+        without it made the second no faster)."""
         self._follow(kv)
         room = self.recurring or 0
         for n in [n for n in self.graphs if room < n <= kv.length]:
