@@ -236,3 +236,21 @@ def test_a_window_counts_every_second_that_came_due_finished_or_not():
     finally:
         load.sessions.clear()
         load.close()
+
+
+def test_a_session_is_admitted_for_its_horizon(one_torch_thread):
+    """The memory check counts what the admitted sessions' state will still grow by before the host's horizon (a
+    MiniCPM-o LLM store at its declared worst case), and says so in one line; the horizon is a positive number."""
+    with pytest.raises(ValueError, match="horizon_s"):
+        EngineHost(device="cpu", horizon_s=float("nan"))
+    why = memory_refusal(1 << 30, 2 << 30, horizon_s=600.0)
+    assert why.startswith("not enough GPU memory for another session for 10 minutes") and "\n" not in why
+    host = EngineHost(device="cpu", horizon_s=600.0)
+    s = host.admit(_cfg("step-audio2", backbone="minicpm-o-4.5"))
+    try:
+        bb = s.session.backbone
+        assert bb.horizon_bytes(600) > bb.horizon_bytes(60) >= bb.state_bytes()
+        assert s.memory.horizon > s.memory.state and s.growth_left() == s.memory.horizon - s.memory.state
+        assert host._session_bytes() >= s.memory.horizon - s.memory.state
+    finally:
+        host.close()

@@ -88,6 +88,18 @@ class Backbone:
         """Bytes of streaming state the backbone holds (KV caches)."""
         return 0
 
+    def horizon_bytes(self, seconds: float) -> int:
+        """Bytes of streaming state the backbone will hold after ``seconds`` of a session at the worst case its
+        clocks declare (what a host admits a session for); its state now by default (nothing grows)."""
+        return int(self.state_bytes())
+
+    def batch_runner(self, kind: str, group: object):
+        """The runner of a batched step this backbone declares (a device's scheduler asks the first session that
+        parks at one): an object with ``run(members, payloads) -> results``, ``prepare(member)`` and
+        ``leave(member)``. None declared by default."""
+        from engine.core.yieldpoints import NotBatched
+        raise NotBatched(kind)
+
     def close(self) -> None:
         """Release what the backbone holds."""
 

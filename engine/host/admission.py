@@ -171,9 +171,14 @@ class LoadMeter:
                 f"{self.deadline_ms:.0f} ms deadline)")
 
 
-def memory_refusal(free_bytes: int, per_session_bytes: int, margin_bytes: int = 256 << 20) -> Optional[str]:
-    """None when the device has room for one more session of ``per_session_bytes``; else the reason."""
+def memory_refusal(free_bytes: int, per_session_bytes: int, margin_bytes: int = 256 << 20,
+                   horizon_s: Optional[float] = None) -> Optional[str]:
+    """None when the device has room for one more session of ``per_session_bytes``; else the reason. With
+    ``horizon_s``, ``free_bytes`` is what stays free once every admitted session has grown to that horizon, and
+    ``per_session_bytes`` what the new one takes there."""
     if per_session_bytes <= 0 or free_bytes >= per_session_bytes + margin_bytes:
         return None
-    return (f"not enough GPU memory for another session: {free_bytes / 2**20:.0f} MiB free, a session takes "
-            f"about {per_session_bytes / 2**20:.0f} MiB (+{margin_bytes / 2**20:.0f} MiB margin)")
+    over = "" if horizon_s is None else f" for {horizon_s / 60:g} minutes"
+    left = "free" if horizon_s is None else "free once the admitted sessions have grown that long"
+    return (f"not enough GPU memory for another session{over}: {max(0, free_bytes) / 2**20:.0f} MiB {left}, a "
+            f"session takes about {per_session_bytes / 2**20:.0f} MiB (+{margin_bytes / 2**20:.0f} MiB margin)")

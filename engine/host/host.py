@@ -33,6 +33,9 @@ from .session import HostedSession
 from .tasks import DONE
 from .weights import WeightsCache
 
+#: how long a session is admitted for: the memory it will hold after this long at its declared worst case must fit
+HORIZON_S = 600.0
+
 
 class EngineHost:
     """Runs many duplex sessions on one device through its scheduler; see the module docstring.
@@ -42,9 +45,12 @@ class EngineHost:
 
     def __init__(self, device: str = "auto", max_sessions: Optional[int] = None, reserve_ms: float = 100.0,
                  window_s: float = 10.0, min_seconds: int = 3, batched: bool = True,
-                 batch_wait_s: float = BATCH_WAIT_S):
+                 batch_wait_s: float = BATCH_WAIT_S, horizon_s: float = HORIZON_S):
         if max_sessions is not None and int(max_sessions) < 1:
             raise ValueError(f"max_sessions must be at least 1, got {max_sessions}")
+        if not (float(horizon_s) > 0 and np.isfinite(horizon_s)):
+            raise ValueError(f"horizon_s must be a positive number of seconds, got {horizon_s}")
+        self.horizon_s = float(horizon_s)
         self.device = torch.device(SessionConfig(device=device).resolved().device)
         self.max_sessions = None if max_sessions is None else int(max_sessions)
         self.min_seconds = int(min_seconds)
@@ -68,8 +74,13 @@ class EngineHost:
             return f"the host is full: {n} of {self.max_sessions} sessions"
         why = self.meter.refusal(n, self.min_seconds * n)
         if why is None and self.device.type == "cuda":
-            why = memory_refusal(self.scheduler.run(self._free_bytes), self._session_bytes())
+            free = self.scheduler.run(self._free_bytes) - self._growth_left()
+            why = memory_refusal(free, self._session_bytes(), horizon_s=self.horizon_s)
         return why
+
+    def _growth_left(self) -> int:
+        """What the admitted sessions' state will still grow by before the horizon."""
+        return sum(s.growth_left() for s in self.sessions())
 
     def _free_bytes(self) -> int:
         free, _ = torch.cuda.mem_get_info(self.device)
@@ -77,9 +88,11 @@ class EngineHost:
         return int(free + max(0, cached))
 
     def _session_bytes(self) -> int:
-        """The most any admitted session added (its own state, graphs and pools), 0 before the first."""
+        """The most any admitted session added (its own state, graphs and pools) plus what its state grows by to
+        the horizon; 0 before the first."""
         with self._lock:
-            return max((max(s.memory.allocated, s.memory.reserved) for s in self._sessions.values()), default=0)
+            return max((max(s.memory.allocated, s.memory.reserved) + max(0, s.memory.horizon - s.memory.state)
+                        for s in self._sessions.values()), default=0)
 
     def _register(self, cfg: SessionConfig, force: bool) -> HostedSession:
         with self._admitting:                  # one decision at a time: two callers cannot take one slot

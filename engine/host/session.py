@@ -36,10 +36,12 @@ class SessionMemory:
     reserved: int = 0            # torch allocator: reserved after - before (graph pools, cached blocks)
     shared_loaded: int = 0       # shared weights this admission loaded (0 when all were cached)
     weights_reused: List[str] = field(default_factory=list)
+    horizon: int = 0             # the state once grown to the host's horizon at the declared worst case
 
     def to_dict(self) -> Dict[str, object]:
         return {"state_bytes": self.state, "allocated_bytes": self.allocated, "reserved_bytes": self.reserved,
-                "shared_weights_loaded_bytes": self.shared_loaded, "weights_reused": list(self.weights_reused)}
+                "shared_weights_loaded_bytes": self.shared_loaded, "weights_reused": list(self.weights_reused),
+                "horizon_state_bytes": self.horizon}
 
 
 def _device_bytes(device: torch.device) -> Tuple[int, int]:
@@ -101,7 +103,15 @@ class HostedSession:
         self.memory = SessionMemory(state=int(s.tail.state_bytes()) + int(s.backbone.state_bytes()),
                                     allocated=max(0, alloc1 - alloc0 - loaded), reserved=max(0, res1 - res0),
                                     shared_loaded=loaded,
-                                    weights_reused=[k.label() for k, hit in zip(keys, found) if hit is not None])
+                                    weights_reused=[k.label() for k, hit in zip(keys, found) if hit is not None],
+                                    horizon=int(s.tail.state_bytes()) + int(s.backbone.horizon_bytes(self.host.horizon_s)))
+
+    def growth_left(self) -> int:
+        """Bytes this session's state will still grow by before the host's horizon (0 once built state is there)."""
+        s = self.session
+        if s is None or s.tail is None or s.backbone is None:
+            return 0
+        return max(0, self.memory.horizon - int(s.tail.state_bytes()) - int(s.backbone.state_bytes()))
 
     def close(self) -> None:
         """Release the models (on the scheduler's thread, between this session's seconds)."""

@@ -531,6 +531,16 @@ class MiniCPMO45Backbone(Backbone):
         return int(self.executor.state_bytes() + self.front.state_bytes() + self.kv_llm.nbytes()
                    + self.kv_tts.nbytes())
 
+    def horizon_bytes(self, seconds: float) -> int:
+        """The state after ``seconds`` at the declared worst case: the LLM store grown to hold that many worst-case
+        seconds past its history now (at most its positions), the rest as it is."""
+        kv = self.kv_llm if hasattr(self, "kv_llm") else None
+        if kv is None or kv.kind != "demand":
+            return int(self.state_bytes())
+        per_position = kv.nbytes() / max(1, kv.capacity + kv.spare)
+        positions = min(self.dims.llm.max_positions, kv.length + LLM_TOKENS_PER_SECOND * int(seconds))
+        return int(self.state_bytes() + max(0, positions - kv.capacity) * per_position)
+
     def shared_weights(self) -> Optional[Dict[str, object]]:
         """The LLM, TTS and encoder modules (read-only while stepping) for another session's backbone."""
         if not hasattr(self, "llm"):
