@@ -14,6 +14,7 @@ COMMANDS = {
     "capacity": ("engine.bench.capacity", "sessions one device keeps on time, per mode (engine host)"),
     "serve-capacity": ("engine.bench.serve_capacity", "sessions a Ray Serve deployment keeps on time, per replica count"),
     "echo": ("engine.bench.echo", "the loop without headphones: echo cancellation and barge-in, on vs off"),
+    "twin": ("engine.bench.twin", "the scheduler on a simulated clock: sessions a device would keep, from a cost table"),
 }
 
 

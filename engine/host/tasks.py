@@ -57,6 +57,7 @@ class Task(yieldpoints.Port):
         self._glet = greenlet.greenlet(self._main, parent=greenlet.getcurrent())
         self.started = 0.0
         self.switches = 0
+        self.waited_s = 0.0                        # time parked for host reads (the device's work it waited for)
 
     # -- inside the greenlet ------------------------------------------------------------------------
     def _main(self) -> Any:
@@ -98,8 +99,11 @@ class Task(yieldpoints.Port):
     def resume(self, value: Any = None) -> None:
         """Switch into the greenlet until it parks or ends (its state says which)."""
         first = not self.started
+        now = time.perf_counter()
         if first:
-            self.started = time.perf_counter()
+            self.started = now
+        elif self.state == WAIT:
+            self.waited_s += now - self.parked_at
         self.state = READY
         self.ready_event = None
         rng, dev = self.owner.rng, self.sched.device
