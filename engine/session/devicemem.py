@@ -81,12 +81,6 @@ class Guard:
                                      str(error))) from None
 
 
-def too_small(device: torch.device, backbone: Optional[str], size: Optional[str], doing: str,
-              free_before: Optional[float] = None) -> Guard:
-    """Turn a CUDA out-of-memory error in the block into :class:`DeviceTooSmall` (one line)."""
-    return Guard(device, backbone, size)(doing, free_before)
-
-
 def free_gib(device: torch.device) -> Optional[float]:
     """Free GiB on a CUDA device now (None elsewhere)."""
     return torch.cuda.mem_get_info(device)[0] / GIB if torch.device(device).type == "cuda" else None
