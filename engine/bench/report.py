@@ -1,7 +1,9 @@
 """What every ``duplexcadence-bench`` command leaves behind: ``NAME.json``, ``NAME.md`` and ``NAME.png`` side by side.
 
+The JSON carries a ``provenance`` object (:mod:`engine.bench.provenance`: commit, device, driver, torch /
+CUDA / cuDNN / cuBLAS versions and the exact command), added here, so every bench records it without asking.
 The markdown file holds the command line, the machine and the same aligned table the command printed; the
-PNG is a plot people can paste into an issue. Plots use matplotlib with its file-only Agg backend (the
+PNG is a plot people can paste into a report. Plots use matplotlib with its file-only Agg backend (the
 ``bench`` extra); without matplotlib the JSON and markdown are still written and one line says why the PNG
 is missing. Nothing here imports Qt.
 """
@@ -20,6 +22,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from engine.atomic import atomic_write
+from engine.bench import provenance
 
 
 def say(msg: str) -> None:
@@ -72,10 +75,14 @@ def command_line(prog: str, argv: Sequence[str]) -> str:
 
 
 def progressive_json(path: Path, prog: str, command: str) -> Optional[Callable[[Dict], None]]:
-    """A ``dump(doc)`` that rewrites ``path`` with ``doc`` (plus the command) as a run goes, so a run cut short
-    keeps what it had; tried once here. None (after one error line) when ``path`` cannot be written."""
+    """A ``dump(doc)`` that rewrites ``path`` with ``doc`` (plus the command and the run's provenance) as a run
+    goes, so a run cut short keeps what it had; tried once here. None (after one error line) when ``path``
+    cannot be written."""
+    origin = provenance.record(command)
+
     def dump(doc: Dict) -> None:
         doc["command"] = command
+        doc.setdefault("provenance", origin)
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         with open(path, "w") as f:
             json.dump(doc, f, indent=1)
@@ -161,9 +168,12 @@ def render_png(fig: Figure, path: Path) -> Optional[str]:
     return None
 
 
-def write_all(json_path: Path, doc: Dict, md: str, fig: Optional[Figure]) -> List[Path]:
-    """Write ``x.json``, ``x.md`` and (when ``fig``) ``x.png``; returns the paths written. A missing
+def write_all(json_path: Path, doc: Dict, md: str, fig: Optional[Figure], command: Optional[str] = None) -> List[Path]:
+    """Write ``x.json`` (``doc`` with its ``provenance``: ``command``, else the doc's own ``command``, else this
+    process's command line), ``x.md`` and (when ``fig``) ``x.png``; returns the paths written. A missing
     matplotlib is reported on stderr in one line, not raised."""
+    if "provenance" not in doc:
+        doc = {**doc, "provenance": provenance.record(command or doc.get("command"))}
     json_path = Path(json_path)
     try:
         json_path.parent.mkdir(parents=True, exist_ok=True)
