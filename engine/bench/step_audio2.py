@@ -252,7 +252,7 @@ def headline(rows: List[Dict], ours: str = "ours graphs") -> Dict[str, float]:
             pairs = [a / b for a, b in zip(s["ms_per_chunk"][STEADY_FROM:], o["ms_per_chunk"][STEADY_FROM:]) if b > 0]
             out[key + "_paired"] = percentile(pairs, 50)
     before = by.get("ours graphs, reference paths")
-    if before is not None:                              # issue 16's before/after, measured side by side
+    if before is not None:                              # the faster paths' before/after, side by side
         out["faster_paths_speedup"] = before["median_ms"] / o["median_ms"]
     return out
 
@@ -281,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--modes", default="stock-like,demand,graphs",
                    help="our modes: graphs, demand, stock-like, graphs-reference (graphs with every checked "
-                        "faster path on its reference path: the before/after of issue 16)")
+                        "faster path on its reference path: the faster paths' before/after)")
     p.add_argument("--no-stock-default", action="store_true",
                    help="leave out the stock package with its default cuDNN settings")
     p.add_argument("--profile-chunks", type=int, default=2, help="steady chunks profiled (not timed) at the end")
