@@ -1,4 +1,4 @@
-"""`duplexcadence-bench session --backbone minicpm-o-4.5 --stock-loop PYTHON` (issue 21 item 5): MiniCPM-o-Demo's own
+"""`duplexcadence-bench session --backbone minicpm-o-4.5 --stock-loop PYTHON`: MiniCPM-o-Demo's own
 duplex loop (``tests/stock_loop/run_stock.py`` in ``.venv-stock``) next to our modes over the same folder, input
 and seed, interleaved, with the rows' fields, the ratios against the stock eager row and bench.json — on the CPU
 at tiny dims (8 s, one repeat). Also: bad input in one line, the pacing rule, the rows' arithmetic, and the
@@ -174,7 +174,7 @@ def test_rows_are_medians_with_ratios_against_the_stock_eager_row():
 
 
 def test_a_later_failed_repeat_keeps_the_good_ones():
-    """Session 18 on the H200: the stock's second repeat failed (its folder vanished under it) and the row
+    """On the H200 the stock's second repeat once failed (its folder vanished under it) and the row
     printed only that error, dropping the first repeat's 60 good seconds. A failure after good repeats now
     leaves the row as their median and names the failed repeat; a first failure still ends the mode."""
     dec = ["listen", "speak"]

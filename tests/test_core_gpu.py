@@ -79,12 +79,12 @@ def test_finite_session_replays_repeated_signatures_and_runs_one_offs_eagerly():
 
 
 def test_captures_run_beside_eager_draws_from_session_generators():
-    """Session 4's crash, reduced, under the gate's capturing hold: thread A, a hosted session in its concurrent
+    """A crash seen on the H200, reduced, under the gate's capturing hold: thread A, a hosted session in its concurrent
     seconds, draws eagerly from its own generator state (``session_generator``: the MiniCPM-o sampler, the
     HiFT's one-off eager steps) while thread B captures, for its own session, graphs that draw. No "Offset
     increment outside graph capture"; A draws while B's captures are open (timed); A's numbers are exactly what
     its state gives alone; B's replays advance B's state only. (The version of this test where A drew from the
-    default generator, which a capture registers, failed on the H200 with that message: session 11, call 2.)"""
+    default generator, which a capture registers, failed on the H200 with that message.)"""
     import threading
     import time
     from engine.core.gate import GATE

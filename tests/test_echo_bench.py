@@ -1,4 +1,4 @@
-"""`duplexcadence-bench echo` at a short length on echo paths drawn at random within issue 25's ranges
+"""`duplexcadence-bench echo` at a short length on echo paths drawn at random within the echo targets' ranges
 (delays 30-250 ms, gains -3 to -20 dB): with cancellation the targets hold (ERLE >= 20 dB, no false and no
 missed barge-in, barge-in latency <= 300 ms); without it the model's own voice fires barge-ins."""
 from __future__ import annotations
