@@ -50,7 +50,7 @@ def bench(tmp_path_factory):
     folder = F.write(tmp / "MiniCPM-o-4_5", nudge=NUDGE)
     out = tmp / "out"
     # the compile row is asked with a 1 s limit: it cannot finish (the model alone takes longer to build), so
-    # the row must say so in one line and carry no numbers (the CPU compile's real behaviour: docs/benchmarks.md)
+    # the row must say so in one line and carry no numbers (a real CPU compile keeps the eager stock's bits)
     r = _bench("--stock-loop", str(STOCK_PY), "--stock-loop-folder", str(folder), "--seconds", str(SECONDS),
                "--stock-loop-repeats", "1", "--stock-loop-compile-timeout", "1", "--modes", "stock,graphs",
                "--stock-loop-modes", "eager,warm,compile", "--account-seconds", "2", "--out", str(out))
