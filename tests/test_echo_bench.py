@@ -14,7 +14,7 @@ SECONDS = 20
 
 
 def paths(n: int = 3, seed: int = 2025):
-    """``n`` (seed, delay ms, gain dB) drawn within the issue's ranges (never tuned for)."""
+    """``n`` (seed, delay ms, gain dB) drawn within the echo targets' ranges (never tuned for)."""
     rng = np.random.default_rng(seed)
     return [(int(s), round(float(rng.uniform(30, 250)), 1), round(float(rng.uniform(-20, -3)), 1))
             for s in rng.integers(0, 10_000, n)]

@@ -1,6 +1,6 @@
 """On the GPU: ours == the stock Step-Audio2 package (torch.equal) with real graph capture/replay.
 
-Run on the device before resolving the issue: ``pytest -q tests/test_step_audio2_gpu.py``.
+Run on a GPU: ``pytest -q tests/test_step_audio2_gpu.py``.
 """
 import numpy as np
 import pytest
