@@ -33,3 +33,14 @@ def test_a_document_that_brings_its_provenance_keeps_it(tmp_path):
     old = {"commit": "abc", "recorded": "after the run"}
     report.write_all(tmp_path / "c.json", {"provenance": old}, "# c\n", None, command="ignored")
     assert json.loads((tmp_path / "c.json").read_text())["provenance"] == old
+
+
+def test_a_json_a_bench_wrote_itself_is_stamped_once(tmp_path):
+    """``report.stamp``: a bench that writes its own JSON (the stock-loop rows) gets the provenance added once."""
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"rows": {"a": 1}}))
+    assert report.stamp(path, "duplexcadence-bench session --stock-loop PY")
+    doc = json.loads(path.read_text())
+    assert doc["rows"] == {"a": 1} and doc["provenance"]["command"] == "duplexcadence-bench session --stock-loop PY"
+    assert not report.stamp(path, "again") and json.loads(path.read_text()) == doc
+    assert not report.stamp(tmp_path / "missing.json")

@@ -71,6 +71,7 @@ def test_rows_fields_and_ratios(bench):
     rows = doc["rows"]
     assert list(rows) == [EAGER, WARM, COMPILED, *OURS]
     assert doc["seconds"] == SECONDS and doc["repeats"] == 1 and doc["reference"] == EAGER
+    assert doc["provenance"]["command"].startswith("duplexcadence-bench session --backbone minicpm-o-4.5")
     eager = rows[EAGER]
     for name in (EAGER, WARM, *OURS):
         row = rows[name]

@@ -168,6 +168,21 @@ def render_png(fig: Figure, path: Path) -> Optional[str]:
     return None
 
 
+def stamp(json_path: Path, command: Optional[str] = None) -> bool:
+    """Add the run's provenance to a JSON a bench wrote by itself (a JSON object without one); False when there is
+    no such file or it already has one. The file is rewritten atomically."""
+    path = Path(json_path)
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(doc, dict) or "provenance" in doc:
+        return False
+    doc["provenance"] = provenance.record(command or doc.get("command"))
+    _write(path, (json.dumps(doc, indent=1, default=str) + "\n").encode())
+    return True
+
+
 def write_all(json_path: Path, doc: Dict, md: str, fig: Optional[Figure], command: Optional[str] = None) -> List[Path]:
     """Write ``x.json`` (``doc`` with its ``provenance``: ``command``, else the doc's own ``command``, else this
     process's command line), ``x.md`` and (when ``fig``) ``x.png``; returns the paths written. A missing

@@ -303,7 +303,10 @@ def _stock_loop(a) -> int:
         print(f"duplexcadence-bench session: error: {e}", file=sys.stderr)
         return 2
     a.stock_loop_modes = stock_modes
-    return stock_loop.compare(a, base, audio, modes, ours=sys.modules[__name__])
+    rc = stock_loop.compare(a, base, audio, modes, ours=sys.modules[__name__])
+    if a.out:                                   # the rows' bench.json gets the run's provenance, as every bench's
+        report.stamp(Path(a.out) / "bench.json", report.command_line("duplexcadence-bench session", a.argv))
+    return rc
 
 
 def run_keys(modes: List[str]) -> List[str]:
@@ -380,6 +383,7 @@ def _flip_run(a, base: SessionConfig, frames: List[np.ndarray]) -> Tuple[Optiona
 
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
+    a.argv = list(sys.argv[1:] if argv is None else argv)
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     why = _problem(a, modes)
     if why:
@@ -402,7 +406,7 @@ def main(argv=None) -> int:
                "account_sites": a.account_sites, "ahead": a.ahead, "reference": runs.keys[0],
                "torch": torch.__version__,
                "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
-        command = report.command_line("duplexcadence-bench session", argv or sys.argv[1:])
+        command = report.command_line("duplexcadence-bench session", a.argv)
         if write_report(Path(a.out), doc, runs, out, command, cuda):
             return 1
     return 0 if all(out.identical.values()) and out.flip is not False else 1
