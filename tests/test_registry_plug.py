@@ -151,3 +151,17 @@ def test_a_fourth_backbone_gets_its_prompt_16k_frames_and_reference_clip_in_a_se
     assert (plain.backbone.prompt, plain.backbone.clip, plain.backbone.heard) == (DEFAULT_PROMPT, None, [24000])
     assert plain.info["system_prompt"] == DEFAULT_PROMPT                # the declared default
     plain.close()
+
+
+def test_an_entry_refuses_a_trait_it_cannot_mean():
+    """An unknown batched step or a native rate that is not a whole number of Hz is one clear error at registration."""
+    with pytest.raises(ValueError, match=r"x: batched_steps \['tts'\] unknown; known: listen, llm"):
+        registry.BackboneEntry(name="x", title="x", make=object, batched_steps=("tts",))
+    for rate in (16000.0, 0, True):
+        with pytest.raises(ValueError, match="native_rate must be a positive whole number of Hz"):
+            registry.BackboneEntry(name="x", title="x", make=object, native_rate=rate)
+    e = registry.BackboneEntry(name="x", title="x", make=object, stage_marks=["tts"],
+                               measured_memory=[registry.MeasuredMemory("released", 1.5, "a test")])
+    assert e.stage_marks == ("tts",) and e.memory_for("released").gib == 1.5 and e.memory_for("tiny") is None
+    assert hash(e) == hash(registry.BackboneEntry(name="x", title="x", make=object, stage_marks=("tts",),
+                                                  measured_memory=(registry.MeasuredMemory("released", 1.5, "a test"),)))
