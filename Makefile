@@ -58,7 +58,7 @@ bench: venv
 clean:
 	rm -rf $(VENV) $(STOCK_VENV) build dist .pytest_cache
 
-# Packaging (issue 7): a PyInstaller one-folder bundle + tarball in dist/, built against the torch in .venv
+# Packaging: a PyInstaller one-folder bundle + tarball in dist/, built against the torch in .venv
 # (the CPU build here and in CI; see README "Packaging" for the CUDA variant). Not part of `make test`.
 PKG_STAMP := $(VENV)/.package-installed
 

@@ -24,12 +24,6 @@ def check_tensor(name: str, t: torch.Tensor, source: str) -> None:
                          f"of {t.numel()}; the checkpoint is damaged")
 
 
-def check_tensors(state: Mapping[str, torch.Tensor], source: str) -> None:
-    """:func:`check_tensor` for every entry of ``state``."""
-    for name, t in state.items():
-        check_tensor(name, t, source)
-
-
 def pick_expected(state: Mapping[str, torch.Tensor], expected: Mapping[str, Tuple[int, ...]], source: str,
                   what: str, alias: Optional[Callable[[str], str]] = None) -> Dict[str, torch.Tensor]:
     """The tensors ``expected`` names (key -> shape), checked and as float32; one ValueError for every problem.

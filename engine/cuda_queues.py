@@ -10,7 +10,8 @@ behind another's while the device has room for both.
 The driver reads the setting once, when the process's CUDA context starts, so it has to be in the environment
 before the first CUDA call; a request made later is refused with one line saying so, unless it asks for what is
 already in effect. It decides which kernels may run side by side, never what any kernel computes: every
-session's output keeps its bits (the probe docs/bench/s24/probe_connections.py checks that on the device).
+session's output keeps its bits (``duplexcadence-bench capacity --cuda-connections N`` checks every session
+against itself alone).
 """
 from __future__ import annotations
 

@@ -11,7 +11,9 @@ tails a backbone pairs with, whether it speaks in turns or skips the tail while 
 checkpoint is checked by content, what a backbone's folder brings along (a tail checkpoint, a default
 voice), how a backbone has its tail built (``tail_options``: MiniCPM-o's 5 flow steps) and cut its tokens
 into steps (``tail_chunking``: MiniCPM-o's chunks of 8 tokens and up), what a tail needs
-beyond its weights (:class:`Conditioning`), the command-line options a decoder's ``synth`` adds.
+beyond its weights (:class:`Conditioning`), the command-line options a decoder's ``synth`` adds, and what a
+backbone may offer a session: a system prompt and its default, a native input rate, a reference clip, a
+forced listen, stage marks, work it prepares ahead, the steps a scheduler may batch and its measured memory.
 Everything that names parts takes the names, titles and defaults from here: the session config, the
 host, the serve layer, the CLIs, the benches and the app.
 """
@@ -25,10 +27,14 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
+from engine.audio import SESSION_RATE
+
 #: modules of engine/models that are not models
 NOT_MODELS = ("registry", "checkfiles")
 #: where extra part packages may live (folders holding packages), besides engine/models and engine/backbones
 ENV_PATHS = "DUPLEXCADENCE_PARTS"
+#: the steps a scheduler knows how to batch across sessions (BackboneEntry.batched_steps)
+BATCHED_STEPS = ("listen", "llm")
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,15 @@ class BackboneFolder:
 
 
 @dataclass(frozen=True)
+class MeasuredMemory:
+    """What one session of a backbone was measured to reserve on a GPU, for the out-of-memory message."""
+
+    size: str                                   # "released"
+    gib: float                                  # the torch allocator's peak reserved GiB
+    where: str                                  # how and where it was measured, with the result's file
+
+
+@dataclass(frozen=True)
 class BackboneEntry:
     """One registered backbone (LISTEN + THINK) and its traits, declared here and read nowhere else."""
 
@@ -143,11 +158,49 @@ class BackboneEntry:
     #: how its tail cuts the pushed tokens into steps (MiniCPM-o 4.5: every buffer of 5 + lookahead tokens);
     #: None: full steps only
     tail_chunking: Optional[TailChunking] = None
+    # -- what it may offer a session (each read by the session, the config or the host; none by default) ----
+    #: the system prompt it starts from when none is given; None: it takes no system prompt
+    system_prompt: Optional[str] = None
+    #: an input rate it takes besides the session's 24 kHz, handed to it as is (MiniCPM-o 4.5: 16 kHz)
+    native_rate: Optional[int] = None
+    #: it takes the session's voice file as its reference clip (``make(reference_audio=voice)``)
+    reference_clip: bool = False
+    #: it holds a forced listen of its own (``Backbone.force_listen``: the second listens, a reply is closed)
+    force_listen: bool = False
+    #: the parts of THINK it marks on the session's stage clock (``Backbone.stage_mark``: "tts")
+    stage_marks: Tuple[str, ...] = ()
+    #: the scopes of work it can prepare between seconds, off the clock (``Backbone.prepare_ahead``)
+    ahead: Tuple[str, ...] = ()
+    #: the steps a scheduler may batch across sessions of shared weights, where a start-up check passes:
+    #: "listen" (the speech decoder's LISTEN steps, engine.host.groups), "llm" (one-token LLM forwards)
+    batched_steps: Tuple[str, ...] = ()
+    #: what a session was measured to reserve: (size, GiB the torch allocator reserved at its peak, where)
+    measured_memory: Tuple[MeasuredMemory, ...] = ()
 
     def __post_init__(self) -> None:
         opts = self.tail_options
         pairs = opts.items() if isinstance(opts, dict) else opts
         object.__setattr__(self, "tail_options", tuple(sorted((str(k), v) for k, v in pairs)))
+        for name in ("stage_marks", "ahead", "batched_steps", "measured_memory"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        unknown = set(self.batched_steps) - set(BATCHED_STEPS)
+        if unknown:
+            raise ValueError(f"{self.name}: batched_steps {sorted(unknown)} unknown; known: {', '.join(BATCHED_STEPS)}")
+        rate = self.native_rate
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int) or rate <= 0):
+            raise ValueError(f"{self.name}: native_rate must be a positive whole number of Hz, got {rate!r}")
+
+    def input_rates(self) -> Tuple[int, ...]:
+        """The rates a session of this backbone takes frames at: 24 kHz and its native rate, ascending."""
+        return tuple(sorted({SESSION_RATE, self.native_rate or SESSION_RATE}))
+
+    def default_input_rate(self) -> int:
+        """The rate a new session starts with: its native rate where it has one (the stock's own front end)."""
+        return int(self.native_rate or SESSION_RATE)
+
+    def memory_for(self, size: str) -> Optional[MeasuredMemory]:
+        """The measured memory of a session at ``size`` (None where none was measured)."""
+        return next((m for m in self.measured_memory if m.size == size), None)
 
     def tail_kwargs(self) -> Dict[str, object]:
         """The keywords its tail is built with (``make_tail(**tail_kwargs())``)."""
@@ -320,6 +373,11 @@ def get_backbone(name: str) -> BackboneEntry:
 def folder_backbones() -> Tuple[str, ...]:
     """The backbones that load a weights folder."""
     return tuple(e.name for e in backbones() if e.open_folder is not None)
+
+
+def prompted_backbones() -> Tuple[str, ...]:
+    """The backbones that take a system prompt (``BackboneEntry.system_prompt``)."""
+    return tuple(e.name for e in backbones() if e.system_prompt is not None)
 
 
 def folder_hints() -> str:

@@ -5,32 +5,39 @@ client's hello to a server (untrusted input): text, not blank, at most :data:`MA
 control characters but newlines and tabs (a NUL, an escape sequence or a lone surrogate is refused, not
 passed to the tokenizer). :func:`check` raises ValueError with one line saying what is wrong and where.
 
-Only the ``minicpm-o-4.5`` backbone takes a system prompt; :func:`default_for` gives its default (the
-MiniCPM-o demo's default duplex preset) and None for a backbone that takes none.
+A backbone that takes a system prompt declares it, with its default, on its registry entry
+(``BackboneEntry.system_prompt``); :func:`default_for` gives that default and None for a backbone that takes
+none, :func:`takes_prompt` says which.
 """
 from __future__ import annotations
 
 import unicodedata
-from typing import Optional
+from typing import Optional, Tuple
 
-#: the longest system prompt accepted (the demo's presets are a few hundred characters)
+from engine import registry
+
+#: the longest system prompt accepted (the MiniCPM-o demo's presets are a few hundred characters)
 MAX_CHARS = 4000
 #: the control characters a prompt may hold (it is multi-line text)
 ALLOWED_CONTROLS = frozenset("\n\t")
-#: the backbones that take a system prompt
-PROMPTED_BACKBONES = ("minicpm-o-4.5",)
 
 
 def default_for(backbone: str) -> Optional[str]:
-    """The system prompt ``backbone`` starts from when none is given; None when it takes none."""
-    if backbone not in PROMPTED_BACKBONES:
+    """The system prompt ``backbone`` starts from when none is given; None when it takes none (or is unknown)."""
+    if backbone not in registry.backbone_names():
         return None
-    from engine.backbones.minicpmo45.prompt import DEFAULT_SYSTEM_PROMPT
-    return DEFAULT_SYSTEM_PROMPT
+    return registry.get_backbone(backbone).system_prompt
 
 
 def takes_prompt(backbone: str) -> bool:
-    return backbone in PROMPTED_BACKBONES
+    return default_for(backbone) is not None
+
+
+def __getattr__(name: str) -> Tuple[str, ...]:
+    """``PROMPTED_BACKBONES``: the backbones that declare a system prompt, read from the registry when asked."""
+    if name == "PROMPTED_BACKBONES":
+        return registry.prompted_backbones()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check(text) -> str:

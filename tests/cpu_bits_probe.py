@@ -1,4 +1,4 @@
-"""CPU bit-identity probe for another machine (issue 20): run the CPU bit tests there, both ways.
+"""CPU bit-identity probe for another machine: run the CPU bit tests there, both ways.
 
 The CPU bit tests (ours ``torch.equal`` to nemo's / moshi's decode) must pass whatever kernels the CPU's
 MKL picks: AVX-512 / AMX on an Intel Xeon, AVX2 on AMD or with ``MKL_ENABLE_INSTRUCTIONS=AVX2``. This

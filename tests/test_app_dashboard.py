@@ -1,4 +1,4 @@
-"""The dashboard (issue 15), offscreen with pytest-qt: output meter, scope, mic-to-speaker delay, toggle
+"""The dashboard, offscreen with pytest-qt: output meter, scope, mic-to-speaker delay, toggle
 markers, stage statistics, keep-up banner and Stop progress, banners above the plots, small windows, shortcuts,
 the scripted Output picker, SPEAK bars of listening seconds, the model panel's engine check."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The app at the session's input rate (issue 21; pytest-qt, offscreen): a MiniCPM-o 4.5 session is built at
+"""The app at the session's input rate (pytest-qt, offscreen): a MiniCPM-o 4.5 session is built at
 16 kHz (the stock's front end), the microphone opens at 16 kHz where the device takes it, a WAV is resampled
 with soxr to 16 kHz one-second frames, echo cancellation and barge-in line up at 16 kHz (the speaker's
 reference resampled to the microphone's rate), the journal's input stays 24 kHz, and the app's force-listen

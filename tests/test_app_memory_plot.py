@@ -1,4 +1,4 @@
-"""The memory plot against the card's size (issue 24 item 5), offscreen (pytest-qt).
+"""The memory plot against the card's size, offscreen (pytest-qt).
 
 On CUDA-like info the plot draws the card's total memory (and the process cap) as labelled lines, in range once
 the allocator's reserved bytes come within half of one; on the CPU it draws none and says why in its legend; the

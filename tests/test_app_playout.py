@@ -1,5 +1,5 @@
 """The last seconds' speech is heard: when the input ends, the seconds the engine is still finishing are played,
-and the session stops only when the speaker has played them (session 20: under load the pulse test's model
+and the session stops only when the speaker has played them (under load the pulse test's model once
 answered in seconds that finished after the input ended, and their audio was dropped unplayed)."""
 from __future__ import annotations
 

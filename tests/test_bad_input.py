@@ -1,4 +1,4 @@
-"""Bad input to the command lines (issue 10): one clear line, a non-zero exit, nothing destroyed.
+"""Bad input to the command lines: one clear line, a non-zero exit, nothing destroyed.
 
 Arguments (--seconds, --seed), output paths (special files, links, the input itself), atomic writes
 (a full disk keeps the old file; the umask's mode), and `synth`'s outputs (.npy/.wav, never NaN).

@@ -1,4 +1,4 @@
-"""Bad input files (issue 10): audio inputs streamed and checked, flow.yaml bounded and typed,
+"""Bad input files: audio inputs streamed and checked, flow.yaml bounded and typed,
 checkpoint tensors finite, the Moshi adapter loading only safetensors. One clear line each."""
 from __future__ import annotations
 

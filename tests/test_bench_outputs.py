@@ -44,6 +44,7 @@ def test_bench_plan_fits_120_columns_and_writes_json_md_png(tmp_path, capsys):
     assert "shape signatures" in out and _widest(out) <= 120
     doc = json.loads((tmp_path / "plan.json").read_text())
     assert {"mimi", "step-audio2"} <= {m["model"] for m in doc["models"]}
+    assert doc["provenance"]["command"] == "duplexcadence-bench plan --quiet --out " + str(tmp_path)
     assert "Planner" in (tmp_path / "plan.md").read_text()
     assert (tmp_path / "plan.png").read_bytes().startswith(PNG)
 
@@ -66,6 +67,8 @@ def test_bench_session_on_cpu_says_graph_replay_is_unavailable(tmp_path, capsys,
         assert len(mode["gc_ms_per_second"]) == 2 and min(mode["gc_ms_per_second"]) >= 0
     assert "stock-like, slowest second: " in out and "garbage collection: " in " ".join(out.split())
     assert doc["reference"] == "stock" and doc["identical"] == {"graphs": True}     # never the reference vs itself
+    assert doc["provenance"]["command"].startswith("duplexcadence-bench session --seconds 2 --size tiny")
+    assert doc["provenance"]["device"].startswith("cpu") and doc["provenance"]["cudnn"] == "none (CPU run)"
     assert "bit-identical to the reference (stock-like): True (eager (graph replay unavailable): True)" in \
         " ".join(out.split())
     md = (tmp_path / "bench.md").read_text()
@@ -138,6 +141,7 @@ def test_bench_step_audio2_dry_run_interleaves_and_writes_json_md_png(tmp_path, 
     assert list(rows) == ["stock package", "stock package, deterministic cuDNN", "ours graphs"]
     assert rows["ours graphs"]["bit_identical"] and rows["stock package"]["bit_identical"]
     assert doc["meta"]["interleaved"] and "vs_stock_as_users_run_it" in doc["headline"]
+    assert doc["provenance"]["command"].startswith("duplexcadence-bench step-audio2 --device cpu")
     assert len(rows["ours graphs"]["ms_per_chunk"]) == 4            # 4 full chunks timed, the short last one not
     assert "| ours graphs" in out.with_suffix(".md").read_text()
     assert out.with_suffix(".png").read_bytes().startswith(PNG)
@@ -175,6 +179,7 @@ def test_bench_nemotron_codec_on_cpu_writes_json_md_png_with_aligned_tables(tmp_
     doc = json.loads(out.read_text())
     assert {"command", "config", "modes"} <= set(doc) and "targets" not in doc        # targets: ours graphs vs nemo
     assert doc["command"].startswith("duplexcadence-bench nemotron-codec --size tiny")
+    assert doc["provenance"]["command"] == doc["command"] and doc["provenance"]["torch"]
     modes = doc["modes"]
     assert list(modes)[:4] == ["nemo per-frame cached (as users run it)", "nemo per-frame cached (deterministic cuDNN)",
                                "ours stock", "ours demand"]

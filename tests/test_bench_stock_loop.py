@@ -1,4 +1,4 @@
-"""`duplexcadence-bench session --backbone minicpm-o-4.5 --stock-loop PYTHON` (issue 21 item 5): MiniCPM-o-Demo's own
+"""`duplexcadence-bench session --backbone minicpm-o-4.5 --stock-loop PYTHON`: MiniCPM-o-Demo's own
 duplex loop (``tests/stock_loop/run_stock.py`` in ``.venv-stock``) next to our modes over the same folder, input
 and seed, interleaved, with the rows' fields, the ratios against the stock eager row and bench.json — on the CPU
 at tiny dims (8 s, one repeat). Also: bad input in one line, the pacing rule, the rows' arithmetic, and the
@@ -50,7 +50,7 @@ def bench(tmp_path_factory):
     folder = F.write(tmp / "MiniCPM-o-4_5", nudge=NUDGE)
     out = tmp / "out"
     # the compile row is asked with a 1 s limit: it cannot finish (the model alone takes longer to build), so
-    # the row must say so in one line and carry no numbers (the CPU compile's real behaviour: docs/benchmarks.md)
+    # the row must say so in one line and carry no numbers (a real CPU compile keeps the eager stock's bits)
     r = _bench("--stock-loop", str(STOCK_PY), "--stock-loop-folder", str(folder), "--seconds", str(SECONDS),
                "--stock-loop-repeats", "1", "--stock-loop-compile-timeout", "1", "--modes", "stock,graphs",
                "--stock-loop-modes", "eager,warm,compile", "--account-seconds", "2", "--out", str(out))
@@ -71,6 +71,7 @@ def test_rows_fields_and_ratios(bench):
     rows = doc["rows"]
     assert list(rows) == [EAGER, WARM, COMPILED, *OURS]
     assert doc["seconds"] == SECONDS and doc["repeats"] == 1 and doc["reference"] == EAGER
+    assert doc["provenance"]["command"].startswith("duplexcadence-bench session --backbone minicpm-o-4.5")
     eager = rows[EAGER]
     for name in (EAGER, WARM, *OURS):
         row = rows[name]
@@ -174,7 +175,7 @@ def test_rows_are_medians_with_ratios_against_the_stock_eager_row():
 
 
 def test_a_later_failed_repeat_keeps_the_good_ones():
-    """Session 18 on the H200: the stock's second repeat failed (its folder vanished under it) and the row
+    """On the H200 the stock's second repeat once failed (its folder vanished under it) and the row
     printed only that error, dropping the first repeat's 60 good seconds. A failure after good repeats now
     leaves the row as their median and names the failed repeat; a first failure still ends the mode."""
     dec = ["listen", "speak"]

@@ -1,4 +1,4 @@
-"""`duplexcadence-bench capacity --backbone minicpm-o-4.5 --stock-loop PYTHON` (issue 24 item 3): the stock loop's
+"""`duplexcadence-bench capacity --backbone minicpm-o-4.5 --stock-loop PYTHON`: the stock loop's
 count of sessions in the same run as ours — MiniCPM-o-Demo's own duplex loop, one session (its worker serves one
 per GPU), 1 when every second kept the deadline, else 0 — on the CPU at tiny dims; and bad input in one line."""
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """CUDA work queues (engine/cuda_queues.py): a host of many sessions asks the driver for more than 8 hardware queues
 (CUDA_DEVICE_MAX_CONNECTIONS) before CUDA starts; a count out of range, or one asked for after CUDA started with
 another, is refused in one line. Whether 32 queues keep more sessions on time is a device measurement
-(docs/bench/s24/probe_connections.py); here, that the setting reaches the environment the driver reads."""
+(``duplexcadence-bench capacity --cuda-connections 32``, docs/benchmarks.md); here, that the setting reaches the environment the driver reads."""
 import subprocess
 import sys
 

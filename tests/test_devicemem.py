@@ -22,23 +22,23 @@ def fake_card(monkeypatch):
 
 def test_out_of_memory_becomes_one_line(fake_card):
     with pytest.raises(devicemem.DeviceTooSmall) as e:
-        with devicemem.too_small(torch.device("cuda"), "minicpm-o-4.5", "released", "to start the session", 5.0):
+        with devicemem.Guard(torch.device("cuda"), "minicpm-o-4.5", "released")("to start the session", 5.0):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB ...\n(trace)")
     msg = str(e.value)
     assert "\n" not in msg and e.value.__cause__ is None
     assert "Tiny Card has 24.0 GiB, 5.0 GiB was free;" in msg and "(tried to allocate 2.00 GiB)" in msg
-    assert "measured to reserve 20.8 GiB" in msg and "to start the session" in msg
+    assert "measured to reserve 19.1 GiB" in msg and "to start the session" in msg
 
 
 def test_other_errors_and_the_cpu_pass_through(fake_card):
     with pytest.raises(ValueError, match="bad"):
-        with devicemem.too_small(torch.device("cuda"), "synthetic", "tiny", "in second 3"):
+        with devicemem.Guard(torch.device("cuda"), "synthetic", "tiny")("in second 3"):
             raise ValueError("bad")
     with pytest.raises(RuntimeError, match="CUDA out of memory"):
-        with devicemem.too_small(torch.device("cpu"), "synthetic", "tiny", "in second 3"):
+        with devicemem.Guard(torch.device("cpu"), "synthetic", "tiny")("in second 3"):
             raise RuntimeError("CUDA out of memory")
     with pytest.raises(devicemem.DeviceTooSmall, match=r"in second 3 \(tried to allocate 20.00 MiB\): Tiny Card .* 3.0 GiB was free"):
-        with devicemem.too_small(torch.device("cuda"), "synthetic", "tiny", "in second 3"):
+        with devicemem.Guard(torch.device("cuda"), "synthetic", "tiny")("in second 3"):
             raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB")
     assert devicemem.free_gib(torch.device("cpu")) is None
 

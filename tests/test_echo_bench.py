@@ -1,4 +1,4 @@
-"""`duplexcadence-bench echo` at a short length on echo paths drawn at random within issue 25's ranges
+"""`duplexcadence-bench echo` at a short length on echo paths drawn at random within the echo targets' ranges
 (delays 30-250 ms, gains -3 to -20 dB): with cancellation the targets hold (ERLE >= 20 dB, no false and no
 missed barge-in, barge-in latency <= 300 ms); without it the model's own voice fires barge-ins."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ SECONDS = 20
 
 
 def paths(n: int = 3, seed: int = 2025):
-    """``n`` (seed, delay ms, gain dB) drawn within the issue's ranges (never tuned for)."""
+    """``n`` (seed, delay ms, gain dB) drawn within the echo targets' ranges (never tuned for)."""
     rng = np.random.default_rng(seed)
     return [(int(s), round(float(rng.uniform(30, 250)), 1), round(float(rng.uniform(-20, -3)), 1))
             for s in rng.integers(0, 10_000, n)]

@@ -1,4 +1,4 @@
-"""The per-second audio-path fields (issue 25): defaults when absent, in every export."""
+"""The per-second audio-path fields: defaults when absent, in every export."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""The fast-path self-check is sound (issue 20), on the CPU:
+"""The fast-path self-check is sound, on the CPU:
 
 * the verdict cache key holds what the bits depend on: a hash of our code, the Triton version, the GPU's SM
   count and MIG slice, the CPU's instruction set (a change of any of them checks again, in-process and on disk);

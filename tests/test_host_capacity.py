@@ -27,7 +27,7 @@ def test_capacity_dry_run_cpu(tmp_path, one_torch_thread, capsys):
         w = m["steps"][0]
         assert {"mean_ms", "p99_ms", "misses", "gpu_busy_percent", "scheduler", "memory"} <= set(w)
         assert w["memory"]["shared_weights_mib"] > 0 and w["per_session"][0]["series"]
-    assert doc["commit"] and doc["torch"] and doc["counts"] == [1, 2]
+    assert doc["provenance"]["commit"] and doc["torch"] and doc["counts"] == [1, 2]
     printed = capsys.readouterr().out
     assert "bit-identical" in printed and "session(s) on time" in printed
     md = (tmp_path / "cap.md").read_text()

@@ -1,4 +1,4 @@
-"""Hostile inputs, continued (issue 26): the app's model-folder checker on the hostile folders (the line the
+"""Hostile inputs, continued: the app's model-folder checker on the hostile folders (the line the
 CLI prints, bounded in time and memory, never a hang), long inputs streamed, a full disk during `run` and
 `duplexcadence recover`."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hostile folders and files (issue 26): every case is one line on stderr, a non-zero exit, at most 5 s of the
+"""Hostile folders and files: every case is one line on stderr, a non-zero exit, at most 5 s of the
 command's own work and 500 MB above a baseline run's peak RSS, and nothing written.
 
 Each CLI case runs ``duplexcadence`` in a subprocess (a small wrapper imports torch first and times only the

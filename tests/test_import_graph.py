@@ -4,7 +4,10 @@ Every ``import`` counts, module level or inside a function (a lazy import is sti
 those under ``if TYPE_CHECKING:`` (annotations only, never run). An
 import of a package counts as an import of its ``__init__``; ``from pkg import name`` counts as an import
 of ``pkg.name`` when that is a module. Rules: no cycle among modules; models and backbones never import
-the benches or the command lines; the engine never imports the app.
+the benches or the command lines; the engine never imports the app; the session imports no part package (no
+backbone package, no decoder under engine.models: it reads what a part offers from the registry); the
+core (clocks, planner, arenas, executor, graphs) imports nothing above it, only itself and the leaf utilities
+of :data:`CORE_LEAVES`.
 """
 from __future__ import annotations
 
@@ -14,9 +17,15 @@ from typing import Dict, List, Set
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "app")
-#: (importer prefix, forbidden imported prefix): the layering the issue asks for
+#: the part packages: every backbone package (engine.backbones' modules beside them are shared code) and the models
+PARTS = tuple(sorted(f"engine.backbones.{d.name}" for d in (ROOT / "engine" / "backbones").iterdir()
+                     if (d / "__init__.py").is_file())) + ("engine.models",)
+#: (importer prefix, forbidden imported prefix): the layering
 FORBIDDEN = (("engine.models", "engine.bench"), ("engine.models", "engine.cli"),
-             ("engine.backbones", "engine.bench"), ("engine.backbones", "engine.cli"), ("engine", "app"))
+             ("engine.backbones", "engine.bench"), ("engine.backbones", "engine.cli"), ("engine", "app")) \
+    + tuple(("engine.session", part) for part in PARTS)
+#: the modules outside engine.core that the core may import: utilities that import nothing of the engine
+CORE_LEAVES = ("engine.stats",)
 
 
 def module_name(path: Path) -> str:
@@ -122,9 +131,17 @@ def _within(mod: str, prefix: str) -> bool:
     return mod == prefix or mod.startswith(prefix + ".")
 
 
+def _above_core(importer: str, imported: str) -> bool:
+    """An import from the core of a module that is not core and not one of its leaf utilities."""
+    return (_within(importer, "engine.core") and not _within(imported, "engine.core")
+            and imported not in CORE_LEAVES)
+
+
 def upward_imports(graph: Dict[str, Set[str]]) -> List[str]:
-    return sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps
-                  for low, high in FORBIDDEN if _within(m, low) and _within(d, high))
+    found = {f"{m} -> {d}" for m, deps in graph.items() for d in deps
+             for low, high in FORBIDDEN if _within(m, low) and _within(d, high)}
+    found.update(f"{m} -> {d}" for m, deps in graph.items() for d in deps if _above_core(m, d))
+    return sorted(found)
 
 
 def test_no_import_circles():
@@ -142,6 +159,16 @@ def test_the_graph_reader_sees_circles_and_upward_imports():
              "engine.models.x": {"engine.bench.y"}}
     assert cycles(graph) == [["engine.a", "engine.b", "engine.c"]]
     assert upward_imports(graph) == ["engine.models.x -> engine.bench.y"]
+    layered = {"engine.session.session": {"engine.backbones.minicpmo45.prompt", "engine.backbones.base",
+                                          "engine.models.step_audio2.voice", "engine.registry"},
+               "engine.core.planner": {"engine.core.regions", "engine.stats", "engine.registry"},
+               "engine.core.executor": {"engine.session.records"}}
+    assert "engine.backbones.minicpmo45" in PARTS and "engine.backbones.synthetic" in PARTS
+    assert "engine.backbones.base" not in PARTS
+    assert upward_imports(layered) == ["engine.core.executor -> engine.session.records",
+                                       "engine.core.planner -> engine.registry",
+                                       "engine.session.session -> engine.backbones.minicpmo45.prompt",
+                                       "engine.session.session -> engine.models.step_audio2.voice"]
     assert "engine.session.config" in import_graph()["engine.session.session"]     # relative imports resolved
 
 

@@ -1,4 +1,4 @@
-"""A 24 GB card, promised (issue 24 item 5): a released MiniCPM-o 4.5 session in graphs mode runs 40 s at 0
+"""A 24 GB card is enough: a released MiniCPM-o 4.5 session in graphs mode runs 40 s at 0
 misses under a 22 GiB per-process cap (torch.cuda.set_per_process_memory_fraction); under an 8 GiB cap it
 refuses to start with one clear line, not an out-of-memory trace. Each in its own process (the cap is
 process-wide)."""

@@ -1,4 +1,4 @@
-"""The next second prepared in the idle time before it (issue 23): the LLM's whole forwards at exact
+"""The next second prepared in the idle time before it: the LLM's whole forwards at exact
 positions (exact_graphs.py) and the TTS's per-length steps past a reply's prepared room (tts.py).
 
 On the CPU the entries hold no graph and run the same operations eagerly: these tests check the bits of

@@ -109,7 +109,7 @@ def test_codes_ahead_equal_the_checked_loop_on_cuda(eos_from, history, monkeypat
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     # a throwaway first run: on the H200 the first tiny-TTS second in a process drew a code at step 3 that every
-    # later run (either loop, either store) did not (session 15's diagnostic, docs/device-notes-session15.md)
+    # later run (either loop, either store) did not (a diagnostic run on the H200)
     _speak(True, eos_from, history, False, monkeypatch, "cuda")
     want = _speak_checked(eos_from, history, False, monkeypatch, "cuda")
     got = _speak(True, eos_from, history, False, monkeypatch, "cuda")

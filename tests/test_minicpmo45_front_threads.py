@@ -1,4 +1,4 @@
-"""MiniCPM-o's CPU front end on one intra-op thread (issue 23, LISTEN's spikes): the start-up check compares its
+"""MiniCPM-o's CPU front end on one intra-op thread (LISTEN's spikes): the start-up check compares its
 features with the process's threads bit for bit and chooses one thread only when they are equal; the thread count
 comes back after every call; a planted difference under one thread turns the check down."""
 from __future__ import annotations

@@ -370,7 +370,7 @@ def test_tiny_model_policy_replies_replay_the_prepared_tts_graphs():
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_the_code_head_is_folded_on_the_device_the_model_runs_on():
     """The weight-normed code head is folded where the stock folds it at every forward: on the model's device,
-    in bfloat16. Folded on the CPU, some of the released 768-wide rows' norms round otherwise (H200, session 9:
+    in bfloat16. Folded on the CPU, some of the released 768-wide rows' norms round otherwise (on the H200
     the TTS logits one bfloat16 step off in every speaking second against the stock loop)."""
     from types import SimpleNamespace
     from engine.backbones.minicpmo45.weights import _head_weight
@@ -390,7 +390,7 @@ def test_the_code_head_is_folded_on_the_device_the_model_runs_on():
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_full_depth_exact_forwards_prepared_ahead_equal_eager_over_a_long_history():
     """All 36 released layers: each second's forwards (LISTEN's 2-token close, <unit>, 10 audio tokens, then
-    single tokens) prepared before the second as one graph each at their exact positions (issue 23), over a
+    single tokens) prepared before the second as one graph each at their exact positions, over a
     history past 700 positions: every hidden state and logits row is the stock-like eager one."""
     from engine.backbones.minicpmo45.exact_graphs import ExactForwards, next_forwards
     from engine.backbones.minicpmo45.llm import Qwen3
@@ -428,7 +428,7 @@ def test_full_depth_exact_forwards_prepared_ahead_equal_eager_over_a_long_histor
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_released_tts_steps_captured_ahead_past_the_room_equal_eager():
     """A reply longer than its prepared room (60 positions here): before each second the next 45 lengths are
-    captured (issue 23), each launched once there (its upload; it writes only past the history), so every step
+    captured, each launched once there (its upload; it writes only past the history), so every step
     replays its own graph, never the between-attention ones; the logits are the eager ones, the lengths passed
     are dropped, and a ``stop`` that turns True (the next frame) ends the captures where it does."""
     d, tts, stock, ours = released_tts_pair(400)
@@ -498,7 +498,7 @@ def test_tiny_session_with_seconds_prepared_ahead_equals_stock(monkeypatch):
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_released_tts_steps_past_the_room_replay_the_prepared_layer_graphs_equal_eager():
-    """Issue 23: a reply past its prepared room (60 positions here) runs the between-attention graphs captured
+    """A reply past its prepared room (60 positions here) runs the between-attention graphs captured
     at start (no capture in any second), their one-query attention on its own lane (the second product written
     straight into the next graph's input); the logits equal the eager model's at every length."""
     d, tts, stock, ours = released_tts_pair(400)

@@ -1,4 +1,4 @@
-"""`duplexcadence run --log` with MiniCPM-o 4.5 (issue 21, item 3): ``speech.npy`` holds what the tail produced,
+"""`duplexcadence run --log` with MiniCPM-o 4.5: ``speech.npy`` holds what the tail produced,
 every second concatenated (float32, 24 kHz, before playback levelling or queueing), and each second's
 record carries its decision, the LLM's token ids and the TTS's codes; journals written before these
 fields existed still load."""

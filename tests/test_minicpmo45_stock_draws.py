@@ -3,7 +3,7 @@ bit (test oracle: MiniCPM-o-Demo at 28b60cf in the stock venv, ``tests/stock_loo
 
 The whole-loop tests compare the draws a conversation happens to make; this one drives every branch of the
 stock's ``decode`` on purpose: the decision draw ending the unit with ``<|chunk_eos|>``, the text draw with
-``<|chunk_eos|>`` boosted (StreamDecoder's constructor forbids it there: found on the H200 in session 7, where
+``<|chunk_eos|>`` boosted (StreamDecoder's constructor forbids it there: found on the H200, where
 a tiny CUDA run parted from the stock at second 22 with the same logits, RNG state and history),
 ``<|turn_eos|>``'s logit on both sides of zero (the length penalty's two arms), histories past the 512-token
 repetition window and ids past the vocabulary, bfloat16 and float32 logits. Each case: the same logits, the
@@ -71,7 +71,7 @@ def test_our_text_draw_equals_the_stock_decode_on_every_case(stock_draws, one_to
 
 
 def test_the_comparison_fails_when_chunk_eos_may_be_drawn_as_text(stock_draws, monkeypatch, one_torch_thread):
-    """The planted error of session 7's fix: without ``<|chunk_eos|>`` in the text draw's forbidden list (the
+    """The planted error of the ``<|chunk_eos|>`` fix: without ``<|chunk_eos|>`` in the text draw's forbidden list (the
     state before it), some case draws another token than the stock."""
     from engine.backbones.minicpmo45 import sampling
     folder, cases = stock_draws

@@ -63,7 +63,7 @@ SECONDS = 33
 
 pytestmark = [pytest.mark.oracle, pytest.mark.bits]
 
-#: where our loop is not yet the stock's (issue 21), so no stage test claims it
+#: where our loop is not yet the stock's, so no stage test claims it (none left)
 STOCK_DIFFERENCES: tuple = ()
 
 
@@ -634,7 +634,7 @@ def _first_difference(ours: dict, stock: dict, speech: Optional[torch.Tensor]) -
 
 @pytest.mark.parametrize("demand", [False, True], ids=["stock-policy", "optimized"])
 def test_our_whole_session_equals_the_stock_loop_every_second(runs, demand, tmp_path, one_torch_thread):
-    """Issue 21 item 4, the integrating proof: OUR ``DuplexSession`` over the stock's 33 s input (speech and
+    """The integrating proof: OUR ``DuplexSession`` over the stock's 33 s input (speech and
     pauses, the three forced listens, >= 2 replies, the page's Force Listen at ``BARGE_IN`` cutting a reply),
     seeded S, the folder's voice and reference clip, the default system prompt, 16 kHz frames
     (``input_rate=16000``), the model's own turns (the voice-activity policy is off with a checkpoint folder):

@@ -1,4 +1,4 @@
-"""Our whole MiniCPM-o 4.5 session on CUDA against MiniCPM-o's own duplex loop on CUDA (issue 21 item 4, GPU).
+"""Our whole MiniCPM-o 4.5 session on CUDA against MiniCPM-o's own duplex loop on CUDA (GPU).
 
 The stock loop (MiniCPM-o-Demo at 28b60cf, ``tests/stock_loop/run_stock.py --device cuda``: bfloat16 as the
 demo casts it, its Step-Audio2 token2wav in float32 on CUDA) and our ``DuplexSession`` on CUDA read the same
@@ -17,12 +17,12 @@ second) against the stock's token2wav calls concatenated.
 The stock process runs deterministically (``run_stock.py --deterministic``: cuDNN attention out of SDPA, cuDNN
 held to deterministic algorithms, as our engine runs on CUDA; ``DC_STOCK_AS_USERS=1`` runs it exactly as its
 users do): otherwise torch 2.11 on the H200 picks cuDNN attention for bfloat16 and atomics-based transposed convs
-for token2wav's HiFT, neither of which repeats its own bits (docs/device-notes-minicpmo45.md run 3; the
-Step-Audio2 tail's notes: 1.5e-2 between two identical stock calls), and our engine takes both out for that
-reason. Status (session 7, docs/device-notes-session7.md): at tiny dims, 33 of 33 seconds equal at every stage
-in all three modes on the H200; released dims not yet run.
+for token2wav's HiFT, neither of which repeats its own bits (docs/bit-identity.md; token2wav's HiFT: 1.5e-2
+between two identical stock calls), and our engine takes both out for that
+reason. Measured on the H200 (docs/bit-identity.md): at tiny dims 33 of 33 seconds equal at every stage in all
+three modes; at the released dims 60 of 60 with the toggles flipped every second.
 
-Environment (the device script ``docs/bench/s6/device_stock_gpu.sh`` sets them):
+Environment (docs/bit-identity.md gives the commands):
 ``DC_STOCK_PYTHON``: the stock venv's interpreter (default ``.venv-stock/bin/python``, which must be a CUDA
 torch); ``DC_STOCK_FOLDER``: a folder in the released layout (``python tests/minicpmo45_stock_folder.py DIR
 --size released``), else the tiny folder is written; ``DC_STOCK_SECONDS``: input length (default 33 tiny, 60

@@ -196,7 +196,7 @@ def test_listed_by_the_registry_for_every_front_end():
 
 def test_name_appears_nowhere_else_in_the_product():
     allowed = {ROOT / "engine" / "models" / "nemotron_codec"}
-    bench = ROOT / "engine" / "bench" / "nemotron_codec.py"                 # the model's benchmark (issue 22)
+    bench = ROOT / "engine" / "bench" / "nemotron_codec.py"                 # the model's benchmark
     hits = []
     for folder in ("engine", "app", "packaging"):
         for f in (ROOT / folder).rglob("*"):

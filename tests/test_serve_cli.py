@@ -86,7 +86,7 @@ def test_serve_capacity_dry_run_writes_json_md_png(tmp_path, capsys, one_torch_t
     doc = json.loads(out.read_text())
     one = doc["replicas"]["1"]
     # on a quiet machine both sessions keep up; a loaded one may end the ramp early with a late second, or
-    # the admission may refuse session 2 after a stalled second (CI saw a 984 ms second at one session)
+    # the admission may refuse the second session after a stalled second (CI saw a 984 ms second at one session)
     assert one["ramp_ended"] in ("reached --max-sessions", "a second missed at 1 session",
                                  "a second missed at 2 sessions", "the cluster refused a session")
     if one["ramp_ended"] == "the cluster refused a session":

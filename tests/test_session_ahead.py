@@ -1,8 +1,10 @@
-"""The idle-time preparation between seconds (issue 23): the session's ``ahead`` runs the config's scope (the TTS
-steps of a reply past its prepared room by default), the live worker runs it only while no frame waits and hands
-it a ``stop`` that turns True the moment the next frame is here, and a bad scope is one clear error."""
+"""The idle-time preparation between seconds: the session's ``ahead`` runs the config's scope (the TTS steps of a
+reply past its prepared room by default) on a backbone whose entry declares that scope, the live worker runs it
+only while no frame waits and hands it a ``stop`` that turns True the moment the next frame is here, and a bad
+scope is one clear error."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import numpy as np
@@ -37,6 +39,10 @@ def test_session_ahead_runs_the_configured_scope_and_books_it_on_the_last_second
     s.start()
     prep = _Prepares()
     s.backbone.prepare_ahead = prep
+    s.process(FRAME)
+    assert s.parts.ahead == () and s.ahead() == 0.0 and prep.calls == []   # the synthetic one declares none
+    s.records.clear()
+    s.parts = dataclasses.replace(s.parts, ahead=("tts", "listen", "all"))
     assert s.ahead() == 0.0 and prep.calls == []                       # no second yet: nothing to prepare
     s.process(FRAME)
     assert s.ahead() > 0.0

@@ -1,4 +1,4 @@
-"""The session's input-rate contract (issue 21 item 4) and its Force Listen request.
+"""The session's input-rate contract and its Force Listen request.
 
 ``SessionConfig.input_rate``: 24 kHz for every backbone (the default, the app's), or the backbone's native rate
 (MiniCPM-o 4.5: 16 kHz, the stock's own input), handed to the backbone as is; any other rate, and a frame of

@@ -1,4 +1,4 @@
-"""Every frame path at the session's input rate (issue 21): the live runner, `run` (fast, --realtime,
+"""Every frame path at the session's input rate: the live runner, `run` (fast, --realtime,
 --input-rate), the serve protocol of a remote session, and the app's force-listen reaching the backbone.
 
 A MiniCPM-o 4.5 session takes 16 kHz frames (the stock duplex loop's own input) and `run` gives it them by

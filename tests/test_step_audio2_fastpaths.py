@@ -1,4 +1,4 @@
-"""Step-Audio2's optional faster paths (issue 16): each runs only where its start-up self-check proved it
+"""Step-Audio2's optional faster paths: each runs only where its start-up self-check proved it
 bit-identical, and what each does besides the library call it depends on is exact (CPU).
 
 * frames-major (channels-last) DiT conv blocks: on the CPU the channels-last convolution itself sums in

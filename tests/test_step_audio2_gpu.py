@@ -1,6 +1,6 @@
 """On the GPU: ours == the stock Step-Audio2 package (torch.equal) with real graph capture/replay.
 
-Run on the device before resolving the issue: ``pytest -q tests/test_step_audio2_gpu.py``.
+Run on a GPU: ``pytest -q tests/test_step_audio2_gpu.py``.
 """
 import numpy as np
 import pytest
@@ -47,7 +47,7 @@ def test_every_mode_is_bit_identical_to_the_stock_package_on_cuda(case, stock, m
 
 
 def test_faster_paths_on_and_off_are_both_bit_identical(case, stock):
-    """Issue 16: graphs with every checked faster path (lanes, fused elementwise, channels-last convs where the
+    """Graphs with every checked faster path (lanes, fused elementwise, channels-last convs where the
     self-check chose them) and graphs on the reference paths; the verdicts name every path and length."""
     on = W.build(case.cfg, case.state, "cuda")
     S.assert_chunks_equal(synthesize(on, case.prompt, case.tokens, "graphs", case.seed), stock)
@@ -82,7 +82,7 @@ def test_released_dims_graphs_bit_identical_on_cuda():
 
 
 def test_a_chunked_stream_s_last_chunk_replays_the_graph_prepared_at_start():
-    """MiniCPM-o's chunking (issue 23's p99): a turn's usual last chunk (the lookahead's 3 tokens, the state
+    """MiniCPM-o's chunking (a p99 second's cause): a turn's usual last chunk (the lookahead's 3 tokens, the state
     settled) replays the graph the tail captured at start, on the live executor, with no capture in it, and the
     stream stays the stock package's fed as MiniCPM-o's loop feeds it, bit for bit (153 tokens: 6 full chunks of
     25 + 3, then the last 3 alone)."""

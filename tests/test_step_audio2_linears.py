@@ -1,4 +1,4 @@
-"""The DiT's split-K linears (:mod:`engine.models.step_audio2.linears`, session 19).
+"""The DiT's split-K linears (:mod:`engine.models.step_audio2.linears`).
 
 On the CPU: bad operands get one clear error before any kernel runs; under Triton's interpreter (when Triton is
 installed) the kernel's indexing, masks, split ranges and gated epilogue give ``F.linear``'s values to float32

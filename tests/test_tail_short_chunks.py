@@ -1,4 +1,4 @@
-"""Short token2wav chunks that are not a stream's last (issue 21): a tail whose backbone declares its chunking
+"""Short token2wav chunks that are not a stream's last: a tail whose backbone declares its chunking
 (``BackboneEntry.tail_chunking``: MiniCPM-o's duplex loop) decodes every buffer of at least 8 Step-Audio2
 tokens each push, in chunks of up to 25 + 3, so its steps are declared one at a time
 (:class:`engine.tail.DeclaredPlan`): each from the chunk it runs and the lengths the steps before it left.
@@ -143,7 +143,7 @@ def test_a_session_sets_the_chunking_its_backbone_declares(one_torch_thread):
 def test_a_chunked_tail_checks_every_chunk_length_at_start(monkeypatch, one_torch_thread):
     """A stream cut into short chunks runs no fast-path self-check mid-stream: every chunk length (short chunks,
     a turn's last chunk of any length) was checked at start. A tail without chunking leaves them to first use.
-    (On the H200 a first check inside a second cost a turn's last chunk 390 ms of SPEAK, session 15.)"""
+    (On the H200 a first check inside a second cost a turn's last chunk 390 ms of SPEAK.)"""
     from engine.models.step_audio2 import checked
     first_checks = []
     which = checked.CheckedPaths.which
@@ -202,7 +202,7 @@ def test_a_turn_s_last_chunk_runs_on_the_live_executor_as_prepared_at_start(monk
 def test_graph_keys_part_first_and_last_steps_only_where_the_model_branches_on_them(base):
     """Step-Audio2 reads ``is_last`` and ``index == 0`` in its step, so a first or last step has a graph of its own
     even at another step's shapes; a model that reads neither (Mimi, the Nemotron codec, the audio encoder) shares
-    one graph per signature, as before (one capture fewer each, session 16's GPU tests)."""
+    one graph per signature, as before (one capture fewer each, in the GPU tests)."""
     from dataclasses import replace
     from engine.core import Executor
     from engine.core.executor import graph_key

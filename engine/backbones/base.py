@@ -9,7 +9,7 @@ decision (listen or speak) and the speech tokens it produced (kept on the device
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -60,9 +60,15 @@ class Thought:
 
 
 class Backbone:
-    """Base class: LISTEN + THINK of one duplex session (each registered backbone package has one)."""
+    """Base class: LISTEN + THINK of one duplex session (each registered backbone package has one).
+
+    What a backbone offers beyond LISTEN and THINK is declared on its :class:`~engine.registry.BackboneEntry`
+    (``force_listen``, ``stage_marks``, ``ahead``, ``system_prompt``...); the methods here are what a declared
+    trait calls, and the session calls one only where its entry declares it."""
 
     info: BackboneInfo
+    #: the session's stage clock (``StageClock.mark``), set each second where the entry declares ``stage_marks``
+    stage_mark: Optional[Callable[[str], None]] = None
 
     def start(self) -> None:
         """Build the streaming state (and capture graphs when graph replay is on)."""
@@ -107,6 +113,16 @@ class Backbone:
         """The start-up self-check's verdicts on this backbone's optional faster paths (:mod:`engine.fastpath`),
         for the session info; none by default."""
         return []
+
+    def force_listen(self) -> None:
+        """The next second listens whatever the backbone would decide, closing a reply that is open (entries
+        that declare ``force_listen``)."""
+        raise NotImplementedError(f"{type(self).__name__} takes no forced listen of its own")
+
+    def prepare_ahead(self, scope: str, stop: Optional[Callable[[], bool]] = None) -> int:
+        """Between seconds, off the clock: prepare what the next second runs within ``scope`` (one of the
+        entry's ``ahead``); ``stop`` is asked between pieces of work. Returns the pieces made (captures)."""
+        return 0
 
     def shared_weights(self) -> Optional[Dict[str, object]]:
         """Read-only modules another session's backbone can be built around (``make_backbone(shared=)``);

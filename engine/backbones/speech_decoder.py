@@ -164,6 +164,3 @@ class SpeechDecoder(StreamingModel):
     def embed(self, tok: torch.Tensor) -> torch.Tensor:
         """Sum of the codebooks' embeddings. tok: [K] int64 -> [1, 1, dim]."""
         return self.tok_emb(tok + self.book_offset).sum(dim=0).view(1, 1, -1)
-
-    def param_count(self) -> int:
-        return sum(p.numel() for p in self.parameters())

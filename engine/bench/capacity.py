@@ -191,11 +191,11 @@ def main(argv=None) -> int:
 
 
 def _doc(a, base: SessionConfig) -> Dict[str, object]:
-    from engine.bench.report import provenance
+    from engine.bench import provenance
     return {"tail": base.tail, "backbone": base.backbone, "size": base.size, "device": base.device,
             "gpu": torch.cuda.get_device_name(0) if base.device == "cuda" else "cpu", "torch": torch.__version__,
             "counts": a.counts, "seconds": a.seconds, "deadline_ms": DEADLINE_MS, "command": " ".join(sys.argv),
-            "reference": a.reference, "alone": a.alone, **provenance(),
+            "reference": a.reference, "alone": a.alone, "provenance": provenance.record(" ".join(sys.argv)),
             "cuda_connections": cuda_queues.in_effect() if base.device == "cuda" else None, "modes": {}}
 
 

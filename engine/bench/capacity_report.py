@@ -59,7 +59,7 @@ def write_markdown(doc: Dict[str, object], path: Path) -> None:
     from engine.atomic import atomic_write
     from engine.bench import report
     notes = [f"{doc['tail']} + {doc['backbone']}, {doc['size']}, {doc['gpu']}, each count held {doc['seconds']:g} s; "
-             f"commit {doc.get('commit')}",
+             f"commit {doc.get('provenance', {}).get('commit')}",
              f"reference: {doc['reference']} (every session, every second) and {doc['alone']} session(s) alone"]
     md = report.markdown("Sessions one device keeps on time", str(doc["command"]), [("", table(doc, wrap=False))],
                          notes)

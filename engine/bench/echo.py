@@ -138,7 +138,7 @@ def summarize_mode(r: LoopResult, turns: List[Tuple[int, int]]) -> Dict[str, obj
 
 
 def meets_targets(m: Dict[str, object]) -> Dict[str, bool]:
-    """Each target of issue 25 for a mode with cancellation on."""
+    """Each echo target (TARGETS) for a mode with cancellation on."""
     return {"erle_db": bool(m["erle_db"] >= TARGETS["erle_db"]), "false_barge_ins": m["false_barge_ins"] == 0,
             "missed_barge_ins": m["missed_barge_ins"] == 0,
             "barge_in_latency_ms": bool(m["barge_in_latency_ms"]["worst"] <= TARGETS["barge_in_latency_ms"])}

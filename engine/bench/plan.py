@@ -70,10 +70,12 @@ def main(argv) -> int:
         fig = report.Figure([report.Bars("state bytes per session: demand-sized vs stock", "MiB", list(totals),
                                          {"demand": [t[0] / MIB for t in totals.values()],
                                           "stock": [t[1] / MIB for t in totals.values()]})])
-        md = report.markdown("Planner: regions, timeline and shape signatures", report.command_line(PROG, argv),
+        command = report.command_line(PROG, argv)
+        md = report.markdown("Planner: regions, timeline and shape signatures", command,
                              [("", "```\n" + t + "\n```") for t in texts])
         try:
-            written = report.write_all(Path(a.out) / "plan.json", {"size": a.size, "models": docs}, md, fig)
+            written = report.write_all(Path(a.out) / "plan.json", {"size": a.size, "models": docs}, md, fig,
+                                       command=command)
         except OSError as e:
             print(f"{PROG}: error: {e}", file=sys.stderr)
             return 1

@@ -1,7 +1,9 @@
 """What every ``duplexcadence-bench`` command leaves behind: ``NAME.json``, ``NAME.md`` and ``NAME.png`` side by side.
 
+The JSON carries a ``provenance`` object (:mod:`engine.bench.provenance`: commit, device, driver, torch /
+CUDA / cuDNN / cuBLAS versions and the exact command), added here, so every bench records it without asking.
 The markdown file holds the command line, the machine and the same aligned table the command printed; the
-PNG is a plot people can paste into an issue. Plots use matplotlib with its file-only Agg backend (the
+PNG is a plot people can paste into a report. Plots use matplotlib with its file-only Agg backend (the
 ``bench`` extra); without matplotlib the JSON and markdown are still written and one line says why the PNG
 is missing. Nothing here imports Qt.
 """
@@ -20,6 +22,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from engine.atomic import atomic_write
+from engine.bench import provenance
 
 
 def say(msg: str) -> None:
@@ -67,63 +70,19 @@ def machine() -> Dict[str, str]:
             "cpu": platform.processor() or platform.machine(), "cores": str(os.cpu_count())}
 
 
-def provenance() -> Dict[str, object]:
-    """What a result was measured on: the commit (and whether the tree had changes), the device and its driver,
-    torch with its CUDA, cuDNN and cuBLAS versions, the Python, the host."""
-    import subprocess
-    root = Path(__file__).resolve().parents[2]
-
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-    cuda = torch.cuda.is_available()
-    out: Dict[str, object] = {
-        "commit": git("rev-parse", "HEAD") or None, "tree_changed": bool(git("status", "--porcelain", "-uno")),
-        "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-        "cudnn": torch.backends.cudnn.version() if cuda else None, "host": platform.node()}
-    if cuda:
-        out["device"] = torch.cuda.get_device_name(0)
-        out["cublas"] = _cublas_version()
-        out["driver"] = _driver_version()
-    return out
-
-
-def _cublas_version() -> Optional[str]:
-    try:
-        import ctypes
-        lib = ctypes.CDLL("libcublas.so." + str(torch.version.cuda).split(".")[0])
-        parts = []
-        for prop in (0, 1, 2):                       # major, minor, patch (libraryPropertyType)
-            v = ctypes.c_int()
-            if lib.cublasGetProperty(prop, ctypes.byref(v)) != 0:
-                return None
-            parts.append(str(v.value))
-        return ".".join(parts)
-    except (OSError, AttributeError):
-        return None
-
-
-def _driver_version() -> Optional[str]:
-    import subprocess
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10).stdout.strip()
-        return out.splitlines()[0] if out else None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def command_line(prog: str, argv: Sequence[str]) -> str:
     return " ".join([prog] + [shlex.quote(a) for a in argv])
 
 
 def progressive_json(path: Path, prog: str, command: str) -> Optional[Callable[[Dict], None]]:
-    """A ``dump(doc)`` that rewrites ``path`` with ``doc`` (plus the command) as a run goes, so a run cut short
-    keeps what it had; tried once here. None (after one error line) when ``path`` cannot be written."""
+    """A ``dump(doc)`` that rewrites ``path`` with ``doc`` (plus the command and the run's provenance) as a run
+    goes, so a run cut short keeps what it had; tried once here. None (after one error line) when ``path``
+    cannot be written."""
+    origin = provenance.record(command)
+
     def dump(doc: Dict) -> None:
         doc["command"] = command
+        doc.setdefault("provenance", origin)
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         with open(path, "w") as f:
             json.dump(doc, f, indent=1)
@@ -209,9 +168,27 @@ def render_png(fig: Figure, path: Path) -> Optional[str]:
     return None
 
 
-def write_all(json_path: Path, doc: Dict, md: str, fig: Optional[Figure]) -> List[Path]:
-    """Write ``x.json``, ``x.md`` and (when ``fig``) ``x.png``; returns the paths written. A missing
+def stamp(json_path: Path, command: Optional[str] = None) -> bool:
+    """Add the run's provenance to a JSON a bench wrote by itself (a JSON object without one); False when there is
+    no such file or it already has one. The file is rewritten atomically."""
+    path = Path(json_path)
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(doc, dict) or "provenance" in doc:
+        return False
+    doc["provenance"] = provenance.record(command or doc.get("command"))
+    _write(path, (json.dumps(doc, indent=1, default=str) + "\n").encode())
+    return True
+
+
+def write_all(json_path: Path, doc: Dict, md: str, fig: Optional[Figure], command: Optional[str] = None) -> List[Path]:
+    """Write ``x.json`` (``doc`` with its ``provenance``: ``command``, else the doc's own ``command``, else this
+    process's command line), ``x.md`` and (when ``fig``) ``x.png``; returns the paths written. A missing
     matplotlib is reported on stderr in one line, not raised."""
+    if "provenance" not in doc:
+        doc = {**doc, "provenance": provenance.record(command or doc.get("command"))}
     json_path = Path(json_path)
     try:
         json_path.parent.mkdir(parents=True, exist_ok=True)

@@ -42,7 +42,6 @@ import argparse
 import gc
 import json
 import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -53,14 +52,15 @@ import torch
 from engine.atomic import atomic_write
 from engine.audio import frames_of, load_mono
 from engine.bench import accounting, memory_map, report
-from engine.bench.digests import StageTap, describe, divergence
+from engine.bench.digests import StageTap
+from engine.bench.session_report import (Runs, format_slowest, identical_to_reference, outcome,  # noqa: F401
+                                         print_report, same_line, slowest_second, stage_table, write_report)
 from engine import registry
 from engine.core import graphs
 from engine.core.toggles import MODES, Toggles
 from engine.session import DuplexSession, SessionConfig, export_records, summarize
 from engine.session.config import AHEADS
-from engine.session.records import DEADLINE_MS
-from engine.stats import MIB, progress, table
+from engine.stats import progress
 
 LABELS = {"stock": "stock-like", "demand": "demand", "graphs": "graphs"}
 NO_GRAPHS = "eager (graph replay unavailable)"
@@ -191,33 +191,6 @@ def run_mode(cfg: SessionConfig, frames: List[np.ndarray], flip: bool = False, d
             "captures": captures, "replays": replays, "gc_ms": gc_ms}
 
 
-def slowest_second(run: Dict[str, object]) -> Dict[str, object]:
-    """A run's (:func:`run_mode`) slowest second: its index, decision, stage times, captures and GC time."""
-    recs = run["records"]
-    k = max(range(len(recs)), key=lambda i: recs[i].total_ms)
-    x = recs[k]
-    return {"index": k, "decision": x.decision, "total_ms": x.total_ms, "listen_ms": x.listen_ms,
-            "think_ms": x.think_ms, "think_tts_ms": x.think_tts_ms, "speak_ms": x.speak_ms,
-            "captures": run["captures"][k], "gc_ms": run["gc_ms"][k]}
-
-
-def format_slowest(name: str, w: Dict[str, object]) -> str:
-    return (f"{name}, slowest second: {w['index']} ({w['decision']}) {w['total_ms']:.1f} ms = LISTEN "
-            f"{w['listen_ms']:.1f} + THINK {w['think_ms']:.1f} (TTS {w.get('think_tts_ms', 0.0):.1f}) + SPEAK "
-            f"{w['speak_ms']:.1f}; graphs captured in it: "
-            f"{w['captures']}; garbage collection: {w['gc_ms']:.1f} ms")
-
-
-def _table(rows: Dict[str, Dict[str, object]], wrap: bool = True) -> str:
-    """Per mode: p50 / p99 / max of the second's total, misses, stage medians, state and reserved memory."""
-    heads = ["mode", "p50 ms", "p99 ms", "max ms", "misses", "p50 listen", "p50 think", "p50 speak",
-             "state MiB", "reserved MiB"]
-    body = [[name, f"{s['p50_total_ms']:.1f}", f"{s['p99_total_ms']:.1f}", f"{s['max_total_ms']:.1f}", s["misses"],
-             f"{s['p50_listen_ms']:.1f}", f"{s['p50_think_ms']:.1f}", f"{s['p50_speak_ms']:.1f}",
-             f"{s['state_bytes'] / MIB:.1f}", f"{s['max_reserved_bytes'] / MIB:.1f}"] for name, s in rows.items()]
-    return table(body, heads, max_widths=[20] + [None] * 9, header_width=8, wrap=wrap)
-
-
 def stage_means(records) -> Dict[str, float]:
     """Means over all seconds and over speaking seconds (each stage too): the whole duplex second's cost."""
     def mean(vals):
@@ -237,19 +210,6 @@ def stage_means(records) -> Dict[str, float]:
     return out
 
 
-def _means_table(rows: Dict[str, Dict[str, object]], wrap: bool = True) -> str:
-    """Per mode: mean second, mean speaking / listening second, and the stages of a mean speaking second."""
-    heads = ["mode", "mean ms", "mean speaking", "mean listening", "speaking: listen", "speaking: think",
-             "of which TTS", "speaking: speak", "mean ahead", "max with ahead"]
-    body = [[name, f"{s['mean_total_ms']:.1f}", f"{s['mean_speaking_second_ms']:.1f}",
-             f"{s['mean_listening_second_ms']:.1f}", f"{s['mean_listen_ms_speaking']:.1f}",
-             f"{s['mean_think_ms_speaking']:.1f}", f"{s.get('mean_think_tts_ms_speaking', 0.0):.1f}",
-             f"{s['mean_speak_ms_speaking']:.1f}",
-             f"{s.get('mean_ahead_ms', 0.0):.1f}", f"{s.get('max_second_with_ahead_ms', 0.0):.1f}"]
-            for name, s in rows.items()]
-    return table(body, heads, max_widths=[16] + [None] * 9, header_width=9, wrap=wrap)
-
-
 def account_mode(cfg: SessionConfig, frames: List[np.ndarray], run: Dict[str, object], n: int,
                  ahead: str = "off", at: Optional[List[int]] = None, sites: bool = False) -> Dict[str, object]:
     """The mode's per-second accounting (:mod:`engine.bench.accounting`): ``n`` seconds picked from the main
@@ -261,17 +221,6 @@ def account_mode(cfg: SessionConfig, frames: List[np.ndarray], run: Dict[str, ob
              else accounting.pick_seconds(speaking, run["captures"], n))
     counted = accounting.account(lambda: DuplexSession(cfg), frames, picks, cuda, ahead, sites)
     return accounting.summary(picks, counted, run["records"], run["replays"], cuda)
-
-
-def _mode_doc(name: str, run: Dict[str, object]) -> Dict[str, object]:
-    """A mode's entry in bench.json: its label, its summary and (when counted) its ``accounting``."""
-    doc = {"label": name, **run["summary"]}
-    if "accounting" in run:
-        doc["accounting"] = run["accounting"]
-    if run["records"]:
-        doc["slowest_second"] = slowest_second(run)
-        doc["gc_ms_per_second"] = [round(x, 3) for x in run["gc_ms"]]
-    return doc
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -354,7 +303,10 @@ def _stock_loop(a) -> int:
         print(f"duplexcadence-bench session: error: {e}", file=sys.stderr)
         return 2
     a.stock_loop_modes = stock_modes
-    return stock_loop.compare(a, base, audio, modes, ours=sys.modules[__name__])
+    rc = stock_loop.compare(a, base, audio, modes, ours=sys.modules[__name__])
+    if a.out:                                   # the rows' bench.json gets the run's provenance, as every bench's
+        report.stamp(Path(a.out) / "bench.json", report.command_line("duplexcadence-bench session", a.argv))
+    return rc
 
 
 def run_keys(modes: List[str]) -> List[str]:
@@ -372,175 +324,92 @@ def _write_digests(path: Path, seconds: List[Dict[str, object]]) -> None:
     atomic_write(path, lambda f: f.write(text), text=True)
 
 
-def identical_to_reference(keys: List[str], audio: Dict[str, np.ndarray]) -> Dict[str, bool]:
-    """Each run after the first against the first (the reference), sample for sample. The reference is
-    never compared with itself: with one run the answer is empty (reported as n/a)."""
-    return {key: bool(np.array_equal(audio[keys[0]], audio[key])) for key in keys[1:]}
+def _problem(a, modes: List[str]) -> Optional[str]:
+    """Why the arguments cannot run (None: they can); parses ``--account-at`` in place."""
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        return f"unknown mode(s) {bad}; choose from {', '.join(MODES)}"
+    if a.account_seconds < 0:
+        return f"error: --account-seconds must be 0 or more, not {a.account_seconds}"
+    try:
+        a.account_at = accounting.parse_at(a.account_at, a.seconds)
+    except ValueError as e:
+        return f"error: {e}"
+    return None
 
 
-def same_line(identical: Dict[str, bool], labels: Dict[str, str], ref: str, flip: Optional[bool],
-              flip_n: int, seconds: int) -> str:
-    """The bit-identity sentence: the distinct runs against the reference, then the flip run and what it covered."""
-    if identical:
-        runs = (f"outputs bit-identical to the reference ({labels[ref]}): {all(identical.values())} "
-                f"({', '.join(f'{labels[k]}: {v}' for k, v in identical.items())})")
-    else:
-        runs = f"outputs bit-identical across modes: n/a (one run, {labels[ref]}; nothing to compare with)"
-    if flip is None:
-        return f"{runs}; toggles flipped every second: not run"
-    span = f"all {seconds} s" if flip_n == seconds else f"the first {flip_n} of {seconds} s only"
-    return f"{runs}; toggles flipped every second ({span}): {flip}"
+def _inputs(a) -> Tuple[SessionConfig, List[np.ndarray]]:
+    """The resolved config every run starts from, and the input's one-second frames; ValueError in one line."""
+    base = SessionConfig(tail=a.tail, backbone=a.backbone, size=a.size, device=a.device, seed=a.seed,
+                         checkpoint=a.checkpoint, backbone_checkpoint=a.backbone_checkpoint, voice=a.voice).resolved()
+    audio = load_mono(a.input, max_seconds=a.seconds) if a.input else speech_like(a.seconds, a.seed)
+    return base, frames_of(audio)[: a.seconds]
 
 
-def divergences(keys: List[str], modes: List[str], results: Dict[str, Dict[str, object]], labels: Dict[str, str],
-                flip: Optional[Dict[str, object]]) -> Tuple[Dict[str, object], List[str]]:
-    """Each run against the first (a repeat also against its mode's first run; the flip run against the
-    first run's same seconds): the JSON entry and one terminal line each."""
-    ref = keys[0]
-    doc: Dict[str, object] = {}
-    lines: List[str] = []
-    first_of: Dict[str, str] = {}
-    for key, m in zip(keys, modes):
-        first_of.setdefault(m, key)
-        if key != ref:
-            d = divergence(results[ref]["digests"], results[key]["digests"])
-            doc[key] = d
-            lines.append(describe(labels[key], labels[ref], d))
-        if first_of[m] != key and first_of[m] != ref:
-            d = divergence(results[first_of[m]]["digests"], results[key]["digests"])
-            doc[f"{key} vs {first_of[m]}"] = d
-            lines.append(describe(labels[key], labels[first_of[m]], d))
-    if flip is not None:
-        d = divergence(results[ref]["digests"], flip["digests"])
-        doc["toggles flipped"] = d
-        lines.append(describe("toggles flipped", labels[ref], d))
-    return doc, lines
+def _run_all(a, base: SessionConfig, frames: List[np.ndarray], modes: List[str]) -> Runs:
+    """Every run asked, in order, each written under ``--out`` as it ends (a cut-short bench keeps what it had),
+    then counted under the profiler where asked (after the main run, never inside it)."""
+    runs = Runs(run_keys(modes), modes)
+    for key, m in zip(runs.keys, modes):
+        t = Toggles.from_mode(m)
+        cfg = base.replace(demand_sized=t.demand_sized, graph_replay=t.graph_replay)
+        r = run_mode(cfg, frames, desc=LABELS[m], quiet=a.quiet, digests=not a.no_digests, ahead=a.ahead)
+        name = label(m, r["records"]) + ("" if key == m else f" #{key.rsplit('-', 1)[1]}")
+        runs.results[key], runs.labels[key], runs.rows[name] = r, name, r["summary"]
+        print(f"{name}: {r['summary']['seconds']} s, built in {r['summary']['build_s']:.1f} s", file=sys.stderr)
+        print(stage_table({name: r["summary"]}), file=sys.stderr, flush=True)
+        if a.out:
+            export_records(r["records"], Path(a.out), stem=f"session-{key}")
+            if not a.no_digests:
+                _write_digests(Path(a.out) / f"session-{key}-digests.jsonl", r["digests"])
+        if a.account_seconds or a.account_at:
+            runs.accounts[name] = r["accounting"] = account_mode(cfg, frames, r, a.account_seconds, a.ahead,
+                                                                 a.account_at, a.account_sites)
+            print(accounting.format_table({name: r["accounting"]}), file=sys.stderr, flush=True)
+    return runs
+
+
+def _flip_run(a, base: SessionConfig, frames: List[np.ndarray]) -> Tuple[Optional[Dict[str, object]], int]:
+    """The last run, the toggles flipped every second over its first N seconds (None when N is 0), and N."""
+    n = len(frames) if a.flip_seconds is None else max(0, min(a.flip_seconds, len(frames)))
+    if n == 0:
+        return None, 0
+    fr = run_mode(base.replace(demand_sized=False, graph_replay=False), frames[:n], flip=True,
+                  desc="toggles flipped", quiet=a.quiet, digests=not a.no_digests)
+    if a.out:
+        export_records(fr["records"], Path(a.out), stem="session-flipped")
+    return fr, n
 
 
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
+    a.argv = list(sys.argv[1:] if argv is None else argv)
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
-    if bad or not modes:
-        print(f"duplexcadence-bench session: unknown mode(s) {bad}; choose from {', '.join(MODES)}", file=sys.stderr)
-        return 2
-    if a.account_seconds < 0:
-        print(f"duplexcadence-bench session: error: --account-seconds must be 0 or more, not {a.account_seconds}",
-              file=sys.stderr)
-        return 2
-    try:
-        a.account_at = accounting.parse_at(a.account_at, a.seconds)
-    except ValueError as e:
-        print(f"duplexcadence-bench session: error: {e}", file=sys.stderr)
+    why = _problem(a, modes)
+    if why:
+        print(f"duplexcadence-bench session: {why}", file=sys.stderr)
         return 2
     if a.stock_loop is not None:
         return _stock_loop(a)
     try:
-        base = SessionConfig(tail=a.tail, backbone=a.backbone, size=a.size, device=a.device, seed=a.seed,
-                             checkpoint=a.checkpoint, backbone_checkpoint=a.backbone_checkpoint,
-                             voice=a.voice).resolved()
-        audio = load_mono(a.input, max_seconds=a.seconds) if a.input else speech_like(a.seconds, a.seed)
+        base, frames = _inputs(a)
     except ValueError as e:
         print(f"duplexcadence-bench session: error: {e}", file=sys.stderr)
         return 2
-    frames = frames_of(audio)[: a.seconds]
-    keys = run_keys(modes)
-    digests = not a.no_digests
-    results, rows, labels, accounts = {}, {}, {}, {}
-    for key, m in zip(keys, modes):
-        t = Toggles.from_mode(m)
-        cfg = base.replace(demand_sized=t.demand_sized, graph_replay=t.graph_replay)
-        r = run_mode(cfg, frames, desc=LABELS[m], quiet=a.quiet, digests=digests, ahead=a.ahead)
-        labels[key] = label(m, r["records"]) + ("" if key == m else f" #{key.rsplit('-', 1)[1]}")
-        results[key], rows[labels[key]] = r, r["summary"]
-        print(f"{labels[key]}: {r['summary']['seconds']} s, built in {r['summary']['build_s']:.1f} s",
-              file=sys.stderr)
-        print(_table({labels[key]: r["summary"]}), file=sys.stderr, flush=True)
-        if a.out:                                   # written as it goes: a cut-short run keeps what it had
-            export_records(r["records"], Path(a.out), stem=f"session-{key}")
-            if digests:
-                _write_digests(Path(a.out) / f"session-{key}-digests.jsonl", r["digests"])
-        if a.account_seconds or a.account_at:       # after the main run, never inside it
-            accounts[labels[key]] = r["accounting"] = account_mode(cfg, frames, r, a.account_seconds, a.ahead,
-                                                                   a.account_at, a.account_sites)
-            print(accounting.format_table({labels[key]: r["accounting"]}), file=sys.stderr, flush=True)
-    ref = results[keys[0]]["audio"]
-    identical = identical_to_reference(keys, {key: r["audio"] for key, r in results.items()})
-    flip, fr = None, None
-    n_flip = len(frames) if a.flip_seconds is None else max(0, min(a.flip_seconds, len(frames)))
-    if n_flip > 0:
-        fr = run_mode(base.replace(demand_sized=False, graph_replay=False), frames[:n_flip], flip=True,
-                      desc="toggles flipped", quiet=a.quiet, digests=digests)
-        flip = bool(np.array_equal(ref[: n_flip * 24000], fr["audio"]))
-        if a.out:
-            export_records(fr["records"], Path(a.out), stem="session-flipped")
-    where, where_lines = divergences(keys, modes, results, labels, fr) if digests else ({}, [])
-    info = results[keys[0]]["summary"]["info"]
-    title = f"duplex session: {info['tail_title']} <- {info['backbone_title']}, {info['device']}, {len(frames)} s of input"
-    same = same_line(identical, labels, keys[0], flip, n_flip, len(frames))
-    tab, means = _table(rows), _means_table(rows)
-    acc_note = accounting.note(torch.device(base.device).type == "cuda") if accounts else ""
-    print(textwrap.fill(title, 120))
-    for line in info.get("fast_paths", []):                  # e.g. MiniCPM-o's fused norm/RoPE: chosen, or why not
-        print(textwrap.fill(f"fast path: {line}", 120))
-    print(tab)
-    print(means)
-    for key in keys:
-        if results[key]["records"]:
-            print(textwrap.fill(format_slowest(labels[key], slowest_second(results[key])), 120))
-    kernels = accounting.format_kernels(accounts) if accounts else ""
-    sites = accounting.format_sites(accounts) if accounts else ""
-    if accounts:
-        print(accounting.format_table(accounts))
-        if kernels:
-            print(kernels)
-        if sites:
-            print(sites)
-        print(textwrap.fill(acc_note, 120))
-    for key in keys:
-        summ = results[key]["summary"]
-        mem = memory_map.format_map(labels[key], summ.get("memory_map"))
-        if mem:
-            print(mem)
-            print(f"  peak reserved from the end of the build on (inside seconds too): "
-                  f"{summ['peak_reserved_bytes'] / MIB:,.0f} MiB (the most held at a second's end: "
-                  f"{summ['max_reserved_bytes'] / MIB:,.0f} MiB)")
-    print(textwrap.fill(same, 120))
-    for line in where_lines:
-        print(textwrap.fill(line, 120, subsequent_indent="  "))
+    runs = _run_all(a, base, frames, modes)
+    flip_run, n_flip = _flip_run(a, base, frames)
+    out = outcome(runs, flip_run, n_flip, len(frames), digests=not a.no_digests)
+    cuda = torch.device(base.device).type == "cuda"
+    print_report(runs, out, cuda)
     if a.out:
-        out = Path(a.out)
-        doc = {"seconds": len(frames),
-               "modes": {key: _mode_doc(labels[key], results[key]) for key in keys},
-               "account_seconds": a.account_seconds, "account_at": a.account_at,
-               "account_sites": a.account_sites, "ahead": a.ahead,
-               "reference": keys[0], "identical": identical if identical else "n/a", "flip_identical": flip,
-               "flip_seconds": n_flip if flip is not None else 0, "divergence": where, "deadline_ms": DEADLINE_MS,
+        doc = {"seconds": len(frames), "account_seconds": a.account_seconds, "account_at": a.account_at,
+               "account_sites": a.account_sites, "ahead": a.ahead, "reference": runs.keys[0],
                "torch": torch.__version__,
                "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
-        per_second = {labels[key]: [rec.total_ms for rec in results[key]["records"]] for key in keys}
-        fig = report.Figure([
-            report.Lines("ms per second of the session", "second", "ms", per_second,
-                         hline=(float(DEADLINE_MS), "deadline")),
-            report.Bars("median ms per stage", "ms", list(rows),
-                        {st: [s[f"p50_{st}_ms"] for s in rows.values()] for st in ("listen", "think", "speak")})])
-        md = report.markdown(title, report.command_line("duplexcadence-bench session", argv or sys.argv[1:]),
-                             [("per second", _table(rows, wrap=False)), ("means", _means_table(rows, wrap=False))]
-                             + ([("per-second accounting", accounting.format_table(accounts, wrap=False))]
-                                if accounts else [])
-                             + ([("where the kernel time goes", accounting.format_kernels(accounts, wrap=False))]
-                                if kernels else [])
-                             + ([("where the host operators come from", accounting.format_sites(accounts, wrap=False))]
-                                if sites else []),
-                             [same] + where_lines + ([acc_note] if accounts else []))
-        try:
-            report.write_all(out / "bench.json", doc, md, fig)
-        except OSError as e:
-            print(f"duplexcadence-bench session: error: {e}", file=sys.stderr)
+        command = report.command_line("duplexcadence-bench session", a.argv)
+        if write_report(Path(a.out), doc, runs, out, command, cuda):
             return 1
-        print(f"wrote {out / 'bench.json'}, bench.md, bench.png and each mode's records", file=sys.stderr)
-    ok = all(identical.values()) and flip is not False
-    return 0 if ok else 1
+    return 0 if all(out.identical.values()) and out.flip is not False else 1
 
 
 if __name__ == "__main__":

@@ -252,7 +252,7 @@ def headline(rows: List[Dict], ours: str = "ours graphs") -> Dict[str, float]:
             pairs = [a / b for a, b in zip(s["ms_per_chunk"][STEADY_FROM:], o["ms_per_chunk"][STEADY_FROM:]) if b > 0]
             out[key + "_paired"] = percentile(pairs, 50)
     before = by.get("ours graphs, reference paths")
-    if before is not None:                              # issue 16's before/after, measured side by side
+    if before is not None:                              # the faster paths' before/after, side by side
         out["faster_paths_speedup"] = before["median_ms"] / o["median_ms"]
     return out
 
@@ -281,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--modes", default="stock-like,demand,graphs",
                    help="our modes: graphs, demand, stock-like, graphs-reference (graphs with every checked "
-                        "faster path on its reference path: the before/after of issue 16)")
+                        "faster path on its reference path: the faster paths' before/after)")
     p.add_argument("--no-stock-default", action="store_true",
                    help="leave out the stock package with its default cuDNN settings")
     p.add_argument("--profile-chunks", type=int, default=2, help="steady chunks profiled (not timed) at the end")
@@ -295,48 +295,41 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv) -> int:
-    argv = list(argv)
-    a = build_parser().parse_args(argv)
-    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
-    if a.device == "cpu":
-        a.profile_chunks = 0                            # kernel counts are a CUDA measurement
+def _problem(a, modes: List[str]) -> Optional[str]:
+    """Why the arguments cannot run (None: they can)."""
     bad = [m for m in modes if m not in OUR_MODES]
-    if bad or a.chunks < STEADY_FROM + a.profile_chunks + 1 or a.profile_chunks < 0:
-        why = f"unknown mode(s) {bad}" if bad else \
-            f"--chunks must be at least {STEADY_FROM + a.profile_chunks + 1} (start-up + profiled + one timed)"
-        print(f"{PROG}: error: {why}", file=sys.stderr)
-        return 2
-    device = torch.device(a.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print(f"{PROG}: needs a CUDA device", file=sys.stderr)
-        return 2
-    if a.math == "tf32-off":
-        tf32_off()
-    S = _oracle()
-    cfg = preset(a.size)
-    state = W.random_state_dict(cfg, a.seed)
-    prompt = synthetic_prompt(a.prompt_seconds, a.seed)
-    tokens = _tokens(a.chunks, a.seed)
+    if bad:
+        return f"error: unknown mode(s) {bad}"
+    if a.chunks < STEADY_FROM + a.profile_chunks + 1 or a.profile_chunks < 0:
+        return f"error: --chunks must be at least {STEADY_FROM + a.profile_chunks + 1} (start-up + profiled + one timed)"
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        return "needs a CUDA device"
+    return None
 
-    makers = [] if a.no_stock_default else [
-        lambda: StockVariant(S, cfg, state, prompt, tokens, a.seed, device, deterministic=False)]
-    makers.append(lambda: StockVariant(S, cfg, state, prompt, tokens, a.seed, device, deterministic=True))
-    makers += [lambda m=m: OurVariant(cfg, state, prompt, tokens, a.seed, device, "stock-like" if m == "stock" else m)
-               for m in modes]
-    with progress(len(makers), desc="building", unit="variant", quiet=a.quiet) as bar:
-        variants = []
-        for make in makers:
-            variants.append(_build(make, device))
-            bar.update()
-    n = len(schedule(len(tokens)))                      # full chunks + the short last one
-    profiled = range(n - 1 - a.profile_chunks, n - 1)
-    with progress(n, desc="chunks (all variants in turn)", unit="chunk", quiet=a.quiet) as bar:
+
+def _makers(a, modes: List[str], device: torch.device, tokens: List[int]) -> List[Callable[[], Variant]]:
+    """The variants, as a table: the stock as users run it (unless left out), the deterministic stock (the bit
+    reference), then ours in each mode asked; all on the same weights, prompt, tokens and seed."""
+    S, cfg = _oracle(), preset(a.size)
+    state, prompt = W.random_state_dict(cfg, a.seed), synthetic_prompt(a.prompt_seconds, a.seed)
+    stock = [] if a.no_stock_default else [False]
+    return ([lambda d=d: StockVariant(S, cfg, state, prompt, tokens, a.seed, device, deterministic=d)
+             for d in stock + [True]]
+            + [lambda m=m: OurVariant(cfg, state, prompt, tokens, a.seed, device, "stock-like" if m == "stock" else m)
+               for m in modes])
+
+
+def _interleaved(variants: List[Variant], n: int, profiled: range, quiet: bool) -> None:
+    """Every variant runs chunk i in turn (the order rotating) before any runs chunk i + 1."""
+    with progress(n, desc="chunks (all variants in turn)", unit="chunk", quiet=quiet) as bar:
         for i in range(n):
-            order = variants[i % len(variants):] + variants[:i % len(variants)]
-            for v in order:
+            for v in variants[i % len(variants):] + variants[:i % len(variants)]:
                 _run_chunk(v, i, timed=i not in profiled)
             bar.update()
+
+
+def _rows(variants: List[Variant]) -> tuple:
+    """(a row per variant, compared with the deterministic stock; the fast-path lines of ours)."""
     ref = next(v for v in variants if v.label == STOCK_DET)
     paths: List[str] = []
     for v in variants:
@@ -351,31 +344,28 @@ def main(argv) -> int:
         if v is not ref:
             row.update(_compare(v, ref))
         rows.append(row)
-    ratios = headline(rows)
-    meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__, "size": a.size, "chunks": n, "prompt_s": a.prompt_seconds, "seed": a.seed,
-            "math": a.math, "cudnn_tf32": torch.backends.cudnn.allow_tf32,
-            "matmul_tf32": torch.backends.cuda.matmul.allow_tf32, "interleaved": True,
-            "steady_chunks_from": STEADY_FROM, "profiled_chunks": list(profiled)}
-    tab = markdown_table(rows)
-    lines = []
-    if "vs_stock_as_users_run_it" in ratios:
-        lines.append(f"ours graphs vs the stock package as users run it: {ratios['vs_stock_as_users_run_it']:.2f}x "
-                     f"(median of paired chunks {ratios['vs_stock_as_users_run_it_paired']:.2f}x)")
-    if "vs_stock_deterministic_cudnn" in ratios:
-        lines.append(f"ours graphs vs the stock package with deterministic cuDNN: "
-                     f"{ratios['vs_stock_deterministic_cudnn']:.2f}x "
-                     f"(paired {ratios['vs_stock_deterministic_cudnn_paired']:.2f}x)")
-    if "faster_paths_speedup" in ratios:
-        lines.append(f"ours graphs with the checked faster paths vs on the reference paths: "
-                     f"{ratios['faster_paths_speedup']:.3f}x")
-    lines += [f"faster path {p}" for p in paths]
-    print(tab)
-    for line in lines:
-        print(textwrap.fill(line, 120, subsequent_indent="  "))   # a cached verdict's line runs past 120
-    notes = lines + [
+    return rows, paths
+
+
+#: the headline lines: (ratio key, words, digits)
+HEADLINES = (("vs_stock_as_users_run_it", "ours graphs vs the stock package as users run it", 2),
+             ("vs_stock_deterministic_cudnn", "ours graphs vs the stock package with deterministic cuDNN", 2),
+             ("faster_paths_speedup", "ours graphs with the checked faster paths vs on the reference paths", 3))
+
+
+def _lines(ratios: Dict[str, float], paths: List[str]) -> List[str]:
+    out = []
+    for key, words, digits in HEADLINES:
+        if key in ratios:
+            paired = f" (paired {ratios[key + '_paired']:.2f}x)" if key + "_paired" in ratios else ""
+            out.append(f"{words}: {ratios[key]:.{digits}f}x{paired}")
+    return out + [f"faster path {p}" for p in paths]
+
+
+def _notes(n: int, profile_chunks: int) -> List[str]:
+    return [
         "Interleaved: every variant runs chunk i in turn (order rotating) before any runs chunk i+1; medians "
-        f"over chunks {STEADY_FROM}..{n - 2 - a.profile_chunks} (start-up chunks, profiled chunks and the short "
+        f"over chunks {STEADY_FROM}..{n - 2 - profile_chunks} (start-up chunks, profiled chunks and the short "
         "last chunk left out).",
         "The bit reference is the stock package with deterministic cuDNN: with its default cuDNN settings the "
         "stock does not repeat its own bits on CUDA.",
@@ -383,16 +373,56 @@ def main(argv) -> int:
         "CUDA kernels and their summed GPU time per chunk (profiled chunks); kept MiB: memory allocated by building "
         "the variant (weights + state); work MiB: the most a chunk allocated on top of what was allocated "
         "before it; bits equal: torch.equal to the stock with deterministic cuDNN."]
-    md = report.markdown("Step-Audio2 token2wav: stock package vs ours", report.command_line(PROG, argv),
-                         [("", markdown_table(rows, wrap=False))], notes)
-    fig = report.Figure([
+
+
+def _figure(rows: List[Dict]) -> report.Figure:
+    return report.Figure([
         report.Bars("ms per 1 s chunk (steady)", "ms", [r["variant"] for r in rows],
                     {"median": [r["median_ms"] for r in rows], "p90": [r["p90_ms"] for r in rows]},
                     hline=(1000.0, "1 s budget") if max(r["p90_ms"] for r in rows) > 700 else None),
-        report.Lines("ms per chunk, interleaved", "chunk", "ms",
-                     {r["variant"]: r["ms_per_chunk"] for r in rows})])
+        report.Lines("ms per chunk, interleaved", "chunk", "ms", {r["variant"]: r["ms_per_chunk"] for r in rows})])
+
+
+def main(argv) -> int:
+    argv = list(argv)
+    a = build_parser().parse_args(argv)
+    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    if a.device == "cpu":
+        a.profile_chunks = 0                            # kernel counts are a CUDA measurement
+    why = _problem(a, modes)
+    if why:
+        print(f"{PROG}: {why}", file=sys.stderr)
+        return 2
+    device = torch.device(a.device)
+    if a.math == "tf32-off":
+        tf32_off()
+    tokens = _tokens(a.chunks, a.seed)
+    makers = _makers(a, modes, device, tokens)
+    with progress(len(makers), desc="building", unit="variant", quiet=a.quiet) as bar:
+        variants = []
+        for make in makers:
+            variants.append(_build(make, device))
+            bar.update()
+    n = len(schedule(len(tokens)))                      # full chunks + the short last one
+    profiled = range(n - 1 - a.profile_chunks, n - 1)
+    _interleaved(variants, n, profiled, a.quiet)
+    rows, paths = _rows(variants)
+    ratios = headline(rows)
+    meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "size": a.size, "chunks": n, "prompt_s": a.prompt_seconds, "seed": a.seed,
+            "math": a.math, "cudnn_tf32": torch.backends.cudnn.allow_tf32,
+            "matmul_tf32": torch.backends.cuda.matmul.allow_tf32, "interleaved": True,
+            "steady_chunks_from": STEADY_FROM, "profiled_chunks": list(profiled)}
+    lines = _lines(ratios, paths)
+    print(markdown_table(rows))
+    for line in lines:
+        print(textwrap.fill(line, 120, subsequent_indent="  "))   # a cached verdict's line runs past 120
+    command = report.command_line(PROG, argv)
+    md = report.markdown("Step-Audio2 token2wav: stock package vs ours", command,
+                         [("", markdown_table(rows, wrap=False))], lines + _notes(n, a.profile_chunks))
     try:
-        written = report.write_all(Path(a.json), {"meta": meta, "headline": ratios, "rows": rows}, md, fig)
+        written = report.write_all(Path(a.json), {"meta": meta, "headline": ratios, "rows": rows}, md,
+                                   _figure(rows), command=command)
     except OSError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from engine.bench.capacity import session_inputs
-from engine.bench.report import provenance, say
+from engine.bench import provenance
+from engine.bench.report import say
 from engine.host import EngineHost
 from engine.host.twin import CostTable, Shape, capacity, predict, shapes_of
 from engine.session import LiveError, SessionConfig
@@ -91,7 +92,7 @@ def main(argv=None) -> int:
     doc = {"table": a.table, "device": table.device, "table_source": table.source, "shapes": summary(shapes),
            "predicted": {str(k): v for k, v in pred.items()},
            "predicted_max_sessions": capacity(table, shapes, max(counts), a.seconds),
-           "command": " ".join(sys.argv), **provenance()}
+           "command": " ".join(sys.argv), "provenance": provenance.record(" ".join(sys.argv))}
     for n, v in pred.items():
         print(f"{n:>3} sessions: {v['late']} of {v['seconds']} seconds late, mean {v['mean_ms']:.0f} ms, "
               f"p99 {v['p99_ms']:.0f} ms")

@@ -142,11 +142,6 @@ class ArenaBase:
     def state_bytes(self) -> int:
         raise NotImplementedError
 
-    def live_bytes(self) -> int:
-        """Bytes of the state as it stands now (current views only)."""
-        return sum(st.region.bytes_at(st.length) if st.region.axis is not None else st.region.bytes_at(0)
-                   for st in self.states.values())
-
     def export(self) -> Dict[str, torch.Tensor]:
         """Copies of every region's current contents (for migration between arenas and tests)."""
         return {n: st.get().clone() for n, st in self.states.items()}

@@ -43,10 +43,6 @@ class StateView(Mapping):
     def step_counter(self) -> torch.Tensor:
         return self._arena.step_counter
 
-    @property
-    def arena_kind(self) -> str:
-        return self._arena.kind
-
     def under(self, prefix: str) -> "ScopedState":
         """The handles of a sub-module whose regions were declared under ``prefix`` (see
         :func:`engine.core.regions.prefixed`): it reads ``state["cache"]`` for ``prefix.cache``."""

@@ -10,7 +10,7 @@ import math
 import os
 import struct
 from pathlib import Path
-from typing import Dict, Iterable, List, Tuple
+from typing import Dict, Iterable, Tuple
 
 from engine import safeload
 
@@ -101,8 +101,3 @@ def yaml_mapping(path) -> dict:
     if not isinstance(doc, dict):
         raise ValueError(f"{path} does not hold a YAML mapping")
     return doc
-
-
-def missing_keys(have: Iterable[str], need: Iterable[str]) -> List[str]:
-    have = set(have)
-    return [k for k in need if k not in have]

@@ -49,8 +49,8 @@ class SessionConfig:
     voice: Optional[str] = None     # the tail's voice file; resolved: the one chosen (None: synthetic prompt)
     voice_origin: str = ""          # resolved: "--voice" | "checkpoint default" | "synthetic" ("" without a voice)
     cpu_threads: int = 0            # torch threads on the CPU; 0 = auto: all cores but one (audio, GUI)
-    system_prompt: Optional[str] = None   # minicpm-o-4.5: the session's system prompt (None: the demo's default)
-    input_rate: int = 24000         # the rate of process()'s frames: 24 kHz, or 16 kHz for minicpm-o-4.5
+    system_prompt: Optional[str] = None   # the session's system prompt (None: the backbone's declared default)
+    input_rate: int = 24000         # the rate of process()'s frames: 24 kHz, or the backbone's declared native rate
     ahead: str = "tts"              # prepared between seconds, off the clock (AHEADS; a backbone without it: none)
 
     def replace(self, **changes) -> "SessionConfig":
@@ -73,10 +73,8 @@ class SessionConfig:
         if int(self.reply_seconds) < 1:
             raise ValueError(f"reply_seconds must be at least 1, got {self.reply_seconds}")
         registry.get_backbone(self.backbone).check_tail(self.tail)
-        if self.system_prompt is not None and self.backbone != "minicpm-o-4.5":
-            raise ValueError(f"a system prompt is for the minicpm-o-4.5 backbone; the {self.backbone} backbone "
-                             "takes none (drop --system-prompt or use --backbone minicpm-o-4.5)")
-        _check_input_rate(self.backbone, self.input_rate)
+        _check_prompted(self.backbone, self.system_prompt)
+        check_input_rate(self.backbone, self.input_rate)
         checkpoint = registry.resolve_checkpoint(self.tail, self.checkpoint)   # checked by the decoder
         folder = registry.open_backbone_folder(self.backbone, self.backbone_checkpoint, size)
         if checkpoint is None and folder is not None and folder.tail_checkpoint:
@@ -111,13 +109,21 @@ class SessionConfig:
         return cond.describe(self.voice, self.voice_origin) if cond is not None else ""
 
 
-#: input rates a backbone takes besides the session's 24 kHz: its native rate, handed to it as is
-NATIVE_INPUT_RATES = {"minicpm-o-4.5": 16000}
+def _check_prompted(backbone: str, prompt: Optional[str]) -> None:
+    """ValueError (one line) for a system prompt given to a backbone that declares none."""
+    if prompt is None or registry.get_backbone(backbone).system_prompt is not None:
+        return
+    takers = registry.prompted_backbones()
+    names = " or ".join(takers) or "no"
+    use = f" or use --backbone {takers[0]}" if takers else ""
+    raise ValueError(f"a system prompt is for the {names} backbone; the {backbone} backbone takes none "
+                     f"(drop --system-prompt{use})")
 
 
-def _check_input_rate(backbone: str, rate) -> None:
-    """24 kHz for every backbone; a backbone's native rate (MiniCPM-o 4.5: 16 kHz, the stock's own input)."""
-    allowed = sorted({24000, NATIVE_INPUT_RATES.get(backbone, 24000)})
+def check_input_rate(backbone: str, rate) -> None:
+    """ValueError (one line) unless ``backbone`` takes frames at ``rate``: 24 kHz, or its declared native rate
+    (``BackboneEntry.native_rate``: the stock's own input, handed to it as is)."""
+    allowed = registry.get_backbone(backbone).input_rates()
     if isinstance(rate, bool) or not isinstance(rate, int) or rate not in allowed:
         raise ValueError(f"input_rate {rate!r} is not one the {backbone} backbone takes; choose "
                          + " or ".join(f"{r} Hz" for r in allowed))

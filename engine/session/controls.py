@@ -4,8 +4,8 @@
 :class:`ControlledSession` holds the latest request and takes it at its next second, so a control asked
 during second k is in effect from second k + 1 and its record says so (``SecondRecord.force_listen``).
 
-Force-listen holds the model to listening. A backbone with its own ``force_listen()`` (MiniCPM-o 4.5: the
-duplex page's Force Listen) gets it every second the control is on: that second listens whatever its LLM
+Force-listen holds the model to listening. A backbone whose entry declares ``force_listen`` (MiniCPM-o 4.5:
+the duplex page's Force Listen) gets it every second the control is on: that second listens whatever its LLM
 would draw, a reply still open is closed with ``<|turn_eos|>`` and token2wav restarts
 (``DuplexSession.process(force_listen=True)``); its voice activity is left as heard, as on the page. Any
 other backbone hears every second as the user holding the floor (its voice activity reads speech, so a
@@ -62,8 +62,8 @@ class ControlledSession(DuplexSession):
 
     @property
     def backbone_forces(self) -> bool:
-        """Whether the backbone takes a forced listen of its own (``force_listen()``)."""
-        return callable(getattr(self.backbone, "force_listen", None))
+        """Whether the backbone takes a forced listen of its own (its entry declares ``force_listen``)."""
+        return self.parts.force_listen
 
     def set_controls(self, controls: Controls) -> None:
         """Effective from the next second (thread-safe)."""

@@ -2,24 +2,29 @@
 
 :class:`Guard` (one per session) wraps its build and each second: a CUDA out-of-memory error there becomes
 :class:`DeviceTooSmall`, whose one line names the card, its size and what was free when the session
-began building, what this configuration was measured to need where we know it, and what to do. The
-allocator's cache is emptied first, so the process (and the host's other sessions) go on.
+began building, what this configuration was measured to need where its backbone declares it
+(``BackboneEntry.measured_memory``), and what to do. The allocator's cache is emptied first, so the process
+(and the host's other sessions) go on.
 """
 from __future__ import annotations
 
 import re
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
+
+from engine import registry
 
 from .card_memory import device_memory
 
 GIB = float(1 << 30)
 
-#: (backbone, size) -> (GiB the torch allocator reserved at its peak, where it was measured)
-MEASURED: Dict[Tuple[str, str], Tuple[float, str]] = {
-    ("minicpm-o-4.5", "released"): (20.8, "graphs mode, 60 s on an H200, docs/minicpmo45/session_60s_s4.json"),
-}
+
+def measured(backbone: Optional[str], size: Optional[str]) -> Optional[registry.MeasuredMemory]:
+    """What a session of ``backbone`` at ``size`` was measured to reserve, as its entry declares (None: unknown)."""
+    if backbone not in registry.backbone_names():
+        return None
+    return registry.get_backbone(str(backbone)).memory_for(str(size))
 
 
 class DeviceTooSmall(RuntimeError):
@@ -38,8 +43,8 @@ def message(device: torch.device, backbone: Optional[str], size: Optional[str], 
     name, (total, cap) = torch.cuda.get_device_name(device), _sizes(device)
     free_at = free_before if free_before is not None else free_gib(device)
     room = f"{free_at:.1f} GiB was free" + (f", and this process may use {cap:.1f} GiB (its memory cap)" if cap else "")
-    need = MEASURED.get((str(backbone), str(size)))
-    needs = f"; this configuration was measured to reserve {need[0]:.1f} GiB ({need[1]})" if need else ""
+    need = measured(backbone, size)
+    needs = f"; this configuration was measured to reserve {need.gib:.1f} GiB ({need.where})" if need else ""
     tried = re.search(r"Tried to allocate [0-9.]+ [KMG]iB", error)
     at = f" (t{tried.group(0)[1:]})" if tried else ""
     return (f"not enough GPU memory {doing}{at}: {name} has {total:.1f} GiB, {room}{needs}. Use a larger card, "
@@ -74,12 +79,6 @@ class Guard:
         torch.cuda.empty_cache()
         raise DeviceTooSmall(message(self.device, self.backbone, self.size, self.doing, self.free_before,
                                      str(error))) from None
-
-
-def too_small(device: torch.device, backbone: Optional[str], size: Optional[str], doing: str,
-              free_before: Optional[float] = None) -> Guard:
-    """Turn a CUDA out-of-memory error in the block into :class:`DeviceTooSmall` (one line)."""
-    return Guard(device, backbone, size)(doing, free_before)
 
 
 def free_gib(device: torch.device) -> Optional[float]:

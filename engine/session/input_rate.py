@@ -1,7 +1,7 @@
 """The rate of a session's input frames, where frames are made: the default per backbone and the 24 kHz copy.
 
-A session takes one-second frames at ``SessionConfig.input_rate``: 24 kHz, or a backbone's native rate
-(MiniCPM-o 4.5: 16 kHz, the stock duplex loop's own input, handed to its backbone as is). Whoever makes
+A session takes one-second frames at ``SessionConfig.input_rate``: 24 kHz, or the native rate a backbone
+declares (``BackboneEntry.native_rate``: the stock loop's own input, handed to the backbone as is). Whoever makes
 frames (``run`` from a WAV, the app from a microphone or a file, a remote client) makes them at that rate
 with the project's resampler (soxr); :func:`default_input_rate` is the rate a new session starts with.
 
@@ -14,28 +14,25 @@ from typing import Optional
 
 import numpy as np
 
+from engine import registry
 from engine.audio import SESSION_RATE, resample
 
-from .config import NATIVE_INPUT_RATES, _check_input_rate
+from .config import check_input_rate  # noqa: F401  (the rule, for a config not resolved here: a remote one's)
 from .journal import SessionJournal
 
 
 def default_input_rate(backbone: str) -> int:
-    """The rate a session of ``backbone`` starts with: its native rate where it has one (minicpm-o-4.5:
-    16 kHz, the stock's front end bit for bit), else 24 kHz."""
-    return int(NATIVE_INPUT_RATES.get(backbone, SESSION_RATE))
+    """The rate a session of ``backbone`` starts with: its declared native rate where it has one (the stock's
+    front end bit for bit), else 24 kHz (also for a name the registry does not know: the config refuses it)."""
+    if backbone not in registry.backbone_names():
+        return SESSION_RATE
+    return registry.get_backbone(backbone).default_input_rate()
 
 
 def chosen_input_rate(a) -> int:
     """A command line's ``--input-rate`` (``a.input_rate``), else its backbone's default."""
     rate = getattr(a, "input_rate", None)
     return default_input_rate(a.backbone) if rate is None else rate
-
-
-def check_input_rate(backbone: str, rate) -> None:
-    """ValueError in one line unless ``backbone`` takes frames at ``rate`` (``SessionConfig.resolved``'s rule,
-    for a config that is not resolved here: a remote session's)."""
-    _check_input_rate(backbone, rate)
 
 
 def journal_copy(frame: np.ndarray, rate: int) -> np.ndarray:

@@ -174,7 +174,7 @@ class DuplexSession:
             graphs.release_cached(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
         # the build's long-lived objects (modules, graphs, state) leave the cyclic collector's generations: a
-        # full collection over them stalled a second by ~350 ms at a random moment (H200, session 13)
+        # full collection over them stalled a MiniCPM-o second by ~350 ms at a random moment (H200)
         _freeze()
         self._started = True
 
@@ -197,15 +197,22 @@ class DuplexSession:
         ti = self.tail.info
         self.fmt = TokenFormat(ti.codebooks, ti.vocab, ti.token_rate)
         self.to_session_rate = RateConverter(ti.sample_rate, RATE)
-        prompt = {} if c.system_prompt is None else {"system_prompt": c.system_prompt}
-        if c.voice and c.backbone == "minicpm-o-4.5":   # the LLM's reference clip is the voice chosen (a WAV;
-            prompt["reference_audio"] = c.voice         # an .npz holds none: the backbone keeps its folder's)
         self.backbone = self.parts.make(self.fmt, size=c.size, device=self.device, seed=c.seed,
-                                        checkpoint=c.backbone_checkpoint, **prompt,
+                                        checkpoint=c.backbone_checkpoint, **self._offered(),
                                         demand_sized=asked.demand_sized, graph_replay=asked.graph_replay,
                                         reply_seconds=c.reply_seconds, debug=c.debug,
                                         shared=self._backbone_shared)
         self.backbone.start()
+
+    def _offered(self) -> Dict[str, object]:
+        """The keywords of what the backbone's entry declares it takes: the system prompt asked for (its own
+        default otherwise) and, as its reference clip, the voice chosen (the backbone reads what the file holds)."""
+        c, out = self.cfg, {}
+        if c.system_prompt is not None:
+            out["system_prompt"] = c.system_prompt
+        if c.voice and self.parts.reference_clip:
+            out["reference_audio"] = c.voice
+        return out
 
     def close(self) -> None:
         """Release the models; ``records`` and ``info`` stay."""
@@ -246,9 +253,9 @@ class DuplexSession:
             "fast_paths": fastpath.summarize([v for part in (self.tail, self.backbone) if part is not None
                                               for v in getattr(part, "fast_paths", list)()]),
             **device_memory(self.device),    # the card's size and the process cap, MiB (None on the CPU)
-            # the text the backbone started from (its default when none was given); None: it takes none
-            "system_prompt": (getattr(self.backbone, "system_prompt", None) if self.backbone is not None
-                              else self.cfg.system_prompt),
+            # the text the backbone started from (its declared default when none was given); None: it takes none
+            "system_prompt": (self.cfg.system_prompt if self.cfg.system_prompt is not None
+                              else self.parts.system_prompt),
         }
 
     # -- toggles -------------------------------------------------------------------------------------
@@ -280,12 +287,12 @@ class DuplexSession:
         rate: handed to it as is). ``arrival``: ``time.perf_counter()`` when the frame came in (defaults to
         now: no queueing); ``backlog``: frames still waiting behind this one; ``force_listen``: this second
         the backbone listens whatever it would decide, closing a reply that is open (the duplex page's Force
-        Listen; backbones with ``force_listen()`` only)."""
+        Listen; backbones whose entry declares ``force_listen`` only)."""
         if not self._started:
             raise RuntimeError("the session is not started: call start() first")
         x = check_frame(frame, self.cfg.input_rate)
         if force_listen:
-            if not hasattr(self.backbone, "force_listen"):
+            if not self.parts.force_listen:
                 raise ValueError(f"the {self.cfg.backbone} backbone takes no forced listen")
             self.backbone.force_listen()
         wall_start, t0 = time.time(), time.perf_counter()
@@ -304,7 +311,7 @@ class DuplexSession:
             vad = self.vad(x)
             self.backbone.listen(torch.from_numpy(x).to(self.device), vad)
             clock.mark("think")
-            if hasattr(self.backbone, "stage_mark"):    # a backbone that marks THINK's TTS part ("tts")
+            if self.parts.stage_marks:         # a backbone that marks parts of THINK ("tts") on the clock
                 self.backbone.stage_mark = clock.mark
             thought = self.backbone.think(frames)
             clock.mark("speak")
@@ -337,18 +344,17 @@ class DuplexSession:
 
     def ahead(self, scope: Optional[str] = None, stop: Optional[Callable[[], bool]] = None) -> float:
         """After a second, in the time before the next frame: let the backbone capture what the next second
-        replays (backbones with ``prepare_ahead``; graphs on; a forward it did not prepare runs the slower
+        replays (backbones whose entry declares ``ahead``; graphs on; a forward it did not prepare runs the slower
         graphs, with the same bits). Its time and captures go on the last second's record (``ahead_ms``,
         ``ahead_captures``), never into its total. Returns the ms spent. ``scope``: what to prepare (the
-        backbone's ``AHEAD_SCOPES``; None: the config's ``ahead``, "off" for nothing); ``stop``: asked between
+        entry's declared ``ahead``; None: the config's ``ahead``, "off" for nothing); ``stop``: asked between
         captures, True once the next frame is waiting (the live worker's queue)."""
         scope = self.cfg.ahead if scope is None else scope
-        prepare = getattr(self.backbone, "prepare_ahead", None)
-        if prepare is None or not self.records or scope == "off":
+        if scope not in self.parts.ahead or not self.records:
             return 0.0
         t0 = time.perf_counter()
         with torch.no_grad(), self._oom("preparing the next second"):
-            made = int(prepare(scope, stop))
+            made = int(self.backbone.prepare_ahead(scope, stop))
         ms = (time.perf_counter() - t0) * 1000.0
         rec = self.records[-1]
         rec.ahead_ms += ms

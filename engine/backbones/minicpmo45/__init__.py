@@ -4,15 +4,20 @@ Registers ``minicpm-o-4.5``: it speaks Step-Audio2 tokens, ends its replies in t
 it listens, has its tail built with 5 flow steps (``TAIL_FLOW_STEPS``, as its own duplex loop builds
 token2wav) and has it decode every buffer of ``TAIL_CHUNK_MIN_FRAMES`` + 3 lookahead = 8 tokens and up (as
 that loop's ``force_flush`` does); its released folder (checked by content) brings the tail's token2wav
-weights and the default voice (``assets/HT_ref_audio.wav``).
+weights and the default voice (``assets/HT_ref_audio.wav``). It declares what it offers a session: a system
+prompt (default: the demo's default duplex preset), the stock's 16 kHz input, the session's voice as its
+LLM's reference clip, the duplex page's Force Listen, a "tts" mark inside THINK, the work it prepares
+between seconds (``AHEAD_SCOPES``), one-token LLM forwards a host may batch, and its measured memory.
 """
 from pathlib import Path
 from typing import Optional
 
-from engine.registry import BackboneEntry, BackboneFolder, TailChunking, register_backbone
+from engine.registry import BackboneEntry, BackboneFolder, MeasuredMemory, TailChunking, register_backbone
 
-from .backbone import MiniCPMO45Backbone
+from .audio import RATE as NATIVE_RATE
+from .backbone import AHEAD_SCOPES, MiniCPMO45Backbone
 from .dims import PRESETS, Dims, preset
+from .prompt import DEFAULT_SYSTEM_PROMPT
 
 NAME = "minicpm-o-4.5"
 DEFAULT_VOICE = Path("assets") / "HT_ref_audio.wav"     # the released folder's default voice
@@ -47,7 +52,12 @@ register_backbone(BackboneEntry(
     # the stock duplex loop's token2wav: init_unified -> init_token2wav(streaming=True), n_timesteps=5
     tail_options={"n_timesteps": TAIL_FLOW_STEPS},
     # the stock duplex loop's _generate_waveform_from_tokens(force_flush=True): chunks of 8 to 28 tokens
-    tail_chunking=TailChunking(min_frames=TAIL_CHUNK_MIN_FRAMES)))
+    tail_chunking=TailChunking(min_frames=TAIL_CHUNK_MIN_FRAMES),
+    system_prompt=DEFAULT_SYSTEM_PROMPT, native_rate=NATIVE_RATE, reference_clip=True, force_listen=True,
+    stage_marks=("tts",), ahead=AHEAD_SCOPES, batched_steps=("llm",),
+    # H200, released dims, graphs, 60 s: 20,543,700,992 bytes peak reserved, its build included
+    measured_memory=(MeasuredMemory("released", 19.1, "graphs mode, 60 s on an H200, build included: "
+                                    "docs/results/minicpmo45-vs-stock-loop.json"),)))
 
 __all__ = ["MiniCPMO45Backbone", "PRESETS", "Dims", "preset", "DEFAULT_VOICE", "default_voice", "open_folder",
            "TAIL_FLOW_STEPS", "TAIL_CHUNK_MIN_FRAMES"]

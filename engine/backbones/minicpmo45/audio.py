@@ -119,7 +119,7 @@ class FrontEnd:
         self.rate: Optional[int] = None
         # torch's intra-op threads for the CPU work (None: the process's); 1 where the start-up check proved the
         # same bits (check_one_thread): on a CUDA session the threads sleep between seconds, and waking them made
-        # the H200 host's 16-thread front end take up to 64 ms after an idle gap, against 2.8 on one (session 17)
+        # the H200 host's 16-thread front end take up to 64 ms after an idle gap, against 2.8 ms on one thread
         self.threads: Optional[int] = None
 
     def __call__(self, audio: torch.Tensor) -> torch.Tensor:
@@ -145,9 +145,9 @@ class FrontEnd:
 
 def warm_front_end(fbank: torch.Tensor, window: torch.Tensor, device) -> None:
     """The CPU log-mel's first calls in a process, made at start on throwaway front ends (no session state
-    moves). The first call plans its FFTs and wakes its threads: 95 ms, then 8.6 ms, then 0.8 ms on session 14's
-    CPU. A CUDA session computes no other mel on the CPU before its first second, so that second paid it: 147 ms
-    of LISTEN against ~30 (H200, session 13). Both input rates, a few seconds each, from a private generator."""
+    moves). The first call plans its FFTs and wakes its threads: 95 ms, then 8.6 ms, then 0.8 ms on the H200
+    host's CPU. A CUDA session computes no other mel on the CPU before its first second, so that second paid it: 147 ms
+    of LISTEN against ~30 (H200). Both input rates, a few seconds each, from a private generator."""
     g = torch.Generator().manual_seed(0)
     for rate, calls in ((RATE_IN, 3), (RATE, 2)):
         front = FrontEnd(fbank, window, device, demand_sized=True)

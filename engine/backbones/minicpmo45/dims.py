@@ -6,7 +6,7 @@ fields at the top level, nested ``audio_config`` (Whisper) and ``tts_config``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Dict, Mapping, Optional
 
 from engine import safeload
@@ -235,7 +235,3 @@ def _need(cfg: Mapping, key: str, where: str):
     if key not in cfg:
         raise ValueError(f"{where} lacks {key!r}")
     return cfg[key]
-
-
-def with_tokens(d: Dims, tokens: SpecialTokens) -> Dims:
-    return replace(d, tokens=tokens)

@@ -97,7 +97,7 @@ def pin_attention_kernels(device) -> None:
     PyTorch prefers cuDNN attention on Hopper once cuDNN is newer than 9.15 (torch 2.11 + cuDNN 9.19 on
     the H200 picks it for every attention call here), and cuDNN's forward does not repeat its own bits:
     on the H200 a single-token attention over more than ~256 positions came out different between two
-    runs of the same session (docs/device-notes-minicpmo45.md, run 3), so no mode, the stock-like one
+    runs of the same session (docs/bit-identity.md), so no mode, the stock-like one
     included, could repeat a session. PyTorch's own deterministic mode refuses cuDNN attention for this
     reason. Without it the dispatcher takes the flash forward (no mask) or the memory-efficient one
     (masked prefill), both deterministic. Process-wide and set once, before anything is captured, like

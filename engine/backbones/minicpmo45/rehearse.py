@@ -4,7 +4,7 @@ A CUDA kernel's first launch in a process costs more than its later ones: the dr
 loading is CUDA's default), and the libraries pick and cache their configurations for the shapes. The graphs a
 session captures at start run their kernels once (the warm-ups), but the eager work between and around them —
 attention between the layer graphs, the logits of a feed, the text sampler, the TTS's condition and the code
-sampler — first runs in a real second. On the H200 (session 13) the first second took 147 ms against ~30 and the
+sampler — first runs in a real second. On the H200 the first second took 147 ms against ~30 and the
 first speaking second's THINK 180–290 ms against ~110, with no capture in either.
 
 :func:`rehearse` runs LISTEN (a reply's close, ``<unit>``, a second of random audio embeddings) and a speaking

@@ -172,7 +172,7 @@ def fold_weight_norm(g: torch.Tensor, v: torch.Tensor, dtype: Optional[torch.dty
     parametrization tensors, and the head folds them in bfloat16 at every forward; folding in float32 and
     casting the product gives other bits), and on the ``device`` the model runs on: each row's norm is a
     reduction whose order differs between the CPU and the CUDA kernel (at the released 768-wide rows some rows
-    round differently: H200, session 9, TTS logits off by one bfloat16 step in every speaking second)."""
+    round differently: on the H200 the TTS logits came out one bfloat16 step off in every speaking second)."""
     g, v = g.to(device=device, dtype=dtype), v.to(device=device, dtype=dtype)
     return torch._weight_norm(v, g, 0)
 

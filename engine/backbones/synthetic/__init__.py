@@ -1,7 +1,8 @@
 """The synthetic backbone: a seeded voice-activity turn policy in front of a seeded random speech decoder.
 
 Registers ``synthetic``, the default backbone: it pairs with any tail (it speaks the tail's own token
-format) and has no weights to load.
+format) and has no weights to load. Its speech decoder's LISTEN steps may run batched across the hosted
+sessions of one set of weights (``batched_steps``).
 """
 from engine.registry import BackboneEntry, register_backbone
 
@@ -16,6 +17,6 @@ def make(fmt, *, size: str, device, seed: int = 0, checkpoint=None, demand_sized
 
 
 register_backbone(BackboneEntry(name="synthetic", title="Synthetic (seeded policy, random weights)", make=make,
-                                order=0))
+                                order=0, batched_steps=("listen",)))
 
 __all__ = ["AudioEmbedder", "SyntheticBackbone", "mel_filterbank", "make"]

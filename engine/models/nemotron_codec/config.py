@@ -75,11 +75,6 @@ class CodecConfig:
         return tuple(out)
 
     @property
-    def spec_columns(self) -> int:
-        """Spectrogram columns per frame (the last stage's columns)."""
-        return self.columns_per_frame()[-1]
-
-    @property
     def spec_bins(self) -> int:
         return self.n_fft // 2 + 1
 

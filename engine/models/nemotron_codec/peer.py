@@ -88,17 +88,3 @@ def cached_decode(codec, codes: torch.Tensor) -> torch.Tensor:
         wav, _ = codec.decode(codes.t()[None, t:t + 1], cache=cache)
         out.append(wav.reshape(-1))
     return torch.cat(out)
-
-
-@torch.no_grad()
-def window_decode(codec, codes: torch.Tensor, window: Optional[int] = None) -> torch.Tensor:
-    """duplex_ear_tts.py's loop: after each frame, decode the last ``window`` frames of history (None:
-    all of it) without a cache and keep the newest frame's samples; codes [K, N] -> [N * ratio]."""
-    ratio = codec.config.wav_to_token_ratio
-    hist = codes.t()[None]                                                   # [1, N, K]
-    out: List[torch.Tensor] = []
-    for t in range(codes.shape[1]):
-        lo = 0 if window is None else max(0, t + 1 - window)
-        wav, _ = codec.decode(hist[:, lo:t + 1], torch.tensor([t + 1 - lo], device=codes.device))
-        out.append(wav.reshape(-1)[-ratio:])
-    return torch.cat(out)

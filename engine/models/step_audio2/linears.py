@@ -3,8 +3,8 @@
 At the steady chunk lengths (the CFG pair of a 50- or 58-frame chunk: 100 or 116 rows) cuBLAS runs each of
 the DiT's 512-wide projections (q, k, v, the attention's output, the MLP's second layer) as four kernels: a
 memset, a ``scal`` zeroing the output, the split-K SIMT GEMM ``sgemm_largek`` and a cuBLASLt bias epilogue:
-807 GEMMs, ~3,200 kernels of a chunk's 8,918. Session 19's probe on the H200
-(``docs/bench/s19/probe_splitk.py``) found the arithmetic those four kernels do, by searching split counts,
+807 GEMMs, ~3,200 kernels of a chunk's 8,918. A probe on the H200 (kept in the project's history)
+found the arithmetic those four kernels do, by searching split counts,
 k layouts and reduction orders for the one that is ``torch.equal`` at every such shape: the k axis is cut into
 **four contiguous ranges**; each output's partial sum over a range is a chain of fused multiply-adds in
 ascending k starting from zero; the four partials are added **in range order** onto the zeroed output, each
@@ -19,7 +19,7 @@ the H200 against cuBLAS's 20-35: the ranges must run side by side, as cuBLAS run
 The weight is read **transposed**, ``[K, N]`` with N contiguous (:func:`transposed`: one copy per weight, made
 once, before any capture), so each k step's weight tile is loaded along contiguous columns. Read from the
 ``[N, K]`` weight the same kernel took 15 us at k = 512 and 49 us at k = 2,048 (cuBLAS: 20 and 35); from the
-transposed copy, 6.6 and 15.7 us with the reduction (session 20's ``docs/bench/s20/probe_fc2.py``: 240 tile /
+transposed copy, 6.6 and 15.7 us with the reduction (a probe on the H200: 240 tile /
 pipelining / layout variants, all ``torch.equal``). So the DiT runs all five of a block's 512-wide linears
 (q, k, v, the attention's output and the MLP's second layer) this way, at 8 MB more per block (fp32 copies:
 128 MB at the released depth of 16; the bench measured 1,304 MiB kept against 1,174 on the reference paths).
@@ -41,8 +41,8 @@ from . import fused
 
 #: k ranges summed separately (cuBLAS's split-K at the DiT's steady shapes, found by the probe)
 SPLITS = 4
-#: the partial sums' tile (rows, columns, k step), warps and pipeline stages: the fastest at k = 512 of session 20's
-#: probe on the H200 (6.6 us at 116 x 512 x 512, 15.7 at k = 2,048, the reduction included)
+#: the partial sums' tile (rows, columns, k step), warps and pipeline stages: the fastest at k = 512 of a
+#: probe's 240 variants on the H200 (6.6 us at 116 x 512 x 512, 15.7 at k = 2,048, the reduction included)
 BM, BN, BK, WARPS, STAGES = 16, 64, 32, 4, 3
 #: elements per program of the reduction
 REDUCE_BLOCK = 1024

@@ -86,8 +86,8 @@ class StepAudio2Token2Wav(StreamingModel):
         frames, the DiT over the mel frames, the HiFT over them alone (a stream's first chunk) and with the
         carried-over frames. A backbone that cuts its tokens into short chunks (MiniCPM-o's duplex loop: any
         buffer of at least 8 tokens, and a turn's last chunk of any length) meets these lengths mid-session,
-        where a first check runs its trials eagerly and captured inside that second (on the H200, session 15:
-        a turn's last chunk took 390 ms of SPEAK)."""
+        where a first check runs its trials eagerly and captured inside that second (on the H200 a turn's last
+        chunk took 390 ms of SPEAK that way)."""
         up = self.flow.up_rate
         for n in range(1, MEL.pattern[0] // up):
             mel = n * up

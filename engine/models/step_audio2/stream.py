@@ -45,7 +45,7 @@ def schedule(n_tokens: int) -> List[Tuple[int, int, bool]]:
 
 
 def flow_noise(seed: int) -> torch.Tensor:
-    """The flow's noise table, as the issue fixes it: CPU generator seeded with ``seed``."""
+    """The flow's noise table: a CPU generator seeded with ``seed`` (the same table for ours and the stock)."""
     return torch.randn(1, 80, NOISE_FRAMES, generator=torch.Generator().manual_seed(int(seed)))
 
 
