@@ -26,8 +26,10 @@ def test_the_capture_lock_is_reentrant_and_one_thread_holds_it_at_a_time():
         assert g.holds() == "capturing" and g.capture_depth() == 1
         with g.capturing():
             assert g.capture_depth() == 2
-        t = threading.Thread(target=lambda: (g.capturing().__enter__(), order.append("other"),
-                                              g._capture_lock.release()))
+        def other():
+            with g.capturing():
+                order.append("other")
+        t = threading.Thread(target=other)
         t.start()
         time.sleep(0.1)
         assert order == []                               # the other thread waits for the lock
