@@ -33,8 +33,9 @@ from engine.audio import SESSION_RATE
 NOT_MODELS = ("registry", "checkfiles")
 #: where extra part packages may live (folders holding packages), besides engine/models and engine/backbones
 ENV_PATHS = "DUPLEXCADENCE_PARTS"
-#: the steps a scheduler knows how to batch across sessions (BackboneEntry.batched_steps)
-BATCHED_STEPS = ("listen", "llm")
+#: the steps a device's scheduler knows how to batch across sessions (BackboneEntry.batched_steps): "llm", a
+#: one-token forward of an LLM every session of the same weights makes (engine/host/scheduler.py)
+BATCHED_STEPS = ("llm",)
 
 
 @dataclass(frozen=True)
@@ -171,8 +172,8 @@ class BackboneEntry:
     stage_marks: Tuple[str, ...] = ()
     #: the scopes of work it can prepare between seconds, off the clock (``Backbone.prepare_ahead``)
     ahead: Tuple[str, ...] = ()
-    #: the steps a scheduler may batch across sessions of shared weights, where a start-up check passes:
-    #: "listen" (the speech decoder's LISTEN steps, engine.host.groups), "llm" (one-token LLM forwards)
+    #: the steps a device's scheduler may batch across sessions of shared weights, where a start-up check passes:
+    #: "llm" (one-token LLM forwards; the backbone's ``batch_runner`` makes the runner)
     batched_steps: Tuple[str, ...] = ()
     #: what a session was measured to reserve: (size, GiB the torch allocator reserved at its peak, where)
     measured_memory: Tuple[MeasuredMemory, ...] = ()

@@ -18,8 +18,9 @@ from engine.host.tasks import DONE, FAILED
 class Owner:
     """What a task needs of its session: its random state and stream (none on the CPU)."""
 
-    def __init__(self):
+    def __init__(self, batched_steps=("k",)):
         self.rng, self.stream = SessionRng(torch.device("cpu")), None
+        self.batched_steps = frozenset(batched_steps)
 
     def make_stream(self):
         pass
@@ -201,3 +202,19 @@ def test_the_twin_predicts_fewer_sessions_when_steps_cost_more():
     got = predict(cheap, shapes, [1, 4], seconds=10)
     assert got[1]["late"] == 0 and got[1]["seconds"] == 10 and got[4]["seconds"] == 40
     assert 0 < capacity(dear, shapes, most=40, seconds=10) < capacity(cheap, shapes, most=40, seconds=10)
+
+
+def test_only_the_steps_a_backbone_declares_are_batched():
+    sched, runner = Scheduler(torch.device("cpu")), Runner()
+    try:
+        def spawn_all(waits):
+            for (done, box) in waits:
+                sched.spawn(Owner(batched_steps=()), lambda: [_step(Member("a", runner), 1)], "second", 0.0,
+                            lambda t, d=done, b=box: (b.append(t), d.set()))
+        waits = [(threading.Event(), []) for _ in range(2)]
+        sched.run(lambda: spawn_all(waits))
+        for done, box in waits:
+            assert done.wait(10) and box[0].value == [11]
+        assert runner.runs == []
+    finally:
+        sched.close()

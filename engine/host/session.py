@@ -59,6 +59,9 @@ class HostedSession:
         self.id = int(sid)
         self.device = torch.device(self.cfg.device)
         self.rng = SessionRng(self.device)
+        # the steps the scheduler may batch with other sessions' (what the backbone's entry declares)
+        from engine import registry
+        self.batched_steps = frozenset(registry.get_backbone(self.cfg.backbone).batched_steps)
         self.stream = None                       # made on the scheduler's thread (make_stream)
         self.session: Optional[DuplexSession] = None
         self.memory = SessionMemory()

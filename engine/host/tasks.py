@@ -5,7 +5,8 @@ device's one scheduler thread (:mod:`engine.host.scheduler`). Where that code re
 (:mod:`engine.core.yieldpoints`) it *parks*: it switches back to the scheduler with what it waits for, and the
 scheduler switches into it again once that is there:
 
-* ``batch``: a batched step (the backbone declared it: :meth:`engine.backbones.base.Backbone.batched_steps`);
+* ``batch``: a batched step (its backbone's entry declares it, ``BackboneEntry.batched_steps``, and the backbone
+  makes its runner, :meth:`engine.backbones.base.Backbone.batch_runner`);
   resumed with this member's result once the step ran for every member parked at it;
 * ``wait``: the session's stream has work the host is about to read; resumed once an event recorded after that
   work has completed (the scheduler polls it and launches the other sessions' work meanwhile);
@@ -76,7 +77,7 @@ class Task(yieldpoints.Port):
         return got
 
     def batched(self, kind: str, group: object, member: object, payload: Any) -> Any:
-        if not self.sched.batches(kind, group):
+        if kind not in self.owner.batched_steps or not self.sched.batches(kind, group):
             raise yieldpoints.NotBatched(kind)
         self.kind, self.group, self.member, self.payload = kind, group, member, payload
         try:
@@ -85,7 +86,7 @@ class Task(yieldpoints.Port):
             self.kind = self.group = self.member = self.payload = None
 
     def prepare(self, kind: str, group: object, member: object) -> None:
-        if self.sched.batches(kind, group):
+        if kind in self.owner.batched_steps and self.sched.batches(kind, group):
             self.sched.runner(kind, group, member).prepare(member)
 
     def wait(self) -> None:

@@ -27,8 +27,8 @@ from engine.core import yieldpoints
 from .group_graphs import GroupGraphs, Verdicts, check, check_rows
 from .kv import DemandKV, make_store
 
-#: the step kind a MiniCPM-o backbone hands the scheduler (its one-token LLM forwards)
-LLM_STEP = "minicpm-o-4.5 llm step"
+#: the step kind a MiniCPM-o backbone hands the scheduler (its one-token LLM forwards; its entry declares it)
+LLM_STEP = "llm"
 MOST_SEATS = 32
 
 

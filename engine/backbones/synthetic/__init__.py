@@ -1,8 +1,8 @@
 """The synthetic backbone: a seeded voice-activity turn policy in front of a seeded random speech decoder.
 
 Registers ``synthetic``, the default backbone: it pairs with any tail (it speaks the tail's own token
-format) and has no weights to load. Its speech decoder's LISTEN steps may run batched across the hosted
-sessions of one set of weights (``batched_steps``).
+format) and has no weights to load. It declares no batched step: each hosted session runs its own LISTEN steps
+on its own stream (a batched LISTEN was refused by the H200's bit check at every group size).
 """
 from engine.registry import BackboneEntry, register_backbone
 
@@ -17,6 +17,6 @@ def make(fmt, *, size: str, device, seed: int = 0, checkpoint=None, demand_sized
 
 
 register_backbone(BackboneEntry(name="synthetic", title="Synthetic (seeded policy, random weights)", make=make,
-                                order=0, batched_steps=("listen",)))
+                                order=0))
 
 __all__ = ["AudioEmbedder", "SyntheticBackbone", "mel_filterbank", "make"]
