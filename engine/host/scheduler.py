@@ -9,10 +9,11 @@ its own deadline (its frame's arrival + 1 s). One turn of the loop:
    would alone, launching on its own stream, and parks where it reaches a batched step, a host read or (a build)
    the point between two captures.
 3. **Batch**: for each batched step kind with members parked at it (one-token LLM forwards over the same
-   weights, say), run it once for all of them on the batch stream — after each member's own work, before each
-   member's next — and resume each with its own result. A kind runs once no greenlet is ready and either no host
-   read is pending or its first member has waited :attr:`Scheduler.batch_wait_s`: members still reading their
-   last result join it, the others do not wait long for them.
+   weights, say), run it once for all of them on the batch stream (a high-priority stream: every member waits for
+   it) — after each member's own work, before each member's next — and resume each with its own result. A kind
+   runs once no greenlet is ready and either no session that last parked at that kind is still reading its result
+   or its first member has waited :attr:`Scheduler.batch_wait_s`: members reading their last token join it, the
+   others do not wait long for them.
 4. **Poll** the host reads: a member whose stream finished the work it waits for is ready again.
 5. **Build** slices (captures of a session joining) run only when no second is ready, so a build never holds a
    running session's second back by more than one slice.
@@ -167,7 +168,7 @@ class Scheduler:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
             self.stream = torch.cuda.current_stream(self.device)
-            self.batch_stream = torch.cuda.Stream(self.device)
+            self.batch_stream = torch.cuda.Stream(self.device, priority=-1)
         while True:
             if not self._turn():
                 if self._idle():
@@ -221,13 +222,14 @@ class Scheduler:
         if not parked or any(t.state == READY for t in self._tasks):
             return False
         now = time.perf_counter()
-        reading = any(t.state == WAIT and t.what == "second" for t in self._tasks)
+        # sessions reading their last step's result (a sampled token) will likely park at the same kind again
+        coming = {t.last_kind for t in self._tasks if t.state == WAIT and t.what == "second"}
         groups: Dict[Tuple[str, int], List[Task]] = {}
         for t in parked:
             groups.setdefault((t.kind, id(t.group)), []).append(t)
         ran = False
         for key, members in sorted(groups.items(), key=lambda kv: min(t.deadline for t in kv[1])):
-            if reading and now - min(t.parked_at for t in members) < self.batch_wait_s:
+            if key[0] in coming and now - min(t.parked_at for t in members) < self.batch_wait_s:
                 continue
             self._run_batch(key, members)
             ran = True

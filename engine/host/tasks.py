@@ -47,6 +47,7 @@ class Task(yieldpoints.Port):
         self.value: Any = None                     # the body's return value (DONE) or its exception (FAILED)
         self.parked_at = 0.0
         self.kind: Optional[str] = None            # BATCH: the step kind; and its group, payload
+        self.last_kind: Optional[str] = None       # the kind of its last batched step (it will likely park there again)
         self.group: object = None
         self.member: object = None
         self.payload: Any = None
@@ -80,6 +81,7 @@ class Task(yieldpoints.Port):
         if kind not in self.owner.batched_steps or not self.sched.batches(kind, group):
             raise yieldpoints.NotBatched(kind)
         self.kind, self.group, self.member, self.payload = kind, group, member, payload
+        self.last_kind = kind
         try:
             return self._park(BATCH)
         finally:
