@@ -89,13 +89,8 @@ class LLMStepBatch:
         if len(self.seats) > MOST_SEATS or not self._check(size, members[0])[0]:
             return self._alone(members, embeds)
         graphs = self._graphs(size)
-        rows = torch.zeros(size, self.llm.d.hidden, dtype=embeds[0].dtype, device=self.device)
-        present = [False] * size
         at = {id(m): i for i, m in enumerate(self.seats) if m is not None}
-        for m, e in zip(members, embeds):
-            rows[at[id(m)]].copy_(e.view(-1))
-            present[at[id(m)]] = True
-        out = graphs.forward(rows, present)
+        out = graphs.step({at[id(m)]: e for m, e in zip(members, embeds)})
         self.group_steps += 1
         return [out[at[id(m)]] for m in members]
 

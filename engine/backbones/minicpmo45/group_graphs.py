@@ -153,8 +153,11 @@ class GroupGraphs:
         self.outs: List[Tuple[torch.Tensor, ...]] = []
         self.runtime = GraphRuntime(self.device, f"group graphs: {n} sessions")
         self.replays = 0
+        self._member_views: Optional[List[List[Tuple[torch.Tensor, torch.Tensor]]]] = None
         if capture:
             self._capture()
+            self._member_views = [[(self.outs[s][1].narrow(0, m, 1), self.att[s].narrow(0, m, 1))
+                                   for m in range(n)] for s in range(d.layers)]
 
     def _segment(self, s: int):
         """Segment ``s``: 0 = the rows' RoPE tables and the first layer's pre; then post(s-1) + pre(s); the last
@@ -212,14 +215,34 @@ class GroupGraphs:
         n = len(self.stores)
         if embeds.shape[0] != n:
             raise ValueError(f"a group step of {n} sessions takes {n} rows, not {embeds.shape[0]}")
-        here = self._presence(present)
         self.x_in.copy_(embeds.view(n, 1, -1))
+        return self._run(self._presence(present))
+
+    def step(self, rows: Dict[int, torch.Tensor]) -> List[Optional[Tuple[torch.Tensor, torch.Tensor]]]:
+        """:meth:`forward` with the present members' rows given by seat (``{seat: [1, hidden]}``), each written
+        straight into the graphs' input; the absent seats' rows keep whatever they held (rows never mix)."""
+        for m, e in rows.items():
+            self.x_in[m].copy_(e.view(1, -1))
+        return self._run(self._presence([m in rows for m in range(len(self.stores))]))
+
+    def _views(self, s: int) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+        """Segment ``s``'s query and attention output per member: made once where the graphs keep their outputs
+        in place (captured), else from this step's eager outputs."""
+        if self._member_views is not None:
+            return self._member_views[s]
+        q = self.outs[s][1]
+        return [(q.narrow(0, m, 1), self.att[s].narrow(0, m, 1)) for m in range(len(self.stores))]
+
+    def _run(self, here: List[bool]) -> List[Optional[Tuple[torch.Tensor, torch.Tensor]]]:
+        n = len(self.stores)
         lengths = self._set_positions(here)
-        members = [(m, att) for m, (att, p) in enumerate(zip(self.attend, here)) if p]
+        members = [(m, att, lengths[m] + 1) for m, (att, p) in enumerate(zip(self.attend, here)) if p]
+
         def attention(s: int) -> None:
-            q = self.outs[s][1]
-            for m, att in members:
-                att.into(s, q.narrow(0, m, 1), lengths[m] + 1, None, self.att[s].narrow(0, m, 1))
+            views = self._views(s)
+            for m, att, length in members:
+                q, out = views[m]
+                att.into(s, q, length, None, out)
         run_segments(self, self.llm.d.layers + 1, attention)
         for st, p in zip(self.stores, here):
             if p:
