@@ -38,14 +38,15 @@ def stock_draws(tmp_path_factory):
 
 
 def _replay(folder, cases: list) -> list:
-    """(our token, our history after) per case."""
+    """(our token, our history after, the generator's state after) per case."""
     d = folder.dims
     got = []
     for c in cases:
         smp = text_sampler(d.sampling, d.tokens, folder.bad_token_ids)
         smp.history = list(c["history"])
         torch.set_rng_state(c["rng"])
-        got.append((smp(c["logits"].clone()), smp.history))
+        tok = smp(c["logits"].clone())
+        got.append((tok, smp.history, torch.get_rng_state()))
     return got
 
 
@@ -64,10 +65,11 @@ def test_the_cases_reach_every_branch_of_the_stock_draw(stock_draws):
 
 def test_our_text_draw_equals_the_stock_decode_on_every_case(stock_draws, one_torch_thread):
     folder, cases = stock_draws
-    for i, (c, (tok, history)) in enumerate(zip(cases, _replay(folder, cases))):
+    for i, (c, (tok, history, rng)) in enumerate(zip(cases, _replay(folder, cases))):
         assert tok == c["token"], f"case {i} ({c['logits'].dtype}, history {len(c['history'])}): " \
                                   f"ours {tok}, stock {c['token']}"
         assert history == c["after"], f"case {i}: the repetition history after the draw differs"
+        assert torch.equal(rng, c["rng_after"]), f"case {i}: the generator moved on by another amount than the stock's"
 
 
 def test_the_comparison_fails_when_chunk_eos_may_be_drawn_as_text(stock_draws, monkeypatch, one_torch_thread):
@@ -82,5 +84,5 @@ def test_the_comparison_fails_when_chunk_eos_may_be_drawn_as_text(stock_draws, m
         smp.forbidden = [i for i in smp.forbidden if i != tokens.chunk_eos]
         return smp
     monkeypatch.setattr(sys.modules[__name__], "text_sampler", without_chunk_eos)
-    differ = sum(tok != c["token"] for c, (tok, _) in zip(cases, _replay(folder, cases)))
+    differ = sum(tok != c["token"] for c, (tok, _, _) in zip(cases, _replay(folder, cases)))
     assert differ >= 10, f"only {differ} of {len(cases)} cases differ"

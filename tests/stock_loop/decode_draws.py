@@ -57,7 +57,8 @@ def main() -> None:
         rng = torch.get_rng_state()
         got = int(dec.decode(logits=logits.clone(), **PAGE).view(-1)[0])
         out.append({"logits": logits, "history": history, "rng": rng, "token": got,
-                    "after": list(dec.generated_tokens), "forbidden": list(dec.forbidden_token_ids)})
+                    "after": list(dec.generated_tokens), "forbidden": list(dec.forbidden_token_ids),
+                    "rng_after": torch.get_rng_state()})
     torch.save(out, a.out)
 
 

@@ -84,17 +84,22 @@ class TextSampler:
         self.history: List[int] = []
 
     def __call__(self, logits: torch.Tensor) -> int:
-        gen = session_generator(logits.device)
-        drawn = race(F.softmax(logits[0], dim=-1), gen)
-        yieldpoints.wait()                       # under a scheduler: the others' work goes on while this is read
-        decision = int(drawn.item())
-        if decision == self.t.chunk_eos:
-            return decision
+        """The stock's draw: one from the raw softmax (the decision), and unless that is ``<|chunk_eos|>`` a second
+        from the filtered distribution. Both are launched before either is read, with the generator's state kept
+        between them: where the decision ends the unit, the state goes back to right after it, as if the second
+        draw had never run (one host read a step instead of two, the stock's numbers and generator state)."""
+        dev = logits.device
+        gen = session_generator(dev)
+        decision = race(F.softmax(logits[0], dim=-1), gen)
+        after_decision = draw_state(dev)
         x = self._penalised(logits.clone())
         x = top_k_top_p(x / self.s.temperature, self.s.top_k, self.s.top_p)
-        drawn = race(F.softmax(x, dim=-1), gen)
-        yieldpoints.wait()
-        tok = int(drawn.item())
+        text = race(F.softmax(x, dim=-1), gen)
+        yieldpoints.wait()                       # under a scheduler: the others' work goes on while this is read
+        first, tok = torch.cat([decision.view(1), text.view(1)]).tolist()
+        if first == self.t.chunk_eos:
+            set_draw_state(dev, after_decision)
+            return first
         self.history.append(tok)
         return tok
 
