@@ -58,7 +58,7 @@ class HostedRunner(FrameInbox):
         self.host.scheduler.call(lambda: self.host.scheduler.add_member(self))
 
     def _poke(self) -> None:
-        self.host.scheduler.poke()
+        self.host.scheduler.poke(self)
 
     def set_toggles(self, toggles: Toggles) -> None:
         """Applied at the next second boundary."""
@@ -114,8 +114,13 @@ class HostedRunner(FrameInbox):
     def batch_member(self):
         return self.hosted.batch_member()
 
-    def _built(self, task: "Task") -> None:
+    def _free(self) -> None:
+        """This runner's task ended: the scheduler asks it again for the next thing to run."""
         self._busy = False
+        self.host.scheduler.poke(self)
+
+    def _built(self, task: "Task") -> None:
+        self._free()
         if task.state != DONE:
             e = task.value
             expected = isinstance(e, (ValueError, OSError, ImportError, KeyError))
@@ -127,7 +132,7 @@ class HostedRunner(FrameInbox):
         self.ready.set()
 
     def _second_done(self, task: "Task") -> None:
-        self._busy = False
+        self._free()
         if task.state != DONE:
             e = task.value
             log.error("hosted session %d failed", self.hosted.id, exc_info=e)
@@ -141,7 +146,7 @@ class HostedRunner(FrameInbox):
         self.results.put(LiveResult(rec, audio, not notice, notice, self.hosted.session.last_speech.copy()))
 
     def _ahead_finished(self, task: "Task") -> None:
-        self._busy = False
+        self._free()
         if task.state != DONE:
             log.error("hosted session %d: preparing its next second failed", self.hosted.id, exc_info=task.value)
 

@@ -89,6 +89,7 @@ class Scheduler:
         self._cv = threading.Condition()
         self._calls: Deque[Tuple[Callable[[], Any], concurrent.futures.Future]] = deque()
         self._members: List[Any] = []              # hosted sessions the loop starts seconds for
+        self._dirty: set = set()                   # members that may have something to start (poked)
         self._tasks: List[Task] = []
         self._runners: Dict[Tuple[str, int], Any] = {}     # (kind, id(group)) -> the batched step's runner
         self._refused: set = set()                 # (kind, id(group)) whose batched step failed once
@@ -114,9 +115,11 @@ class Scheduler:
         """``fn()`` on the loop's thread, waited for; its result (or its exception, raised here)."""
         return self.call(fn).result(timeout)
 
-    def poke(self) -> None:
-        """Something changed for the loop (a frame came in)."""
+    def poke(self, member=None) -> None:
+        """Something changed for the loop: ``member`` may have something to start (a frame came in)."""
         with self._cv:
+            if member is not None:
+                self._dirty.add(member)
             self._cv.notify()
 
     def close(self) -> None:
@@ -132,6 +135,7 @@ class Scheduler:
     # -- on the loop's thread ------------------------------------------------------------------------------
     def add_member(self, member) -> None:
         self._members.append(member)
+        self._dirty.add(member)
 
     def remove_member(self, member) -> None:
         """``member`` (a runner, or a hosted session) starts nothing more; the batched steps forget it."""
@@ -178,7 +182,11 @@ class Scheduler:
         """One turn of the loop; whether anything happened."""
         self.stats.ticks += 1
         did = self._run_calls()
-        for m in list(self._members):
+        with self._cv:
+            dirty, self._dirty = self._dirty, set()
+        for m in dirty:
+            if m not in self._members:
+                continue
             item = m.next_task()                   # (owner, body, what, deadline, on_done) or None
             if item is not None:
                 self.spawn(*item)
