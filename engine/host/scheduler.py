@@ -295,7 +295,10 @@ class Scheduler:
         return woke
 
     def _run_slice(self) -> bool:
-        """One build slice, the earliest admitted first, when no second has anything to run."""
+        """One build slice, the earliest admitted first, when no second has anything to run (none ready, none
+        parked at a batched step: only reads of the device's work pending)."""
+        if any(t.what == "second" and t.state in (READY, BATCH) for t in self._tasks):
+            return False
         builds = [t for t in self._tasks if t.what != "second" and t.state in (READY, SLICE)]
         if not builds:
             return False
