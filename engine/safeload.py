@@ -95,9 +95,13 @@ def read_capped(path, cap: int, what: str) -> bytes:
         fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as e:
         raise FileCheckError(f"cannot read {what} {p}: {_reason(e)}") from None
+    try:                                         # a folder opens read-only too: looked at before fdopen refuses it
+        _check_regular(os.fstat(fd), what, p)
+    except BaseException:
+        os.close(fd)
+        raise
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
-        _check_regular(st, what, p)
         if st.st_size > cap:
             raise FileCheckError(f"{what} {p} is larger than {cap >> 10} KiB ({st.st_size:,} bytes); it cannot "
                                  f"be what its name says")

@@ -99,14 +99,19 @@ def test_recover_an_unfinished_journal(tmp_path):
     found = unfinished_journals(root)
     assert [f.directory.name for f in found] == ["a"] and found[0].seconds == 4
     assert "4 s recorded" in found[0].describe()
-    files = recover(found[0].directory)
-    assert unfinished_journals(root) == []
+    before = {p.name: p.read_bytes() for p in (root / "a").iterdir()}
+    done = recover(found[0].directory, tmp_path / "recovered")
+    files = done.files
+    assert unfinished_journals(root) == [] and done.folder == tmp_path / "recovered"
     assert [r.index for r in read_records(files["jsonl"])] == [0, 1, 2, 3]
     for key, seed in (("input_wav", 3), ("output_wav", 4)):
         x, rate = read_wav(files[key])
-        assert rate == RATE and len(x) == 4 * RATE
+        assert rate == RATE and len(x) == 4 * RATE                    # the torn fifth second is not whole
         assert np.abs(x[3 * RATE:] - second(3, seed)).max() < 1.0 / 32768 + 1e-7
     assert len(files["csv"].read_text().splitlines()) == 5
+    after = {p.name: p.read_bytes() for p in (root / "a").iterdir()}
+    assert set(after) == set(before) - {MARKER} | {"session.recovered"}   # the journal is only marked
+    assert all(after[n] == before[n] for n in before if n != MARKER)
     with pytest.raises(ExportError, match="not an unfinished session journal"):
         recover(found[0].directory)
 
