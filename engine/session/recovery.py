@@ -117,7 +117,7 @@ def _journal_rate(d: Path, marker: Dict[str, object]) -> int:
     """The journal's audio rate: the marker's, else a WAV header's that reads as the journal's own
     (16-bit mono PCM), else 24 kHz."""
     rate = marker.get("rate")
-    if isinstance(rate, int) and not isinstance(rate, bool) and 1000 <= rate <= 384_000:
+    if isinstance(rate, int) and not isinstance(rate, bool) and 1 <= rate <= 384_000:
         return rate
     for name in _WAVS.values():
         try:
@@ -217,11 +217,7 @@ def _verify(tmp: Path, s: Survey, crcs: Dict[str, int]) -> None:
     for name in _WAVS.values():
         _check_samples(tmp / name, _header(s.rate, 2 * s.rate * s.seconds), crcs[name])
     if s.speech is not None:
-        _check_samples(tmp / J.SPEECH, None, crcs[J.SPEECH], skip=_NPY_HEADER)
-    from engine.wavio import open_audio
-    with open_audio(tmp / J.OUTPUT_WAV) as r:
-        if r.frames != s.rate * s.seconds:
-            raise ExportError(f"cannot recover {s.journal}: {tmp / J.OUTPUT_WAV} reads as {r.frames} samples")
+        _check_samples(tmp / J.SPEECH, J.npy_header(s.speech), crcs[J.SPEECH], skip=_NPY_HEADER)
 
 
 def _check_samples(path: Path, header: Optional[bytes], crc: int, skip: int = _HEADER_BYTES) -> None:
