@@ -327,3 +327,29 @@ def test_sigterm_drains_the_live_session_then_closes_it_with_a_message(server):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert "Traceback" not in err
+
+
+def test_a_quiet_client_gives_its_slot_to_the_next_one_and_is_told_why(server):
+    """Slots count sessions whose frames flow: two clients say hello and then nothing; once they have been quiet
+    for pump.EVICT_IDLE_S, a third client gets a session at once (not "the cluster is full"), and the quiet
+    client whose slot it took reads why in one line."""
+    from engine.serve.pump import EVICT_IDLE_S
+    _, _, url = server
+    quiet = [RemoteRunner(SessionConfig(tail="step-audio2"), url, TOKEN) for _ in range(2)]
+    for r in quiet:
+        r.start()
+        assert r.ready.wait(60) and r.session is not None, r.results.get_nowait()
+    time.sleep(EVICT_IDLE_S + 1.0)
+    fresh = RemoteRunner(SessionConfig(tail="step-audio2"), url, TOKEN)
+    t0 = time.monotonic()
+    fresh.start()
+    assert fresh.ready.wait(60) and fresh.session is not None, fresh.results.get_nowait()
+    assert time.monotonic() - t0 < 30
+    fresh.submit((np.random.default_rng().standard_normal(P.RATE) * 0.05).astype(np.float32))
+    assert isinstance(collect(fresh, 1)[0], LiveResult)
+    told = [collect(r, 1, timeout=5) for r in quiet]
+    lines = [got[0].message for got in told if got and isinstance(got[0], LiveError)]
+    assert len(lines) >= 1 and all("\n" not in m for m in lines), lines
+    assert any("no audio from the client for" in m and "another client needed the slot" in m for m in lines), lines
+    for r in quiet + [fresh]:
+        r.stop(timeout=30)
