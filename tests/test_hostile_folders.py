@@ -343,17 +343,20 @@ def test_a_folder_without_execute_permission_is_one_line(tmp_path, wav, minicpm,
 # -- token files, arrays, outputs -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("command", ["run", "serve"])
-@pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "folder"])
 def test_a_token_file_must_be_a_small_regular_file(tmp_path, wav, baseline, command, kind):
     token = Path("/dev/zero") if kind == "/dev/zero" else tmp_path / "token"
     if kind == "fifo":
         os.mkfifo(token)
+    elif kind == "folder":
+        token.mkdir()
     out = tmp_path / "out"
     out.mkdir()
     args = (_run_args(wav, out) + ["--model", "mimi", "--engine", "ws://127.0.0.1:9", "--token-file", token]
             if command == "run" else ["serve", "--host", "127.0.0.1", "--port", "9", "--token-file", token])
     r = run_cli(args, tmp_path / "scratch", timeout=60)
-    assert_refused(r, baseline, f"it is {'a FIFO' if kind == 'fifo' else 'a device'}, not a regular file", out)
+    kinds = {"fifo": "a FIFO", "/dev/zero": "a device", "folder": "a folder"}
+    assert_refused(r, baseline, f"it is {kinds[kind]}, not a regular file", out)
 
 
 def _npy_claiming(path: Path, shape: tuple, dtype=np.int64, body: int = 64) -> Path:
