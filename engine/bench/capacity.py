@@ -41,6 +41,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import torch
 
+from engine.cli.validate import OneLineParser
 from engine import cuda_queues
 from engine.audio import SESSION_RATE, frames_of
 from engine.bench import stock_loop
@@ -279,7 +280,7 @@ def _markdown(doc: Dict[str, object], path: Path) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="duplexcadence-bench capacity", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="duplexcadence-bench capacity", description=__doc__.split("\n\n")[0])
     from engine import registry
     p.add_argument("--tail", default=registry.default_tail(), choices=registry.tail_names())
     p.add_argument("--backbone", default=registry.default_backbone(), choices=registry.backbone_names())
@@ -329,6 +330,8 @@ def _check_args(a) -> Optional[str]:
     for name in ("seconds", "window"):
         if getattr(a, name) <= 0:
             return f"--{name} must be positive"
+    if a.ramp_limit <= 0 or a.time_limit < 0:
+        return "--ramp-limit must be positive and --time-limit 0 (none) or positive"
     if a.max_sessions < 1:
         return "--max-sessions must be at least 1"
     if not 1 <= a.start <= a.max_sessions:
