@@ -116,6 +116,16 @@ def test_serve_refuses_numbers_that_are_not_finite(capsys):
 
 # -- output paths ----------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("flag", ["--log", "--output"])
+def test_an_empty_output_name_is_refused_not_read_as_the_current_folder(flag, tmp_path, in_wav, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = {"--output": str(tmp_path / "o.wav"), "--log": str(tmp_path / "log"), flag: ""}
+    rc = run_cli.main(["--input", str(in_wav), "--output", argv["--output"], "--log", argv["--log"], "--model",
+                       "mimi", "--size", "tiny", "--device", "cpu", "--quiet"])
+    line = _one_line(capsys.readouterr().err)
+    assert rc == 2 and f"{flag} is empty" in line
+    assert [p.name for p in tmp_path.iterdir()] == ["in.wav"]                   # nothing written here
+
 def _specials(tmp_path):
     """A FIFO, a symlink to a file, a folder and (as root) a copy of /dev/null: none may be replaced."""
     (tmp_path / "target.wav").write_bytes(b"keep me")

@@ -117,6 +117,12 @@ def count(text: str) -> int:
     return value
 
 
+def _not_empty(path, what: str, kind: str) -> None:
+    """An empty name is no place (``Path("")`` is the current directory): ValueError saying so."""
+    if path is None or not str(path).strip():
+        raise ValueError(f"{what} is empty; name the {kind} to write")
+
+
 def _same_file(a: Path, b: Path) -> bool:
     try:
         sa, sb = os.stat(a), os.stat(b)
@@ -151,6 +157,7 @@ def output_file(path, what: str, inputs: Iterable[Optional[str]] = (),
 
     ``inputs``: paths the same run reads (an output may not be one of them); ``suffixes``: the
     endings the writer understands (lower case, with the dot)."""
+    _not_empty(path, what, "file")
     p = Path(path)
     if suffixes is not None and p.suffix.lower() not in suffixes:
         raise ValueError(f"{what} {p}: must end in {' or '.join(suffixes)}")
@@ -167,6 +174,7 @@ def output_file(path, what: str, inputs: Iterable[Optional[str]] = (),
 def output_folder(path, what: str, inputs: Iterable[Optional[str]] = (), names: Sequence[str] = ()) -> Path:
     """Check an output folder: new, or an existing real folder (not a link to one); none of the
     files ``names`` it will hold may be one of ``inputs`` or something other than a regular file."""
+    _not_empty(path, what, "folder")
     p = Path(path)
     try:
         st = os.lstat(p)
