@@ -265,3 +265,21 @@ def test_a_signal_inside_a_deferred_block_interrupts_after_it():
     with quiet.deferred():
         pass
     assert quiet.building is True and quiet.signum == 0
+
+
+@pytest.mark.parametrize("after_s", [0.1, 0.4, 0.9])
+def test_ctrl_c_while_the_command_starts_is_one_line(tmp_path, after_s):
+    """SIGINT while torch and the models still import (before `run` takes signals over): one line, exit 130, no
+    KeyboardInterrupt traceback (nor NumPy's broken-install report of one inside its C extension)."""
+    inp = noise_wav(tmp_path / "in.wav", 3.0)
+    p = _run(["--input", str(inp), "--output", str(tmp_path / "out.wav"), "--log", str(tmp_path / "logs"),
+              "--model", "mimi", "--size", "tiny", "--device", "cpu", "--quiet"])
+    try:
+        time.sleep(after_s)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert p.returncode == 130 and len(lines) == 1 and "interrupted" in lines[0], err[-2000:]
+    assert "Traceback" not in err and not (tmp_path / "out.wav").exists()

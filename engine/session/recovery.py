@@ -267,10 +267,10 @@ def recover_journal(journal, dest=None, rate: Optional[int] = None, mark: bool =
         J.publish(tmp, where)
         tmp = None
         _sync_folder(where.parent)
-    except (OSError, ExportError) as e:
+    except BaseException as e:                     # a failure or an interrupt: the half-made copy goes
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, ExportError):
+        if not isinstance(e, OSError) or isinstance(e, ExportError):
             raise
         at = f" ({e.filename})" if getattr(e, "filename", None) else ""
         raise ExportError(f"cannot recover {src} into {where}: {e.strerror or e}{at}; the journal is "
