@@ -292,6 +292,36 @@ def test_moshi_folder_loads_only_safetensors(tmp_path, names, message):
         validate_folder(tmp_path)
 
 
+@pytest.mark.parametrize("config, words", [
+    ({"dim": 64, "num_heads": 4}, "AssertionError at test_bad_input_files.py:"),       # a bare assert in moshi
+    ({"dim": 64, "heads": 4}, "TypeError: __init__() got an unexpected keyword argument 'heads'"),
+])
+def test_a_partial_moshi_config_is_one_line_naming_it(tmp_path, monkeypatch, config, words):
+    """moshi builds the LM from config.json with asserts and plain calls; a config it cannot build from is one
+    ValueError naming the config (what `run` prints), never an AssertionError traceback."""
+    from engine.backbones.base import TokenFormat
+    from engine.backbones.moshi import backbone as MB
+
+    class LMModel:                                  # what moshi's constructor checks, in its own way
+        def __init__(self, dim, num_heads, n_q=None, **rest):
+            if rest:
+                raise TypeError(f"__init__() got an unexpected keyword argument {next(iter(rest))!r}")
+            if n_q is None:
+                raise AssertionError                # a bare assert: no message of its own
+
+    loaders = SimpleNamespace(get_moshi_lm=lambda path, lm_kwargs, device, dtype: LMModel(**lm_kwargs))
+    monkeypatch.setattr(MB, "import_moshi", lambda: (loaders, None, None))
+    for f in ("model.safetensors", "tokenizer-e351c8d8-checkpoint125.safetensors"):
+        (tmp_path / f).write_bytes(b"x")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    b = MB.MoshiBackbone(TokenFormat(8, 2048, 12.5), size="released", device="cpu", checkpoint=str(tmp_path))
+    with pytest.raises(ValueError) as e:
+        b.start()
+    msg = str(e.value)
+    assert f"the Moshi config {tmp_path / 'config.json'} does not describe a model moshi can build" in msg
+    assert words in msg and "\n" not in msg, msg
+
+
 # -- the synthetic-weights note ----------------------------------------------------------------------------
 
 def test_the_synthetic_weights_note_is_only_for_synthetic_voices():
