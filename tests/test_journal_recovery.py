@@ -326,3 +326,16 @@ def test_recover_refuses_what_it_cannot_use_in_one_line(tmp_path, capsys):
     assert R.main([str(j)]) == 0                                            # the default: NAME.recovered beside
     assert (tmp_path / "log.recovered" / RECORDS).is_file()
     shutil.rmtree(tmp_path / "log.recovered")
+
+
+def test_files_that_are_not_regular_are_never_opened(tmp_path):
+    """A FIFO where the records were and a link to /dev/zero where a WAV was: nothing blocks or reads forever;
+    they count as lost and the rest is recovered."""
+    j = make_journal(tmp_path / "j", seconds=3)
+    (j / RECORDS).unlink()
+    os.mkfifo(j / RECORDS)
+    (j / OUTPUT_WAV).unlink()
+    (j / OUTPUT_WAV).symlink_to("/dev/zero")
+    done = recover_journal(j, tmp_path / "out")
+    assert done.records == 0 and done.seconds == 3 and done.silent == {"output": 3}
+    assert (tmp_path / "out" / OUTPUT_WAV).stat().st_size == HEAD + 2 * RATE * 3

@@ -100,10 +100,14 @@ def _whole(v) -> bool:
 
 def pieces(path) -> Iterator[bytes]:
     """The pieces of a file between newlines and NUL bytes, read in blocks (a piece longer than
-    :data:`MAX_LINE` comes back cut short: :func:`parse` refuses it); missing file: none."""
+    :data:`MAX_LINE` comes back cut short: :func:`parse` refuses it); none when it is missing, unreadable or
+    not a regular file."""
+    p = Path(path)
+    if not p.is_file():                              # missing, or a FIFO / device / folder: nothing to read
+        return
     try:
-        f = open(Path(path), "rb")
-    except FileNotFoundError:
+        f = open(p, "rb")
+    except OSError:
         return
     with f:
         rest = b""

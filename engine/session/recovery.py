@@ -94,15 +94,18 @@ def survey(journal, rate: Optional[int] = None) -> Survey:
     if marker is None:
         raise ExportError(f"cannot recover {d}: it is not an unfinished session journal")
     rate = int(rate or _journal_rate(d, marker))
+    most = (0xFFFFFFFF - 36) // (2 * rate)           # the seconds a WAV's 32-bit sizes can count
     lines, refused = scan(d / J.RECORDS)
+    refused += sum(1 for line in lines if line.at >= most)
+    lines = [line for line in lines if line.at < most]
     audio, missing = {}, []
     for kind, name in _WAVS.items():
         size = _size(d / name)
         if size is None:
             missing.append(name)
-        audio[kind] = max(0, (size or 0) - _HEADER_BYTES) // (2 * rate)
+        audio[kind] = min(most, max(0, (size or 0) - _HEADER_BYTES) // (2 * rate))
     speech = _size(d / J.SPEECH)
-    speech = None if speech is None else max(0, speech - _NPY_HEADER) // 4
+    speech = None if speech is None else min(max(0, speech - _NPY_HEADER) // 4, 1 << 40)
     return Survey(d, marker, rate, lines, refused, audio, missing, speech)
 
 
