@@ -332,10 +332,19 @@ def test_files_that_are_not_regular_are_never_opened(tmp_path):
     """A FIFO where the records were and a link to /dev/zero where a WAV was: nothing blocks or reads forever;
     they count as lost and the rest is recovered."""
     j = make_journal(tmp_path / "j", seconds=3)
+    marker = json.loads((j / MARKER).read_text())
+    (j / MARKER).write_text(json.dumps({k: v for k, v in marker.items() if k != "rate"}))   # the rate from a WAV
     (j / RECORDS).unlink()
     os.mkfifo(j / RECORDS)
+    (j / INPUT_WAV).rename(j / "kept.wav")
+    os.mkfifo(j / INPUT_WAV)
     (j / OUTPUT_WAV).unlink()
     (j / OUTPUT_WAV).symlink_to("/dev/zero")
-    done = recover_journal(j, tmp_path / "out")
+    done = recover_journal(j, tmp_path / "out", rate=RATE)
+    assert done.records == 0 and done.seconds == 0 and done.silent == {}
+    (j / INPUT_WAV).unlink()
+    (j / "kept.wav").rename(j / INPUT_WAV)
+    (j / "session.recovered").rename(j / MARKER)
+    done = recover_journal(j, tmp_path / "out2")                      # the rate read from the input WAV's header
     assert done.records == 0 and done.seconds == 3 and done.silent == {"output": 3}
-    assert (tmp_path / "out" / OUTPUT_WAV).stat().st_size == HEAD + 2 * RATE * 3
+    assert (tmp_path / "out2" / OUTPUT_WAV).stat().st_size == HEAD + 2 * RATE * 3

@@ -123,6 +123,8 @@ def _journal_rate(d: Path, marker: Dict[str, object]) -> int:
     if isinstance(rate, int) and not isinstance(rate, bool) and 1 <= rate <= 384_000:
         return rate
     for name in _WAVS.values():
+        if _size(d / name) is None:                  # missing or not a regular file: never opened
+            continue
         try:
             with open(d / name, "rb") as f:
                 head = f.read(_HEADER_BYTES)
@@ -130,7 +132,7 @@ def _journal_rate(d: Path, marker: Dict[str, object]) -> int:
             continue
         if len(head) == _HEADER_BYTES and head[:4] == b"RIFF" and head[8:16] == b"WAVEfmt ":
             tag, channels, r = struct.unpack_from("<HHI", head, 20)
-            if tag == 1 and channels == 1 and 1000 <= r <= 384_000 and head[34:36] == b"\x10\x00":
+            if tag == 1 and channels == 1 and 1 <= r <= 384_000 and head[34:36] == b"\x10\x00":
                 return int(r)
     return J.RATE
 
