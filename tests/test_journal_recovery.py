@@ -16,7 +16,6 @@ from typing import Dict, List, Optional
 from unittest import mock
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from engine.session import ExportError, SecondRecord
