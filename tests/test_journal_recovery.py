@@ -281,7 +281,11 @@ def test_a_journal_written_before_lines_were_sealed_is_read_by_index(tmp_path):
     plain = [json.dumps(record(k).to_dict()) for k in (0, 1, 3, 2, 4)]    # a line out of order is not trusted
     (j / RECORDS).write_text("\n".join(plain) + "\n" + '{"index": 9, "wall_st')
     assert [x.at for x in read_lines(j / RECORDS)] == [0, 1, 3, 4]
-    done = recover_journal(j, tmp_path / "out")
+    assert recover_journal(j, tmp_path / "sealed").records == 0     # its marker says its lines were sealed
+    marker = json.loads((j / "session.recovered").read_text())
+    (j / "session.recovered").unlink()
+    (j / MARKER).write_text(json.dumps({k: v for k, v in marker.items() if k not in ("lines", "recovered_into")}))
+    done = recover_journal(j, tmp_path / "out")                      # a journal from before the seal
     assert done.records == 4 and done.seconds == 5
 
 

@@ -129,10 +129,11 @@ def read_lines(path) -> List[Line]:
     return scan(path)[0]
 
 
-def scan(path) -> Tuple[List[Line], int]:
+def scan(path, sealed: bool = False) -> Tuple[List[Line], int]:
     """(the trusted lines of a ``session.jsonl`` in the order of their seconds, how many other non-empty
-    pieces it held). Sealed lines are trusted by their checksum alone; once the file holds one, an unsealed
-    line is a broken one. Without any seal, a line's ``index`` must rise over the line before it."""
+    pieces it held). Sealed lines are trusted by their checksum alone; once the file holds one (or ``sealed``:
+    its journal says it wrote sealed lines), an unsealed line is a broken one. Without any seal, a line's
+    ``index`` must rise over the line before it."""
     found, pieces_seen = [], 0
     for raw in pieces(path):
         if not raw.strip():
@@ -141,7 +142,7 @@ def scan(path) -> Tuple[List[Line], int]:
         line = parse(raw.decode("utf-8", errors="replace"))
         if line is not None:
             found.append(line)
-    if any(line.sealed for line in found):
+    if sealed or any(line.sealed for line in found):
         found = [line for line in found if line.sealed]
     else:
         rising, last = [], -1

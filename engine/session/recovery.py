@@ -95,7 +95,7 @@ def survey(journal, rate: Optional[int] = None) -> Survey:
         raise ExportError(f"cannot recover {d}: it is not an unfinished session journal")
     rate = int(rate or _journal_rate(d, marker))
     most = (0xFFFFFFFF - 36) // (2 * rate)           # the seconds a WAV's 32-bit sizes can count
-    lines, refused = scan(d / J.RECORDS)
+    lines, refused = scan(d / J.RECORDS, sealed=marker.get("lines") == "sealed")
     refused += sum(1 for line in lines if line.at >= most)
     lines = [line for line in lines if line.at < most]
     audio, missing = {}, []
