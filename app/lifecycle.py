@@ -32,7 +32,7 @@ from PySide6.QtCore import QObject, QSocketNotifier, QStandardPaths, Signal
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
 from engine.session import ExportError
-from engine.session.journal import MARKER, SessionJournal, export_journal, fresh_folder, recover, unfinished_journals
+from engine.session.journal import MARKER, SessionJournal, fresh_folder, recover, unfinished_journals
 
 #: finished sessions kept (interactive and scripted runs each their own count) and for how long at most
 KEEP_FINISHED = 20
@@ -209,22 +209,14 @@ class SessionDialogs:
                 continue
             if choice != "recover":
                 continue
-            try:
-                recover(j.directory)
+            folder = self.choose_folder("Recover the session into…")
+            try:                                  # the journal is only read; it is marked once the copy is whole
+                done = recover(j.directory, folder or None)
             except ExportError as e:
                 self.show_message("error", str(e))
                 continue
             recovered += 1
-            folder = self.choose_folder("Export the recovered session into…")
-            if folder:
-                try:
-                    export_journal(j.directory, folder)
-                except ExportError as e:
-                    self.show_message("error", f"export failed: {e}")
-                    continue
-                self.show_message("info", f"recovered {j.seconds} s and exported them to {folder}")
-            else:
-                self.show_message("info", f"recovered {j.seconds} s; they stay in {j.directory}")
+            self.show_message("info", f"{done.describe()} into {done.folder}")
         return recovered
 
     def ask_recover(self, journal) -> str:

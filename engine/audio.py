@@ -67,7 +67,7 @@ class InputFrames:
 
     def __init__(self, path, rate: int = SESSION_RATE, max_seconds: Optional[float] = None,
                  size: int = SESSION_RATE, keep: int = 256):
-        from engine.wavio import MAX_SECONDS, open_audio
+        from engine.wavio import BLOCK_FRAMES, MAX_SECONDS, open_audio
         self._r = open_audio(path)
         try:
             r = self._r
@@ -77,6 +77,9 @@ class InputFrames:
             self._left = r.frames if max_seconds is None else min(r.frames, math.ceil(max_seconds * r.rate))
             if self._left == 0:
                 raise WavError(f"{r.path} holds no audio samples")
+            self._first = r.read(min(BLOCK_FRAMES, self._left))    # a header that claims samples the file lacks
+            if len(self._first) == 0:                               # is refused now, not played as silence
+                raise WavError(f"{r.path} holds no audio samples (its header claims {r.frames:,}; none can be read)")
         except BaseException:
             self._r.close()
             raise
@@ -113,7 +116,8 @@ class InputFrames:
     def _frame(self) -> np.ndarray:
         from engine.wavio import BLOCK_FRAMES
         while self._pending.size < self.size and self._left > 0:
-            block = self._r.read(min(BLOCK_FRAMES, self._left))
+            block, self._first = (self._first, None) if self._first is not None else \
+                (self._r.read(min(BLOCK_FRAMES, self._left)), None)
             if len(block) == 0:                      # the file shrank: flush what the resampler holds
                 self._left = 0
                 block = np.zeros((0, 1), dtype=np.float32)

@@ -8,8 +8,8 @@ refused at once), read up to a cap that depends on its kind, and parsed with lim
 * :func:`load_yaml`: a safe loader (tags read as plain data, never constructed), refused before any
   node is composed when it nests too deep, holds too many aliases or events or a too-long number, and
   after loading when its aliases expand past a node budget (an alias bomb);
-* :func:`folder` / :func:`inside`: a folder that can be listed and read, and files that stay inside it
-  (no absolute paths, no ``..``, no symbolic links that leave it);
+* :func:`folder` / :func:`inside`: a folder that can be listed and read, and the files an index names in it
+  (plain file names; a link may resolve anywhere, as a hub snapshot's do, but only to a regular file);
 * :func:`check_memory`: the memory a configuration implies against what this machine has.
 
 Every failure is a :class:`FileCheckError` (a ``ValueError``) whose message names the file.
@@ -95,9 +95,13 @@ def read_capped(path, cap: int, what: str) -> bytes:
         fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as e:
         raise FileCheckError(f"cannot read {what} {p}: {_reason(e)}") from None
+    try:                                         # a folder opens read-only too: looked at before fdopen refuses it
+        _check_regular(os.fstat(fd), what, p)
+    except BaseException:
+        os.close(fd)
+        raise
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
-        _check_regular(st, what, p)
         if st.st_size > cap:
             raise FileCheckError(f"{what} {p} is larger than {cap >> 10} KiB ({st.st_size:,} bytes); it cannot "
                                  f"be what its name says")
@@ -387,19 +391,31 @@ def folder(path, what: str) -> Path:
 
 
 def inside(root, name, named_by: str) -> Path:
-    """``root/name`` for a file name an index or a config gives, refused unless it stays in ``root``:
-    no absolute path, no ``..``, no symbolic link that resolves outside."""
+    """``root/name`` for a file name an index or a config gives: a plain file name in ``root`` (no folder part,
+    no absolute path, no ``..``). It may be a symbolic link that resolves anywhere, as the files of a Hugging
+    Face hub snapshot are (``snapshots/REV/NAME -> ../../blobs/HASH``), but only to a regular file: a link to a
+    device, a FIFO, a socket or a folder is refused before anything opens it. A name that is not there is the
+    caller's to report."""
     if not isinstance(name, str) or not name or "\0" in name:
         raise FileCheckError(f"{named_by} names a file {name!r:.60}: not a file name")
     rel = Path(name)
     if rel.is_absolute() or ".." in rel.parts:
         raise FileCheckError(f"{named_by} names {name!r:.80}, outside the folder; shards must be files in "
                              f"the folder")
+    if len(rel.parts) != 1 or "/" in name or "\\" in name or name == ".":
+        raise FileCheckError(f"{named_by} names {name!r:.80}, not a plain file name; shards must be files in "
+                             f"the folder itself (a file there may be a link, as in a hub download)")
     p = Path(root) / rel
-    real_root = os.path.realpath(root)
-    if os.path.commonpath([real_root, os.path.realpath(p)]) != real_root:
-        raise FileCheckError(f"{named_by} names {name!r:.80}, a link that leaves the folder; shards must be "
-                             f"files in the folder")
+    try:
+        st = os.stat(p)                                    # through any link: what would be opened
+    except FileNotFoundError:
+        return p
+    except OSError as e:
+        raise FileCheckError(f"cannot read {p}, named by {named_by}: {_reason(e)}") from None
+    if not stat.S_ISREG(st.st_mode):
+        how = f"a link to {_kind(st.st_mode)}" if os.path.islink(p) else _kind(st.st_mode)
+        raise FileCheckError(f"{named_by} names {name!r:.80}, which is {how}; a shard must be a regular file "
+                             f"(or a link to one)")
     return p
 
 

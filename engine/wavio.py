@@ -103,7 +103,7 @@ class AudioReader:
                            f"other formats, is unavailable ({e})") from None
         self._file.seek(0)
         try:
-            self._sf = soundfile.SoundFile(self._file)
+            self._sf = soundfile.SoundFile(_SeekSafe(self._file))
         except Exception as e:                       # noqa: BLE001 — libsndfile's reasons vary
             if layout is not None:
                 raise WavError(f"{self.path}: unsupported WAV encoding (format tag {layout['tag']}, "
@@ -150,6 +150,24 @@ class AudioReader:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _SeekSafe:
+    """The file libsndfile reads through soundfile's callbacks: a seek the file refuses (libsndfile seeks before the
+    start of a truncated header) leaves the position as it is instead of raising inside the callback, where
+    Python can only print the traceback on stderr; libsndfile then reports the file as unreadable, in one line."""
+
+    def __init__(self, f):
+        self._f = f
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        try:
+            return self._f.seek(offset, whence)
+        except (OSError, ValueError):
+            return self._f.tell()
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
 
 
 def _open_regular(path: Path):

@@ -90,7 +90,41 @@ def test_every_command_line_refuses_bad_numbers_in_one_line(argv, tmp_path, in_w
     assert not (tmp_path / "o.wav").exists() and not (tmp_path / "log").exists()
 
 
+@pytest.mark.parametrize("cmd,argv", [
+    ("capacity", ["--seconds", "nan"]), ("capacity", ["--window", "inf"]), ("capacity", ["--ramp-limit", "-1"]),
+    ("capacity", ["--time-limit", "nan"]), ("serve-capacity", ["--seconds", "nan"]), ("echo", ["--gain-db", "nan"]),
+    ("session", ["--seconds", "-inf"]), ("step-audio2", ["--prompt-seconds", "nan"]),
+])
+def test_every_benchmark_refuses_a_number_that_is_not_finite_in_one_line(cmd, argv, capsys):
+    """nan compares false with every bound: a benchmark given one must refuse it (exit 2), not run and exit 0."""
+    from engine.bench.cli import main as bench_main
+    try:
+        rc = bench_main([cmd, *argv])
+    except SystemExit as e:
+        rc = e.code
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert rc == 2 and len(err) == 1 and argv[0] in err[0] and "Traceback" not in err[0], (rc, err)
+
+
+def test_serve_refuses_numbers_that_are_not_finite(capsys):
+    from engine.cli.serve import main as serve_main
+    for argv in (["--drain-timeout", "nan"], ["--cpus-per-replica", "inf"], ["--drain-seconds", "nan"]):
+        with pytest.raises(SystemExit) as e:
+            serve_main(argv)
+        assert e.value.code == 2 and argv[0] in _one_line(capsys.readouterr().err)
+
+
 # -- output paths ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flag", ["--log", "--output"])
+def test_an_empty_output_name_is_refused_not_read_as_the_current_folder(flag, tmp_path, in_wav, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = {"--output": str(tmp_path / "o.wav"), "--log": str(tmp_path / "log"), flag: ""}
+    rc = run_cli.main(["--input", str(in_wav), "--output", argv["--output"], "--log", argv["--log"], "--model",
+                       "mimi", "--size", "tiny", "--device", "cpu", "--quiet"])
+    line = _one_line(capsys.readouterr().err)
+    assert rc == 2 and f"{flag} is empty" in line
+    assert [p.name for p in tmp_path.iterdir()] == ["in.wav"]                   # nothing written here
 
 def _specials(tmp_path):
     """A FIFO, a symlink to a file, a folder and (as root) a copy of /dev/null: none may be replaced."""

@@ -124,6 +124,51 @@ def test_truncated_empty_and_non_finite_inputs_are_one_line(tmp_path, three_s):
         read_wav(tmp_path / "t.wav")
 
 
+def _aiff(frames_claimed: int, body: bytes = b"") -> bytes:
+    """An AIFF file: a COMM chunk claiming ``frames_claimed`` 16-bit mono frames at 24 kHz, then ``body``."""
+    rate = b"\x40\x0d\xbb\x80" + bytes(6)                     # 24000 as an 80-bit extended float
+    comm = b"COMM" + struct.pack(">IhIh", 18, 1, frames_claimed, 16) + rate
+    form = b"AIFF" + comm + body
+    return b"FORM" + struct.pack(">I", len(form)) + form
+
+
+@pytest.mark.parametrize("case", ["no sound chunk", "an empty sound chunk", "a truncated header"])
+def test_a_header_only_aiff_is_one_line_and_no_session(tmp_path, case):
+    """A header that claims a second of samples the file does not hold: one line, exit 2, no session of silence,
+    and nothing else on stderr (libsndfile's failed seek used to print a traceback from inside its callback)."""
+    import subprocess
+    import sys
+    data = {"no sound chunk": _aiff(24000), "an empty sound chunk": _aiff(24000, b"SSND" + struct.pack(">III", 8, 0, 0)),
+            "a truncated header": _aiff(24000)[:30]}[case]
+    (tmp_path / "in.aiff").write_bytes(data)
+    r = subprocess.run([sys.executable, "-m", "app.main", "run", "--input", str(tmp_path / "in.aiff"), "--output",
+                        str(tmp_path / "o.wav"), "--log", str(tmp_path / "log"), "--model", "mimi", "--size", "tiny",
+                        "--device", "cpu", "--quiet"], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parents[1])
+    err = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(err) == 1 and "in.aiff" in err[0] and "Traceback" not in r.stderr, err
+    assert not (tmp_path / "o.wav").exists() and not (tmp_path / "log").exists()
+
+
+def test_a_header_whose_samples_cannot_be_read_is_refused_up_front(tmp_path, monkeypatch):
+    """A decoder that reports frames and then yields none (what a header-only file can look like to libsndfile) is
+    refused when the input is opened, not played as a second of silence."""
+    import engine.wavio as wavio
+    from engine.audio import InputFrames
+
+    class Empty:
+        path, rate, channels, frames = tmp_path / "x.aiff", 24000, 1, 24000
+
+        def read(self, n):
+            return np.zeros((0, 1), np.float32)
+
+        def close(self):
+            pass
+    monkeypatch.setattr(wavio, "open_audio", lambda path: Empty())
+    with pytest.raises(WavError, match="x.aiff holds no audio samples \\(its header claims 24,000; none can be read\\)"):
+        InputFrames(tmp_path / "x.aiff")
+
+
 def test_flac_ogg_and_mu_law_inputs_are_read(tmp_path, three_s):
     x, ok = three_s
     ref, _ = read_wav(ok)
@@ -245,6 +290,36 @@ def test_moshi_folder_loads_only_safetensors(tmp_path, names, message):
     (tmp_path / "config.json").write_text(json.dumps(names))
     with pytest.raises(ValueError, match=message):
         validate_folder(tmp_path)
+
+
+@pytest.mark.parametrize("config, words", [
+    ({"dim": 64, "num_heads": 4}, "AssertionError at test_bad_input_files.py:"),       # a bare assert in moshi
+    ({"dim": 64, "heads": 4}, "missing 1 required positional argument: 'num_heads'"),
+])
+def test_a_partial_moshi_config_is_one_line_naming_it(tmp_path, monkeypatch, config, words):
+    """moshi builds the LM from config.json with asserts and plain calls; a config it cannot build from is one
+    ValueError naming the config (what `run` prints), never an AssertionError traceback."""
+    from engine.backbones.base import TokenFormat
+    from engine.backbones.moshi import backbone as MB
+
+    class LMModel:                                  # what moshi's constructor checks, in its own way
+        def __init__(self, dim, num_heads, n_q=None, **rest):
+            if rest:
+                raise TypeError(f"__init__() got an unexpected keyword argument {next(iter(rest))!r}")
+            if n_q is None:
+                raise AssertionError                # a bare assert: no message of its own
+
+    loaders = SimpleNamespace(get_moshi_lm=lambda path, lm_kwargs, device, dtype: LMModel(**lm_kwargs))
+    monkeypatch.setattr(MB, "import_moshi", lambda: (loaders, None, None))
+    for f in ("model.safetensors", "tokenizer-e351c8d8-checkpoint125.safetensors"):
+        (tmp_path / f).write_bytes(b"x")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    b = MB.MoshiBackbone(TokenFormat(8, 2048, 12.5), size="released", device="cpu", checkpoint=str(tmp_path))
+    with pytest.raises(ValueError) as e:
+        b.start()
+    msg = str(e.value)
+    assert f"the Moshi config {tmp_path / 'config.json'} does not describe a model moshi can build" in msg
+    assert words in msg and "\n" not in msg, msg
 
 
 # -- the synthetic-weights note ----------------------------------------------------------------------------

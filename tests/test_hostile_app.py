@@ -220,9 +220,11 @@ def test_a_full_disk_says_what_was_kept_and_recover_finishes_it(tmp_path, monkey
     assert "is not a folder" in capsys.readouterr().err
     assert R.main([str(tmp_path), "--log", str(log), "--output", str(out)]) == 0    # the parent names the one
     said = capsys.readouterr().out
-    assert said.startswith("recovered 3 s: wrote") and str(out) in said
+    assert said.startswith("recovered 3 s (3 records): wrote") and str(out) in said
+    assert f"the journal {partial} is kept, marked recovered" in said
     assert read_wav(out)[0].size == 3 * 24000 and len((log / "session.jsonl").read_text().splitlines()) == 3
-    assert (log / "session.csv").is_file() and not partial.exists()
+    assert (log / "session.csv").is_file() and (partial / "session.recovered").is_file()
+    assert not (partial / "session.unfinished").exists()
 
 
 # -- the bounded readers' own costs -----------------------------------------------------------------------

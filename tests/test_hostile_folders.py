@@ -155,14 +155,17 @@ def _tokenizer_edit(fn) -> Callable[[Path], None]:
 
 
 def _shards_outside(link: bool) -> Callable[[Path], None]:
-    """The first shard moved out of the folder: named by its absolute path, or through a symbolic link."""
+    """The first shard moved out of the folder: named by its absolute path, or replaced by a symbolic link to a
+    FIFO outside it (a link to a regular file anywhere is what a hub snapshot holds, and is read)."""
     def edit(p: Path) -> None:
         name = "model-00001-of-00002.safetensors"
         outside = p.parent / f"{p.name}-outside.safetensors"
         shutil.move(str(p / name), outside)
         idx = json.loads((p / "model.safetensors.index.json").read_text())
         if link:
-            (p / name).symlink_to(outside)
+            fifo = p.parent / f"{p.name}-outside.fifo"
+            os.mkfifo(fifo)
+            (p / name).symlink_to(fifo)
         else:
             idx["weight_map"] = {k: (str(outside) if v == name else v) for k, v in idx["weight_map"].items()}
         (p / "model.safetensors.index.json").write_text(json.dumps(idx))
@@ -197,7 +200,7 @@ MINICPM_CASES = {
         "type": "Precompiled", "precompiled_charsmap": "AAAAAA=="})), "could not be read as a tokenizer"),
     "BPE merge bomb": (_tokenizer_edit(_merge_bomb), "values, more than the 2,097,152 such a file has"),
     "absolute shard path": (_shards_outside(link=False), "outside the folder"),
-    "shard linked outside": (_shards_outside(link=True), "a link that leaves the folder"),
+    "shard linked to a FIFO outside": (_shards_outside(link=True), "which is a link to a FIFO"),
 }
 
 
@@ -340,17 +343,20 @@ def test_a_folder_without_execute_permission_is_one_line(tmp_path, wav, minicpm,
 # -- token files, arrays, outputs -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("command", ["run", "serve"])
-@pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "folder"])
 def test_a_token_file_must_be_a_small_regular_file(tmp_path, wav, baseline, command, kind):
     token = Path("/dev/zero") if kind == "/dev/zero" else tmp_path / "token"
     if kind == "fifo":
         os.mkfifo(token)
+    elif kind == "folder":
+        token.mkdir()
     out = tmp_path / "out"
     out.mkdir()
     args = (_run_args(wav, out) + ["--model", "mimi", "--engine", "ws://127.0.0.1:9", "--token-file", token]
             if command == "run" else ["serve", "--host", "127.0.0.1", "--port", "9", "--token-file", token])
     r = run_cli(args, tmp_path / "scratch", timeout=60)
-    assert_refused(r, baseline, f"it is {'a FIFO' if kind == 'fifo' else 'a device'}, not a regular file", out)
+    kinds = {"fifo": "a FIFO", "/dev/zero": "a device", "folder": "a folder"}
+    assert_refused(r, baseline, f"it is {kinds[kind]}, not a regular file", out)
 
 
 def _npy_claiming(path: Path, shape: tuple, dtype=np.int64, body: int = 64) -> Path:

@@ -77,3 +77,37 @@ def test_released_size_equals_moshi_32_codebooks():
     ours, _ = _ours_by_tail(RELEASED, state, codes, [30])
     assert ref.abs().max() > 1e-3                      # the weights make real signal, not zeros
     assert torch.equal(ours, ref)
+
+
+def _released_header_only(path) -> None:
+    """A .safetensors file whose header lists every released decoder key at its shape, its data a sparse hole
+    (the header is all a size check reads; 228 MB of weights take no disk)."""
+    import json
+    import math
+    import struct
+    sizes = {"F32": 4}
+    entries, offset = {}, 0
+    for k, shape in W.decoder_keys(RELEASED).items():
+        n = math.prod(shape) * sizes["F32"]
+        entries[k] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    head = json.dumps(entries).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head)
+        f.truncate(8 + len(head) + offset)
+
+
+def test_a_released_checkpoint_under_the_tiny_size_names_the_flag(tmp_path, capsys):
+    """--size auto builds the tiny Mimi on a CPU: a released checkpoint is refused in one line that says to give
+    --size released (the check reads the header only)."""
+    from engine.cli.run import main as run_main
+    from engine.wavio import write_wav
+    ckpt = tmp_path / "tokenizer-e351c8d8-checkpoint125.safetensors"
+    _released_header_only(ckpt)
+    with pytest.raises(ValueError, match="holds the released Mimi decoder.*give --size released"):
+        W.load_checkpoint(str(ckpt), TINY)
+    wav = write_wav(tmp_path / "in.wav", np.zeros(24000, np.float32), 24000)
+    rc = run_main(["--input", str(wav), "--output", str(tmp_path / "o.wav"), "--log", str(tmp_path / "log"),
+                   "--model", "mimi", "--checkpoint", str(ckpt), "--size", "auto", "--device", "cpu", "--quiet"])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert rc == 1 and len(err) == 1 and "--size released" in err[0] and "Traceback" not in err[0], err

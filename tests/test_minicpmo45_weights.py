@@ -4,6 +4,7 @@ with nested audio/tts configs, a two-shard safetensors index, tokenizer.json bui
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -243,3 +244,73 @@ def test_cli_names_a_broken_folder_in_one_line(folder, tmp_path, capsys):
     assert rc != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert "lacks shard model-00002-of-00002.safetensors" in err
     assert not (tmp_path / "out.wav").exists()
+
+
+# -- the Hugging Face hub cache layout -----------------------------------------------------------------------
+
+def hub_snapshot(folder: Path, cache: Path, rev: str = "0123abcd") -> Path:
+    """``folder`` as a hub download leaves it: every file a link ``snapshots/REV/NAME -> ../../blobs/HASH``."""
+    import hashlib
+    blobs, snap = cache / "blobs", cache / "snapshots" / rev
+    blobs.mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for f in sorted(folder.rglob("*")):
+        rel = f.relative_to(folder)
+        if f.is_dir():
+            (snap / rel).mkdir(parents=True, exist_ok=True)
+            continue
+        digest = hashlib.sha256(f.read_bytes()).hexdigest()
+        shutil.copyfile(f, blobs / digest)
+        (snap / rel).symlink_to(Path(*[".."] * (len(rel.parts) + 1), "blobs", digest))
+    (cache / "refs").mkdir()
+    (cache / "refs" / "main").write_text(rev)
+    return snap
+
+
+def test_a_hub_snapshot_whose_files_link_into_its_blobs_is_read(folder, tmp_path, one_torch_thread):
+    snap = hub_snapshot(folder, tmp_path / "models--openbmb--MiniCPM-o-4_5")
+    shard = snap / "model-00001-of-00002.safetensors"
+    assert shard.is_symlink() and not os.path.realpath(shard).startswith(str(snap))
+    f = open_folder(snap)
+    assert f.dims == D and set(f.weight_map.values()) == set(open_folder(folder).weight_map.values())
+    from engine.session.config import SessionConfig
+    c = SessionConfig(backbone="minicpm-o-4.5", backbone_checkpoint=str(snap), device="cpu").resolved()
+    assert c.backbone_checkpoint == str(snap)
+    b = _backbone(snap)
+    assert torch.equal(b.llm.lm_head.weight, _weights()["llm.lm_head.weight"])
+
+
+def _relink(target_of) -> callable:
+    def edit(snap: Path) -> None:
+        shard = snap / "model-00001-of-00002.safetensors"
+        shard.unlink()
+        shard.symlink_to(target_of(snap))
+    return edit
+
+
+def _fifo(snap: Path) -> Path:
+    os.mkfifo(snap.parent / "fifo")
+    return snap.parent / "fifo"
+
+
+def _subfolder_name(snap: Path) -> None:
+    idx = json.loads((snap / "model.safetensors.index.json").read_text())
+    (snap / "sub").mkdir()
+    os.rename(snap / "model-00001-of-00002.safetensors", snap / "sub" / "model-00001-of-00002.safetensors")
+    idx["weight_map"] = {k: ("sub/" + v if v.startswith("model-00001") else v) for k, v in idx["weight_map"].items()}
+    (snap / "model.safetensors.index.json").unlink()
+    (snap / "model.safetensors.index.json").write_text(json.dumps(idx))
+
+
+@pytest.mark.parametrize("case,edit,words", [
+    ("a link to a FIFO", _relink(_fifo), "which is a link to a FIFO; a shard must be a regular file"),
+    ("a link to a device", _relink(lambda s: Path("/dev/zero")), "which is a link to a device"),
+    ("a link to a folder", _relink(lambda s: s.parent), "which is a link to a folder"),
+    ("a name with a folder part", _subfolder_name, "not a plain file name"),
+])
+def test_a_hub_snapshot_refuses_a_shard_that_is_not_a_regular_file(folder, tmp_path, case, edit, words):
+    snap = hub_snapshot(folder, tmp_path / "models--openbmb--MiniCPM-o-4_5")
+    edit(snap)
+    with pytest.raises(ValueError) as e:
+        open_folder(snap)
+    assert words in str(e.value) and "\n" not in str(e.value), str(e.value)

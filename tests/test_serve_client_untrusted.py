@@ -239,3 +239,40 @@ def test_run_engine_against_a_stalling_server_writes_what_came(fake, tmp_path, m
     audio = read_wav(tmp_path / "o.wav")[0]
     assert audio.size == 2 * P.RATE                               # the two seconds that came back
     assert len((tmp_path / "log" / "session.jsonl").read_text().splitlines()) == 2
+
+
+def _chatter(ws, k, every: float = 0.1, seconds: float = 30.0) -> None:
+    """Read on and answer nothing but chatter: a text message every ``every`` s (no result ever)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        ws.send(json.dumps({"type": "noise"}))
+        try:
+            ws.recv(timeout=every)
+        except TimeoutError:
+            pass
+
+
+@pytest.mark.parametrize("good", [0, 1])
+def test_a_server_that_keeps_talking_without_answering_is_left_at_the_second_s_deadline(fake, good):
+    """Chatter is no answer: only a second's result meets its deadline, so a server that sends {"type": "noise"}
+    every 0.1 s (from the start, or after one good result) is left once the deadline passes."""
+    srv = fake(_chatter, good=good)
+    t0 = time.monotonic()
+    r, got = session(srv.url, frames=3, second_timeout=1.5)
+    msg = one_line_lost(r, got, good, "stopped answering")
+    assert "no result for 1.5 s" in msg and time.monotonic() - t0 < 10
+
+
+def test_run_engine_against_a_chattering_server_writes_what_came(fake, tmp_path, monkeypatch, speech_wav):
+    from engine.cli.run import main as run_main
+    from engine.wavio import read_wav
+    srv = fake(_chatter, good=1)
+    monkeypatch.setattr(C, "SECOND_TIMEOUT_S", 1.5)
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    monkeypatch.delenv("DUPLEXCADENCE_TOKEN", raising=False)
+    t0 = time.monotonic()
+    code = run_main(["--input", str(speech_wav), "--seconds", "4", "--quiet", "--output", str(tmp_path / "o.wav"),
+                     "--log", str(tmp_path / "log"), "--engine", srv.url, "--token-file", str(tmp_path / "token")])
+    assert code == 1 and time.monotonic() - t0 < 30
+    assert read_wav(tmp_path / "o.wav")[0].size == P.RATE and \
+        len((tmp_path / "log" / "session.jsonl").read_text().splitlines()) == 1

@@ -42,9 +42,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("serve")
+def start_server(tmp: Path):
+    """``duplexcadence serve`` of tiny step-audio2 on a CPU in a session of its own: (process, port)."""
     (tmp / "token").write_text(TOKEN + "\n")
     port = free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -55,11 +54,17 @@ def server(tmp_path_factory):
            "--cpus-per-replica", "0.5", "--sessions-per-replica", "2", "--drain-seconds", f"{DRAIN_S:g}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
+    first = proc.stdout.readline()
+    assert first.startswith(f"serving step-audio2 + synthetic on ws://127.0.0.1:{port}/session"), \
+        first + (proc.stderr.read() if proc.poll() is not None else "")
+    assert f"run on for up to {DRAIN_S:g} s" in proc.stdout.readline()      # the grace period, stated
+    return proc, port
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    proc, port = start_server(tmp_path_factory.mktemp("serve"))
     try:
-        first = proc.stdout.readline()
-        assert first.startswith(f"serving step-audio2 + synthetic on ws://127.0.0.1:{port}/session"), \
-            first + (proc.stderr.read() if proc.poll() is not None else "")
-        assert f"run on for up to {DRAIN_S:g} s" in proc.stdout.readline()      # the grace period, stated
         yield proc, port, f"ws://127.0.0.1:{port}"
     finally:
         if proc.poll() is None:
@@ -294,10 +299,64 @@ def test_replica_memory_stays_flat_over_22_sessions(server):
     assert rss[-1] - max(rss[3:6]) < 150, shown
 
 
+def test_a_quiet_client_gives_its_slot_to_the_next_one_and_is_told_why(server):
+    """Slots count sessions whose frames flow: two clients say hello and then nothing; once they have been quiet
+    for pump.EVICT_IDLE_S, a third client gets a session at once (not "the cluster is full"), and the quiet
+    client whose slot it took reads why in one line."""
+    from engine.serve.pump import EVICT_IDLE_S
+    _, _, url = server
+    quiet = [RemoteRunner(SessionConfig(tail="step-audio2"), url, TOKEN) for _ in range(2)]
+    for r in quiet:
+        r.start()
+        assert r.ready.wait(60) and r.session is not None, r.results.get_nowait()
+    time.sleep(EVICT_IDLE_S + 1.0)
+    fresh = RemoteRunner(SessionConfig(tail="step-audio2"), url, TOKEN)
+    t0 = time.monotonic()
+    fresh.start()
+    assert fresh.ready.wait(60) and fresh.session is not None, fresh.results.get_nowait()
+    assert time.monotonic() - t0 < 30
+    fresh.submit((np.random.default_rng().standard_normal(P.RATE) * 0.05).astype(np.float32))
+    assert isinstance(collect(fresh, 1)[0], LiveResult)
+    told = [collect(r, 1, timeout=5) for r in quiet]
+    lines = [got[0].message for got in told if got and isinstance(got[0], LiveError)]
+    assert len(lines) >= 1 and all("\n" not in m for m in lines), lines
+    assert any("no audio from the client for" in m and "another client needed the slot" in m for m in lines), lines
+    for r in quiet + [fresh]:
+        r.stop(timeout=30)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _ray_mark(serve_pid: int) -> str:
+    """The mark serve set for its local Ray, read from a child's environment (a process's own /proc environ shows
+    what it was started with, not what it set since)."""
+    from engine.serve import reaper
+    for pid in descendants(serve_pid) - {serve_pid}:
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for e in env:
+            if e.startswith(reaper.MARK.encode() + b"="):
+                return e.split(b"=", 1)[1].decode()
+    return ""
+
+
 # -- drain -------------------------------------------------------------------------------------------
 def test_sigterm_drains_the_live_session_then_closes_it_with_a_message(server):
-    """Last in this module: the server stops."""
+    """Last in this module: the server stops, and every process of its local Ray with it."""
+    from engine.serve import reaper
     proc, _, url = server
+    mark = _ray_mark(proc.pid)
+    ray_tree = {p for p in descendants(proc.pid) - {proc.pid} if "engine.serve.reaper" not in _cmdline(p)}
+    marked = set(reaper.marked(mark))
+    unmarked = {p: comm(p) for p in ray_tree - marked if Path(f"/proc/{p}").exists()}
+    assert mark and len(ray_tree) >= 3 and unmarked == {}, unmarked   # its Ray's every process carries the mark
     rng = np.random.default_rng()
     r = RemoteRunner(SessionConfig(tail="step-audio2"), url, TOKEN)
     r.start()
@@ -327,3 +386,8 @@ def test_sigterm_drains_the_live_session_then_closes_it_with_a_message(server):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert "Traceback" not in err
+    end = time.monotonic() + 20
+    while reaper.marked(mark) and time.monotonic() < end:
+        time.sleep(0.2)
+    assert reaper.marked(mark) == []
+

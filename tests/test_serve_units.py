@@ -134,6 +134,10 @@ def test_what_a_client_may_ask_of_a_served_model():
         host.config_for({"seed": "7"})
     with pytest.raises(ValueError, match="demand_sized must be true or false"):
         host.config_for({"demand_sized": 1})
+    for seed in (2 ** 64, 2 ** 63, -1):                 # refused in words (the replica answers 4400), not overflowed
+        with pytest.raises(ValueError, match=f"seed {seed} is out of range: a seed is an integer from 0 to 2\\*\\*63-1"):
+            host.config_for({"seed": seed})
+    assert host.config_for({"seed": 2 ** 63 - 1}).seed == 2 ** 63 - 1
     s = host.stats()
     assert s["sessions"] == 0 and s["max_sessions"] == 2 and s["headroom_ms"] > 0
     host.close_all()

@@ -99,14 +99,19 @@ def test_recover_an_unfinished_journal(tmp_path):
     found = unfinished_journals(root)
     assert [f.directory.name for f in found] == ["a"] and found[0].seconds == 4
     assert "4 s recorded" in found[0].describe()
-    files = recover(found[0].directory)
-    assert unfinished_journals(root) == []
+    before = {p.name: p.read_bytes() for p in (root / "a").iterdir()}
+    done = recover(found[0].directory, tmp_path / "recovered")
+    files = done.files
+    assert unfinished_journals(root) == [] and done.folder == tmp_path / "recovered"
     assert [r.index for r in read_records(files["jsonl"])] == [0, 1, 2, 3]
     for key, seed in (("input_wav", 3), ("output_wav", 4)):
         x, rate = read_wav(files[key])
-        assert rate == RATE and len(x) == 4 * RATE
+        assert rate == RATE and len(x) == 4 * RATE                    # the torn fifth second is not whole
         assert np.abs(x[3 * RATE:] - second(3, seed)).max() < 1.0 / 32768 + 1e-7
     assert len(files["csv"].read_text().splitlines()) == 5
+    after = {p.name: p.read_bytes() for p in (root / "a").iterdir()}
+    assert set(after) == set(before) - {MARKER} | {"session.recovered"}   # the journal is only marked
+    assert all(after[n] == before[n] for n in before if n != MARKER)
     with pytest.raises(ExportError, match="not an unfinished session journal"):
         recover(found[0].directory)
 
@@ -260,3 +265,21 @@ def test_a_signal_inside_a_deferred_block_interrupts_after_it():
     with quiet.deferred():
         pass
     assert quiet.building is True and quiet.signum == 0
+
+
+@pytest.mark.parametrize("after_s", [0.1, 0.4, 0.9])
+def test_ctrl_c_while_the_command_starts_is_one_line(tmp_path, after_s):
+    """SIGINT while torch and the models still import (before `run` takes signals over): one line, exit 130, no
+    KeyboardInterrupt traceback (nor NumPy's broken-install report of one inside its C extension)."""
+    inp = noise_wav(tmp_path / "in.wav", 3.0)
+    p = _run(["--input", str(inp), "--output", str(tmp_path / "out.wav"), "--log", str(tmp_path / "logs"),
+              "--model", "mimi", "--size", "tiny", "--device", "cpu", "--quiet"])
+    try:
+        time.sleep(after_s)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert p.returncode == 130 and len(lines) == 1 and "interrupted" in lines[0], err[-2000:]
+    assert "Traceback" not in err and not (tmp_path / "out.wav").exists()

@@ -104,6 +104,35 @@ def test_checkpoint_errors_name_the_file(tmp_path, tiny_state):
         W.checkpoint_state(tmp_path)
 
 
+class _Pwn:
+    """What a malicious checkpoint pickles: a call of os.system when it is unpickled."""
+
+    def __reduce__(self):
+        import os
+        return (os.system, ("echo pwned",))
+
+
+@pytest.mark.parametrize("form", ["torch.save", "torch.save legacy", "bare pickle"])
+def test_a_pickle_that_would_run_code_is_refused_in_one_line_when_the_folder_is_chosen(tmp_path, tiny_state, form):
+    """The folder check reads the pickle's opcodes (nothing runs) and refuses it before Start, in one line that
+    names the call and never repeats torch's advice to load with weights_only off; the load refuses it too."""
+    import pickle
+    from engine.models.step_audio2 import resolve_checkpoint
+    _write_checkpoint(tmp_path, tiny_state)
+    resolve_checkpoint(str(tmp_path))                              # the sound folder passes
+    state = {"w": torch.zeros(2), "x": _Pwn()}
+    if form == "bare pickle":
+        (tmp_path / "flow.pt").write_bytes(pickle.dumps(_Pwn(), protocol=4))
+    else:
+        torch.save(state, tmp_path / "flow.pt", _use_new_zipfile_serialization=form == "torch.save")
+    for check in (lambda: resolve_checkpoint(str(tmp_path)), lambda: W._load_pt(tmp_path / "flow.pt")):
+        with pytest.raises(ValueError) as e:
+            check()
+        msg = str(e.value)
+        assert "\n" not in msg and "holds pickled code" in msg and "weights_only" not in msg, msg
+    assert "posix.system" in msg or "os.system" in msg or form == "bare pickle"
+
+
 def test_flow_yaml_never_builds_objects(tmp_path):
     (tmp_path / "flow.yaml").write_text("flow: !!python/object/apply:os.system ['echo pwned']\n")
     with pytest.raises(ValueError, match="flow.yaml"):

@@ -48,6 +48,7 @@ from engine.bench.capacity_report import plot, table, write_markdown
 from engine.bench.ramp import step_through
 from engine.bench.report import say
 from engine.bench.session import speech_like
+from engine.cli.validate import OneLineParser
 from engine.host import EngineHost
 from engine.host.drive import PacedLoad
 from engine.session import SessionConfig
@@ -112,7 +113,7 @@ def _references(host: EngineHost, cfg: SessionConfig, a, driven, label: str) -> 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="duplexcadence-bench capacity", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="duplexcadence-bench capacity", description=__doc__.split("\n\n")[0])
     from engine import registry
     p.add_argument("--tail", default=registry.default_tail(), choices=registry.tail_names())
     p.add_argument("--backbone", default=registry.default_backbone(), choices=registry.backbone_names())

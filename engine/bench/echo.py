@@ -30,6 +30,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
+from engine.cli.validate import OneLineParser
 from engine.bench import report
 from engine.bench.echo_sim import BLOCK, RATE, SPEECH_DB, EchoPath, LoopResult, level_db, run_loop, user_voice
 from engine.models import registry
@@ -150,7 +151,7 @@ def reported_delay(delay_ms: float, seed: int) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="duplexcadence-bench echo", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="duplexcadence-bench echo", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=int, default=60)
     p.add_argument("--delay-ms", type=float, default=120.0, help="speaker-to-microphone delay of the echo path")
     p.add_argument("--gain-db", type=float, default=-10.0, help="echo path gain (negative: quieter)")

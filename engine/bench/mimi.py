@@ -26,6 +26,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from engine.cli.validate import OneLineParser
 from engine.bench import accounting, report
 from engine.bench.mathmode import tf32_off
 from engine.core import Executor
@@ -367,7 +368,7 @@ def table(res: Dict, wrap: bool = True) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="duplexcadence-bench mimi", description=__doc__,
+    p = OneLineParser(prog="duplexcadence-bench mimi", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", default="released", choices=["released", "tiny"])
     p.add_argument("--seconds", type=int, default=24, help="audio seconds of codes to decode (>= warm-up + 1)")

@@ -31,6 +31,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from engine.cli.validate import OneLineParser
 from engine.bench import accounting, report
 from engine.bench.mathmode import tf32_off
 from engine.core import Executor, make_plan
@@ -345,7 +346,7 @@ def notes(res: Dict) -> List[str]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="duplexcadence-bench nemotron-codec", description=__doc__,
+    p = OneLineParser(prog="duplexcadence-bench nemotron-codec", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", default="released", choices=["released", "tiny"])
     p.add_argument("--seconds", type=int, default=60, help="session length (audio seconds of codes)")

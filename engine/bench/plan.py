@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 from typing import Dict, List
 
+from engine.cli.validate import OneLineParser
 from engine.bench import report
 from engine.core.planner import format_plan
 from engine.models import registry
@@ -22,7 +23,7 @@ PROG = "duplexcadence-bench plan"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="registered model name; omit to plan every registered model")
     p.add_argument("--size", default="released", choices=["released", "tiny"])
     p.add_argument("--steps", type=int, default=None, help="number of steps (default: open-ended live session)")

@@ -49,6 +49,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
+from engine.cli.validate import OneLineParser
 from engine.atomic import atomic_write
 from engine.audio import frames_of, load_mono
 from engine.bench import accounting, memory_map, report
@@ -224,7 +225,7 @@ def account_mode(cfg: SessionConfig, frames: List[np.ndarray], run: Dict[str, ob
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="duplexcadence-bench session", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="duplexcadence-bench session", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=int, default=60)
     p.add_argument("--tail", default=registry.default_tail(), choices=registry.tail_names())
     p.add_argument("--backbone", default=registry.default_backbone(), choices=registry.backbone_names())

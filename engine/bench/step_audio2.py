@@ -32,6 +32,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import torch
 
+from engine.cli.validate import OneLineParser
 from engine.bench import accounting, report
 from engine.bench.mathmode import tf32_off
 from engine.models.step_audio2 import weights as W
@@ -274,7 +275,7 @@ def markdown_table(rows: List[Dict], wrap: bool = True) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--chunks", type=int, default=40, help="full 1 s chunks (a short last chunk follows)")
     p.add_argument("--size", default="released", choices=["released", "tiny", "oracle"])
     p.add_argument("--prompt-seconds", type=float, default=6.0)

@@ -128,6 +128,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (TokenError, ValueError, ImportError) as e:
         return _fail(str(e))
     lockdown.lock_environment(local=not a.address)      # before Ray is imported: it reads these at import
+    if not a.address:                                   # the local Ray goes when serve goes, even by kill -9
+        from engine.serve import reaper
+        reaper.start(reaper.mark_environment())
     try:
         import ray
         from ray import serve

@@ -3,7 +3,8 @@
 Every check fails with one line that names the argument or the path and says what is wrong:
 
 * :class:`OneLineParser` prints argparse errors as one line (``prog: error: ...``), not usage + error;
-* :func:`seconds`, :func:`seed` and :func:`count` are argparse ``type=`` functions (finite, in range);
+* :func:`seconds`, :func:`seed`, :func:`count`, :func:`finite` and :func:`nonnegative` are argparse ``type=``
+  functions (finite, in range);
 * :func:`output_file` / :func:`output_folder` refuse an output that exists and is not what is
   expected (a device node, FIFO, socket, symbolic link; a file where a folder is wanted) and an
   output that is one of the inputs (same inode, so a hard link or a second spelling is caught too).
@@ -30,10 +31,56 @@ MAX_SEED = 2 ** 63 - 1
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line on stderr (exit status 2)."""
+    """An ArgumentParser whose errors are one line on stderr (exit status 2); every ``type=float`` argument it
+    is given takes finite numbers only (:func:`finite`: ``nan`` and ``inf`` are refused, never compared)."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def add_argument(self, *args, **kwargs):
+        if kwargs.get("type") is float:
+            kwargs["type"] = finite
+        return super().add_argument(*args, **kwargs)
+
+    def add_argument_group(self, *args, **kwargs):
+        group = super().add_argument_group(*args, **kwargs)
+        _finite_floats(group)
+        return group
+
+    def add_mutually_exclusive_group(self, *args, **kwargs):
+        group = super().add_mutually_exclusive_group(*args, **kwargs)
+        _finite_floats(group)
+        return group
+
+
+def _finite_floats(group) -> None:
+    """A group of a :class:`OneLineParser` whose ``type=float`` arguments take finite numbers only."""
+    add = group.add_argument
+
+    def add_argument(*args, **kwargs):
+        if kwargs.get("type") is float:
+            kwargs["type"] = finite
+        return add(*args, **kwargs)
+    group.add_argument = add_argument
+
+
+def finite(text: str) -> float:
+    """argparse type: a finite number (``nan``, ``inf`` refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def nonnegative(text: str) -> float:
+    """argparse type: a finite number, 0 or more."""
+    value = finite(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is negative; give 0 or more")
+    return value
 
 
 def seconds(text: str) -> float:
@@ -70,6 +117,12 @@ def count(text: str) -> int:
     return value
 
 
+def _not_empty(path, what: str, kind: str) -> None:
+    """An empty name is no place (``Path("")`` is the current directory): ValueError saying so."""
+    if path is None or not str(path).strip():
+        raise ValueError(f"{what} is empty; name the {kind} to write")
+
+
 def _same_file(a: Path, b: Path) -> bool:
     try:
         sa, sb = os.stat(a), os.stat(b)
@@ -104,6 +157,7 @@ def output_file(path, what: str, inputs: Iterable[Optional[str]] = (),
 
     ``inputs``: paths the same run reads (an output may not be one of them); ``suffixes``: the
     endings the writer understands (lower case, with the dot)."""
+    _not_empty(path, what, "file")
     p = Path(path)
     if suffixes is not None and p.suffix.lower() not in suffixes:
         raise ValueError(f"{what} {p}: must end in {' or '.join(suffixes)}")
@@ -120,6 +174,7 @@ def output_file(path, what: str, inputs: Iterable[Optional[str]] = (),
 def output_folder(path, what: str, inputs: Iterable[Optional[str]] = (), names: Sequence[str] = ()) -> Path:
     """Check an output folder: new, or an existing real folder (not a link to one); none of the
     files ``names`` it will hold may be one of ``inputs`` or something other than a regular file."""
+    _not_empty(path, what, "folder")
     p = Path(path)
     try:
         st = os.lstat(p)

@@ -83,7 +83,9 @@ def safetensors_header(path) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
 
 
 def torch_file(path) -> None:
-    """ValueError unless ``path`` starts like a file ``torch.save`` writes (zip archive or legacy pickle)."""
+    """ValueError unless ``path`` starts like a file ``torch.save`` writes (zip archive or legacy pickle) and its
+    pickle refers to nothing a weights-only load refuses (read as opcodes, never run: a pickle that would call
+    ``os.system`` is refused here, when the folder is chosen, not only when it loads)."""
     p = Path(path)
     try:
         with open(p, "rb") as f:
@@ -92,6 +94,78 @@ def torch_file(path) -> None:
         raise ValueError(f"cannot read {p}: {e.strerror or e}") from None
     if head[:4] != b"PK\x03\x04" and head[:1] != b"\x80":
         raise ValueError(f"{p} is not a PyTorch checkpoint (torch.save zip or pickle)")
+    found = pickled_code(p, zipped=head[:4] == b"PK\x03\x04")
+    if found:
+        raise ValueError(f"{p} holds pickled code or objects other than tensors ({', '.join(found[:3])}): refused "
+                         f"(only a plain state dict of tensors is loaded)")
+
+
+#: what a weights-only load of a plain state dict refers to beyond ``torch`` itself (module -> names)
+_PICKLE_ALLOWED = {"collections": {"OrderedDict"}, "_codecs": {"encode"},
+                   "builtins": {"set", "frozenset", "bytearray", "slice", "complex"},
+                   "__builtin__": {"set", "frozenset", "bytearray", "slice", "complex"}}
+_PICKLE_CAP = 256 << 20
+_PICKLES = 5                 # a legacy torch file: magic, protocol, sys info, the data, the storage keys
+
+
+def pickled_code(p: Path, zipped: bool) -> List[str]:
+    """The globals a torch file's pickle refers to that a weights-only load would refuse (none run)."""
+    if zipped:
+        try:
+            import torch
+            return list(torch.serialization.get_unsafe_globals_in_checkpoint(str(p)))
+        except Exception as e:                         # noqa: BLE001 - a broken archive: one line
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ValueError(f"{p} is not a readable PyTorch checkpoint ({first[:200]})") from None
+    import io
+    try:
+        with open(p, "rb") as f:
+            data = io.BytesIO(f.read(_PICKLE_CAP))
+    except OSError as e:
+        raise ValueError(f"cannot read {p}: {e.strerror or e}") from None
+    found: List[str] = []
+    for _ in range(_PICKLES):
+        if data.tell() >= len(data.getbuffer()):
+            break
+        try:
+            found += [g for g in _globals_of(data) if not _allowed(g)]
+        except Exception:                              # noqa: BLE001 - raw storage bytes after the pickles
+            break
+    return list(dict.fromkeys(found))
+
+
+def _allowed(name: str) -> bool:
+    module, _, attr = name.rpartition(".")
+    return module == "torch" or module.startswith("torch.") or attr in _PICKLE_ALLOWED.get(module, ())
+
+
+def _globals_of(data) -> List[str]:
+    """``module.name`` of every global one pickle (read from ``data`` up to its STOP) refers to: the names
+    ``STACK_GLOBAL`` takes are followed through the memo and the stack's last pushes ("(hidden)" otherwise)."""
+    import pickletools
+    out, recent, memo = [], [], {}
+    for op, arg, _ in pickletools.genops(data):
+        if op.name in ("GLOBAL", "INST"):
+            out.append(".".join(str(arg).split(" ", 1)))
+        elif op.name == "STACK_GLOBAL":
+            out.append(".".join(recent[-2:]) if len(recent) >= 2 and None not in recent[-2:] else "(hidden)")
+        elif op.name in ("EXT1", "EXT2", "EXT4"):
+            out.append(f"(extension {arg})")
+        elif op.name in ("MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"):
+            memo[len(memo) if op.name == "MEMOIZE" else arg] = recent[-1] if recent else None
+        elif op.name in ("GET", "BINGET", "LONG_BINGET"):
+            recent.append(memo.get(arg))
+        elif op.name == "POP" and recent:
+            recent.pop()
+        elif op.name == "DUP":
+            recent.append(recent[-1] if recent else None)
+        elif "UNICODE" in op.name or op.name in ("STRING", "BINSTRING", "SHORT_BINSTRING"):
+            recent.append(str(arg))
+        elif op.stack_after:
+            recent.append(None)
+        if op.name == "STOP":
+            break
+    return out
 
 
 def yaml_mapping(path) -> dict:

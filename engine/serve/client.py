@@ -252,18 +252,20 @@ class RemoteRunner:
             return True
 
     def _receive_loop(self) -> None:
+        """Every message until the session ends. The deadline of the oldest second waiting for its result is
+        looked at before every read, whatever arrived (a server that keeps talking without answering is left)."""
         from websockets.exceptions import ConnectionClosed
         while True:
+            stalled = self._stalled()
+            if stalled:
+                self._lose(stalled, kind="stopped answering")
+                return
             try:
-                msg = self._ws.recv(timeout=POLL_S)
+                msg = self._ws.recv(timeout=self._read_timeout())
             except TimeoutError:
                 oversized = _refused_oversized(self._ws)
                 if oversized:                    # this client is closing (1009): say so, not "stalled"
                     self._lose(oversized)
-                    return
-                stalled = self._stalled()
-                if stalled:
-                    self._lose(stalled, kind="stopped answering")
                     return
                 continue
             except ConnectionClosed as e:
@@ -286,11 +288,22 @@ class RemoteRunner:
                 self.results.put(LiveError(f"the engine server stopped the session: {_text(ctl.get('message'))} "
                                            f"({_kept(n)})"))
 
-    def _stalled(self) -> Optional[str]:
-        """Why the session counts as stalled (a second outstanding past its deadline), or None."""
+    def _due(self) -> Optional[float]:
+        """The deadline (``time.monotonic()``) of the oldest second sent whose result has not come: its
+        ``second_timeout`` counts from when it was sent or, when seconds before it were outstanding, from the
+        result before it; only its own result moves it on. None while no second is outstanding."""
         with self._lock:
             since = self._waiting_since if self._sent > self._received else None
-        if since is not None and time.monotonic() - since > self.second_timeout:
+        return None if since is None else since + self.second_timeout
+
+    def _read_timeout(self) -> float:
+        due = self._due()
+        return POLL_S if due is None else min(POLL_S, max(0.01, due - time.monotonic()))
+
+    def _stalled(self) -> Optional[str]:
+        """Why the session counts as stalled (a second outstanding past its deadline), or None."""
+        due = self._due()
+        if due is not None and time.monotonic() > due:
             return f"no result for {self.second_timeout:g} s while seconds were waiting for one"
         return None
 

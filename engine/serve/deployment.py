@@ -34,7 +34,7 @@ from engine.session import LiveError, SessionConfig
 from . import auth, drain, lockdown
 from . import protocol as P
 from .hosting import ModelMismatch, SessionHost
-from .pump import (HELLO_TIMEOUT_S, Connection, ResultsQueue, give_back, limit_arenas, receive_hello,
+from .pump import (HELLO_TIMEOUT_S, Connection, ResultsQueue, Slots, give_back, limit_arenas, receive_hello,
                    send_close)
 
 log = logging.getLogger("engine.serve")
@@ -171,18 +171,38 @@ class SessionReplica:
         except WebSocketDisconnect:
             return
         try:
-            runner = await asyncio.to_thread(self.host.admit, cfg, ResultsQueue(asyncio.get_running_loop()))
+            runner = await self._admit(cfg)
         except HostFull as e:
             await _refuse(ws, P.CLOSE_FULL, f"the cluster is full: {e} (on the replica with the most headroom) — "
                                             "try again later or add a GPU replica")
             return
         conn = Connection(ws, runner, self._drain_state(), speech)
+        slots = self._slots()
+        slots.live.add(conn)
         try:
             await self._run(conn)
         finally:
             await asyncio.to_thread(self.host.release, runner, conn.drain)
+            slots.live.discard(conn)
+            conn.released.set()                       # a client waiting for this slot may take it now
             del conn, runner
             await asyncio.to_thread(give_back)
+
+    def _slots(self) -> Slots:
+        if getattr(self, "_live", None) is None:
+            self._live = Slots()
+        return self._live
+
+    async def _admit(self, cfg):
+        """A started runner for ``cfg``; when the replica is full, the slot of a session whose client has gone
+        quiet (slots count the sessions that send frames, not open sockets); HostFull when there is none."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await asyncio.to_thread(self.host.admit, cfg, ResultsQueue(loop))
+        except HostFull:
+            if not await self._slots().take_quiet():
+                raise
+        return await asyncio.to_thread(self.host.admit, cfg, ResultsQueue(loop))
 
     async def _run(self, conn: Connection) -> None:
         runner, ws = conn.runner, conn.ws

@@ -27,7 +27,10 @@ Server -> client
 Bounds (neither side trusts the other): a text message is at most :data:`MAX_TEXT_BYTES`, a frame
 exactly ``4 * input_rate`` bytes (at most :data:`FRAME_BYTES`), a result at most :data:`MAX_SERVER_MESSAGE`; a client may be at most
 :data:`MAX_AHEAD` seconds ahead of its results (beyond: ``error`` and close :data:`CLOSE_TOO_FAST`);
-a draining server closes a live session at the end of its grace period (:data:`CLOSE_SHUTDOWN`).
+a draining server closes a live session at the end of its grace period (:data:`CLOSE_SHUTDOWN`); a client that
+sends no frame for 20 s while it is owed no result is closed with a message saying so (:data:`CLOSE_IDLE`), as is
+one quiet for 5 s when a full replica gives its slot to another client. The client, for its part, gives each
+second it sent a deadline that only that second's result meets (other messages do not extend it).
 
 Bits: audio travels as raw float32 and each record as JSON with Python's shortest round-trip float
 repr, so a record and its audio arrive exactly as the server's session made them.
@@ -64,6 +67,7 @@ CLOSE_CONFLICT = 4409          # the client asked for a model this server does n
 CLOSE_FULL = 4503              # every replica is at its session limit
 CLOSE_SHUTDOWN = 4504          # the replica is shutting down (its drain grace period ended)
 CLOSE_TOO_FAST = 4429          # the client sent more than MAX_AHEAD seconds ahead of its session
+CLOSE_IDLE = 4408              # the client sent no frame for too long (engine/serve/pump.py's CLIENT_IDLE_S)
 
 #: seconds of audio a client may have sent whose results have not come back (server: refused beyond)
 MAX_AHEAD = 32

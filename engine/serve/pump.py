@@ -5,6 +5,10 @@ A client with the token still cannot fill or hold the replica:
 * **hello deadline**: a connection that has not said hello within :data:`HELLO_TIMEOUT_S` is
   refused; each connection waits on its own (a replica takes far more connections than sessions,
   see ``deployment.REFUSAL_SLACK``), so connections that never say hello hold no one else up;
+* **a client that goes quiet**: a session whose client sends no frame for :data:`CLIENT_IDLE_S` while the
+  server owes it no result is closed (:data:`protocol.CLOSE_IDLE`, the reason in words), so a slot is held by
+  frames that flow, not by an open socket; and when the replica is full, a session quiet for
+  :data:`EVICT_IDLE_S` already gives its slot to the client that asks (:class:`Slots`);
 * **frames ahead**: at most :data:`protocol.MAX_AHEAD` seconds may wait unprocessed. Serve's
   replica pulls every message off the connection as it arrives (not reading does not slow the
   client), so the bound is enforced by counting: the client keeps to it (the remote client waits
@@ -23,6 +27,7 @@ import ctypes
 import ctypes.util
 import gc
 import queue
+import time
 from typing import Optional
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
@@ -33,6 +38,10 @@ from . import protocol as P
 
 HELLO_TIMEOUT_S = 15.0
 IDLE_CHECK_S = 0.25            # a session's sender looks at its runner this often even without results
+#: a live client sends one second of audio every second: this long without a frame (while the server owes it
+#: no result) ends its session; a full replica takes the slot of one quiet for EVICT_IDLE_S
+CLIENT_IDLE_S = 20.0
+EVICT_IDLE_S = 5.0
 
 
 class ResultsQueue(queue.Queue):
@@ -63,6 +72,14 @@ class Connection:
         self.stopping = asyncio.Event()       # the client asked to stop (or the server ends it)
         self.drain = False                    # the client's stop asked for every queued second
         self.sent = 0
+        self.frames = 0                       # frames received (results owed: frames - sent)
+        self.heard = time.monotonic()         # when the client last sent a frame or the server a result
+        self.evicted = asyncio.Event()        # set to take this session's slot for another client
+        self.released = asyncio.Event()       # set once its runner has left the host (the slot is free)
+
+    def quiet_for(self) -> float:
+        """Seconds since the client last sent a frame or was sent a result (0 while a result is owed)."""
+        return 0.0 if self.frames > self.sent else time.monotonic() - self.heard
 
     async def run(self) -> None:
         sender = asyncio.create_task(self._send_results())
@@ -80,23 +97,42 @@ class Connection:
     # -- client -> server ---------------------------------------------------------------------------
     async def _receive(self, sender: asyncio.Task) -> None:
         cutter = asyncio.ensure_future(self.cut.wait())
+        evict = asyncio.ensure_future(self.evicted.wait())
+        recv = None
         try:
             while not sender.done():
-                recv = asyncio.ensure_future(self.ws.receive())
-                done, _ = await asyncio.wait({recv, sender, cutter}, return_when=asyncio.FIRST_COMPLETED)
+                recv = recv or asyncio.ensure_future(self.ws.receive())
+                done, _ = await asyncio.wait({recv, sender, cutter, evict}, return_when=asyncio.FIRST_COMPLETED,
+                                             timeout=max(0.05, CLIENT_IDLE_S - self.quiet_for()))
+                if not done:
+                    if self.quiet_for() >= CLIENT_IDLE_S:
+                        await self._end(sender, P.CLOSE_IDLE, self._quiet_reason(CLIENT_IDLE_S))
+                        return
+                    continue
                 if recv not in done:
-                    recv.cancel()
-                    if cutter in done and not sender.done():
-                        await self._end(sender, P.CLOSE_SHUTDOWN, "the server is shutting down: its drain grace "
-                                        f"period ended; the {self.sent} seconds sent before are kept")
+                    if not sender.done() and (cutter in done or evict in done):
+                        await self._end(sender, *self._cut_reason(cutter in done))
                     return
-                msg = recv.result()
+                msg, recv = recv.result(), None
                 if msg["type"] == "websocket.disconnect":
                     return
                 if not await self._handle(msg, sender):
                     return
         finally:
-            cutter.cancel()
+            for task in (cutter, evict, recv):
+                if task is not None and not task.done():
+                    task.cancel()
+
+    def _quiet_reason(self, seconds: float) -> str:
+        return (f"the server closed the session: no audio from the client for {seconds:g} s (a live session sends "
+                f"one second of audio every second); the {self.sent} seconds sent before are kept")
+
+    def _cut_reason(self, cut: bool) -> tuple:
+        if cut:
+            return P.CLOSE_SHUTDOWN, ("the server is shutting down: its drain grace period ended; the "
+                                      f"{self.sent} seconds sent before are kept")
+        return P.CLOSE_IDLE, self._quiet_reason(round(self.quiet_for(), 1)) + \
+            " (another client needed the slot)"
 
     async def _handle(self, msg: dict, sender: asyncio.Task) -> bool:
         """One client message; False when the session has ended."""
@@ -110,6 +146,8 @@ class Connection:
                         "server holds at most that many unprocessed): send at the audio's pace or wait for results"))
                     return False
                 self.runner.submit(frame)
+                self.frames += 1
+                self.heard = time.monotonic()
                 return True
             ctl = P.decode(msg.get("text") or "")
             if ctl["type"] == "toggles":
@@ -166,9 +204,37 @@ class Connection:
                     return
                 await ws.send_bytes(data)
                 self.sent += 1
+                self.heard = time.monotonic()
             elif isinstance(item, LiveError):
                 await send_close(ws, P.encode("error", message=item.message), 1011)
                 return
+
+
+class Slots:
+    """The live sessions of one replica, for :meth:`take_quiet`: when the replica is full, the slot of a session
+    whose client has sent nothing for :data:`EVICT_IDLE_S` goes to the client that asks."""
+
+    def __init__(self):
+        self.live: "set[Connection]" = set()
+
+    def quietest(self, at_least: float = EVICT_IDLE_S) -> Optional[Connection]:
+        """The session quiet the longest, if it has been for ``at_least`` seconds (else None)."""
+        quiet = [(c.quiet_for(), id(c), c) for c in self.live if not c.evicted.is_set()]
+        best = max(quiet, default=None, key=lambda t: t[:2])
+        return best[2] if best is not None and best[0] >= at_least else None
+
+    async def take_quiet(self, wait_s: float = 10.0) -> bool:
+        """End the quietest session (see :meth:`quietest`) and wait until its slot is free; False when no
+        session is quiet enough or its slot did not come free in ``wait_s``."""
+        victim = self.quietest()
+        if victim is None:
+            return False
+        victim.evicted.set()
+        try:
+            await asyncio.wait_for(victim.released.wait(), wait_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
 
 async def _wait(wake: Optional[asyncio.Event], timeout: float) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Tuple
@@ -70,6 +71,7 @@ class SessionConfig:
         size = self.size if self.size != "auto" else ("released" if device == "cuda" else "tiny")
         if int(self.cpu_threads) < 0:
             raise ValueError(f"cpu_threads must be 0 (auto) or positive, got {self.cpu_threads}")
+        _check_seed(self.seed)
         if int(self.reply_seconds) < 1:
             raise ValueError(f"reply_seconds must be at least 1, got {self.reply_seconds}")
         registry.get_backbone(self.backbone).check_tail(self.tail)
@@ -120,6 +122,10 @@ def _check_prompted(backbone: str, prompt: Optional[str]) -> None:
                      f"(drop --system-prompt{use})")
 
 
+#: the largest seed (every generator the session seeds takes a signed 64-bit integer)
+MAX_SEED = 2 ** 63 - 1
+
+
 def check_input_rate(backbone: str, rate) -> None:
     """ValueError (one line) unless ``backbone`` takes frames at ``rate``: 24 kHz, or its declared native rate
     (``BackboneEntry.native_rate``: the stock's own input, handed to it as is)."""
@@ -127,6 +133,17 @@ def check_input_rate(backbone: str, rate) -> None:
     if isinstance(rate, bool) or not isinstance(rate, int) or rate not in allowed:
         raise ValueError(f"input_rate {rate!r} is not one the {backbone} backbone takes; choose "
                          + " or ".join(f"{r} Hz" for r in allowed))
+
+
+def _check_seed(seed) -> None:
+    """ValueError in one line unless ``seed`` is a whole number from 0 to :data:`MAX_SEED` (a client's hello may
+    carry any JSON number: 2**64 would overflow the generators when the session starts)."""
+    try:
+        ok = not isinstance(seed, bool) and 0 <= operator.index(seed) <= MAX_SEED
+    except TypeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"seed {str(seed)[:40]} is out of range: a seed is an integer from 0 to 2**63-1")
 
 
 def _check_choice(what: str, value, choices) -> None:

@@ -3,7 +3,9 @@
 A journal is one folder. From the first second on it holds
 
 * ``session.jsonl`` — one JSON line per processed second, appended and flushed at once (a reader
-  can follow it while it grows; a crash loses at most the line being written);
+  can follow it while it grows; a crash loses at most the line being written); each line carries its
+  place in the WAVs and its own CRC-32 (engine/session/journal_lines.py), so a reader trusts every
+  line on its own;
 * ``session_input.wav`` / ``session_output.wav`` — what the engine heard and what it said, 24 kHz
   16-bit mono, appended second by second with the header rewritten after every second, so each
   file is a valid WAV at every second boundary (and, after a crash mid-write, recoverable by its
@@ -14,7 +16,8 @@ Everything is flushed to the OS every second (a killed process loses nothing); `
 most every ``sync_every_s`` seconds and at the end, which keeps the cost per second negligible
 while bounding what a power cut can take. :meth:`SessionJournal.finish` writes the rest
 (``session.csv``, ``session.trace.json``, optionally ``summary.json``) and removes the marker;
-:func:`recover` does the same for a journal whose process died. :func:`export_journal` copies a
+:func:`recover` builds the same from a journal whose process died, in a new folder, without changing
+the journal (engine/session/recovery.py). :func:`export_journal` copies a
 journal into a fresh folder beside the destination and renames it into place, so an export is
 whole or absent and never mixes two sessions' files.
 """
@@ -31,10 +34,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from engine import safeload
 from engine.audio import SESSION_RATE
 from engine.wavio import _header, _pcm16
 
 from .export import ExportError, to_csv, to_trace
+from .journal_lines import read_lines, seal
 from .records import SecondRecord
 
 RATE = SESSION_RATE
@@ -49,6 +54,8 @@ SPEECH = "speech.npy"
 #: every file a journal or an export may hold; an export replaces exactly these names
 SESSION_FILES = (CSV, RECORDS, TRACE, INPUT_WAV, OUTPUT_WAV, SUMMARY, SPEECH)
 _HEADER_BYTES = 44
+#: the most of a marker file that is read (it holds a pid, a time and the session's config)
+MARKER_CAP = 1 << 20
 
 
 class _GrowingFile:
@@ -93,13 +100,18 @@ class GrowingNpy(_GrowingFile):
     HEADER = 128
 
     def _header(self) -> bytes:
-        text = "{'descr': '<f4', 'fortran_order': False, 'shape': (%d,), }" % self.samples
-        body = text.ljust(self.HEADER - 10 - 1) + "\n"
-        return b"\x93NUMPY\x01\x00" + len(body).to_bytes(2, "little") + body.encode("latin1")
+        return npy_header(self.samples)
 
     def _encode(self, samples: np.ndarray) -> Tuple[bytes, int]:
         data = np.ascontiguousarray(samples, dtype="<f4").reshape(-1)
         return data.tobytes(), int(data.size)
+
+
+def npy_header(samples: int) -> bytes:
+    """The fixed 128-byte header of a 1-D float32 ``.npy`` file of ``samples`` values."""
+    text = "{'descr': '<f4', 'fortran_order': False, 'shape': (%d,), }" % int(samples)
+    body = text.ljust(GrowingNpy.HEADER - 10 - 1) + "\n"
+    return b"\x93NUMPY\x01\x00" + len(body).to_bytes(2, "little") + body.encode("latin1")
 
 
 class GrowingWav(_GrowingFile):
@@ -115,26 +127,6 @@ class GrowingWav(_GrowingFile):
     def _encode(self, samples: np.ndarray) -> Tuple[bytes, int]:
         pcm = _pcm16(samples)
         return pcm, len(pcm) // 2
-
-
-def repair_wav(path: Path, rate: int = RATE, keep_samples: Optional[int] = None) -> int:
-    """Make a journal WAV valid from its length: cut it to whole samples (at most ``keep_samples``)
-    and rewrite its header. Returns the samples kept (a missing file becomes an empty WAV)."""
-    path = Path(path)
-    if not path.exists():
-        path.write_bytes(_header(rate, 0))
-        return 0
-    with open(path, "r+b") as f:
-        f.seek(0, os.SEEK_END)
-        n = max(0, f.tell() - _HEADER_BYTES) // 2
-        if keep_samples is not None:
-            n = min(n, int(keep_samples))
-        f.truncate(_HEADER_BYTES + 2 * n)
-        f.seek(0)
-        f.write(_header(rate, 2 * n))
-        f.flush()
-        os.fsync(f.fileno())
-    return n
 
 
 def _pid_alive(pid: int) -> bool:
@@ -190,8 +182,8 @@ class SessionJournal:
             d.mkdir(parents=True, exist_ok=True)
             if any(d.iterdir()):
                 raise ExportError(f"cannot start a session journal in {d}: the folder is not empty")
-            (d / MARKER).write_text(json.dumps({"pid": os.getpid(), "started": time.time(),
-                                                "metadata": j.metadata}, default=str) + "\n")
+            (d / MARKER).write_text(json.dumps({"pid": os.getpid(), "started": time.time(), "rate": j.rate,
+                                                "lines": "sealed", "metadata": j.metadata}, default=str) + "\n")
             j._jsonl = open(d / RECORDS, "w", encoding="utf-8", newline="\n")
             j._wavs = {"input": GrowingWav(d / INPUT_WAV, rate), "output": GrowingWav(d / OUTPUT_WAV, rate)}
         except OSError as e:
@@ -218,7 +210,7 @@ class SessionJournal:
                 if "speech" not in self._wavs:
                     self._wavs["speech"] = GrowingNpy(self.directory / SPEECH)
                 self._wavs["speech"].append(speech)
-            self._jsonl.write(json.dumps(record.to_dict()) + "\n")
+            self._jsonl.write(seal(record, len(self.records)) + "\n")
             self._jsonl.flush()
             self.records.append(record)
             if time.monotonic() - self._last_sync >= self.sync_every_s:
@@ -310,27 +302,20 @@ def read_marker(directory) -> Optional[Dict[str, object]]:
     if not m.is_file():
         return None
     try:
-        data = json.loads(m.read_text(encoding="utf-8"))
+        with open(m, "rb") as f:
+            raw = f.read(MARKER_CAP + 1)
+        if len(raw) > MARKER_CAP:
+            return {}
+        data = safeload.parse_json(raw, str(m), max_depth=16)          # depth measured before parsing
         return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
 
 
 def read_records(path) -> List[SecondRecord]:
-    """The complete lines of a ``session.jsonl`` as records (a torn last line is left out)."""
-    out: List[SecondRecord] = []
-    names = set(SecondRecord.columns())
-    try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return out
-    for line in text.split("\n"):
-        try:
-            d = json.loads(line)
-            out.append(SecondRecord(**{k: v for k, v in d.items() if k in names}))
-        except (ValueError, TypeError):
-            break                                   # a torn line ends what can be trusted
-    return out
+    """The trusted lines of a ``session.jsonl`` as records, in the order of their seconds (a torn or
+    corrupt line is left out, and only that line: engine/session/journal_lines.py)."""
+    return [line.record for line in read_lines(path)]
 
 
 def unfinished_journals(root) -> List[UnfinishedJournal]:
@@ -354,35 +339,11 @@ def unfinished_journals(root) -> List[UnfinishedJournal]:
     return found
 
 
-def recover(directory, rate: int = RATE) -> Dict[str, Path]:
-    """Finish a journal whose process died: keep the seconds whose record and audio are whole,
-    cut the WAVs to them, write the CSV and the trace, remove the marker."""
-    d = Path(directory)
-    marker = read_marker(d)
-    if marker is None:
-        raise ExportError(f"cannot recover {d}: it is not an unfinished session journal")
-    try:
-        records = read_records(d / RECORDS)
-        whole = min(_wav_samples(d / INPUT_WAV), _wav_samples(d / OUTPUT_WAV)) // rate
-        records = records[:whole]
-        with open(d / RECORDS, "w", encoding="utf-8", newline="\n") as f:
-            f.write("".join(json.dumps(r.to_dict()) + "\n" for r in records))
-            f.flush()
-            os.fsync(f.fileno())
-        for name in (INPUT_WAV, OUTPUT_WAV):
-            repair_wav(d / name, rate, len(records) * rate)
-        _write_rest(d, records, dict(marker.get("metadata") or {}, recovered=True), None)
-        (d / MARKER).unlink(missing_ok=True)
-    except OSError as e:
-        raise ExportError(f"cannot recover {d}: {e.strerror or e}") from None
-    return files_of(d)
-
-
-def _wav_samples(path: Path) -> int:
-    try:
-        return max(0, path.stat().st_size - _HEADER_BYTES) // 2
-    except FileNotFoundError:
-        return 0
+def recover(directory, dest=None, rate: Optional[int] = None):
+    """Recover a journal whose process died into the new folder ``dest`` (default: beside it), the
+    journal only read, then marked recovered: :func:`engine.session.recovery.recover_journal`."""
+    from .recovery import recover_journal
+    return recover_journal(directory, dest, rate)
 
 
 # -- exports: whole or absent ----------------------------------------------------------------------

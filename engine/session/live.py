@@ -149,6 +149,9 @@ class LiveRunner(FrameInbox):
         self.ready.set()
         try:
             self._loop(session)
+        except ValueError as e:               # a model or an input the session refuses: its own line says why
+            log.debug("session stopped", exc_info=True)
+            self.results.put(LiveError(f"the session stopped: {e}"))
         except Exception as e:  # noqa: BLE001
             log.exception("session failed")
             self.results.put(LiveError(f"the session stopped: {type(e).__name__}: {e}"))

@@ -25,6 +25,7 @@ from engine.audio import SESSION_RATE
 from engine import fastpath, registry
 from engine.backbones import Backbone, TokenFormat
 from engine.core import graphs
+from engine.finite import check_audio
 from engine.core.toggles import PendingToggles, Toggles
 from engine.tail import DecoderTail
 
@@ -323,6 +324,7 @@ class DuplexSession:
         think_tts = ms.pop("tts", 0.0)
         ms["think"] += think_tts                      # THINK whole; its TTS part on its own
         self.last_speech = self.to_session_rate(np.concatenate([early, audio]) if early.size else audio)
+        check_audio(self.last_speech, f"second {k}: the {self.cfg.tail} tail's audio")     # once a second
         self.fifo.push(self.last_speech)
         out = self._playback_level(self.fifo.pop(RATE), thought.decision)
         total = (time.perf_counter() - t0) * 1000.0

@@ -29,6 +29,7 @@ from typing import Callable, List, Optional, Sequence
 import torch
 
 from engine.core import yieldpoints
+from engine.finite import check_logits
 
 from .dims import Dims
 from .kv import KVStore
@@ -158,6 +159,7 @@ class Protocol:
     def decode(self, turn: TurnDecision) -> tuple:
         """Run the unit's slots; returns (Unit, hidden states [n, hidden] of its text tokens or None)."""
         logits, self.logits = self.logits, None
+        check_logits(logits, "the LLM's decision logits")          # once a second, before the first draw
         unit = Unit("speak")
         if turn.forced == "listen" and not self.turn_ended:
             logits = self._close_reply()

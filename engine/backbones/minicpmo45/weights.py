@@ -131,8 +131,9 @@ def _bad_token_ids(folder: Path, vocab: int) -> Tuple[int, ...]:
 
 
 def _weight_map(folder: Path) -> Dict[str, str]:
-    """key -> shard file name; every shard a file inside the folder (no absolute path, no ``..``, no link
-    out of it) whose safetensors header is sound (dtypes, shapes and offsets checked against its size)."""
+    """key -> shard file name; every shard a plain file name in the folder (no absolute path, no ``..``, no
+    folder part), a regular file or a link to one wherever it lies (a hub snapshot's files are links into its
+    blobs), whose safetensors header is sound (dtypes, shapes and offsets checked against its size)."""
     if safeload.is_file(folder / INDEX):
         wm = _read_json(folder / INDEX, "the shard index", safeload.CAPS["index"]).get("weight_map")
         if not isinstance(wm, dict) or not wm:

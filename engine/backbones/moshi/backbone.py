@@ -18,6 +18,9 @@ new shapes): a live session cannot stall on that, so every call runs under moshi
 """
 from __future__ import annotations
 
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional
 
 import numpy as np
@@ -50,6 +53,31 @@ def import_moshi():
     return loaders, LMGen, no_compile
 
 
+@contextmanager
+def _built_from(files: MoshiFiles):
+    """moshi builds its models from the folder's config.json with ``assert`` and plain calls: a config that lacks
+    a field or holds a wrong one fails inside moshi (an AssertionError, a TypeError for a missing argument, a
+    shape mismatch while loading). That is one ValueError naming the folder's config, not a traceback."""
+    try:
+        yield
+    except (AssertionError, TypeError, KeyError, IndexError, AttributeError, RuntimeError) as e:
+        where = files.folder / "config.json"
+        source = f"the Moshi config {where}" if files.lm_config is not None else f"the Moshi weights in {files.folder}"
+        raise ValueError(f"{source} does not describe a model moshi can build ({_why(e)}); a config.json gives "
+                         f"every LM constructor argument of the released one (or leave it out for moshi's "
+                         f"defaults)") from None
+
+
+def _why(e: BaseException) -> str:
+    """The first line of an exception, or where a bare ``assert`` failed."""
+    first = (str(e).strip().splitlines() or [""])[0][:200]
+    if first:
+        return f"{type(e).__name__}: {first}"
+    frames = traceback.extract_tb(e.__traceback__)
+    at = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    return f"{type(e).__name__}{at}"
+
+
 class MoshiBackbone(Backbone):
     """Moshi (LM + Mimi encoder, weights from a folder) behind the backbone interface."""
 
@@ -69,13 +97,15 @@ class MoshiBackbone(Backbone):
         f = self.files
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         lm_kwargs = f.lm_config if f.lm_config is not None else None
-        self.lm = loaders.get_moshi_lm(str(f.lm), lm_kwargs=lm_kwargs, device=self.device, dtype=dtype)
+        with _built_from(f):
+            self.lm = loaders.get_moshi_lm(str(f.lm), lm_kwargs=lm_kwargs, device=self.device, dtype=dtype)
         self.lm.eval()
         user_books = self.lm.num_codebooks - self.lm.dep_q - 1
         self._check_format(user_books)
-        self.mimi = loaders.get_mimi(str(f.mimi), mimi_config=f.mimi_config, device=self.device,
-                                     num_codebooks=max(self.lm.dep_q, user_books))
-        self.lm_gen = LMGen(self.lm, **f.lm_gen_config)
+        with _built_from(f):
+            self.mimi = loaders.get_mimi(str(f.mimi), mimi_config=f.mimi_config, device=self.device,
+                                         num_codebooks=max(self.lm.dep_q, user_books))
+            self.lm_gen = LMGen(self.lm, **f.lm_gen_config)
         self.mimi.streaming_forever(1)
         self.lm_gen.streaming_forever(1)
         self.pad_ids = {self.lm.text_padding_token_id, self.lm.end_of_text_padding_id}

@@ -124,13 +124,24 @@ def load_checkpoint(path: str, cfg: MimiConfig) -> Dict[str, torch.Tensor]:
     want = decoder_keys(cfg)
     wrong = [k for k, shape in want.items() if k in header and header[k][1] != tuple(shape)]
     if wrong:
-        raise ValueError(f"{path} is not a Mimi decoder of these dims: {wrong[0]} is {header[wrong[0]][1]}, "
-                         f"expected {tuple(want[wrong[0]])}")
+        raise ValueError(_wrong_size(path, header, cfg, wrong[0], want))
     try:
         state = load_file(path, device="cpu")
     except (SafetensorError, OSError) as e:
         raise ValueError(f"cannot read {path} as safetensors: {e}") from e
     return check_state(state, cfg, source=path)
+
+
+def _wrong_size(path: str, header, cfg: MimiConfig, key: str, want) -> str:
+    """Why a checkpoint does not fit ``cfg``; when it holds the released decoder and ``cfg`` is another size (the
+    tiny one ``--size auto`` picks on a CPU), the flag that loads it."""
+    from .config import RELEASED
+    released = decoder_keys(RELEASED)
+    if cfg != RELEASED and all(header.get(k, header.get(_alias(k), (None, None)))[1] == tuple(s)
+                               for k, s in released.items()):
+        return (f"{path} holds the released Mimi decoder, but this session builds the smaller test size (--size "
+                f"auto picks it on a CPU): give --size released to load it")
+    return f"{path} is not a Mimi decoder of these dims: {key} is {header[key][1]}, expected {tuple(want[key])}"
 
 
 def codebook(state: Dict[str, torch.Tensor], part: str, j: int) -> torch.Tensor:

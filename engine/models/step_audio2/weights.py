@@ -8,6 +8,8 @@ old-style ``weight_g``/``weight_v`` weight norm). A missing or mismatched file i
 from __future__ import annotations
 
 import math
+import pickle
+import re
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
@@ -102,8 +104,14 @@ def _hift_config(sd: Dict[str, torch.Tensor], path: Path) -> HiFTConfig:
 def _load_pt(path: Path) -> Dict[str, torch.Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:                      # torch's several lines advise loading unsafely: not ours
+        what = re.search(r"GLOBAL (\S+)", str(e))
+        raise ValueError(f"{path} holds pickled code or objects other than tensors"
+                         f"{' (' + what.group(1) + ')' if what else ''}: refused (only a plain state dict of tensors "
+                         f"is loaded)") from None
     except Exception as e:                                   # noqa: BLE001 (any unreadable file: one message)
-        raise ValueError(f"{path}: not a readable weights file ({type(e).__name__}: {e})") from None
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise ValueError(f"{path}: not a readable weights file ({type(e).__name__}: {first})") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"{path}: expected a state dict of tensors")
     return state
