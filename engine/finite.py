@@ -26,7 +26,14 @@ def check_audio(x, what: str) -> None:
 
 
 def check_logits(t, what: str) -> None:
-    """NonFiniteOutput unless every value of the tensor ``t`` is finite (one reduction, one read)."""
+    """NonFiniteOutput unless every value of the tensor ``t`` is finite (one reduction, one read; under a device's
+    scheduler the session parks until the reduction is done, so the read never holds the others back)."""
     import torch
-    if t is not None and not bool(torch.isfinite(t).all()):
+
+    from engine.core import yieldpoints
+    if t is None:
+        return
+    ok = torch.isfinite(t).all()
+    yieldpoints.wait()
+    if not bool(ok):
         raise NonFiniteOutput(_say(what))
