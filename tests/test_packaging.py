@@ -273,6 +273,28 @@ def test_scripted_session_runs_from_the_unpacked_bundle(unpacked, tmp_path):
         assert f.getnframes() > 0
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_simulated_echo_runs_from_the_unpacked_bundle(unpacked, tmp_path):
+    """``--simulate-echo`` (the room of app/loopback.py, engine/echo/room.py) works in the bundle, which leaves
+    the benches out: the model's speech plays into the simulated speaker and the canceller runs on its echo."""
+    speech = tmp_path / "in.wav"
+    subprocess.run(["espeak-ng", "-w", str(speech), "Hello. The frozen app hears its own voice through a "
+                    "simulated room now."], check=True)
+    export = tmp_path / "export"
+    r = subprocess.run([str(unpacked / "duplexcadence"), "--input-file", str(speech), "--seconds", "3",
+                        "--simulate-echo", "120:-10", "--export", str(export), "--model", "mimi", "--size", "tiny",
+                        "--device", "cpu"],
+                       cwd=tmp_path, env=_bare_env(tmp_path / "home"), capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "3 seconds processed" in r.stdout, r.stdout + r.stderr[-2000:]
+    records = [json.loads(line) for line in (export / "session.jsonl").read_text().splitlines() if line]
+    assert len(records) == 3 and all(rec["echo_cancellation"] for rec in records), records
+    heard, rate = read_wav(export / "session_input.wav")
+    assert rate == 24000 and np.sqrt(np.mean(heard ** 2)) > 0.005, "the simulated microphone heard nothing"
+
+
 @contextmanager
 def _pulse_server(folder: Path):
     """A private PulseAudio server with null sinks "mic" and "spk"; yields the client environment."""
