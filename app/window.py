@@ -11,7 +11,7 @@ from PySide6.QtWidgets import (QApplication, QFileDialog, QFrame, QHBoxLayout, Q
                                QWidget)
 
 from app import controller as ctl
-from app import theme
+from app import theme, wheel
 from app.audio_io import AudioUnavailable, DeviceInput, DeviceOutput, FileInput, list_devices
 from app.banners import BannerStack
 from app.dashboard import ScopePlot, SpectrogramPlot, StatsPanel
@@ -47,6 +47,7 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
     def __init__(self, controller: Optional[ctl.SessionController] = None, settings: Optional[QSettings] = None,
                  devices: Callable = list_devices, cuda: Optional[bool] = None):
         theme.apply_env_theme()                     # $DUPLEXCADENCE_THEME=dark|light, else the system's
+        wheel.install()                             # the wheel scrolls the panels; it changes focused controls only
         super().__init__()
         self.setWindowTitle("DuplexCadence — live duplex conversation")
         try:
@@ -62,6 +63,7 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         self.series = SessionSeries()
         self.log = EventLog()
         self._build()
+        wheel.guard(self)
         self._connect()
         self._load_devices(devices)
         self._apply_settings(self.settings)

@@ -1,0 +1,42 @@
+"""The window's small promises, each seen by a test: the wheel changes only a focused control, folder
+dialogs take a typed new folder, and the like (offscreen, pytest-qt)."""
+from __future__ import annotations
+
+from PySide6.QtCore import QPoint, QPointF, Qt
+from PySide6.QtGui import QWheelEvent
+from PySide6.QtWidgets import QApplication
+
+from app.audio_io import DeviceInfo
+from test_app_fakes import SlowRunner, make_window
+
+MICS = [DeviceInfo(1, "Built-in mic", "ALSA", 2, 0, 48000), DeviceInfo(2, "USB headset", "ALSA", 1, 0, 48000)]
+SPEAKERS = [DeviceInfo(3, "Speakers", "ALSA", 0, 2, 48000)]
+
+
+def _wheel(widget, notches: int = -1) -> None:
+    """One wheel turn over the middle of ``widget`` (down for negative ``notches``)."""
+    pos = QPointF(widget.width() / 2, widget.height() / 2)
+    ev = QWheelEvent(pos, widget.mapToGlobal(pos), QPoint(0, 0), QPoint(0, 120 * notches), Qt.NoButton,
+                     Qt.NoModifier, Qt.NoScrollPhase, False)
+    QApplication.sendEvent(widget, ev)
+
+
+def test_the_wheel_changes_no_control_it_is_not_focused_on(qtbot, tmp_path, monkeypatch):
+    opened = []
+    monkeypatch.setattr("app.panels.QFileDialog.getOpenFileName", lambda *a, **k: opened.append(a) or ("", ""))
+    w = make_window(qtbot, tmp_path, SlowRunner, devices=lambda: (MICS, SPEAKERS))
+    d, cp = w.device_panel, w.conversation
+    switched = []
+    d.input_changed.connect(lambda: switched.append(d.selected_input()))
+    combos = (d.input, d.output, cp.sensitivity, w.model_panel.tail, w.model_panel.size)
+    before = [c.currentIndex() for c in combos] + [cp.delay.value()]
+    for c in (*combos, cp.delay):
+        assert c.focusPolicy() == Qt.StrongFocus
+        for notches in (-1, -1, -1, 1):
+            _wheel(c, notches)
+    assert [c.currentIndex() for c in combos] + [cp.delay.value()] == before
+    assert not switched and not opened                  # no microphone switched, no file dialog
+    cp.delay.setFocus()
+    qtbot.waitUntil(cp.delay.hasFocus, timeout=3000)
+    _wheel(cp.delay, 1)                                 # the focused control follows the wheel
+    assert cp.delay.value() > before[-1]
