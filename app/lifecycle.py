@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Deque, Dict, List, Optional
 
 from PySide6.QtCore import QObject, QSocketNotifier, QStandardPaths, Signal
-from PySide6.QtWidgets import QFileDialog, QMessageBox
+from PySide6.QtWidgets import QMessageBox
 
 from engine.session import ExportError
 from engine.session.journal import MARKER, SessionJournal, export_journal, fresh_folder, recover, unfinished_journals
@@ -193,8 +193,9 @@ class SessionDialogs:
         return {export: "export", discard: "discard"}.get(box.clickedButton(), "cancel")
 
     def choose_folder(self, title: str) -> str:
-        """A folder from the user ("" when cancelled)."""
-        return QFileDialog.getExistingDirectory(self, title, self.settings.export_dir)
+        """A folder from the user: an existing one or a typed new one, created ("" when cancelled)."""
+        from app.folder_dialog import choose_new_or_existing_folder
+        return choose_new_or_existing_folder(self, title, self.settings.export_dir)
 
     # -- recovery of a session whose process died -------------------------------------------------
     def offer_recovery(self, root=None) -> int:

@@ -40,3 +40,23 @@ def test_the_wheel_changes_no_control_it_is_not_focused_on(qtbot, tmp_path, monk
     qtbot.waitUntil(cp.delay.hasFocus, timeout=3000)
     _wheel(cp.delay, 1)                                 # the focused control follows the wheel
     assert cp.delay.value() > before[-1]
+
+
+def test_closing_and_recover_take_a_typed_new_folder(qtbot, tmp_path, monkeypatch):
+    """The close-time Export and Recover ask through the same dialog as Export…: a typed new folder is made."""
+    from app.folder_dialog import ExportFolderDialog
+    typed = []
+
+    def type_and_accept(dialog):                          # what a user does: types a new name, presses Export
+        dialog.selectFile(str(typed[-1]))
+        dialog.accept()
+        return dialog.result()
+    monkeypatch.setattr(ExportFolderDialog, "exec", type_and_accept)
+    monkeypatch.setattr("PySide6.QtWidgets.QFileDialog.getExistingDirectory", lambda *a, **k: "")  # Qt's refuses
+    w = make_window(qtbot, tmp_path, SlowRunner)
+    for title in ("Export the session into…", "Export the recovered session into…"):
+        typed.append(tmp_path / f"new {len(typed)}")
+        assert w.choose_folder(title) == str(typed[-1])
+        assert typed[-1].is_dir()
+    typed.append(tmp_path / "new via Export…")
+    assert w.choose_export_folder("Export the session into…") == str(typed[-1])
