@@ -17,6 +17,13 @@ SUBCOMMANDS = {
     "serve": "engine.cli.serve",
     "recover": "engine.cli.recover",
 }
+#: what each subcommand does, one line (``duplexcadence --help`` lists them)
+SUBCOMMAND_HELP = {
+    "synth": "decode tokens with an engine decoder tail (no GUI)",
+    "run": "headless duplex session over a WAV file (no GUI)",
+    "serve": "host sessions on Ray Serve for remote clients (extra: serve)",
+    "recover": "finish the journal a failed or killed `run` left (no GUI)",
+}
 
 
 def main(argv=None) -> int:
