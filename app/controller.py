@@ -82,6 +82,7 @@ class SessionController(SessionAudio, SessionResults, SessionExport, Conversatio
         self._playout_until: Optional[float] = None  # monotonic: the end of the last seconds' playback at the latest
         self.session_info: Dict[str, object] = {}
         self._notice_shown = False
+        self._unheard_said = False                   # the "still loading: not heard" warning was given
         self._push_to_talk = False
         self.monitor = AudioMonitor()                # waveforms and mic-to-speaker delay (app/monitor.py)
         self._previous = ([], None, {})              # the last session, kept while a new one starts
@@ -114,7 +115,7 @@ class SessionController(SessionAudio, SessionResults, SessionExport, Conversatio
         journal = new_journal(root, {"config": dict(vars(cfg))})  # ExportError
         self._previous = (self.records, self.journal, self.session_info)   # kept if this start fails
         self.records = []
-        self._notice_shown = False
+        self._notice_shown = self._unheard_said = False
         self.session_info = {}
         self.failure = None
         self._heard.clear()
@@ -178,6 +179,9 @@ class SessionController(SessionAudio, SessionResults, SessionExport, Conversatio
         if force:                                  # asked before the session was built: hand it over now
             self._ask_engine_controls(force)
         self.session_info = dict(self.runner.session.info)
+        if self.pump.unheard_s > 0:
+            self.event.emit("session", f"{self.pump.unheard_s:.1f} s of speech while the model loaded was not "
+                                       "heard; listening from now")
         self._set_state(RUNNING)
         self.info.emit(dict(self.session_info))
 
@@ -246,6 +250,7 @@ class SessionController(SessionAudio, SessionResults, SessionExport, Conversatio
             self._check_threads()
         if self.state in (STARTING, RUNNING):
             self._check_devices()
+            self._check_unheard()
             self._emit_meters()
             if self.pump.done:
                 self.finish(timeout_s=600.0)    # a slow engine still finishes every second it got

@@ -12,6 +12,9 @@ from typing import Optional
 from app.audio_io import InputSource, Playback, SilentInput
 from app.states import RUNNING, STARTING
 
+#: the warning when the user talks while the model is being built
+UNHEARD = ("The model is still loading: what you say now is not heard. Talk once the state reads LISTENING.")
+
 
 class SessionAudio:
     """Microphone and speaker of the running session: switched, checked, metered, played out."""
@@ -94,6 +97,13 @@ class SessionAudio:
         while self.pump.events:
             self.event.emit(*self.pump.events.popleft())
 
+    def _check_unheard(self) -> None:
+        """Speech while the model is still being built is not heard: say so once, at once (banner, event log,
+        a scripted run's stderr); how much of it there was is said when the session starts listening."""
+        if self.state == STARTING and self.pump.unheard_s > 0 and not self._unheard_said:
+            self._unheard_said = True
+            self.message.emit("warning", UNHEARD)
+
     def _emit_meters(self) -> None:
         pump, src, sink = self.pump, self.source, self.sink
         self.totals["input_dropped"] = self.input_dropped
@@ -102,6 +112,7 @@ class SessionAudio:
             "echo": bool(pump.canceller is not None and pump.canceller.enabled),
             "echo_error": pump.echo_error,
             "starting": self.state == STARTING,
+            "unheard_s": pump.unheard_s,
             "level_db": pump.level_db,
             "mic_open": pump.talking or not pump.push_to_talk,
             "xruns": src.xruns + src.ring.overflows + (sink.xruns if sink is not None else 0),

@@ -442,7 +442,6 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         self.stop_button.setEnabled(stoppable)
         self.stop_action.setEnabled(stoppable)
         if state == ctl.STARTING:
-            self._starting_said = False
             self._echo_warned = False
         if state == ctl.IDLE:
             can = len(self.series) > 0 and self.controller.journal is not None
@@ -465,11 +464,8 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         if m.get("echo_error") and not getattr(self, "_echo_warned", False):
             self._echo_warned = True
             self.show_message("warning", m["echo_error"])
-        if m.get("starting") and m.get("level_db", -120.0) > -40.0 and not getattr(self, "_starting_said", False):
-            self._starting_said = True           # speech while the model loads is not heard: say so
-            self.events.add("session", "the model is still loading: what you say now is not heard; talk once "
-                                       "the state reads LISTENING")
-            self.state_label.setText("STARTING… (not listening yet)")
+        if m.get("starting") and m.get("unheard_s"):     # speech while the model loads is not heard (the
+            self.state_label.setText("STARTING… (not listening yet)")   # controller's banner says so too)
 
     def _progress(self, key: str) -> str:
         """What stopping or finishing is waiting for: the second in progress."""

@@ -6,11 +6,13 @@ from PySide6.QtCore import QPoint, QPointF, Qt
 from PySide6.QtGui import QWheelEvent
 from PySide6.QtWidgets import QApplication
 
-from app.audio_io import DeviceInfo
+from app.audio_io import DeviceInfo, FileInput
+from engine.session import SessionConfig
 from test_app_fakes import SlowRunner, make_window
 
 MICS = [DeviceInfo(1, "Built-in mic", "ALSA", 2, 0, 48000), DeviceInfo(2, "USB headset", "ALSA", 1, 0, 48000)]
 SPEAKERS = [DeviceInfo(3, "Speakers", "ALSA", 0, 2, 48000)]
+TINY = SessionConfig(tail="mimi", backbone="synthetic", size="tiny", device="cpu", graph_replay=False)
 
 
 def _wheel(widget, notches: int = -1) -> None:
@@ -60,3 +62,38 @@ def test_closing_and_recover_take_a_typed_new_folder(qtbot, tmp_path, monkeypatc
         assert typed[-1].is_dir()
     typed.append(tmp_path / "new via Export…")
     assert w.choose_export_folder("Export the session into…") == str(typed[-1])
+
+
+class LoadingRunner(SlowRunner):
+    """A runner whose session takes ``build_s`` to be built (the model loading)."""
+
+    def __init__(self, cfg, build_s: float = 1.5):
+        super().__init__(cfg, work_s=0.05)
+        self._info, self.session = self.session, None
+        self.build_s = build_s
+
+    def start(self) -> None:
+        import threading
+        super().start()
+        threading.Timer(self.build_s, lambda: setattr(self, "session", self._info)).start()
+
+
+class LiveFile(FileInput):
+    """A WAV played like a microphone: it runs from the moment it is opened (a device is not deferred)."""
+    deferred = False
+
+
+def test_speech_while_the_model_loads_is_said_not_heard(qtbot, tmp_path, speech_wav):
+    from app.controller import RUNNING
+    from app.session_audio import UNHEARD
+    w = make_window(qtbot, tmp_path, LoadingRunner)
+    c = w.controller
+    said, events = [], []
+    c.message.connect(lambda level, text: said.append((level, text)))
+    c.event.connect(lambda kind, text: events.append(text))
+    assert w.start_with(TINY, LiveFile(speech_wav))
+    qtbot.waitUntil(lambda: c.state == RUNNING, timeout=15000)
+    assert said.count(("warning", UNHEARD)) == 1                      # once, as a banner (and on stderr)
+    assert w.message_banner.text() == UNHEARD
+    lost = [e for e in events if "of speech while the model loaded was not heard" in e]
+    assert len(lost) == 1 and float(lost[0].split(" s ")[0]) > 0.2, events
