@@ -235,11 +235,14 @@ class SessionController(SessionAudio, SessionResults, SessionExport, Conversatio
 
     # -- controls (GUI thread) -------------------------------------------------------------
     def set_toggles(self, toggles: Toggles) -> None:
-        """Forward to the runner; the records show them from the next second on."""
+        """Forward to the runner; the records show them from the next second on, and the record of the second
+        they were asked in carries the request (``requests``, as a user control's)."""
         if self.runner is not None and self.state in (STARTING, RUNNING):
             self.runner.set_toggles(toggles)
-            self.event.emit("toggle", f"requested demand_sized={toggles.demand_sized} "
-                                      f"graph_replay={toggles.graph_replay} (from the next second)")
+            text = (f"demand-sized state {'on' if toggles.demand_sized else 'off'}, "
+                    f"graph replay {'on' if toggles.graph_replay else 'off'}")
+            self._requests.append(text)              # into the record of the second it was asked in
+            self.event.emit("toggle", f"requested {text} (from the next second)")
 
     # -- polling (GUI thread, never blocks) --------------------------------------------------
     def _tick(self) -> None:

@@ -97,3 +97,17 @@ def test_speech_while_the_model_loads_is_said_not_heard(qtbot, tmp_path, speech_
     assert w.message_banner.text() == UNHEARD
     lost = [e for e in events if "of speech while the model loaded was not heard" in e]
     assert len(lost) == 1 and float(lost[0].split(" s ")[0]) > 0.2, events
+
+
+def test_an_engine_toggle_is_in_the_requests_column(qtbot, tmp_path, speech_wav):
+    from engine.core.toggles import Toggles
+    w = make_window(qtbot, tmp_path, lambda cfg: SlowRunner(cfg, work_s=0.05))
+    c = w.controller
+    assert w.start_with(TINY, FileInput(speech_wav))
+    qtbot.waitUntil(lambda: len(c.records) >= 1, timeout=15000)
+    asked_at = len(c.records)
+    c.set_toggles(Toggles(demand_sized=False, graph_replay=False))
+    qtbot.waitUntil(lambda: len(c.records) >= asked_at + 2, timeout=15000)
+    requests = [r.requests for r in c.records]
+    assert "demand-sized state off, graph replay off" in requests[asked_at], requests
+    assert sum(1 for q in requests if q) == 1
