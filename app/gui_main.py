@@ -120,12 +120,7 @@ class ScriptedRun:
         from PySide6.QtWidgets import QApplication
         self._shot = True
         QApplication.processEvents()
-        path = Path(self.args.screenshot)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            self._on_message("error", f"cannot write screenshot {path}: {e.strerror or e}")
-            return
+        path = Path(self.args.screenshot)              # its folder was checked before the session
         if not self.window.grab().save(str(path)):
             self._on_message("error", f"cannot write screenshot {path}")
 
@@ -159,7 +154,6 @@ class ScriptedRun:
             self._screenshot()
         if a.output_file:
             try:
-                Path(a.output_file).parent.mkdir(parents=True, exist_ok=True)
                 wrote.append(str(c.save_output(a.output_file)))
             except OSError as e:
                 self._on_message("error", f"cannot write {a.output_file}: {e.strerror or e}")

@@ -24,6 +24,7 @@ def run_app(args, tmp_path, timeout=240):
 
 def test_scripted_session_writes_everything(tmp_path, speech_wav):
     out = tmp_path / "out"
+    out.mkdir()                                              # an output file's folder must exist
     p = run_app(["--input-file", str(speech_wav), "--seconds", "3", "--model", "mimi", "--size", "tiny",
                  "--device", "cpu", "--output-file", str(out / "reply.wav"), "--export", str(out / "export"),
                  "--screenshot", str(out / "shot.png")], tmp_path)
