@@ -111,3 +111,50 @@ def test_an_engine_toggle_is_in_the_requests_column(qtbot, tmp_path, speech_wav)
     requests = [r.requests for r in c.records]
     assert "demand-sized state off, graph replay off" in requests[asked_at], requests
     assert sum(1 for q in requests if q) == 1
+
+
+class LateSession:
+    """A session whose every second reports 1.5 s of work (at once): the engine cannot keep up."""
+
+    def __init__(self, cfg):
+        self.cfg, self.records, self.last_speech = cfg, [], None
+        self.info = {"tail_title": "late tail", "backbone_title": "none", "device": "cpu", "size": "tiny"}
+
+    def start(self) -> None:
+        pass
+
+    def process(self, frame, arrival=None, backlog=0):
+        import time
+        import numpy as np
+        from engine.session import SecondRecord
+        k = len(self.records)
+        rec = SecondRecord(index=k, wall_start=time.time(), listen_ms=500.0, think_ms=500.0, speak_ms=500.0,
+                           total_ms=1500.0, deadline_ms=1000.0, late_ms=500.0, missed=True, queue_wait_ms=0.0,
+                           decision="listen", tokens=0, state_bytes=1, alloc_bytes=0, reserved_bytes=0, peak_bytes=0,
+                           demand_sized=True, graph_replay=False, tail="late", backbone="none", input_rms=0.0,
+                           output_rms=0.0, backlog=backlog)
+        self.records.append(rec)
+        return np.zeros(24000, dtype=np.float32), rec
+
+    def ahead(self, stop=None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_cannot_keep_up_is_said_once_on_stderr(qtbot, tmp_path, speech_wav, monkeypatch, capsys, caplog):
+    """A scripted run prints the engine's "cannot keep up" once: the app's line, and no log line from the runner
+    (outside pytest a warning logged goes to stderr too)."""
+    import argparse
+    from app.conversation import controlled_runner
+    from app.gui_main import ScriptedRun
+    monkeypatch.setattr("app.conversation.ControlledSession", LateSession)
+    w = make_window(qtbot, tmp_path, controlled_runner)
+    run = ScriptedRun(w, argparse.Namespace(seconds=3, screenshot=None, output_file=None, export=None))
+    assert run.start(TINY, FileInput(speech_wav, speed=4.0), None)
+    qtbot.waitUntil(lambda: run._finished, timeout=30000)
+    err = capsys.readouterr().err
+    assert sum("cannot keep up" in line for line in err.splitlines()) == 1, err
+    assert "duplexcadence: warning: cannot keep up" in err
+    assert not [r for r in caplog.records if "cannot keep up" in r.getMessage()]
