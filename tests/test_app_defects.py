@@ -158,3 +158,42 @@ def test_cannot_keep_up_is_said_once_on_stderr(qtbot, tmp_path, speech_wav, monk
     assert sum("cannot keep up" in line for line in err.splitlines()) == 1, err
     assert "duplexcadence: warning: cannot keep up" in err
     assert not [r for r in caplog.records if "cannot keep up" in r.getMessage()]
+
+
+def test_the_echo_readout_is_no_number_without_an_echo_path():
+    """With no echo in the microphone (silent, or only the room's noise and the user) the canceller gives no
+    suppression figure (it read -152 to +56 dB); with an echo path it does."""
+    import numpy as np
+    from engine.echo import EchoCanceller
+    from engine.echo.room import EchoPath
+    from test_echo import far_near, run
+    rate = 24000
+    far, _ = far_near(seconds=6.0)
+    far[2 * rate:3 * rate] = 0.0                          # the speaker quiet for a second (the room's floor)
+    far[5 * rate:] = 0.0
+    path = EchoPath(90.0, -8.0, 3)
+    echo = np.concatenate([path(far[i:i + 480]) for i in range(0, far.size, 480)])
+    rng = np.random.default_rng(1)
+    noise = (rng.standard_normal(far.size) * 5e-4).astype(np.float32)
+    user = np.zeros_like(far)
+    user[int(2.2 * rate):int(2.8 * rate)] = 0.1 * rng.standard_normal(int(0.6 * rate))
+    for near, heard in ((np.zeros_like(far), False), (noise, False), (noise + user, False), (echo + noise, True),
+                        (echo + noise + user, True)):
+        aec = EchoCanceller(rate)
+        run(aec, far, near.astype(np.float32))
+        sup = aec.suppression_db()
+        assert (sup is not None and sup >= 20.0) if heard else sup is None, sup
+
+
+def test_the_echo_readout_drops_its_last_figure_when_cancellation_turns_off(qtbot):
+    from app.readouts import ReadoutRow
+    r = ReadoutRow()
+    qtbot.addWidget(r)
+    r.show_row({"echo_cancellation": True, "echo_suppression_db": 31.0}, {})
+    assert r.labels["echo"].text() == "echo −31 dB"
+    r.show_row({"echo_cancellation": True, "echo_suppression_db": 0.0}, {})     # a listening second: the last reply's
+    assert r.labels["echo"].text() == "echo −31 dB"
+    r.show_row({"echo_cancellation": False, "echo_suppression_db": 0.0}, {}, echo="off")
+    assert r.labels["echo"].text() == "echo off"
+    r.show_row({"echo_cancellation": True, "echo_suppression_db": 0.0}, {}, echo="on")
+    assert r.labels["echo"].text() == "echo on"
