@@ -2,7 +2,7 @@
 
 :class:`TimingPlot`: per-second LISTEN / THINK / SPEAK as stacked bars, the 1 s deadline as a dashed
 line, missed seconds outlined and marked in red, a labelled vertical line where a toggle took
-effect, and SPEAK in a paler green in listening seconds (the tail runs on silence tokens; a second
+effect (labels stacked so they never overlap), and SPEAK in a paler green in listening seconds (the tail runs on silence tokens; a second
 whose record says the tail was skipped has no SPEAK bar). :class:`MemoryPlot`: the engine's state arena and
 the torch allocator's reserved bytes over time, and on CUDA the card's total memory (and the process cap) as
 labelled lines from the session's info. Both redraw from a :class:`SessionSeries`.
@@ -15,7 +15,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt
-from PySide6.QtGui import QColor, QPainter, QPalette
+from PySide6.QtGui import QColor, QFontMetrics, QPainter, QPalette
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
 from app import theme
@@ -31,6 +31,9 @@ STAGE_COLOURS = {"listen": "#4c78a8", "think": "#b279a2", "speak": "#59a14f"}
 LISTENING_SPEAK = "#a9d39e"
 LISTENING_SPEAK_NAME = "SPEAK on silence (listening)"
 TOGGLE_COLOUR = "#e17c05"
+#: the heights (a share of the plot) toggle labels take, top first, and the room kept after each label (px)
+LABEL_ROWS = (0.93, 0.81, 0.69, 0.57)
+LABEL_GAP_PX = 8
 #: how many seconds the plots show (scrolling window)
 VISIBLE_S = 120
 
@@ -85,12 +88,17 @@ class TimingPlot(pg.PlotWidget):
         item.addItem(self.deadline)
         item.setYRange(0, 1300)
         item.setXRange(-0.5, 10.5)
+        item.getViewBox().sigResized.connect(               # a narrower plot: the labels are laid out again
+            lambda *_: self._lay_out_labels([line for line in self.toggle_lines if line.isVisible()]))
         theme.apply_plot(self)
 
     def update_from(self, series: SessionSeries) -> None:
         full = series
         series = series.window(self.visible_s)
-        self._mark_toggles(full, series)
+        self._draw(series)
+        self._mark_toggles(full, series)          # after the x-range is set: the labels are laid out in it
+
+    def _draw(self, series: SessionSeries) -> None:
         if not len(series):
             for bar in (*self.bars.values(), self.listening_speak, self.miss_bars):
                 bar.setOpts(x=[], height=[], y0=[])
@@ -130,6 +138,25 @@ class TimingPlot(pg.PlotWidget):
                 line.setValue(changes[i]["index"] - 0.5)       # between the last old and the first new second
                 line.label.setFormat(f"→ {toggle_label(changes[i])}")
             line.setVisible(i < len(changes))
+        self._lay_out_labels(self.toggle_lines[:len(changes)])
+
+    def _lay_out_labels(self, lines: list) -> None:
+        """Toggle labels never overlap: each goes in the highest of :data:`LABEL_ROWS` whose last label ends left
+        of it; a label with no room in any row is hidden (its line stays; the event log names the change)."""
+        px = self.getPlotItem().getViewBox().viewPixelSize()[0]       # seconds per pixel
+        if not px or not math.isfinite(px):
+            px = (self.visible_s / 600.0)
+        ends = [-math.inf] * len(LABEL_ROWS)
+        for line in lines:
+            label = line.label
+            width = (QFontMetrics(label.textItem.font()).horizontalAdvance(label.format) + LABEL_GAP_PX) * px
+            x = line.value()
+            row = next((k for k, end in enumerate(ends) if end <= x), None)
+            label.setVisible(row is not None)
+            if row is not None:
+                label.setPosition(LABEL_ROWS[row])
+                label.valueChanged()                 # a label hidden before missed its new text
+                ends[row] = x + width
 
 
 #: the card's total memory and the process cap (torch.cuda's per-process memory fraction), as horizontal lines

@@ -197,3 +197,29 @@ def test_the_echo_readout_drops_its_last_figure_when_cancellation_turns_off(qtbo
     assert r.labels["echo"].text() == "echo off"
     r.show_row({"echo_cancellation": True, "echo_suppression_db": 0.0}, {}, echo="on")
     assert r.labels["echo"].text() == "echo on"
+
+
+def test_toggle_labels_on_the_timing_plot_never_overlap(qtbot):
+    """Toggles flipped second after second: every line is drawn, the labels stack in rows, none covers another."""
+    from app.plots import TimingPlot
+    from app.viewmodel import SessionSeries
+    series = SessionSeries()
+    for i in range(40):
+        series.add(dict(index=i, listen_ms=10.0, think_ms=20.0, speak_ms=300.0, total_ms=330.0, deadline_ms=1000.0,
+                        late_ms=0.0, missed=False, demand_sized=(i in (3, 5, 7) or 9 <= i < 30), graph_replay=i >= 6,
+                        force_listen=i >= 8, state_bytes=1 << 20, reserved_bytes=0, decision="speak"))
+    plot = TimingPlot()
+    qtbot.addWidget(plot)
+    plot.resize(900, 300)
+    plot.show()
+    qtbot.waitExposed(plot)
+    plot.update_from(series)
+    qtbot.wait(50)
+    lines = [line for line in plot.toggle_lines if line.isVisible()]
+    assert len(lines) == len(series.mode_changes()) == 8
+    shown = [line.label for line in lines if line.label.isVisible()]
+    rects = [label.sceneBoundingRect() for label in shown]
+    assert len(shown) >= 4 and shown[-1] is lines[-1].label          # the lone change at second 30 has room
+    for i, a in enumerate(rects):
+        assert all(not a.intersects(b) for b in rects[i + 1:]), [r.getRect() for r in rects]
+    assert all(label.toPlainText().startswith("→ ") for label in shown)
