@@ -6,7 +6,7 @@ import threading
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from PySide6.QtCore import QTimer, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import (QApplication, QButtonGroup, QCheckBox, QComboBox, QFileDialog, QFormLayout,
                                QGroupBox, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton,
@@ -22,6 +22,20 @@ from engine.session import SessionConfig
 from engine.session.input_rate import default_input_rate
 
 SIZES = [("auto", "auto"), ("released", "released"), ("tiny", "tiny")]
+
+
+def short_title(title: str) -> str:
+    """A part's title as its picker shows it: without the parenthesis ("Step-Audio2 token2wav"); the whole
+    title is the item's tooltip."""
+    return title.split(" (", 1)[0]
+
+
+def _model_combo(entries, tooltip: str) -> QComboBox:
+    """A picker of registered parts: short titles shown whole, the full title as each item's tooltip."""
+    c = _combo([(short_title(e.title), e.name) for e in entries], tooltip)
+    for i, e in enumerate(entries):
+        c.setItemData(i, e.title, Qt.ToolTipRole)
+    return c
 
 
 def _combo(items, tooltip: str = "") -> QComboBox:
@@ -95,10 +109,8 @@ class ModelPanel(QGroupBox):
     def __init__(self, cuda: bool, parent=None):
         super().__init__("Model", parent)
         self.cuda = cuda
-        self.tail = _combo([(e.title, e.name) for e in registry.tails()],
-                           "the decoder tail that turns speech tokens into audio")
-        self.backbone = _combo([(e.title, e.name) for e in registry.backbones()],
-                               "the model that listens and decides what to say")
+        self.tail = _model_combo(registry.tails(), "the decoder tail that turns speech tokens into audio")
+        self.backbone = _model_combo(registry.backbones(), "the model that listens and decides what to say")
         self.size = _combo(SIZES, "auto picks released sizes on a GPU and tiny sizes on a CPU")
         self.checkpoint = PathChooser("none: seeded random weights")
         self.backbone_checkpoint = PathChooser("the backbone's weights folder (optional)")

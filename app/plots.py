@@ -47,6 +47,19 @@ def _style(plot: pg.PlotItem, title: str, ylabel: str) -> None:
     plot.getViewBox().setMouseEnabled(x=False, y=False)
 
 
+def fit_legend(plot: pg.PlotWidget, legend: pg.LegendItem, most: int) -> None:
+    """As many legend columns (at most ``most``) as the plot's width holds: a narrow plot wraps its legend
+    into more rows instead of running its labels off the plot."""
+    font = plot.font()
+    font.setPointSizeF(8.0)
+    widths = [QFontMetrics(font).horizontalAdvance(label.text) + 34 for _, label in legend.items] or [0]
+    room = plot.width() - 90                                  # the axis and the legend's offset
+    cols = next((k for k in range(min(most, len(widths)), 1, -1)
+                 if sum(max(widths[j::k]) for j in range(k)) <= room), 1)
+    if legend.columnCount != cols:
+        legend.setColumnCount(cols)
+
+
 def toggle_label(change: dict) -> str:
     """The marker text for a toggle or control change: what changed from that second."""
     if change.get("label"):
@@ -92,6 +105,11 @@ class TimingPlot(pg.PlotWidget):
             lambda *_: self._lay_out_labels([line for line in self.toggle_lines if line.isVisible()]))
         theme.apply_plot(self)
 
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        if "legend" in self.__dict__:             # pyqtgraph resizes the widget while it is built
+            fit_legend(self, self.legend, 5)
+
     def update_from(self, series: SessionSeries) -> None:
         full = series
         series = series.window(self.visible_s)
@@ -118,7 +136,8 @@ class TimingPlot(pg.PlotWidget):
         self.miss_bars.setOpts(x=x[missed], height=base[missed], y0=np.zeros(int(missed.sum())))
         self.miss_marks.setData(x[missed], base[missed] + 0.04 * series.deadline_ms)
         self.deadline.setValue(series.deadline_ms)
-        top = max(1.3 * series.deadline_ms, float(base.max()) * 1.15)   # headroom for the legend
+        room = 1.2 + 0.1 * self.legend.rowCount                          # headroom for the legend's rows
+        top = max(room * series.deadline_ms, float(base.max()) * (room - 0.15))
         self.getPlotItem().setYRange(0, top, padding=0)
         first, last = float(x[0]), float(x[-1])
         self.getPlotItem().setXRange(first - 0.5, max(first + 10.5, last + 0.5), padding=0)
@@ -226,6 +245,11 @@ class MemoryPlot(pg.PlotWidget):
         item.setXRange(-0.5, 10.5)
         self.visible_s = VISIBLE_S
         theme.apply_plot(self)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        if "legend" in self.__dict__:
+            fit_legend(self, self.legend, 2)
 
     def set_info(self, info: dict) -> None:
         """The session's device: CUDA with ``device_memory_mib`` (and ``memory_cap_mib``) draws the lines;

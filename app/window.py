@@ -4,9 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
-from PySide6.QtCore import QSettings, Qt, QTimer
+from PySide6.QtCore import QEvent, QSettings, Qt, QTimer
 from PySide6.QtGui import QIcon
-from PySide6.QtWidgets import (QApplication, QFileDialog, QFrame, QHBoxLayout, QLabel, QMainWindow,
+from PySide6.QtWidgets import (QApplication, QFrame, QHBoxLayout, QLabel, QMainWindow,
                                QPushButton, QScrollArea, QSplitter, QTabWidget, QVBoxLayout,
                                QWidget)
 
@@ -35,6 +35,25 @@ SYNTHETIC_BANNER = ("Synthetic weights: timing and memory are real; the voice is
 ICON = "duplexcadence.png"
 #: the per-stage statistics look back this many seconds (their cost stays flat)
 STATS_WINDOW_S = 600
+#: the window's size when it opens, and the smallest it may be made (px)
+DEFAULT_SIZE, MIN_SIZE = (1440, 920), (900, 600)
+#: the plots' column never shrinks below this (px): a shorter window scrolls it (the timing plot keeps ~250 px)
+PLOTS_MIN_HEIGHT = 700
+#: plots narrower than this (px) stack the sound view above the spectrogram (their titles stay whole)
+SOUND_SIDE_BY_SIDE_PX = 640
+#: the height the stacked sound plots add to the plots' column (px)
+STACKED_EXTRA_PX = 180
+
+
+def _scroll(widget: QWidget, horizontal: bool = True) -> QScrollArea:
+    """``widget`` in a frameless scroll area that resizes it (vertical scrolling only without ``horizontal``)."""
+    area = QScrollArea()
+    area.setWidget(widget)
+    area.setWidgetResizable(True)
+    area.setFrameShape(QFrame.NoFrame)
+    if not horizontal:
+        area.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+    return area
 STATE_STYLE = {
     "listen": ("LISTENING", "#4c78a8"), "speak": ("SPEAKING", "#59a14f"), ctl.STARTING: ("STARTING…", "#8a8f98"),
     ctl.IDLE: ("IDLE", "#8a8f98"), ctl.DRAINING: ("FINISHING…", "#8a8f98"), ctl.STOPPING: ("STOPPING…", "#8a8f98"),
@@ -72,7 +91,8 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         self._ptt_release.timeout.connect(lambda: self.controller.press_talk(False))
         self._replay = None
         self._started_model = None
-        self.resize(1440, 920)
+        self.setMinimumSize(*MIN_SIZE)
+        self.resize(*DEFAULT_SIZE)
 
     # -- construction --------------------------------------------------------------------------
     @staticmethod
@@ -129,22 +149,30 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         for w in (self.model_panel, self.prompt_panel, self.device_panel, self.conversation, self.toggle_panel,
                   self.engine_panel):
             lcol.addWidget(w)
-        lcol.addWidget(tabs, 1)
+        lcol.addStretch(1)
         plots = QWidget()
+        plots.setMinimumHeight(PLOTS_MIN_HEIGHT)      # a short window scrolls the plots rather than squash them
         rcol = QVBoxLayout(plots)
         rcol.setContentsMargins(0, 0, 0, 0)
-        self.banners = BannerStack()             # in the layout above the plots: a banner never covers one
-        rcol.addWidget(self.banners)
+        self.banners = BannerStack()             # above the plots, outside their scroll: a banner never covers one
         rcol.addWidget(self.timing_plot, 3)
         rcol.addWidget(self.summary_row)
         rcol.addWidget(self.readouts)
-        sound = QSplitter(Qt.Horizontal)
-        sound.addWidget(self.scope)
-        sound.addWidget(self.spectrogram)
-        rcol.addWidget(sound, 2)
+        self.sound = QSplitter(Qt.Horizontal)     # side by side; stacked when the plots are narrow
+        self.sound.addWidget(self.scope)
+        self.sound.addWidget(self.spectrogram)
+        rcol.addWidget(self.sound, 2)
         rcol.addWidget(self.memory_plot, 2)
+        self.plots = plots
+        self.plots_scroll = _scroll(plots, horizontal=False)
+        self.plots_scroll.installEventFilter(self)    # its width picks the sound plots' arrangement
+        column = QWidget()
+        ccol = QVBoxLayout(column)
+        ccol.setContentsMargins(0, 0, 0, 0)
+        ccol.addWidget(self.banners)
+        ccol.addWidget(self.plots_scroll, 1)
         right = QSplitter(Qt.Horizontal)          # the transcript scrolls beside the plots
-        right.addWidget(plots)
+        right.addWidget(column)
         said = QWidget()
         scol = QVBoxLayout(said)
         scol.setContentsMargins(0, 0, 0, 0)
@@ -161,16 +189,21 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         self.keepup_banner = self.banners.add("#f9c784")
         self.message_banner = self.banners.add("#f4b6b2")
 
-        scroll = QScrollArea()                   # the side panels scroll rather than hold the window large
-        scroll.setWidget(left)
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QFrame.NoFrame)
-        scroll.setMinimumWidth(300)
+        scroll = _scroll(left)                   # the side panels scroll rather than hold the window large
+        side = QSplitter(Qt.Vertical)             # the event log below them, in view without scrolling
+        side.addWidget(scroll)
+        side.addWidget(tabs)
+        side.setStretchFactor(0, 3)
+        side.setStretchFactor(1, 2)
+        side.setSizes([520, 330])
+        side.setChildrenCollapsible(False)
+        side.setMinimumWidth(left.minimumSizeHint().width() + scroll.verticalScrollBar().sizeHint().width())
         split = QSplitter(Qt.Horizontal)
-        split.addWidget(scroll)
+        split.addWidget(side)
         split.addWidget(right)
-        split.setStretchFactor(1, 1)
-        split.setSizes([400, 1040])
+        split.setStretchFactor(0, 1)               # a narrower window takes from both sides
+        split.setStretchFactor(1, 3)
+        split.setSizes([430, 1010])
         central = QWidget()
         col = QVBoxLayout(central)
         col.addLayout(top)
@@ -178,6 +211,19 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         self.setCentralWidget(central)
         self._build_menus()
         self._show_state(ctl.IDLE)
+
+    def eventFilter(self, obj, event) -> bool:
+        if obj is getattr(self, "plots_scroll", None) and event.type() == QEvent.Resize:
+            self._arrange_sound(event.size().width())
+        return super().eventFilter(obj, event)
+
+    def _arrange_sound(self, width: int) -> None:
+        """The sound view and the spectrogram side by side in wide plots, stacked (and scrolled) in narrow ones."""
+        wide = width >= SOUND_SIDE_BY_SIDE_PX
+        orientation = Qt.Horizontal if wide else Qt.Vertical
+        if self.sound.orientation() != orientation:
+            self.sound.setOrientation(orientation)
+            self.plots.setMinimumHeight(PLOTS_MIN_HEIGHT + (0 if wide else STACKED_EXTRA_PX))
 
     def _connect(self) -> None:
         c = self.controller

@@ -223,3 +223,42 @@ def test_toggle_labels_on_the_timing_plot_never_overlap(qtbot):
     for i, a in enumerate(rects):
         assert all(not a.intersects(b) for b in rects[i + 1:]), [r.getRect() for r in rects]
     assert all(label.toPlainText().startswith("→ ") for label in shown)
+
+
+def _in_view(w, widget) -> bool:
+    """Whether ``widget`` lies whole inside the window, with no scroll area between them."""
+    from PySide6.QtCore import QPoint, QRect
+    from PySide6.QtWidgets import QScrollArea
+    p = widget.parentWidget()
+    while p is not None and p is not w:
+        if isinstance(p, QScrollArea):
+            return False
+        p = p.parentWidget()
+    top_left = widget.mapTo(w, QPoint(0, 0))
+    return w.rect().contains(QRect(top_left, widget.size()))
+
+
+def test_the_window_at_its_default_and_its_smallest_size(qtbot, tmp_path):
+    """Default size: the event log in view without scrolling, the plots unscrolled, the model pickers show their
+    whole text. Smallest size (900 × 600): the timing plot keeps its height (the plots scroll instead) and its
+    legend stays inside it."""
+    from PySide6.QtGui import QFontMetrics
+    from app.window import DEFAULT_SIZE, MIN_SIZE
+    w = make_window(qtbot, tmp_path, SlowRunner)
+    qtbot.waitExposed(w)
+    assert (w.width(), w.height()) == DEFAULT_SIZE and w.minimumSize().toTuple() == MIN_SIZE == (900, 600)
+    qtbot.wait(50)
+    assert _in_view(w, w.tabs) and w.events.view.height() >= 200
+    assert w.plots_scroll.verticalScrollBar().maximum() == 0                # nothing to scroll
+    for combo in (w.model_panel.tail, w.model_panel.backbone):
+        for i in range(combo.count()):
+            need = QFontMetrics(combo.font()).horizontalAdvance(combo.itemText(i)) + 30     # the arrow and frame
+            assert need <= combo.width(), (combo.itemText(i), need, combo.width())
+    w.resize(*MIN_SIZE)
+    qtbot.waitUntil(lambda: w.width() == MIN_SIZE[0], timeout=3000)
+    qtbot.wait(50)
+    assert w.timing_plot.height() >= 250 and w.memory_plot.height() >= 150
+    assert _in_view(w, w.tabs) and w.events.view.height() >= 150
+    for plot in (w.timing_plot, w.memory_plot):
+        legend = plot.legend.mapRectToScene(plot.legend.boundingRect())
+        assert legend.right() <= plot.width(), (type(plot).__name__, legend.getRect(), plot.width())
