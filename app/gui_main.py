@@ -112,8 +112,10 @@ class ScriptedRun:
         return True
 
     def _on_record(self, rec) -> None:
-        """The last second is in: take the screenshot while the session still looks live."""
+        """The last second is in: take the screenshot while the session still looks live (the state shows that
+        second's LISTENING or SPEAKING, not the FINISHING… the input's end has already brought)."""
         if self.args.screenshot and not self._shot and rec.index + 1 >= self.seconds:
+            self.window.show_decision(rec.decision)
             self._screenshot()
 
     def _screenshot(self) -> None:

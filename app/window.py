@@ -522,6 +522,10 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
             return f"FINISHING: second {min(done + 1, fed)} of {fed}…" if fed else "FINISHING…"
         return STATE_STYLE.get(key, (key.upper(), ""))[0]
 
+    def show_decision(self, decision: str) -> None:
+        """The state label shows a second's decision ("listen" / "speak") whatever the session's state."""
+        self._show_state(decision)
+
     def _show_state(self, key: str) -> None:
         text, colour = STATE_STYLE.get(key, (key.upper(), "#8a8f98"))
         self.state_label.setText(self._progress(key) if key in (ctl.STOPPING, ctl.DRAINING) else text)

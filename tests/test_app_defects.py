@@ -262,3 +262,18 @@ def test_the_window_at_its_default_and_its_smallest_size(qtbot, tmp_path):
     for plot in (w.timing_plot, w.memory_plot):
         legend = plot.legend.mapRectToScene(plot.legend.boundingRect())
         assert legend.right() <= plot.width(), (type(plot).__name__, legend.getRect(), plot.width())
+
+
+def test_the_scripted_screenshot_shows_the_session_live(qtbot, tmp_path, speech_wav, monkeypatch):
+    """The screenshot is taken at the last second, with that second's state (it showed FINISHING…)."""
+    import argparse
+    from app.gui_main import ScriptedRun
+    w = make_window(qtbot, tmp_path, lambda cfg: SlowRunner(cfg, work_s=0.05))
+    shown = []
+    grab = w.grab
+    monkeypatch.setattr(w, "grab", lambda *a: shown.append(w.state_label.text()) or grab(*a))
+    shot = tmp_path / "shot.png"
+    run = ScriptedRun(w, argparse.Namespace(seconds=3, screenshot=str(shot), output_file=None, export=None))
+    assert run.start(TINY, FileInput(speech_wav, speed=4.0), None)
+    qtbot.waitUntil(lambda: run._finished, timeout=30000)
+    assert shown == ["SPEAKING"] and shot.is_file()           # SlowRunner's seconds all speak
