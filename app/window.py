@@ -497,6 +497,7 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
             self.keepup_banner.hide()             # stale once the session stops
             self.backlog_label.setText("")
             self.device_panel.out_meter.set_idle("")
+            self.device_panel.show_mic_idle()
         self._show_state("listen" if state == ctl.RUNNING else state)
 
     def on_meters(self, m: dict) -> None:

@@ -277,3 +277,14 @@ def test_the_scripted_screenshot_shows_the_session_live(qtbot, tmp_path, speech_
     assert run.start(TINY, FileInput(speech_wav, speed=4.0), None)
     qtbot.waitUntil(lambda: run._finished, timeout=30000)
     assert shown == ["SPEAKING"] and shot.is_file()           # SlowRunner's seconds all speak
+
+
+def test_push_to_talk_reads_muted_while_idle(qtbot, tmp_path):
+    from app.panels import MIC_MUTED, MIC_OPEN
+    w = make_window(qtbot, tmp_path, SlowRunner)
+    d = w.device_panel
+    assert d.mic_state.text() == MIC_OPEN
+    d.ptt.click()
+    assert d.mic_state.text() == MIC_MUTED == "mic: muted (hold Space)"
+    d.open_mic.click()
+    assert d.mic_state.text() == MIC_OPEN
