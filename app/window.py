@@ -16,6 +16,7 @@ from app.audio_io import AudioUnavailable, DeviceInput, DeviceOutput, FileInput,
 from app.banners import BannerStack
 from app.dashboard import ScopePlot, SpectrogramPlot, StatsPanel
 from app.engine_panel import EnginePanel
+from app.help_menu import HelpMenu
 from app.panels import DevicePanel, EventLogPanel, ModelPanel, SummaryRow, TogglePanel
 from app.prompt_panel import SystemPromptPanel
 from app.plots import MemoryPlot, TimingPlot
@@ -60,7 +61,7 @@ STATE_STYLE = {
 }
 
 
-class MainWindow(WindowActions, SessionDialogs, QMainWindow):
+class MainWindow(WindowActions, HelpMenu, SessionDialogs, QMainWindow):
     """The DuplexCadence desktop window (one live session at a time)."""
 
     def __init__(self, controller: Optional[ctl.SessionController] = None, settings: Optional[QSettings] = None,
@@ -210,6 +211,7 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         col.addWidget(split, 1)
         self.setCentralWidget(central)
         self._build_menus()
+        self._build_help_menu()
         self._show_state(ctl.IDLE)
 
     def eventFilter(self, obj, event) -> bool:

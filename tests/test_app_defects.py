@@ -288,3 +288,23 @@ def test_push_to_talk_reads_muted_while_idle(qtbot, tmp_path):
     assert d.mic_state.text() == MIC_MUTED == "mic: muted (hold Space)"
     d.open_mic.click()
     assert d.mic_state.text() == MIC_OPEN
+
+
+def test_the_help_menu(qtbot, tmp_path, monkeypatch):
+    """Help → Keyboard shortcuts, What the plots show, About (with versions), each in a message box."""
+    import platform
+    from PySide6.QtCore import qVersion
+    from app.window_actions import KEYS
+    w = make_window(qtbot, tmp_path, SlowRunner)
+    menus = [a.text() for a in w.menuBar().actions()]
+    assert menus == ["&File", "&Session", "&Help"]
+    shown = []
+    monkeypatch.setattr(w, "show_help", lambda title, text: shown.append((title, text)))
+    for key in ("shortcuts", "plots", "about"):
+        w.help_actions[key].trigger()
+    (t1, shortcuts), (t2, plots), (t3, about) = shown
+    assert (t1, t2, t3) == ("Keyboard shortcuts", "What the plots show", "About DuplexCadence")
+    assert all(k in shortcuts for k in KEYS.values()) and "Space — hold to talk" in shortcuts
+    assert all(name in plots for name in ("Per-second work", "Sound", "Spectrogram", "State memory", "Events"))
+    assert f"Qt: {qVersion()}" in about and f"Python: {platform.python_version()}" in about
+    assert "DuplexCadence: 0." in about and "PyTorch: " in about
