@@ -57,12 +57,14 @@ class WindowActions:
 
     def fill_recent_menu(self) -> list:
         """File → Recent sessions: the newest kept sessions (interactive and scripted), each opens a replay."""
-        from app.lifecycle import recent_sessions
+        from app.lifecycle import recent_sessions, session_label
         self.recent_menu.clear()
+        self.recent_menu.setToolTipsVisible(True)
         folders = recent_sessions()
         for folder in folders:
             tag = " (scripted)" if folder.parent.name == "scripted" else ""
-            self.recent_menu.addAction(f"{folder.name}{tag}", lambda f=folder: self.open_session(f))
+            action = self.recent_menu.addAction(f"{session_label(folder)}{tag}", lambda f=folder: self.open_session(f))
+            action.setToolTip(str(folder))
         if not folders:
             self.recent_menu.addAction("(no finished sessions yet)").setEnabled(False)
         return folders

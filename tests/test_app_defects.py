@@ -308,3 +308,24 @@ def test_the_help_menu(qtbot, tmp_path, monkeypatch):
     assert all(name in plots for name in ("Per-second work", "Sound", "Spectrogram", "State memory", "Events"))
     assert f"Qt: {qVersion()}" in about and f"Python: {platform.python_version()}" in about
     assert "DuplexCadence: 0." in about and "PyTorch: " in about
+
+
+def test_recent_sessions_read_as_a_date_a_length_and_a_model(qtbot, tmp_path, monkeypatch):
+    import json
+    import numpy as np
+    from app.lifecycle import session_label
+    from engine.wavio import write_wav
+    monkeypatch.setenv("DUPLEXCADENCE_SESSIONS", str(tmp_path / "s"))
+    d = tmp_path / "s" / "20261207-044140-ab12cd34"
+    d.mkdir(parents=True)
+    (d / "session.jsonl").write_text(json.dumps({"index": 0, "tail": "mimi", "backbone": "synthetic"}) + "\n")
+    write_wav(d / "session_output.wav", np.zeros(42 * 24000, np.float32), 24000)
+    import time
+    when = time.strftime("%a %d %b %Y %H:%M", time.strptime("20261207-044140", "%Y%m%d-%H%M%S")).replace(" 0", " ", 1)
+    assert when in ("Mon 7 Dec 2026 04:41", time.strftime("%a 7 %b 2026 04:41", time.strptime("20261207", "%Y%m%d")))
+    assert session_label(d) == f"{when} · 42 s · mimi + synthetic"
+    w = make_window(qtbot, tmp_path, SlowRunner)
+    w.fill_recent_menu()
+    first = w.recent_menu.actions()[0]
+    assert first.text() == f"{when} · 42 s · mimi + synthetic" and first.toolTip() == str(d)
+    assert "ab12cd34" not in first.text()
