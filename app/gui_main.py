@@ -248,6 +248,8 @@ def main(argv=None) -> int:
     app.setApplicationName("DuplexCadence")
     app.setDesktopFileName("duplexcadence")        # matches packaging/duplexcadence.desktop (Wayland)
     app.setOrganizationName("DuplexCadence")
+    from app import alsa_log
+    alsa_log.install()                   # ALSA's underrun lines go to the event log, counted, not the terminal
     from app.lifecycle import SignalBridge, install_thread_guard
     from app.settings import open_qsettings
     from app.window import MainWindow

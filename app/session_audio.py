@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
+from app.alsa_log import drained_lines
 from app.audio_io import InputSource, Playback, SilentInput
 from app.states import RUNNING, STARTING
 
@@ -96,6 +97,8 @@ class SessionAudio:
                 self.replace_output(None)
         while self.pump.events:
             self.event.emit(*self.pump.events.popleft())
+        for line in drained_lines():                # ALSA's own lines (underruns), counted, not on the terminal
+            self.event.emit("alsa", line)
 
     def _check_unheard(self) -> None:
         """Speech while the model is still being built is not heard: say so once, at once (banner, event log,

@@ -11,7 +11,7 @@ from PySide6.QtWidgets import (QApplication, QFrame, QHBoxLayout, QLabel, QMainW
                                QWidget)
 
 from app import controller as ctl
-from app import theme, wheel
+from app import alsa_log, theme, wheel
 from app.audio_io import AudioUnavailable, DeviceInput, DeviceOutput, FileInput, list_devices
 from app.banners import BannerStack
 from app.dashboard import ScopePlot, SpectrogramPlot, StatsPanel
@@ -262,6 +262,8 @@ class MainWindow(WindowActions, HelpMenu, SessionDialogs, QMainWindow):
         self.device_panel.populate(inputs, outputs, error, self.settings.input_file)
         if error:
             self.events.add("device", error)
+        for line in alsa_log.drained_lines():       # what ALSA said while the devices were listed
+            self.events.add("alsa", line)
 
     def _apply_settings(self, s: AppSettings) -> None:
         self.model_panel.set_values(s.tail, s.backbone, s.size, s.checkpoint, s.backbone_checkpoint, s.voice)

@@ -2,6 +2,7 @@
 dialogs take a typed new folder, and the like (offscreen, pytest-qt)."""
 from __future__ import annotations
 
+import pytest
 from PySide6.QtCore import QPoint, QPointF, Qt
 from PySide6.QtGui import QWheelEvent
 from PySide6.QtWidgets import QApplication
@@ -329,3 +330,25 @@ def test_recent_sessions_read_as_a_date_a_length_and_a_model(qtbot, tmp_path, mo
     first = w.recent_menu.actions()[0]
     assert first.text() == f"{when} · 42 s · mimi + synthetic" and first.toolTip() == str(d)
     assert "ab12cd34" not in first.text()
+
+
+def test_alsa_lines_are_counted_into_the_event_log_not_printed(qtbot, tmp_path, speech_wav, capfd):
+    from app import alsa_log
+    log = alsa_log.AlsaLog()
+    if alsa_log.probe() is None:
+        pytest.skip("no libasound here")
+    capfd.readouterr()
+    assert log.install()
+    try:
+        assert alsa_log.probe() < 0                         # ALSA reports the unknown PCM through the handler
+    finally:
+        log.uninstall()
+    assert capfd.readouterr().err == ""                     # nothing on the terminal
+    assert log.total == 1 and log.drain() == [("snd_pcm_open_noupdate: Unknown PCM …", 1)]
+    w = make_window(qtbot, tmp_path, lambda cfg: SlowRunner(cfg, work_s=0.05))
+    assert w.start_with(TINY, FileInput(speech_wav))
+    qtbot.waitUntil(lambda: len(w.controller.records) >= 1, timeout=15000)
+    for _ in range(3):                                      # the audio thread's underruns, as ALSA reports them
+        alsa_log.ALSA._on_error(b"pcm.c", 8545, b"snd_pcm_recover", 0, b"%s occurred")
+    qtbot.waitUntil(lambda: "ALSA: underrun or overrun" in w.events.view.toPlainText(), timeout=5000)
+    assert "×3" in w.events.view.toPlainText()
