@@ -105,6 +105,31 @@ def test_the_app_starts_when_triton_cannot_define_its_kernels():
         r.stderr[-2000:]
 
 
+# ---------------------------------------------------------------- package metadata (fast)
+
+METADATA_SCRIPT = r"""
+import sys
+from setuptools import build_meta
+print(build_meta.prepare_metadata_for_build_wheel(sys.argv[1]))
+"""
+
+
+def test_the_package_metadata_builds_without_deprecation_boxes(tmp_path):
+    """The license is an SPDX expression (PEP 639): setuptools prints no deprecation box on an install."""
+    setuptools = pytest.importorskip("setuptools")
+    if int(setuptools.__version__.split(".")[0]) < 77:
+        pytest.skip(f"setuptools {setuptools.__version__} predates SPDX licenses (the build itself asks for >= 77)")
+    for name in ("pyproject.toml", "README.md", "NOTICE"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    (tmp_path / "meta").mkdir()
+    r = subprocess.run([sys.executable, "-W", "always", "-c", METADATA_SCRIPT, str(tmp_path / "meta")], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Deprecat" not in r.stdout + r.stderr, r.stderr[-3000:]
+    meta = next((tmp_path / "meta").glob("*.dist-info")) / "METADATA"
+    assert "License-Expression: Apache-2.0" in meta.read_text().splitlines()
+
+
 # ---------------------------------------------------------------- desktop entry (fast)
 
 def _validate(path: Path) -> None:
