@@ -1,5 +1,6 @@
-"""The window's small promises, each seen by a test: the wheel changes only a focused control, folder
-dialogs take a typed new folder, and the like (offscreen, pytest-qt)."""
+"""What a user meets in the window, each promise seen by a test (offscreen, pytest-qt): the wheel changes only a
+focused control, the export dialogs take a typed new folder, speech while the model loads is said not heard, the
+plots keep their size and their labels apart, the Help menu, readable recent sessions, ALSA's lines in the log."""
 from __future__ import annotations
 
 import pytest
