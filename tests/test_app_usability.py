@@ -17,6 +17,15 @@ SPEAKERS = [DeviceInfo(3, "Speakers", "ALSA", 0, 2, 48000)]
 TINY = SessionConfig(tail="mimi", backbone="synthetic", size="tiny", device="cpu", graph_replay=False)
 
 
+@pytest.fixture
+def no_exit(monkeypatch):
+    """A scripted run ends by QApplication.exit(code): here the code is kept (a real exit would quit the
+    application the tests share: Qt emits aboutToQuit, and pyqtgraph clears its scenes then)."""
+    codes = []
+    monkeypatch.setattr(QApplication, "exit", staticmethod(lambda code=0: codes.append(code)))
+    return codes
+
+
 def _wheel(widget, notches: int = -1) -> None:
     """One wheel turn over the middle of ``widget`` (down for negative ``notches``)."""
     pos = QPointF(widget.width() / 2, widget.height() / 2)
@@ -145,7 +154,7 @@ class LateSession:
         pass
 
 
-def test_cannot_keep_up_is_said_once_on_stderr(qtbot, tmp_path, speech_wav, monkeypatch, capsys, caplog):
+def test_cannot_keep_up_is_said_once_on_stderr(qtbot, tmp_path, speech_wav, monkeypatch, capsys, caplog, no_exit):
     """A scripted run prints the engine's "cannot keep up" once: the app's line, and no log line from the runner
     (outside pytest a warning logged goes to stderr too)."""
     import argparse
@@ -160,6 +169,7 @@ def test_cannot_keep_up_is_said_once_on_stderr(qtbot, tmp_path, speech_wav, monk
     assert sum("cannot keep up" in line for line in err.splitlines()) == 1, err
     assert "duplexcadence: warning: cannot keep up" in err
     assert not [r for r in caplog.records if "cannot keep up" in r.getMessage()]
+    assert no_exit == [0]
 
 
 def test_the_echo_readout_is_no_number_without_an_echo_path():
@@ -266,7 +276,7 @@ def test_the_window_at_its_default_and_its_smallest_size(qtbot, tmp_path):
         assert legend.right() <= plot.width(), (type(plot).__name__, legend.getRect(), plot.width())
 
 
-def test_the_scripted_screenshot_shows_the_session_live(qtbot, tmp_path, speech_wav, monkeypatch):
+def test_the_scripted_screenshot_shows_the_session_live(qtbot, tmp_path, speech_wav, monkeypatch, no_exit):
     """The screenshot is taken at the last second, with that second's state (it showed FINISHING…)."""
     import argparse
     from app.gui_main import ScriptedRun
@@ -278,7 +288,7 @@ def test_the_scripted_screenshot_shows_the_session_live(qtbot, tmp_path, speech_
     run = ScriptedRun(w, argparse.Namespace(seconds=3, screenshot=str(shot), output_file=None, export=None))
     assert run.start(TINY, FileInput(speech_wav, speed=4.0), None)
     qtbot.waitUntil(lambda: run._finished, timeout=30000)
-    assert shown == ["SPEAKING"] and shot.is_file()           # SlowRunner's seconds all speak
+    assert shown == ["SPEAKING"] and shot.is_file() and no_exit == [0]           # SlowRunner's seconds all speak
 
 
 def test_push_to_talk_reads_muted_while_idle(qtbot, tmp_path):
