@@ -177,7 +177,8 @@ class ScriptedRun:
 
 
 def check_outputs(a: argparse.Namespace) -> None:
-    """Refuse output paths that are special files, links or the input, before the window opens."""
+    """Refuse output paths that are special files, links or the input, or in a folder that does not exist or
+    takes nothing new, before the window opens."""
     from engine.session.journal import SESSION_FILES
     inputs = [a.input_file]
     if a.output_file:
