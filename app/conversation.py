@@ -25,8 +25,9 @@ DEFAULT_DELAY_S = 0.5
 
 
 def controlled_runner(cfg: SessionConfig) -> LiveRunner:
-    """The app's embedded runner: sessions that follow the user's controls (force-listen)."""
-    return LiveRunner(cfg, session_factory=ControlledSession)
+    """The app's embedded runner: sessions that follow the user's controls (force-listen). The app says "cannot
+    keep up" itself (a banner, the event log, a scripted run's stderr), so the runner does not log it too."""
+    return LiveRunner(cfg, session_factory=ControlledSession, log_notice=False)
 
 
 class UserControls:

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
+from typing import Optional, Tuple
 
 from engine.cli.validate import OneLineParser, output_file, output_folder, seconds, seed
 from engine import registry
@@ -27,8 +29,11 @@ SCREENSHOT_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="duplexcadence", description="Live full-duplex conversation with a "
-                                "clock-aware engine. Subcommands: synth, run (see 'duplexcadence synth -h').")
+    from app.subcommands import SUBCOMMAND_HELP
+    listed = "\n".join(f"  {name:<9} {text}" for name, text in SUBCOMMAND_HELP.items())
+    p = OneLineParser(prog="duplexcadence", description="Live full-duplex conversation with a clock-aware engine.",
+                      epilog=f"subcommands (see 'duplexcadence SUBCOMMAND -h'):\n{listed}",
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     s = p.add_argument_group("scripted session (demos, tests, screenshots)")
     s.add_argument("--input-file", metavar="IN.wav", help="play this WAV as the microphone, at real-time pace")
     s.add_argument("--input-device", metavar="NAME", help="use this audio input device (name or index)")
@@ -107,20 +112,17 @@ class ScriptedRun:
         return True
 
     def _on_record(self, rec) -> None:
-        """The last second is in: take the screenshot while the session still looks live."""
+        """The last second is in: take the screenshot while the session still looks live (the state shows that
+        second's LISTENING or SPEAKING, not the FINISHING… the input's end has already brought)."""
         if self.args.screenshot and not self._shot and rec.index + 1 >= self.seconds:
+            self.window.show_decision(rec.decision)
             self._screenshot()
 
     def _screenshot(self) -> None:
         from PySide6.QtWidgets import QApplication
         self._shot = True
         QApplication.processEvents()
-        path = Path(self.args.screenshot)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            self._on_message("error", f"cannot write screenshot {path}: {e.strerror or e}")
-            return
+        path = Path(self.args.screenshot)              # its folder was checked before the session
         if not self.window.grab().save(str(path)):
             self._on_message("error", f"cannot write screenshot {path}")
 
@@ -154,7 +156,6 @@ class ScriptedRun:
             self._screenshot()
         if a.output_file:
             try:
-                Path(a.output_file).parent.mkdir(parents=True, exist_ok=True)
                 wrote.append(str(c.save_output(a.output_file)))
             except OSError as e:
                 self._on_message("error", f"cannot write {a.output_file}: {e.strerror or e}")
@@ -176,7 +177,8 @@ class ScriptedRun:
 
 
 def check_outputs(a: argparse.Namespace) -> None:
-    """Refuse output paths that are special files, links or the input, before the window opens."""
+    """Refuse output paths that are special files, links or the input, or in a folder that does not exist or
+    takes nothing new, before the window opens."""
     from engine.session.journal import SESSION_FILES
     inputs = [a.input_file]
     if a.output_file:
@@ -214,8 +216,31 @@ def _audio(a: argparse.Namespace):
     return source, sink
 
 
+def display_platform(env, scripted: bool, platform: str = sys.platform) -> Tuple[Optional[str], str]:
+    """Where the window draws when there is no display: (the Qt platform to use, or None for Qt's choice; the
+    one line to print, or ""). On Linux without $DISPLAY and $WAYLAND_DISPLAY (and no $QT_QPA_PLATFORM), Qt
+    would abort the process (SIGABRT) with a message about a missing library: a scripted run draws
+    offscreen instead (its screenshot and exports are the same), the interactive app says there is no
+    display."""
+    if not platform.startswith("linux") or env.get("QT_QPA_PLATFORM") or env.get("DISPLAY") \
+            or env.get("WAYLAND_DISPLAY"):
+        return None, ""
+    if scripted:
+        return "offscreen", ("duplexcadence: no display ($DISPLAY and $WAYLAND_DISPLAY are unset): the scripted "
+                             "session draws offscreen")
+    return None, ("duplexcadence: error: no display: $DISPLAY and $WAYLAND_DISPLAY are unset; start the app "
+                  "from a desktop session, or run a scripted session (--input-file, see --help)")
+
+
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
+    platform, line = display_platform(os.environ, _scripted(a))
+    if line:
+        print(line, file=sys.stderr)
+    if platform is None and line:
+        return 2
+    if platform is not None:
+        os.environ["QT_QPA_PLATFORM"] = platform
     if a.reference_paths:
         from engine import fastpath
         fastpath.force_reference(True)
@@ -224,6 +249,8 @@ def main(argv=None) -> int:
     app.setApplicationName("DuplexCadence")
     app.setDesktopFileName("duplexcadence")        # matches packaging/duplexcadence.desktop (Wayland)
     app.setOrganizationName("DuplexCadence")
+    from app import alsa_log
+    alsa_log.install()                   # ALSA's underrun lines go to the event log, counted, not the terminal
     from app.lifecycle import SignalBridge, install_thread_guard
     from app.settings import open_qsettings
     from app.window import MainWindow

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import collections
+import json
 import os
 import shutil
 import signal
@@ -29,10 +30,12 @@ from pathlib import Path
 from typing import Deque, Dict, List, Optional
 
 from PySide6.QtCore import QObject, QSocketNotifier, QStandardPaths, Signal
-from PySide6.QtWidgets import QFileDialog, QMessageBox
+from PySide6.QtWidgets import QMessageBox
 
 from engine.session import ExportError
-from engine.session.journal import MARKER, SessionJournal, fresh_folder, recover, unfinished_journals
+from engine.audio import SESSION_RATE
+from engine.session.journal import MARKER, OUTPUT_WAV, RECORDS, SessionJournal, fresh_folder, unfinished_journals
+from engine.session.recovery import recover
 
 #: finished sessions kept (interactive and scripted runs each their own count) and for how long at most
 KEEP_FINISHED = 20
@@ -75,6 +78,34 @@ def recent_sessions(limit: int = 10) -> List[Path]:
     except OSError:
         pass
     return both[:limit]
+
+
+def session_label(folder: Path) -> str:
+    """A kept session as a person reads it: when it started, how long it ran and with which model, e.g.
+    "Sat 7 Dec 2026 04:41 · 42 s · step-audio2 + synthetic" (from the folder's name, its output WAV's
+    length and its first record; each part left out when it cannot be read)."""
+    folder = Path(folder)
+    try:
+        when = time.strptime(folder.name[:15], "%Y%m%d-%H%M%S")
+    except ValueError:
+        try:
+            when = time.localtime(folder.stat().st_mtime)
+        except OSError:
+            when = None
+    parts = [time.strftime("%a %d %b %Y %H:%M", when).replace(" 0", " ", 1)] if when else [folder.name]
+    try:
+        samples = ((folder / OUTPUT_WAV).stat().st_size - 44) // 2     # 16-bit mono after a 44-byte header
+        parts.append(f"{samples / SESSION_RATE:.0f} s")
+    except OSError:
+        pass
+    try:
+        with open(folder / RECORDS, encoding="utf-8") as f:
+            first = json.loads(f.readline() or "{}")
+        if first.get("tail") and first.get("backbone"):
+            parts.append(f"{first['tail']} + {first['backbone']}")
+    except (OSError, ValueError, AttributeError):
+        pass
+    return " · ".join(parts)
 
 
 def prune_finished(root: Path, keep: int = KEEP_FINISHED, max_age_days: float = KEEP_DAYS) -> None:
@@ -193,8 +224,9 @@ class SessionDialogs:
         return {export: "export", discard: "discard"}.get(box.clickedButton(), "cancel")
 
     def choose_folder(self, title: str) -> str:
-        """A folder from the user ("" when cancelled)."""
-        return QFileDialog.getExistingDirectory(self, title, self.settings.export_dir)
+        """A folder from the user: an existing one or a typed new one, created ("" when cancelled)."""
+        from app.folder_dialog import choose_new_or_existing_folder
+        return choose_new_or_existing_folder(self, title, self.settings.export_dir)
 
     # -- recovery of a session whose process died -------------------------------------------------
     def offer_recovery(self, root=None) -> int:

@@ -4,7 +4,7 @@ back into the "microphone" over an echo path, on one clock, with no audio device
 :class:`LoopbackOutput` is a sink like :class:`app.audio_io.DeviceOutput` (a bounded
 :class:`engine.echo.PlaybackQueue` and the ``played`` far-end ring); :class:`LoopbackInput` plays a WAV as the
 user's voice and, every 20 ms block, pops the speaker's next block, records it as played and adds what the
-echo path (engine/bench/echo_sim.py: ``delay_ms`` later, ``gain_db`` quieter, a short room response) makes of
+echo path (engine/echo/room.py: ``delay_ms`` later, ``gain_db`` quieter, a short room response) makes of
 it — what a laptop without headphones does. ``duplexcadence --input-file IN.wav --simulate-echo 120:-10``
 uses it; so do the app's echo tests and the screenshots.
 """
@@ -15,8 +15,8 @@ from typing import Optional, Tuple
 import numpy as np
 
 from app.audio_io import FileInput, Primed, RingBuffer
-from engine.bench.echo_sim import EchoPath
 from engine.echo import PlaybackQueue
+from engine.echo.room import EchoPath
 
 
 def parse_echo(spec: str) -> Tuple[float, float]:

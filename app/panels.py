@@ -6,7 +6,7 @@ import threading
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from PySide6.QtCore import QTimer, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import (QApplication, QButtonGroup, QCheckBox, QComboBox, QFileDialog, QFormLayout,
                                QGroupBox, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton,
@@ -22,6 +22,22 @@ from engine.session import SessionConfig
 from engine.session.input_rate import default_input_rate
 
 SIZES = [("auto", "auto"), ("released", "released"), ("tiny", "tiny")]
+#: the mic label: open (every sound goes to the model), or muted until Space is held (push-to-talk)
+MIC_OPEN, MIC_MUTED = "mic: open", "mic: muted (hold Space)"
+
+
+def short_title(title: str) -> str:
+    """A part's title as its picker shows it: without the parenthesis ("Step-Audio2 token2wav"); the whole
+    title is the item's tooltip."""
+    return title.split(" (", 1)[0]
+
+
+def _model_combo(entries, tooltip: str) -> QComboBox:
+    """A picker of registered parts: short titles shown whole, the full title as each item's tooltip."""
+    c = _combo([(short_title(e.title), e.name) for e in entries], tooltip)
+    for i, e in enumerate(entries):
+        c.setItemData(i, e.title, Qt.ToolTipRole)
+    return c
 
 
 def _combo(items, tooltip: str = "") -> QComboBox:
@@ -95,10 +111,8 @@ class ModelPanel(QGroupBox):
     def __init__(self, cuda: bool, parent=None):
         super().__init__("Model", parent)
         self.cuda = cuda
-        self.tail = _combo([(e.title, e.name) for e in registry.tails()],
-                           "the decoder tail that turns speech tokens into audio")
-        self.backbone = _combo([(e.title, e.name) for e in registry.backbones()],
-                               "the model that listens and decides what to say")
+        self.tail = _model_combo(registry.tails(), "the decoder tail that turns speech tokens into audio")
+        self.backbone = _model_combo(registry.backbones(), "the model that listens and decides what to say")
         self.size = _combo(SIZES, "auto picks released sizes on a GPU and tiny sizes on a CPU")
         self.checkpoint = PathChooser("none: seeded random weights")
         self.backbone_checkpoint = PathChooser("the backbone's weights folder (optional)")
@@ -249,7 +263,7 @@ class DevicePanel(QGroupBox):
         self.open_mic.setChecked(True)
         self.meter = LevelMeter()
         self.out_meter = LevelMeter(tooltip="level of the model's speech playing now (dBFS)")
-        self.mic_state = QLabel("mic: open")
+        self.mic_state = QLabel(MIC_OPEN)
         self.xruns = QLabel("xruns: 0")
         self.xruns.setToolTip("audio callback overflows and underflows, and blocks that found the input "
                               "buffer full")
@@ -276,6 +290,7 @@ class DevicePanel(QGroupBox):
         self.input.activated.connect(self._on_input)
         self.output.activated.connect(lambda _: self.output_changed.emit())
         self.ptt.toggled.connect(self.push_to_talk_changed.emit)
+        self.ptt.toggled.connect(lambda _: self.show_mic_idle())
 
     def populate(self, inputs: List[DeviceInfo], outputs: List[DeviceInfo], error: str = "",
                  input_file: str = "") -> None:
@@ -341,6 +356,10 @@ class DevicePanel(QGroupBox):
         if i >= 0:
             self.output.setCurrentIndex(i)
 
+    def show_mic_idle(self) -> None:
+        """No session: the mic label says what the chosen mode will do (push-to-talk: muted until Space)."""
+        self.mic_state.setText(MIC_MUTED if self.ptt.isChecked() else MIC_OPEN)
+
     def show_meters(self, m: dict) -> None:
         self.meter.set_level(m.get("level_db", -120.0))
         out = m.get("output_db")
@@ -348,7 +367,7 @@ class DevicePanel(QGroupBox):
             self.out_meter.set_idle("no playback")
         else:
             self.out_meter.set_level(out)
-        self.mic_state.setText("mic: open" if m.get("mic_open", True) else "mic: muted (hold Space)")
+        self.mic_state.setText(MIC_OPEN if m.get("mic_open", True) else MIC_MUTED)
         self.xruns.setText(f"xruns: {m.get('xruns', 0)}")
 
 

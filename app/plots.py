@@ -2,7 +2,7 @@
 
 :class:`TimingPlot`: per-second LISTEN / THINK / SPEAK as stacked bars, the 1 s deadline as a dashed
 line, missed seconds outlined and marked in red, a labelled vertical line where a toggle took
-effect, and SPEAK in a paler green in listening seconds (the tail runs on silence tokens; a second
+effect (labels stacked so they never overlap), and SPEAK in a paler green in listening seconds (the tail runs on silence tokens; a second
 whose record says the tail was skipped has no SPEAK bar). :class:`MemoryPlot`: the engine's state arena and
 the torch allocator's reserved bytes over time, and on CUDA the card's total memory (and the process cap) as
 labelled lines from the session's info. Both redraw from a :class:`SessionSeries`.
@@ -15,7 +15,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt
-from PySide6.QtGui import QColor, QPainter, QPalette
+from PySide6.QtGui import QColor, QFontMetrics, QPainter, QPalette
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
 from app import theme
@@ -31,6 +31,9 @@ STAGE_COLOURS = {"listen": "#4c78a8", "think": "#b279a2", "speak": "#59a14f"}
 LISTENING_SPEAK = "#a9d39e"
 LISTENING_SPEAK_NAME = "SPEAK on silence (listening)"
 TOGGLE_COLOUR = "#e17c05"
+#: the heights (a share of the plot) toggle labels take, top first, and the room kept after each label (px)
+LABEL_ROWS = (0.93, 0.81, 0.69, 0.57)
+LABEL_GAP_PX = 8
 #: how many seconds the plots show (scrolling window)
 VISIBLE_S = 120
 
@@ -42,6 +45,19 @@ def _style(plot: pg.PlotItem, title: str, ylabel: str) -> None:
     plot.setLabel("bottom", "session second")
     plot.setMenuEnabled(False)
     plot.getViewBox().setMouseEnabled(x=False, y=False)
+
+
+def fit_legend(plot: pg.PlotWidget, legend: pg.LegendItem, most: int) -> None:
+    """As many legend columns (at most ``most``) as the plot's width holds: a narrow plot wraps its legend
+    into more rows instead of running its labels off the plot."""
+    font = plot.font()
+    font.setPointSizeF(8.0)
+    widths = [QFontMetrics(font).horizontalAdvance(label.text) + 34 for _, label in legend.items] or [0]
+    room = plot.width() - 90                                  # the axis and the legend's offset
+    cols = next((k for k in range(min(most, len(widths)), 1, -1)
+                 if sum(max(widths[j::k]) for j in range(k)) <= room), 1)
+    if legend.columnCount != cols:
+        legend.setColumnCount(cols)
 
 
 def toggle_label(change: dict) -> str:
@@ -85,12 +101,22 @@ class TimingPlot(pg.PlotWidget):
         item.addItem(self.deadline)
         item.setYRange(0, 1300)
         item.setXRange(-0.5, 10.5)
+        item.getViewBox().sigResized.connect(               # a narrower plot: the labels are laid out again
+            lambda *_: self._lay_out_labels([line for line in self.toggle_lines if line.isVisible()]))
         theme.apply_plot(self)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        if "legend" in self.__dict__:             # pyqtgraph resizes the widget while it is built
+            fit_legend(self, self.legend, 5)
 
     def update_from(self, series: SessionSeries) -> None:
         full = series
         series = series.window(self.visible_s)
-        self._mark_toggles(full, series)
+        self._draw(series)
+        self._mark_toggles(full, series)          # after the x-range is set: the labels are laid out in it
+
+    def _draw(self, series: SessionSeries) -> None:
         if not len(series):
             for bar in (*self.bars.values(), self.listening_speak, self.miss_bars):
                 bar.setOpts(x=[], height=[], y0=[])
@@ -110,7 +136,8 @@ class TimingPlot(pg.PlotWidget):
         self.miss_bars.setOpts(x=x[missed], height=base[missed], y0=np.zeros(int(missed.sum())))
         self.miss_marks.setData(x[missed], base[missed] + 0.04 * series.deadline_ms)
         self.deadline.setValue(series.deadline_ms)
-        top = max(1.3 * series.deadline_ms, float(base.max()) * 1.15)   # headroom for the legend
+        room = 1.2 + 0.1 * self.legend.rowCount                          # headroom for the legend's rows
+        top = max(room * series.deadline_ms, float(base.max()) * (room - 0.15))
         self.getPlotItem().setYRange(0, top, padding=0)
         first, last = float(x[0]), float(x[-1])
         self.getPlotItem().setXRange(first - 0.5, max(first + 10.5, last + 0.5), padding=0)
@@ -130,6 +157,25 @@ class TimingPlot(pg.PlotWidget):
                 line.setValue(changes[i]["index"] - 0.5)       # between the last old and the first new second
                 line.label.setFormat(f"→ {toggle_label(changes[i])}")
             line.setVisible(i < len(changes))
+        self._lay_out_labels(self.toggle_lines[:len(changes)])
+
+    def _lay_out_labels(self, lines: list) -> None:
+        """Toggle labels never overlap: each goes in the highest of :data:`LABEL_ROWS` whose last label ends left
+        of it; a label with no room in any row is hidden (its line stays; the event log names the change)."""
+        px = self.getPlotItem().getViewBox().viewPixelSize()[0]       # seconds per pixel
+        if not px or not math.isfinite(px):
+            px = (self.visible_s / 600.0)
+        ends = [-math.inf] * len(LABEL_ROWS)
+        for line in lines:
+            label = line.label
+            width = (QFontMetrics(label.textItem.font()).horizontalAdvance(label.format) + LABEL_GAP_PX) * px
+            x = line.value()
+            row = next((k for k, end in enumerate(ends) if end <= x), None)
+            label.setVisible(row is not None)
+            if row is not None:
+                label.setPosition(LABEL_ROWS[row])
+                label.valueChanged()                 # a label hidden before missed its new text
+                ends[row] = x + width
 
 
 #: the card's total memory and the process cap (torch.cuda's per-process memory fraction), as horizontal lines
@@ -199,6 +245,11 @@ class MemoryPlot(pg.PlotWidget):
         item.setXRange(-0.5, 10.5)
         self.visible_s = VISIBLE_S
         theme.apply_plot(self)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        if "legend" in self.__dict__:
+            fit_legend(self, self.legend, 2)
 
     def set_info(self, info: dict) -> None:
         """The session's device: CUDA with ``device_memory_mib`` (and ``memory_cap_mib``) draws the lines;

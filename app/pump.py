@@ -60,6 +60,7 @@ class FramePump(threading.Thread):
         self.talking = False             # Space held (push-to-talk)
         self.model_speaking = False      # the latest second's decision was "speak" (shown, not used to flush)
         self.level_db = SILENCE_DB       # latest block, before the gate
+        self.unheard_s = 0.0             # seconds of speech (above the barge-in threshold) before ``accepting``
         self.submitted = 0
         self.error: Optional[str] = None  # set when the worker died (what broke, one line)
         self.events: Deque[tuple] = collections.deque(maxlen=1000)
@@ -166,6 +167,8 @@ class FramePump(threading.Thread):
         self.level_db = level_db(block)
         far = self._drain_far()
         if not self.accepting:
+            if self.level_db > self.detector.abs_db:      # speech while the session is built: not heard
+                self.unheard_s += len(block) / max(1, self._source.rate)
             return
         gate_open = self.talking or not self.push_to_talk
         if not gate_open:

@@ -84,6 +84,8 @@ class ReadoutRow(QWidget):
         else:
             sup = getattr(self, "_sup", 0.0)
         on = bool(row.get("echo_cancellation"))
+        if not on:                                # cancellation off: no suppression, not the last one's
+            sup = self._sup = 0.0
         state = echo or ("on" if on else "off")
         self._set("echo", f"echo −{sup:.0f} dB" if sup > 0 else f"echo {state}",
                   GREY if not on else GREEN if sup >= 20 or not sup else YELLOW)

@@ -2,7 +2,8 @@
 
 An export holds ``STEM.jsonl`` (one record per second; ``STEM.csv`` is read when the JSON Lines
 file is missing), ``STEM.trace.json`` (its ``otherData`` is the session's info: model titles,
-device, size) and ``STEM_input.wav`` / ``STEM_output.wav``. Only the records are required; a
+device, size; where it lacks them, as older ``duplexcadence run`` logs do, they come from its ``config`` or
+the records) and ``STEM_input.wav`` / ``STEM_output.wav``. Only the records are required; a
 folder without them, or a damaged line, is one :class:`ReplayError` naming the file.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from engine import registry
 from engine.session import SecondRecord
 from engine.wavio import WavError, read_wav
 
@@ -110,13 +112,36 @@ def _read_rows(folder: Path) -> List[dict]:
     return rows
 
 
-def _read_info(folder: Path, stem: str) -> Dict[str, object]:
+def _read_info(folder: Path, stem: str, rows: List[dict]) -> Dict[str, object]:
     path = folder / f"{stem}.trace.json"
     try:
         other = json.loads(path.read_text(encoding="utf-8")).get("otherData", {})
     except (OSError, ValueError, AttributeError):
-        return {}                     # the trace is optional: without it the view has no model titles
-    return other if isinstance(other, dict) else {}
+        other = {}                    # the trace is optional: the model is then named from the records
+    return _with_model(other if isinstance(other, dict) else {}, rows)
+
+
+def _title_of(kind: str, name: str) -> str:
+    try:
+        return (registry.get_tail if kind == "tail" else registry.get_backbone)(name).title
+    except (KeyError, ValueError):
+        return name                   # a part this build does not know: its name
+
+
+def _with_model(info: Dict[str, object], rows: List[dict]) -> Dict[str, object]:
+    """``info`` with the model titles, device and size filled where it lacks them: from the run's ``config``
+    (a ``duplexcadence run`` log holds only that), else from the records' tail and backbone names."""
+    cfg = info.get("config") if isinstance(info.get("config"), dict) else {}
+    first = rows[0] if rows else {}
+    out = dict(info)
+    for kind in ("tail", "backbone"):
+        name = cfg.get(kind) or first.get(kind)
+        if not out.get(f"{kind}_title") and isinstance(name, str) and name:
+            out[f"{kind}_title"] = _title_of(kind, name)
+    for key in ("device", "size"):
+        if not out.get(key) and isinstance(cfg.get(key), str):
+            out[key] = cfg[key]
+    return out
 
 
 def _read_audio(path: Path) -> Optional[Tuple[np.ndarray, int]]:
@@ -138,7 +163,7 @@ def load_session(folder) -> LoadedSession:
     rows = _read_rows(folder)
     jsonl = _find(folder, ".jsonl") or _find(folder, ".csv")
     stem = jsonl.stem if jsonl is not None else "session"
-    return LoadedSession(folder, rows, _read_info(folder, stem), _read_audio(folder / f"{stem}_input.wav"),
+    return LoadedSession(folder, rows, _read_info(folder, stem, rows), _read_audio(folder / f"{stem}_input.wav"),
                          _read_audio(folder / f"{stem}_output.wav"))
 
 

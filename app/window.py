@@ -1,37 +1,31 @@
-"""The main window: Start/Stop, model and audio panels, toggles, live plots, summary, events, export."""
+"""The main window: Start/Stop, model and audio panels, toggles, live plots, summary, events, export.
+
+Its layout is app/window_layout.py, its menus and keys app/window_actions.py and app/help_menu.py, its questions
+(closing a running session, recovering a dead one) app/lifecycle.py; this file holds what it does with a session.
+"""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
-from PySide6.QtCore import QSettings, Qt, QTimer
+from PySide6.QtCore import QSettings, QTimer
 from PySide6.QtGui import QIcon
-from PySide6.QtWidgets import (QApplication, QFileDialog, QFrame, QHBoxLayout, QLabel, QMainWindow,
-                               QPushButton, QScrollArea, QSplitter, QTabWidget, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import QApplication, QMainWindow
 
 from app import controller as ctl
-from app import theme
+from app import alsa_log, theme, wheel
 from app.audio_io import AudioUnavailable, DeviceInput, DeviceOutput, FileInput, list_devices
-from app.banners import BannerStack
-from app.dashboard import ScopePlot, SpectrogramPlot, StatsPanel
-from app.engine_panel import EnginePanel
-from app.panels import DevicePanel, EventLogPanel, ModelPanel, SummaryRow, TogglePanel
-from app.prompt_panel import SystemPromptPanel
-from app.plots import MemoryPlot, TimingPlot
-from app.readouts import ConversationPanel, ReadoutRow
-from app.transcript import TranscriptView
+from app.help_menu import HelpMenu
 from app.settings import AppSettings, load_settings, open_qsettings, save_settings
-from app.viewmodel import YELLOW, EventLog, SessionSeries, keep_up_advice
+from app.viewmodel import EventLog, SessionSeries, keep_up_advice
 from app.lifecycle import SessionDialogs
-from app.window_actions import KEYS, PTT_RELEASE_MS, WindowActions
+from app.window_actions import PTT_RELEASE_MS, WindowActions
+from app.window_layout import DEFAULT_SIZE, MIN_SIZE, SYNTHETIC_BANNER, WindowLayout  # noqa: F401  (tests)
 from engine.wavio import WavError
 from engine.paths import asset
 from engine.core.toggles import Toggles
 from engine.session import ExportError, SessionConfig
 
-SYNTHETIC_BANNER = ("Synthetic weights: timing and memory are real; the voice is not speech — "
-                    "load a checkpoint folder for a real voice.")
 ICON = "duplexcadence.png"
 #: the per-stage statistics look back this many seconds (their cost stays flat)
 STATS_WINDOW_S = 600
@@ -41,12 +35,13 @@ STATE_STYLE = {
 }
 
 
-class MainWindow(WindowActions, SessionDialogs, QMainWindow):
+class MainWindow(WindowLayout, WindowActions, HelpMenu, SessionDialogs, QMainWindow):
     """The DuplexCadence desktop window (one live session at a time)."""
 
     def __init__(self, controller: Optional[ctl.SessionController] = None, settings: Optional[QSettings] = None,
                  devices: Callable = list_devices, cuda: Optional[bool] = None):
         theme.apply_env_theme()                     # $DUPLEXCADENCE_THEME=dark|light, else the system's
+        wheel.install()                             # the wheel scrolls the panels; it changes focused controls only
         super().__init__()
         self.setWindowTitle("DuplexCadence — live duplex conversation")
         try:
@@ -62,6 +57,7 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         self.series = SessionSeries()
         self.log = EventLog()
         self._build()
+        wheel.guard(self)
         self._connect()
         self._load_devices(devices)
         self._apply_settings(self.settings)
@@ -70,7 +66,8 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         self._ptt_release.timeout.connect(lambda: self.controller.press_talk(False))
         self._replay = None
         self._started_model = None
-        self.resize(1440, 920)
+        self.setMinimumSize(*MIN_SIZE)
+        self.resize(*DEFAULT_SIZE)
 
     # -- construction --------------------------------------------------------------------------
     @staticmethod
@@ -79,103 +76,6 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
             return SessionConfig().resolved().device == "cuda"
         except ValueError:
             return False
-
-    def _build(self) -> None:
-        self.start_button = QPushButton("Start")
-        self.stop_button = QPushButton("Stop")
-        self.export_button = QPushButton("Export…")
-        self.start_button.setToolTip(f"build the model and start listening ({KEYS['start']})")
-        self.stop_button.setToolTip(f"stop the session after the second in progress ({KEYS['stop']})")
-        self.export_button.setToolTip("timing logs (CSV, JSON Lines, Perfetto trace) and input/output WAV "
-                                      f"({KEYS['export']})")
-        self.stop_button.setEnabled(False)
-        self.export_button.setEnabled(False)
-        self.state_label = QLabel()
-        self.session_label = theme.dim(QLabel("no session"))
-        self.session_label.setWordWrap(True)
-        self.backlog_label = QLabel("")
-        top = QHBoxLayout()
-        for w in (self.start_button, self.stop_button, self.state_label):
-            top.addWidget(w)
-        top.addWidget(self.session_label, 1)
-        top.addWidget(self.backlog_label)
-        top.addWidget(self.export_button)
-
-        self.model_panel = ModelPanel(self.cuda)
-        self.prompt_panel = SystemPromptPanel(self.model_panel.backbone, self.controller)   # follows the backbone
-        self.device_panel = DevicePanel()
-        self.toggle_panel = TogglePanel(self.cuda)
-        self.engine_panel = EnginePanel(self.qsettings, self.controller)   # embedded | remote server (engine/serve)
-
-        self.timing_plot = TimingPlot()
-        self.memory_plot = MemoryPlot()
-        self.scope = ScopePlot(self.controller.monitor)
-        self.stats = StatsPanel()
-        self.summary_row = SummaryRow()
-        self.events = EventLogPanel(self.log)
-        self.transcript = TranscriptView()
-        self.readouts = ReadoutRow()
-        self.spectrogram = SpectrogramPlot(self.controller.monitor)
-        self.conversation = ConversationPanel()
-        tabs = QTabWidget()
-        tabs.addTab(self.events, "Events")
-        tabs.addTab(self.stats, "Stage statistics")
-        self.tabs = tabs
-        left = QWidget()
-        lcol = QVBoxLayout(left)
-        lcol.setContentsMargins(0, 0, 0, 0)
-        for w in (self.model_panel, self.prompt_panel, self.device_panel, self.conversation, self.toggle_panel,
-                  self.engine_panel):
-            lcol.addWidget(w)
-        lcol.addWidget(tabs, 1)
-        plots = QWidget()
-        rcol = QVBoxLayout(plots)
-        rcol.setContentsMargins(0, 0, 0, 0)
-        self.banners = BannerStack()             # in the layout above the plots: a banner never covers one
-        rcol.addWidget(self.banners)
-        rcol.addWidget(self.timing_plot, 3)
-        rcol.addWidget(self.summary_row)
-        rcol.addWidget(self.readouts)
-        sound = QSplitter(Qt.Horizontal)
-        sound.addWidget(self.scope)
-        sound.addWidget(self.spectrogram)
-        rcol.addWidget(sound, 2)
-        rcol.addWidget(self.memory_plot, 2)
-        right = QSplitter(Qt.Horizontal)          # the transcript scrolls beside the plots
-        right.addWidget(plots)
-        said = QWidget()
-        scol = QVBoxLayout(said)
-        scol.setContentsMargins(0, 0, 0, 0)
-        head = QLabel("<b>Transcript</b> (the model's text per second · your speech)")
-        head.setWordWrap(True)
-        scol.addWidget(head)
-        scol.addWidget(self.transcript, 1)
-        right.addWidget(said)
-        right.setStretchFactor(0, 3)
-        right.setStretchFactor(1, 1)
-        right.setSizes([760, 260])
-        self.synthetic_banner = self.banners.add(YELLOW)
-        self.synthetic_banner.setText(SYNTHETIC_BANNER)
-        self.keepup_banner = self.banners.add("#f9c784")
-        self.message_banner = self.banners.add("#f4b6b2")
-
-        scroll = QScrollArea()                   # the side panels scroll rather than hold the window large
-        scroll.setWidget(left)
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QFrame.NoFrame)
-        scroll.setMinimumWidth(300)
-        split = QSplitter(Qt.Horizontal)
-        split.addWidget(scroll)
-        split.addWidget(right)
-        split.setStretchFactor(1, 1)
-        split.setSizes([400, 1040])
-        central = QWidget()
-        col = QVBoxLayout(central)
-        col.addLayout(top)
-        col.addWidget(split, 1)
-        self.setCentralWidget(central)
-        self._build_menus()
-        self._show_state(ctl.IDLE)
 
     def _connect(self) -> None:
         c = self.controller
@@ -212,6 +112,8 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         self.device_panel.populate(inputs, outputs, error, self.settings.input_file)
         if error:
             self.events.add("device", error)
+        for line in alsa_log.drained_lines():       # what ALSA said while the devices were listed
+            self.events.add("alsa", line)
 
     def _apply_settings(self, s: AppSettings) -> None:
         self.model_panel.set_values(s.tail, s.backbone, s.size, s.checkpoint, s.backbone_checkpoint, s.voice)
@@ -440,7 +342,6 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         self.stop_button.setEnabled(stoppable)
         self.stop_action.setEnabled(stoppable)
         if state == ctl.STARTING:
-            self._starting_said = False
             self._echo_warned = False
         if state == ctl.IDLE:
             can = len(self.series) > 0 and self.controller.journal is not None
@@ -450,6 +351,7 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
             self.keepup_banner.hide()             # stale once the session stops
             self.backlog_label.setText("")
             self.device_panel.out_meter.set_idle("")
+            self.device_panel.show_mic_idle()
         self._show_state("listen" if state == ctl.RUNNING else state)
 
     def on_meters(self, m: dict) -> None:
@@ -463,11 +365,8 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         if m.get("echo_error") and not getattr(self, "_echo_warned", False):
             self._echo_warned = True
             self.show_message("warning", m["echo_error"])
-        if m.get("starting") and m.get("level_db", -120.0) > -40.0 and not getattr(self, "_starting_said", False):
-            self._starting_said = True           # speech while the model loads is not heard: say so
-            self.events.add("session", "the model is still loading: what you say now is not heard; talk once "
-                                       "the state reads LISTENING")
-            self.state_label.setText("STARTING… (not listening yet)")
+        if m.get("starting") and m.get("unheard_s"):     # speech while the model loads is not heard (the
+            self.state_label.setText("STARTING… (not listening yet)")   # controller's banner says so too)
 
     def _progress(self, key: str) -> str:
         """What stopping or finishing is waiting for: the second in progress."""
@@ -477,6 +376,10 @@ class MainWindow(WindowActions, SessionDialogs, QMainWindow):
         if key == ctl.DRAINING:
             return f"FINISHING: second {min(done + 1, fed)} of {fed}…" if fed else "FINISHING…"
         return STATE_STYLE.get(key, (key.upper(), ""))[0]
+
+    def show_decision(self, decision: str) -> None:
+        """The state label shows a second's decision ("listen" / "speak") whatever the session's state."""
+        self._show_state(decision)
 
     def _show_state(self, key: str) -> None:
         text, colour = STATE_STYLE.get(key, (key.upper(), "#8a8f98"))

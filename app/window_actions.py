@@ -7,48 +7,17 @@ for push-to-talk with key autorepeat ignored; plots re-themed when the palette c
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from PySide6.QtCore import QEvent, Qt
 from PySide6.QtGui import QAction, QKeyEvent, QKeySequence
 from PySide6.QtWidgets import QApplication, QFileDialog, QLineEdit
 
 from app import theme
+from app.folder_dialog import ExportFolderDialog, choose_new_or_existing_folder, export_target  # noqa: F401
 
 #: keyboard shortcuts (shown in the menus and the buttons' tooltips)
 KEYS = {"start": "Ctrl+R", "stop": "Ctrl+.", "export": "Ctrl+E", "open": "Ctrl+O", "beside": "Ctrl+Shift+O"}
 #: a Space release followed this soon by a press is key autorepeat, not the user letting go
 PTT_RELEASE_MS = 120
-
-
-def export_target(text: str) -> str:
-    """What an export dialog's answer names: an existing folder, or a new one to create ("" for none)."""
-    text = (text or "").strip()
-    return str(Path(text).expanduser()) if text else ""
-
-
-class ExportFolderDialog(QFileDialog):
-    """Qt's folder dialog refuses a folder that does not exist ("Directory not found"); this one creates a
-    typed new folder (its parent must exist) and accepts it."""
-
-    def __init__(self, parent, title: str, start: str = ""):
-        super().__init__(parent, title, start)
-        self.setFileMode(QFileDialog.Directory)
-        self.setOption(QFileDialog.ShowDirsOnly, True)
-        self.setOption(QFileDialog.DontUseNativeDialog, True)   # the native one cannot be taught this
-        self.setLabelText(QFileDialog.Accept, "Export here")
-        self.error = ""
-
-    def accept(self) -> None:
-        files = self.selectedFiles()
-        target = Path(files[0]).expanduser() if files else None
-        if target is not None and not target.exists() and target.parent.is_dir():
-            try:
-                target.mkdir()
-            except OSError as e:
-                self.error = f"cannot create {target}: {e.strerror or e}"
-                return
-        super().accept()
 
 
 class WindowActions:
@@ -88,22 +57,21 @@ class WindowActions:
 
     def fill_recent_menu(self) -> list:
         """File → Recent sessions: the newest kept sessions (interactive and scripted), each opens a replay."""
-        from app.lifecycle import recent_sessions
+        from app.lifecycle import recent_sessions, session_label
         self.recent_menu.clear()
+        self.recent_menu.setToolTipsVisible(True)
         folders = recent_sessions()
         for folder in folders:
             tag = " (scripted)" if folder.parent.name == "scripted" else ""
-            self.recent_menu.addAction(f"{folder.name}{tag}", lambda f=folder: self.open_session(f))
+            action = self.recent_menu.addAction(f"{session_label(folder)}{tag}", lambda f=folder: self.open_session(f))
+            action.setToolTip(str(folder))
         if not folders:
             self.recent_menu.addAction("(no finished sessions yet)").setEnabled(False)
         return folders
 
     def choose_export_folder(self, title: str) -> str:
         """A folder for an export: an existing one, or a typed name of a new one (created). "" when cancelled."""
-        dialog = ExportFolderDialog(self, title, self.settings.export_dir)
-        if not dialog.exec():
-            return ""
-        return export_target(dialog.selectedFiles()[0] if dialog.selectedFiles() else "")
+        return choose_new_or_existing_folder(self, title, self.settings.export_dir)
 
     # -- replay ---------------------------------------------------------------------------------
     def open_session_dialog(self, beside: bool = False) -> None:

@@ -24,6 +24,7 @@ def run_app(args, tmp_path, timeout=240):
 
 def test_scripted_session_writes_everything(tmp_path, speech_wav):
     out = tmp_path / "out"
+    out.mkdir()                                              # an output file's folder must exist
     p = run_app(["--input-file", str(speech_wav), "--seconds", "3", "--model", "mimi", "--size", "tiny",
                  "--device", "cpu", "--output-file", str(out / "reply.wav"), "--export", str(out / "export"),
                  "--screenshot", str(out / "shot.png")], tmp_path)
@@ -61,3 +62,31 @@ def test_parser_knows_the_scripted_flags():
                                    "--backbone", "moshi", "--checkpoint", "c"])
     assert (a.input_file, a.output_file, a.seconds, a.export, a.screenshot, a.tail, a.backbone, a.checkpoint) == \
         ("a.wav", "b.wav", 20.0, "d", "s.png", "mimi", "moshi", "c")
+
+
+def _no_display_env(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
+    return dict(env, DUPLEXCADENCE_SETTINGS=str(tmp_path / "settings.ini"))
+
+
+def test_without_a_display_scripted_runs_draw_offscreen_and_the_app_says_so(tmp_path):
+    """No $DISPLAY: Qt would abort (rc 134) naming a missing library. A scripted run goes on offscreen (here it
+    reaches its own one-line error about the input), the interactive app says there is no display."""
+    env = _no_display_env(tmp_path)
+    p = subprocess.run([sys.executable, "-m", "app.main", "--input-file", str(tmp_path / "missing.wav")], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert "draws offscreen" in p.stderr and "missing.wav" in p.stderr.splitlines()[-1], p.stderr[-2000:]
+    p = subprocess.run([sys.executable, "-m", "app.main"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=240)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert p.stderr.strip().splitlines() == [
+        "duplexcadence: error: no display: $DISPLAY and $WAYLAND_DISPLAY are unset; start the app from a desktop "
+        "session, or run a scripted session (--input-file, see --help)"]
+
+
+def test_help_names_every_subcommand():
+    from app.main import SUBCOMMANDS
+    lines = build_parser().format_help().splitlines()
+    for name in SUBCOMMANDS:
+        assert any(line.startswith(f"  {name} ") for line in lines), name

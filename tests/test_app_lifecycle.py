@@ -67,6 +67,7 @@ def test_scripted_app_stops_cleanly_on_a_signal(tmp_path, sig):
     the export hold exactly the processed seconds, one line says so, exit 128 + signal."""
     inp = noise_wav(tmp_path / "in.wav", 30.0)
     out = tmp_path / "out"
+    out.mkdir()                                              # an output file's folder must exist
     p = run_app(["--input-file", str(inp), "--model", "mimi", "--size", "tiny", "--device", "cpu",
                  "--output-file", str(out / "reply.wav"), "--export", str(out / "export")], tmp_path)
     try:
@@ -402,6 +403,7 @@ def test_scripted_session_longer_than_200_seconds(tmp_path):
     journal and the export (the app once aborted at ~140 s)."""
     inp = noise_wav(tmp_path / "in.wav", 205.0)
     out = tmp_path / "out"
+    out.mkdir()                                              # an output file's folder must exist
     p = run_app(["--input-file", str(inp), "--seconds", "205", "--model", "mimi", "--size", "tiny", "--device", "cpu",
                  "--output-file", str(out / "reply.wav"), "--export", str(out / "export")], tmp_path)
     try:

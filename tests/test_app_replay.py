@@ -192,3 +192,23 @@ def test_replay_chips_cover_the_whole_session(qtbot, tmp_path):
     assert np.array_equal(streams[0].played, mix)    # exactly the conversation, from its start
     qtbot.waitUntil(lambda: not player.playing, timeout=3000)      # at its end it stops by itself
     assert streams[0].closed and player.text() == "▶ Play"
+
+
+def test_a_run_log_names_its_model_in_the_replay(tmp_path, speech_wav):
+    """A `duplexcadence run` log: the run writes the session's info, and a log that holds only the run's config
+    (or nothing but records) is still shown with its model."""
+    import json
+    from engine.cli.run import main as run_main
+    assert run_main(["--input", str(speech_wav), "--output", str(tmp_path / "o.wav"), "--log", str(tmp_path / "log"),
+                     "--model", "mimi", "--size", "tiny", "--device", "cpu", "--seconds", "2", "--quiet"]) == 0
+    s = load_session(tmp_path / "log")
+    assert s.info["tail_title"].startswith("Mimi decoder") and s.info["device"] == "cpu"
+    assert "Mimi decoder" in s.title and " on cpu" in s.title
+    trace = tmp_path / "log" / "session.trace.json"
+    doc = json.loads(trace.read_text())
+    doc["otherData"] = {"config": {"tail": "mimi", "backbone": "synthetic", "device": "cpu", "size": "tiny"}}
+    trace.write_text(json.dumps(doc))                        # what older run logs hold
+    s = load_session(tmp_path / "log")
+    assert "Mimi decoder" in s.title and s.info["backbone_title"] and " on cpu" in s.title
+    trace.unlink()                                           # records alone
+    assert "Mimi decoder" in load_session(tmp_path / "log").title

@@ -10,6 +10,7 @@ import errno
 import os
 import stat
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -200,6 +201,29 @@ def test_gui_refuses_special_outputs_before_opening_a_window(tmp_path, in_wav, q
     after = _kinds(tmp_path)
     after.pop("s.ini", None)
     assert after == {**before, "link.png": stat.S_IFLNK}
+
+
+def test_outputs_into_a_missing_folder_or_an_unwritable_place_are_refused_before_any_work(tmp_path, in_wav, qapp,
+                                                                                          capsys):
+    """A file's folder must exist (a typo is not made into a new folder); a place that takes no new folder
+    (/proc, as root too) is refused before the session, not after it ran."""
+    from app.gui_main import main as gui_main
+    missing = tmp_path / "no-such-folder" / "o.wav"
+    with pytest.raises(ValueError, match="the folder .*no-such-folder does not exist"):
+        output_file(missing, "--output")
+    assert output_folder(tmp_path / "new" / "log", "--log", names=["a.csv"]) == tmp_path / "new" / "log"
+    rc = run_cli.main(["--input", str(in_wav), "--output", str(missing), "--log", str(tmp_path / "log")])
+    assert rc == 2 and "does not exist" in _one_line(capsys.readouterr().err)
+    for flag, target in (("--output-file", missing), ("--screenshot", tmp_path / "gone" / "s.png")):
+        assert gui_main(["--input-file", str(in_wav), "--settings", str(tmp_path / "s.ini"), flag, str(target)]) == 2
+        assert f"{flag} {target}: the folder" in _one_line(capsys.readouterr().err)
+    if Path("/proc/self").is_dir():
+        with pytest.raises(ValueError, match="cannot write into /proc"):
+            output_folder("/proc/duplexcadence-export", "--export")
+        assert gui_main(["--input-file", str(in_wav), "--settings", str(tmp_path / "s.ini"), "--export",
+                         "/proc/duplexcadence-export"]) == 2
+        assert "--export /proc/duplexcadence-export: cannot write into /proc" in _one_line(capsys.readouterr().err)
+    assert not any((tmp_path / n).exists() for n in ("no-such-folder", "gone", "new", "log"))
 
 
 # -- atomic writes ----------------------------------------------------------------------------------------

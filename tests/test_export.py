@@ -64,6 +64,20 @@ def test_trace_schema(tmp_path):
     assert any(e["ph"] == "M" for e in events)
 
 
+def test_trace_marks_toggles_and_requests():
+    """Perfetto shows where a toggle or control was asked and the second from which it was in effect."""
+    from engine.session.export import trace_events
+    recs = _records()                                        # demand_sized: off, on, off, on, off
+    recs[2].requests = "echo cancellation off"
+    recs[3].echo_cancellation = True
+    marks = [e for e in trace_events(recs) if e.get("cat") == "toggle"]
+    assert all(e["tid"] == 6 and e["ph"] == "i" for e in marks)
+    assert [(e["args"]["index"], e["name"]) for e in marks] == [
+        (1, "in effect: demand_sized on"), (2, "requested: echo cancellation off"), (2, "in effect: demand_sized off"),
+        (3, "in effect: demand_sized on, echo_cancellation on"), (4, "in effect: demand_sized off, echo_cancellation off")]
+    assert marks[2]["ts"] == pytest.approx(2.0002e6, abs=1.0)
+
+
 def test_atomic_and_unwritable(tmp_path):
     recs = _records()
     before = [r.to_dict() for r in recs]

@@ -221,10 +221,12 @@ def test_live_session_runs_the_codec_tail():
 
 
 def test_app_tail_picker_lists_every_registered_tail(qtbot):
-    from app.panels import ModelPanel
+    from PySide6.QtCore import Qt
+    from app.panels import ModelPanel, short_title
     panel = ModelPanel(cuda=False)
     qtbot.addWidget(panel)
     qtbot.waitUntil(lambda: not panel.checking, timeout=60000)   # its check thread ends before the panel goes
-    items = [(panel.tail.itemText(i), panel.tail.itemData(i)) for i in range(panel.tail.count())]
+    items = [(panel.tail.itemData(i, Qt.ToolTipRole), panel.tail.itemData(i)) for i in range(panel.tail.count())]
     assert items == [(e.title, e.name) for e in registry.tails()]
     assert (registry.get_tail(NAME).title, NAME) in items
+    assert [panel.tail.itemText(i) for i in range(panel.tail.count())] == [short_title(e.title) for e in registry.tails()]

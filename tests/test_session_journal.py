@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from engine.session import ExportError, SecondRecord
-from engine.session.journal import (MARKER, SessionJournal, export_journal, read_records, recover,
+from engine.session.recovery import recover
+from engine.session.journal import (MARKER, SessionJournal, export_journal, read_records,
                                     unfinished_journals)
 from engine.wavio import read_wav, write_wav
 

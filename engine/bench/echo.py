@@ -1,10 +1,11 @@
 """`duplexcadence-bench echo`: the whole loop without headphones, headless and repeatable.
 
   duplexcadence-bench echo [--seconds 60] [--delay-ms 120] [--gain-db -10] [--seed 0]
-                           [--reported-delay-ms MS] [--tail mimi] [--size tiny] [--device cpu]
+                           [--reported-delay-ms MS] [--tail TAIL] [--size tiny] [--device cpu]
                            [--modes on,off] [--out DIR]
 
-A session (the synthetic backbone and a decoder tail) runs second by second. Its speech plays through a
+A session (the synthetic backbone and a decoder tail: the app's default unless ``--tail`` names another; the
+title line and the JSON name it) runs second by second. Its speech plays through a
 simulated echo path (``--delay-ms`` later, ``--gain-db`` quieter, a short room impulse response made from
 ``--seed``) back into its input, over a user's speech-like voice whose turns ``--seed`` places. Audio moves
 in 20 ms blocks as a device's callbacks move it: the echo canceller (engine/echo, WebRTC AEC3) is fed what
@@ -158,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="the room response and the user's turns")
     p.add_argument("--reported-delay-ms", type=float, default=None,
                    help="the latency the canceller is told (default: the true delay off by a seeded error)")
-    p.add_argument("--tail", default="mimi", choices=registry.tail_names())
+    p.add_argument("--tail", default=registry.default_tail(), choices=registry.tail_names(),
+                   help=f"decoder tail (default: the app's, {registry.default_tail()})")
     p.add_argument("--size", default="tiny", choices=["auto", "released", "tiny"])
     p.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"])
     p.add_argument("--modes", default="on,off", help="comma-separated: on (echo cancellation), off")
@@ -212,6 +214,12 @@ def _table(doc: Dict[str, object]) -> str:
     return table(rows, heads)
 
 
+def title_line(a, doc: Dict[str, object]) -> str:
+    """The run in one line: its length, the tail that spoke, the path and what the canceller was told."""
+    return (f"echo loop: {a.seconds} s, {doc['tail']} tail ({doc['size']}, {doc['device']}), path {a.delay_ms:g} ms / "
+            f"{a.gain_db:g} dB (seed {a.seed}), canceller told {doc['reported_delay_ms']:g} ms")
+
+
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     try:
@@ -220,8 +228,7 @@ def main(argv=None) -> int:
         print(f"duplexcadence-bench echo: error: {e}", file=sys.stderr)
         return 2
     records = doc.pop("_records")
-    title = (f"echo loop: {a.seconds} s, path {a.delay_ms:g} ms / {a.gain_db:g} dB (seed {a.seed}), "
-             f"canceller told {doc['reported_delay_ms']:g} ms")
+    title = title_line(a, doc)
     tab = _table(doc)
     print(title)
     print(tab)

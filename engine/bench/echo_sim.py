@@ -1,8 +1,8 @@
 """The simulated room of ``duplexcadence-bench echo``: an echo path, a user's voice at seeded times, and the
 loop that plays a session's speech through both and back into its input, second by second.
 
-Nothing here is a model of a particular room: the echo path is a delay, a gain and a short seeded room
-impulse response (a direct path and an exponentially decaying diffuse tail); the user is the speech-like
+Nothing here is a model of a particular room: the echo path (engine/echo/room.py, shared with the app's
+``--simulate-echo``) is a delay, a gain and a short seeded room impulse response; the user is the speech-like
 voice of ``duplexcadence-bench session`` (engine/bench/session.speech_like) cut into turns at seeded times.
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ import numpy as np
 from engine.audio import SESSION_RATE
 from engine.bench.session import speech_like
 from engine.echo import BargeInDetector, EchoCanceller
+from engine.echo.room import EchoPath, room_response  # noqa: F401  (the bench's room, shared with the app)
 from engine.session import DuplexSession, SessionConfig
 
 RATE = SESSION_RATE
@@ -25,31 +26,6 @@ SPEECH_DB = -45.0                   # a played block louder than this is the mod
 
 def level_db(x: np.ndarray) -> float:
     return 10.0 * np.log10(float(np.mean(np.square(x, dtype=np.float64))) + 1e-12) if x.size else -120.0
-
-
-def room_response(seed: int, rate: int = RATE, tail_ms: float = 40.0) -> np.ndarray:
-    """A short room impulse response of unit energy: a direct path, then a decaying diffuse tail."""
-    rng = np.random.default_rng(seed)
-    n = int(rate * tail_ms / 1000.0)
-    h = rng.standard_normal(n) * np.exp(-np.arange(n) / (rate * rng.uniform(0.006, 0.012))) * 0.5
-    h[0] = 1.0
-    return (h / np.sqrt(np.sum(h * h))).astype(np.float64)
-
-
-class EchoPath:
-    """What the microphone hears of the speaker: ``delay_ms`` later, ``gain_db`` quieter, through a room."""
-
-    def __init__(self, delay_ms: float, gain_db: float, seed: int, rate: int = RATE):
-        self.h = room_response(seed, rate) * 10.0 ** (gain_db / 20.0)
-        self.delay = int(round(delay_ms * rate / 1000.0))
-        self.hist = np.zeros(self.delay + self.h.size - 1, dtype=np.float64)
-
-    def __call__(self, played: np.ndarray) -> np.ndarray:
-        self.hist = np.concatenate([self.hist, played.astype(np.float64)])
-        n = played.size
-        seg = self.hist[self.hist.size - n - self.delay - self.h.size + 1: self.hist.size - self.delay]
-        self.hist = self.hist[n:]
-        return np.convolve(seg, self.h, mode="valid").astype(np.float32)
 
 
 def user_voice(seconds: int, seed: int, rate: int = RATE) -> Tuple[np.ndarray, List[Tuple[int, int]]]:

@@ -131,6 +131,7 @@ def run_fast(cfg: SessionConfig, frames: List[np.ndarray], progress: Progress, j
         s.start()
         stop.building = False
         announce(s.info)
+        journal.metadata.update(s.info)          # the logs name the model (a replay's title)
         for f in frames:
             if stop.signum:
                 break
@@ -158,6 +159,7 @@ def run_realtime(cfg: SessionConfig, frames: List[np.ndarray], progress: Progres
     stop.building = False
     if runner.session is not None:
         announce(runner.session.info)
+        journal.metadata.update(runner.session.info)
     try:
         feed(runner, frames, progress, journal, stop, lambda elapsed, done: int(elapsed) + 1,
              "the live runner stopped before the end of the input")
@@ -195,7 +197,7 @@ def _finish(a: argparse.Namespace, cfg: SessionConfig, journal: SessionJournal, 
     summary.update({"config": {k: v for k, v in vars(cfg).items()}, "input": str(a.input),
                     "pace": "realtime" if a.realtime else "fast",
                     "interrupted": signal.Signals(signum).name if signum else None})
-    journal.finish(summary=summary, metadata={"config": summary["config"]})
+    journal.finish(summary=summary, metadata={**journal.metadata, "config": summary["config"]})
     try:
         log = publish(journal.directory, Path(a.log).expanduser())
     except OSError as e:

@@ -10,7 +10,9 @@ Every check fails with one line that names the argument or the path and says wha
   output that is one of the inputs (same inode, so a hard link or a second spelling is caught too).
   These checks hold for root as for anyone else: they look at the file type, not at permissions;
 * both refuse, before any work, an output that is a mount point (the final rename cannot replace it)
-  or whose nearest existing parent cannot be written (read-only file system, no permission).
+  or whose nearest existing parent cannot be written: a read-only file system, no permission, or a place
+  where nothing can be made at all (``/proc``, ``/sys``: a folder is made there and removed to see);
+* an output file's folder must exist (a typo is not made into a new folder); an output folder may be new.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import math
 import os
 import stat
 import sys
+import tempfile
 from pathlib import Path
 from typing import Iterable, NoReturn, Optional, Sequence
 
@@ -149,18 +152,27 @@ def _writable_place(p: Path, what: str) -> None:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(f"{what} {p}: cannot write into {parent} (read-only or no permission); name a place "
                          f"you can write")
+    try:                       # root passes os.access everywhere, and /proc or /sys take no new folder
+        os.rmdir(tempfile.mkdtemp(prefix=".duplexcadence-probe-", dir=parent))
+    except OSError as e:
+        raise ValueError(f"{what} {p}: cannot write into {parent} ({e.strerror or e}); name a place you can "
+                         f"write") from None
 
 
 def output_file(path, what: str, inputs: Iterable[Optional[str]] = (),
-                suffixes: Optional[Sequence[str]] = None) -> Path:
+                suffixes: Optional[Sequence[str]] = None, new_folder: bool = False) -> Path:
     """Check an output file named by the user before any work is done; ValueError with one line.
 
     ``inputs``: paths the same run reads (an output may not be one of them); ``suffixes``: the
-    endings the writer understands (lower case, with the dot)."""
+    endings the writer understands (lower case, with the dot); ``new_folder``: the file's folder may
+    not exist yet (a file inside a new output folder), else it must."""
     _not_empty(path, what, "file")
     p = Path(path)
     if suffixes is not None and p.suffix.lower() not in suffixes:
         raise ValueError(f"{what} {p}: must end in {' or '.join(suffixes)}")
+    folder = p.parent if str(p.parent) else Path(".")
+    if not new_folder and not folder.is_dir():
+        raise ValueError(f"{what} {p}: the folder {folder} does not exist; create it first or name another")
     why = not_replaceable(p)
     if why:
         raise ValueError(f"{what} {p}: {why}")
@@ -187,7 +199,7 @@ def output_folder(path, what: str, inputs: Iterable[Optional[str]] = (), names: 
         raise ValueError(f"{what} {p}: it exists and is {kind}; name a new or an existing folder")
     _writable_place(p, what)
     for name in names:
-        output_file(p / name, what, inputs)
+        output_file(p / name, what, inputs, new_folder=True)
     for src in inputs:
         if src is not None and _same_file(p, Path(src)):
             raise ValueError(f"{what} {p} is the input {src}")

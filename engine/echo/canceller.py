@@ -33,6 +33,11 @@ FAR_ACTIVE_DB = -50.0
 FAR_MAX_S = 1.0
 #: the recent far-active 10 ms frames :meth:`EchoCanceller.suppression_db` looks at (3 s)
 SUPPRESSION_FRAMES = 300
+#: for a suppression readout the microphone's louder frames (80th percentile) while the speaker plays must be
+#: this much above its noise floor while the speaker is quiet (dB), and above :data:`NEAR_SILENT_DB`: with no
+#: echo path there is no echo to measure
+ECHO_HEARD_DB = 6.0
+NEAR_SILENT_DB = -80.0
 #: the rate a rate without whole 10 ms frames is resampled to
 FALLBACK_RATE = 16000
 #: While AEC3 converges (the first seconds of far-end speech, measured: it holds the near end back whole for
@@ -152,6 +157,7 @@ class EchoCanceller:
         self._delay_ms = float(delay_ms)
         self.hint_fraction = float(hint_fraction)
         self._recent: Deque[Tuple[float, float]] = collections.deque(maxlen=SUPPRESSION_FRAMES)
+        self._quiet: Deque[float] = collections.deque(maxlen=SUPPRESSION_FRAMES)   # near-in energy, far quiet
         self._far_db: Deque[float] = collections.deque(maxlen=1)
         self.far_active_s = 0.0       # seconds of far-end activity the processor has seen
         self.bypassed = 0             # guard: frames passed as they were (the user over the speaker)
@@ -259,6 +265,8 @@ class EchoCanceller:
             self.far_active_s += 0.01
             self._recent.append((float(np.sum(np.square(near, dtype=np.float64))),
                                  float(np.sum(np.square(out, dtype=np.float64)))))
+        else:
+            self._quiet.append(float(np.sum(np.square(near, dtype=np.float64))))
         return self._guard(near, out)
 
     def _guard(self, near: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -316,10 +324,16 @@ class EchoCanceller:
     # -- readouts -------------------------------------------------------------------------------------------
     def suppression_db(self) -> Optional[float]:
         """Echo suppression over the recent frames while the far end was active: 10 log10(near-in / near-out
-        energy), dB; None before any such frame (or while disabled)."""
+        energy), dB; None before any such frame (or while disabled), and None while the microphone hears no
+        echo: silent, or its louder frames while the speaker plays no louder than its noise floor while the
+        speaker is quiet (no echo path; the user's voice in the quiet frames is above the floor's percentile)."""
         if not self._enabled or not self._recent:
             return None
         e_in = sum(a for a, _ in self._recent)
+        heard = _db(float(np.percentile([a for a, _ in self._recent], 80)) / self.frame)   # speech, not its pauses
+        floor = _db(float(np.percentile(self._quiet, 20)) / self.frame) if self._quiet else -200.0   # the room's
+        if heard <= NEAR_SILENT_DB or heard < floor + ECHO_HEARD_DB:
+            return None
         e_out = sum(b for _, b in self._recent)
         return _db(e_in) - _db(max(e_out, 1e-20))
 

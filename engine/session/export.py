@@ -6,7 +6,9 @@ reader never sees half a file, and a failed export leaves nothing behind. An unw
 
 The trace has one complete event (``"ph": "X"``) per stage per second, in microseconds from the
 first second's start, on a "stages" track; the whole second, the time its frame waited in the
-queue and each missed deadline are on tracks of their own.
+queue and each missed deadline are on tracks of their own; the "toggles and controls" track marks each
+request (an engine toggle or a user control, asked during that second) and each second from which what is
+in effect changed.
 """
 from __future__ import annotations
 
@@ -21,7 +23,10 @@ from engine.atomic import atomic_write
 from .records import SecondRecord
 
 STAGES = (("LISTEN", "listen_ms"), ("THINK", "think_ms"), ("SPEAK", "speak_ms"))
-TRACKS = {1: "seconds", 2: "stages", 3: "queue wait", 4: "deadline", 5: "audio path"}
+TRACKS = {1: "seconds", 2: "stages", 3: "queue wait", 4: "deadline", 5: "audio path", 6: "toggles and controls"}
+#: what a record says was in effect (the engine toggles, then the user's controls): a change is marked
+MODES = ("demand_sized", "graph_replay", "force_listen", "echo_cancellation", "barge_in_sensitivity",
+         "playback_delay_s")
 
 
 class ExportError(OSError):
@@ -56,6 +61,7 @@ def trace_events(records: Sequence[SecondRecord]) -> List[Dict[str, object]]:
     for tid, name in TRACKS.items():
         events.append({"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": name}})
     t0 = records[0].wall_start if records else 0.0
+    prev = None
     for r in records:
         start = (r.wall_start - t0) * 1e6                           # µs
         args = {"index": r.index, "decision": r.decision, "tokens": r.tokens, "missed": r.missed,
@@ -78,7 +84,30 @@ def trace_events(records: Sequence[SecondRecord]) -> List[Dict[str, object]]:
                            "pid": 1, "tid": 4, "ts": round(start + r.total_ms * 1000.0, 3),
                            "args": {"index": r.index, "late_ms": round(r.late_ms, 3)}})
         events += _audio_path_events(r, start)
+        events += _toggle_events(r, prev, start)
+        prev = r
     return events
+
+
+def _mode_text(name: str, value) -> str:
+    if isinstance(value, bool):
+        return f"{name} {'on' if value else 'off'}"
+    return f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}"
+
+
+def _toggle_events(r: SecondRecord, prev, start_us: float) -> List[Dict[str, object]]:
+    """Instant events on the "toggles and controls" track: the requests made during this second, and what
+    changed in effect from it (against the second before)."""
+    out = []
+    if r.requests:
+        out.append({"name": f"requested: {r.requests}", "cat": "toggle", "ph": "i", "s": "p", "pid": 1, "tid": 6,
+                    "ts": round(start_us, 3), "args": {"index": r.index, "requests": r.requests}})
+    changed = {k: getattr(r, k) for k in MODES if prev is not None and getattr(r, k) != getattr(prev, k)}
+    if changed:
+        text = ", ".join(_mode_text(k, v) for k, v in changed.items())
+        out.append({"name": f"in effect: {text}", "cat": "toggle", "ph": "i", "s": "p", "pid": 1, "tid": 6,
+                    "ts": round(start_us, 3), "args": {"index": r.index, **changed}})
+    return out
 
 
 def _audio_path_events(r: SecondRecord, start_us: float) -> List[Dict[str, object]]:

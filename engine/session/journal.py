@@ -339,13 +339,6 @@ def unfinished_journals(root) -> List[UnfinishedJournal]:
     return found
 
 
-def recover(directory, dest=None, rate: Optional[int] = None):
-    """Recover a journal whose process died into the new folder ``dest`` (default: beside it), the
-    journal only read, then marked recovered: :func:`engine.session.recovery.recover_journal`."""
-    from .recovery import recover_journal
-    return recover_journal(directory, dest, rate)
-
-
 # -- exports: whole or absent ----------------------------------------------------------------------
 
 def publish(src: Path, dest: Path) -> Path:

@@ -112,10 +112,11 @@ class FrameInbox:
 class LiveRunner(FrameInbox):
     """Owns one worker thread and its :class:`DuplexSession` (built in the worker by :meth:`start`)."""
 
-    def __init__(self, cfg: SessionConfig, session_factory=DuplexSession):
+    def __init__(self, cfg: SessionConfig, session_factory=DuplexSession, log_notice: bool = True):
         super().__init__()
         self.cfg = cfg
         self._factory = session_factory
+        self.log_notice = bool(log_notice)   # the first "cannot keep up" to the log (a GUI shows results' own)
         self.session: Optional[DuplexSession] = None
         self._toggles = PendingToggles(Toggles(cfg.demand_sized, cfg.graph_replay))
 
@@ -179,7 +180,7 @@ class LiveRunner(FrameInbox):
             audio, rec = session.process(frame, arrival=arrival, backlog=waiting)
             rec.backlog = self.backlog()
             notice = keep_up_notice(session.records)
-            if notice and not warned:
+            if notice and not warned and self.log_notice:
                 log.warning(notice)
                 warned = True
             self.results.put(LiveResult(rec, audio, not notice, notice, session.last_speech))

@@ -339,3 +339,9 @@ def recovered_into(journal) -> Optional[str]:
     except (OSError, ValueError, RecursionError):
         return ""
     return str(data.get("recovered_into", "")) if isinstance(data, dict) else ""
+
+
+def recover(directory, dest=None, rate=None):
+    """Recover a journal whose process died into the new folder ``dest`` (default: beside it), the journal only
+    read, then marked recovered (:func:`recover_journal`)."""
+    return recover_journal(directory, dest, rate)
