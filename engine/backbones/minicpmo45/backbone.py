@@ -188,7 +188,11 @@ class MiniCPMO45Backbone(Backbone):
 
     def _rehearse(self) -> Optional[str]:
         """On CUDA, over demand stores: one listening and one speaking second's eager paths once on scratch, state
-        put back (rehearse.py), so the first real seconds do not pay the kernels' first launches."""
+        put back (rehearse.py), so the first real seconds do not pay the kernels' first launches. A backbone built
+        around another session's weights skips it: that session's seconds launched every kernel in this process
+        already."""
+        if self._shared is not None:
+            return None
         if self.device.type != "cuda" or not can_rehearse(self.protocol, LLM_TOKENS_PER_SECOND, TTS_TOKENS_PER_SECOND):
             return None
         return rehearse(self.protocol, self.audio_tokens(), self.device)
