@@ -218,3 +218,28 @@ def test_only_the_steps_a_backbone_declares_are_batched():
         assert runner.runs == []
     finally:
         sched.close()
+
+
+def test_a_loop_that_breaks_tells_everyone_instead_of_leaving_them_waiting(monkeypatch):
+    """A bug in the loop itself (here, planted in its turn) must not hang the callers: the second in flight ends
+    FAILED, and every later call raises at once with the reason."""
+    sched, runner = Scheduler(torch.device("cpu")), Runner()
+    try:
+        started = threading.Event()
+
+        def body():
+            started.set()
+            yieldpoints.slice_point()                   # parked: a later turn would resume it
+        waits = _run_all(sched, [body])
+        assert started.wait(5)
+
+        def broken():
+            raise RuntimeError("planted: the loop broke")
+        monkeypatch.setattr(sched, "_run_ready", broken)
+        sched.poke()
+        done, box = waits[0]
+        assert done.wait(5) and box[0].state == FAILED and "planted" in str(box[0].value)
+        with pytest.raises(RuntimeError, match="the device's scheduler stopped: RuntimeError: planted"):
+            sched.run(lambda: None, timeout=5)
+    finally:
+        sched.close()

@@ -32,7 +32,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import torch
 
-from .tasks import BATCH, READY, SLICE, WAIT, Task
+from .tasks import BATCH, FAILED, READY, SLICE, WAIT, Task
 
 log = logging.getLogger("engine.host.scheduler")
 
@@ -94,6 +94,7 @@ class Scheduler:
         self._runners: Dict[Tuple[str, int], Any] = {}     # (kind, id(group)) -> the batched step's runner
         self._refused: set = set()                 # (kind, id(group)) whose batched step failed once
         self._closed = False
+        self.died: Optional[str] = None            # why the loop itself stopped (a bug of ours), if it did
         self._thread = threading.Thread(target=self._loop, name=f"scheduler-{self.device}", daemon=True)
         self._thread.start()
 
@@ -105,6 +106,8 @@ class Scheduler:
             _settle(fut, fn)
             return fut
         with self._cv:
+            if self.died is not None:
+                raise RuntimeError(f"the device's scheduler stopped: {self.died}")
             if self._closed:
                 raise RuntimeError("the scheduler is closed")
             self._calls.append((fn, fut))
@@ -168,15 +171,37 @@ class Scheduler:
         return self._runners[key]
 
     def _loop(self) -> None:
-        torch.set_grad_enabled(False)               # for good on this thread (see engine.host.tasks)
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-            self.stream = torch.cuda.current_stream(self.device)
-            self.batch_stream = torch.cuda.Stream(self.device, priority=-1)
-        while True:
-            if not self._turn():
-                if self._idle():
-                    return
+        try:
+            torch.set_grad_enabled(False)           # for good on this thread (see engine.host.tasks)
+            if self.device.type == "cuda":
+                if self.device.index is not None:
+                    torch.cuda.set_device(self.device)
+                self.stream = torch.cuda.current_stream(self.device)
+                self.batch_stream = torch.cuda.Stream(self.device, priority=-1)
+            while True:
+                if not self._turn():
+                    if self._idle():
+                        return
+        except BaseException as e:  # noqa: BLE001 - the loop itself broke: everyone waiting hears it
+            log.exception("the device's scheduler stopped")
+            self._die(f"{type(e).__name__}: {e}")
+
+    def _die(self, why: str) -> None:
+        """The loop broke: every pending call raises, every greenlet's owner hears it ended, nothing waits on."""
+        with self._cv:
+            self.died = why
+            calls = list(self._calls)
+            self._calls.clear()
+        error = RuntimeError(f"the device's scheduler stopped: {why}")
+        for _, fut in calls:
+            fut.set_exception(error)
+        for t in list(self._tasks):
+            t.state, t.value = FAILED, error
+            self._tasks.remove(t)
+            try:
+                t.on_done(t)
+            except Exception:  # noqa: BLE001 - one owner's trouble does not keep the others waiting
+                log.exception("a session could not be told that the scheduler stopped")
 
     def _turn(self) -> bool:
         """One turn of the loop; whether anything happened."""
