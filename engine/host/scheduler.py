@@ -252,7 +252,7 @@ class Scheduler:
 
     def _run_batches(self) -> bool:
         parked = [t for t in self._tasks if t.state == BATCH]
-        if not parked or any(t.state == READY for t in self._tasks):
+        if not parked or any(t.state == READY and t.what == "second" for t in self._tasks):
             return False
         now = time.perf_counter()
         # sessions reading their last step's result (a sampled token) will likely park at the same kind again
@@ -312,11 +312,15 @@ class Scheduler:
             t.on_done(t)
 
     def _poll_waits(self) -> bool:
+        """Seconds whose read is ready go on now; a build whose read is ready waits for its next slice."""
         woke = False
         for t in [t for t in self._tasks if t.state == WAIT]:
             if t.event_done():
-                self._resume(t)
-                woke = True
+                if t.what == "second":
+                    self._resume(t)
+                    woke = True
+                else:
+                    t.state = SLICE
         return woke
 
     def _run_slice(self) -> bool:
