@@ -225,11 +225,12 @@ def test_a_loop_that_breaks_tells_everyone_instead_of_leaving_them_waiting(monke
     FAILED, and every later call raises at once with the reason."""
     sched, runner = Scheduler(torch.device("cpu")), Runner()
     try:
-        started = threading.Event()
+        started, never = threading.Event(), threading.Event()
 
         def body():
             started.set()
-            yieldpoints.slice_point()                   # parked: a later turn would resume it
+            while not never.is_set():                   # parked again and again: every turn resumes it
+                yieldpoints.slice_point()
         waits = _run_all(sched, [body])
         assert started.wait(5)
 
