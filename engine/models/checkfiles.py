@@ -10,7 +10,7 @@ import math
 import os
 import struct
 from pathlib import Path
-from typing import Dict, Iterable, Tuple
+from typing import Dict, Iterable, List, Tuple
 
 from engine import safeload
 
