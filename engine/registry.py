@@ -143,6 +143,10 @@ class BackboneEntry:
     #: how its tail cuts the pushed tokens into steps (MiniCPM-o 4.5: every buffer of 5 + lookahead tokens);
     #: None: full steps only
     tail_chunking: Optional[TailChunking] = None
+    #: its stock loop hands the tail's speech on as 16-bit PCM (MiniCPM-o 4.5: Step-Audio2's ``Token2wav.stream``
+    #: returns PCM bytes, which the loop reads back as float): the tail's audio takes the same step
+    #: (:data:`engine.tail.DecoderTail.pcm16`)
+    speech_pcm16: bool = False
 
     def __post_init__(self) -> None:
         opts = self.tail_options

@@ -36,10 +36,26 @@ class TailInfo:
     synthetic_weights: bool # True when the weights are seeded random (no real voice)
 
 
+#: full scale of 16-bit PCM as Step-Audio2's ``Token2wav.stream`` writes it (x 32767) and as MiniCPM-o's duplex
+#: loop reads it back (/ 32768)
+PCM16_WRITE, PCM16_READ = np.float32(32767.0), np.float32(32768.0)
+
+
+def pcm16(audio: np.ndarray) -> np.ndarray:
+    """float32 audio through 16-bit PCM and back, as a stock loop that hands speech on as PCM bytes does: clipped
+    to [-1, 1], scaled by 32767, truncated toward zero to int16, read back divided by 32768 (float32). What the
+    tail's cross-fade lifts past full scale is clipped here, as there."""
+    x = np.asarray(audio, dtype=np.float32)
+    return (np.clip(x, -1.0, 1.0) * PCM16_WRITE).astype("<i2").astype(np.float32) / PCM16_READ
+
+
 class DecoderTail:
     """Base class: one streaming session of a decoder tail on the engine."""
 
     info: TailInfo
+    #: hand the audio on through 16-bit PCM (:func:`pcm16`), as the backbone's own loop does (its registry
+    #: entry's ``speech_pcm16``, set by the session before :meth:`start`); honoured by :class:`EngineTail`
+    pcm16 = False
 
     def start(self, seed: int = 0) -> None:
         """Begin a new stream (plan, arena, executor; prompt prefill). Resets everything."""
@@ -346,9 +362,10 @@ class EngineTail(DecoderTail):
             prev = sp
         return []
 
-    @staticmethod
-    def _audio(out: Dict[str, torch.Tensor]) -> np.ndarray:
-        return out["audio"].reshape(-1).float().cpu().numpy()
+    def _audio(self, out: Dict[str, torch.Tensor]) -> np.ndarray:
+        """A step's audio as float32 on the host (through 16-bit PCM where :attr:`pcm16` says so)."""
+        audio = out["audio"].reshape(-1).float().cpu().numpy()
+        return pcm16(audio) if self.pcm16 else audio
 
     def _require_stream(self) -> None:
         if self.executor is None or self._ended:

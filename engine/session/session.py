@@ -191,6 +191,7 @@ class DuplexSession:
             self.tail.keep_turn_base = True     # the tail starts each turn afresh (DecoderTail.new_turn)
         if self.parts.tail_chunking is not None:
             self.tail.chunking = self.parts.tail_chunking   # short chunks, as the backbone's loop decodes them
+        self.tail.pcm16 = self.parts.speech_pcm16   # its speech as 16-bit PCM, as the backbone's loop hands it on
         asked = Toggles(c.demand_sized, c.graph_replay).on(self.device)    # graphs asked only where they run
         self.tail.set_toggles(asked)
         self.tail.start(seed=c.seed)

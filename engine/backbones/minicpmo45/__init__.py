@@ -3,7 +3,8 @@
 Registers ``minicpm-o-4.5``: it speaks Step-Audio2 tokens, ends its replies in turns, runs no tail while
 it listens, has its tail built with 5 flow steps (``TAIL_FLOW_STEPS``, as its own duplex loop builds
 token2wav) and has it decode every buffer of ``TAIL_CHUNK_MIN_FRAMES`` + 3 lookahead = 8 tokens and up (as
-that loop's ``force_flush`` does); its released folder (checked by content) brings the tail's token2wav
+that loop's ``force_flush`` does) and hands its speech on as 16-bit PCM (``speech_pcm16``: token2wav's
+``stream`` returns PCM bytes, which that loop reads back as float); its released folder (checked by content) brings the tail's token2wav
 weights and the default voice (``assets/HT_ref_audio.wav``).
 """
 from pathlib import Path
@@ -47,7 +48,9 @@ register_backbone(BackboneEntry(
     # the stock duplex loop's token2wav: init_unified -> init_token2wav(streaming=True), n_timesteps=5
     tail_options={"n_timesteps": TAIL_FLOW_STEPS},
     # the stock duplex loop's _generate_waveform_from_tokens(force_flush=True): chunks of 8 to 28 tokens
-    tail_chunking=TailChunking(min_frames=TAIL_CHUNK_MIN_FRAMES)))
+    tail_chunking=TailChunking(min_frames=TAIL_CHUNK_MIN_FRAMES),
+    # the stock duplex loop's speech: token2wav's stream returns 16-bit PCM, read back as float (/ 32768)
+    speech_pcm16=True))
 
 __all__ = ["MiniCPMO45Backbone", "PRESETS", "Dims", "preset", "DEFAULT_VOICE", "default_voice", "open_folder",
            "TAIL_FLOW_STEPS", "TAIL_CHUNK_MIN_FRAMES"]
