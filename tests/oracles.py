@@ -24,6 +24,8 @@ from typing import Callable, Tuple
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+#: what a GPU test module says where it skips for want of CUDA (not named among the tests that did not run)
+NO_CUDA = ("needs CUDA", "no CUDA device")
 SHARED = ROOT.parent / "shared" / "oracles"
 MARK = "needs_oracles"
 
