@@ -4,8 +4,8 @@ Registers ``minicpm-o-4.5``: it speaks Step-Audio2 tokens, ends its replies in t
 it listens, has its tail built with 5 flow steps (``TAIL_FLOW_STEPS``, as its own duplex loop builds
 token2wav) and has it decode every buffer of ``TAIL_CHUNK_MIN_FRAMES`` + 3 lookahead = 8 tokens and up (as
 that loop's ``force_flush`` does) and hands its speech on as 16-bit PCM (``speech_pcm16``: token2wav's
-``stream`` returns PCM bytes, which that loop reads back as float); its released folder (checked by content) brings the tail's token2wav
-weights and the default voice (``assets/HT_ref_audio.wav``).
+``stream`` returns PCM bytes, which that loop reads back as float); its released folder (checked by content)
+brings the tail's token2wav weights and the default voice (``assets/HT_ref_audio.wav``).
 """
 from pathlib import Path
 from typing import Optional
