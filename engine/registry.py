@@ -147,6 +147,10 @@ class BackboneEntry:
     #: returns PCM bytes, which the loop reads back as float): the tail's audio takes the same step
     #: (:data:`engine.tail.DecoderTail.pcm16`)
     speech_pcm16: bool = False
+    #: its stock loop returns each speaking second as at least a second of audio: shorter speech that does not end
+    #: its turn comes after silence up to a second, and a speaking second that decoded nothing is a second of
+    #: silence (MiniCPM-o 4.5's ``_generate_waveform_from_tokens``); :func:`engine.tail.whole_second`
+    pads_short_speech: bool = False
 
     def __post_init__(self) -> None:
         opts = self.tail_options

@@ -49,6 +49,13 @@ def pcm16(audio: np.ndarray) -> np.ndarray:
     return (np.clip(x, -1.0, 1.0) * PCM16_WRITE).astype("<i2").astype(np.float32) / PCM16_READ
 
 
+def whole_second(audio: np.ndarray, rate: int) -> np.ndarray:
+    """``audio`` after as much silence as makes it a whole second of ``rate`` samples (as it is when it is one or
+    longer): how a stock loop that returns each speaking unit as at least a second returns a short one."""
+    short = int(rate) - int(audio.shape[0])
+    return np.concatenate([np.zeros(short, dtype=np.float32), audio]) if short > 0 else audio
+
+
 class DecoderTail:
     """Base class: one streaming session of a decoder tail on the engine."""
 

@@ -490,6 +490,24 @@ def test_token2wav_chunks_and_waveform_equal_the_stock_loop(t2w_runs, mode, one_
 
 
 @pytest.mark.parametrize("demand", [False, True], ids=["stock-policy", "optimized"])
+def test_our_whole_session_speaks_the_stock_loops_short_units(t2w_runs, demand, tmp_path, one_torch_thread):
+    """Over the folder whose TTS sometimes stops early (``T2W_EOS_NUDGE``), seed 1: a reply's first unit shorter than
+    a second, which the demo returns after silence up to a second, and short chunks that are not a turn's last.
+    Our whole session in both modes: every second, every stage and the speech as the demo returns it."""
+    import soundfile as sf
+    folder, out = t2w_runs
+    seed = SEEDS[0]
+    stock = out[seed]
+    assert any(_demo_pad(s) for s in stock if not s["is_listen"]), "no speaking unit shorter than a second"
+    assert not [why for why in map(_demo_returned_its_calls, stock) if why]
+    pcm, _ = sf.read(str(_input(tmp_path / "in16.wav")), dtype="float32")
+    ours = _our_session_seconds(folder, pcm, seed, demand)
+    for k in range(SECONDS + 1):
+        why = _difference_at(ours, stock, k, deferred=demand)
+        assert not why, f"second {k}: {why}"
+
+
+@pytest.mark.parametrize("demand", [False, True], ids=["stock-policy", "optimized"])
 def test_front_end_and_encoder_equal_the_stock_loop_in_a_session(runs, modules, demand, tmp_path,
                                                                    one_torch_thread):
     """The same 16 kHz input the stock read, second by second through our FrontEnd (the stock's streaming
@@ -601,29 +619,40 @@ def _pcm(t: torch.Tensor) -> torch.Tensor:
 
 
 def _stock_speech(seconds: list, k: int, deferred: bool, key: str = "speech_pcm") -> torch.Tensor:
-    """The stock's speech of second ``k``: its token2wav calls' 16-bit PCM as the demo reads it back (``key``
-    "speech": their float waveforms before that step), concatenated; ``deferred``: as our optimized schedule
-    plays it, a turn's last chunk one second later (before that second's own calls)."""
+    """The stock's speech of second ``k`` as the demo returns it: its token2wav calls' 16-bit PCM read back,
+    after the silence that makes a speaking unit a whole second where it is shorter and does not end its turn
+    (``key`` "speech": the calls' float waveforms alone, before either step); ``deferred``: as our optimized
+    schedule plays it, a turn's last chunk one second later (before that second's own speech)."""
     def calls(i: int) -> list:
         s = seconds[i] if 0 <= i < len(seconds) else {}
         got = s.get(key, [])
         return list(zip(map(_pcm, got) if key == "speech_pcm" else got, s.get("t2w_last", [])))
-    got = calls(k)
+    got, lead = calls(k), []
+    pad = _demo_pad(seconds[k]) if key == "speech_pcm" and k < len(seconds) else 0
     if deferred:
-        got = [c for c in calls(k - 1) if c[1]] + [c for c in got if not c[1]]
-    return _joined([w for w, _ in got])
+        lead, got = [c for c in calls(k - 1) if c[1]], [c for c in got if not c[1]]
+    return _joined([w for w, _ in lead] + [torch.zeros(pad)] + [w for w, _ in got])
+
+
+def _demo_pad(second: dict) -> int:
+    """The silence the demo's loop puts before a speaking unit's speech: up to a second where the unit's calls
+    are shorter and do not end its turn (a unit that decoded nothing: a second of it)."""
+    if second["is_listen"]:
+        return 0
+    n = sum(int(t.numel()) for t in second.get("speech_pcm", []))
+    return 0 if second["end_of_turn"] and n else max(0, 24000 - n)
 
 
 def _demo_returned_its_calls(second: dict) -> str:
-    """'' when the unit's waveform the demo returned is its token2wav calls' PCM read back (left-padded with
-    zeros to 1 s when shorter, a turn's end aside; 1 s of silence without a call), else how it is not."""
+    """'' when the unit's waveform the demo returned is its token2wav calls' PCM read back after the silence
+    :func:`_demo_pad` says (a listening unit: a second of silence), else how it is not."""
     calls = _joined([_pcm(t) for t in second.get("speech_pcm", [])])
     wave = second["waveform"].reshape(-1)
-    n = calls.shape[0] if second["end_of_turn"] and calls.numel() else max(24000, calls.shape[0])
-    pad = n - calls.shape[0]
-    if wave.shape[0] != n or bool((wave[:pad] != 0).any()) or not torch.equal(wave[pad:], calls):
+    pad = 24000 if second["is_listen"] else _demo_pad(second)
+    want = _joined([torch.zeros(pad), calls])
+    if wave.shape != want.shape or not torch.equal(wave, want):
         return f"second {second['second']}: the returned {wave.shape[0]} samples are not its calls' " \
-               f"{calls.shape[0]} (padded to {n})"
+               f"{calls.shape[0]} after {pad} of silence"
     return ""
 
 

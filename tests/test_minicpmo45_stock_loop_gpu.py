@@ -123,9 +123,9 @@ def _toggles(mode: str, seconds: int):
 
 
 def _speech_whole(stock: list, key: str) -> torch.Tensor:
-    """Every token2wav call of the stock run concatenated: its speech (16-bit PCM read back) or float ``key``."""
-    calls = [S._pcm(w) if key == "speech_pcm" else w for s in stock for w in s.get(key, [])]
-    return torch.cat(calls) if calls else torch.zeros(0)
+    """The stock run's speech, every second's concatenated (:func:`S._stock_speech`: as the demo returns it), or with
+    ``key`` "speech" every token2wav call's float waveform."""
+    return torch.cat([S._stock_speech(stock, k, False, key) for k in range(len(stock))])
 
 
 def _compare(ours: List[dict], stock: list, mode: str) -> Dict[int, str]:

@@ -26,7 +26,7 @@ from engine import fastpath, registry
 from engine.backbones import Backbone, TokenFormat
 from engine.core import graphs
 from engine.core.toggles import PendingToggles, Toggles
-from engine.tail import DecoderTail
+from engine.tail import DecoderTail, whole_second
 
 from . import devicemem
 from .card_memory import device_memory
@@ -383,6 +383,8 @@ class DuplexSession:
                 self._turn_flush = True
             elif thought.turn_end:      # the tail's next turn starts from the prompt, as the stock's does
                 audio = np.concatenate([audio, self.tail.new_turn(flush=thought.turn_end == "end")])
+            if self.parts.pads_short_speech and thought.tokens is not None and thought.turn_end != "end":
+                audio = whole_second(audio, self.tail.info.sample_rate)     # a short unit, as its loop returns it
             return audio, thought.tokens is None
         return self.tail.push(self._tail_tokens(thought.tokens, frames)), False
 

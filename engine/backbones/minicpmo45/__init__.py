@@ -4,7 +4,9 @@ Registers ``minicpm-o-4.5``: it speaks Step-Audio2 tokens, ends its replies in t
 it listens, has its tail built with 5 flow steps (``TAIL_FLOW_STEPS``, as its own duplex loop builds
 token2wav) and has it decode every buffer of ``TAIL_CHUNK_MIN_FRAMES`` + 3 lookahead = 8 tokens and up (as
 that loop's ``force_flush`` does) and hands its speech on as 16-bit PCM (``speech_pcm16``: token2wav's
-``stream`` returns PCM bytes, which that loop reads back as float); its released folder (checked by content)
+``stream`` returns PCM bytes, which that loop reads back as float), a speaking second shorter than a second
+that does not end its turn after silence up to a second (``pads_short_speech``, as that loop returns its units);
+its released folder (checked by content)
 brings the tail's token2wav weights and the default voice (``assets/HT_ref_audio.wav``).
 """
 from pathlib import Path
@@ -50,7 +52,9 @@ register_backbone(BackboneEntry(
     # the stock duplex loop's _generate_waveform_from_tokens(force_flush=True): chunks of 8 to 28 tokens
     tail_chunking=TailChunking(min_frames=TAIL_CHUNK_MIN_FRAMES),
     # the stock duplex loop's speech: token2wav's stream returns 16-bit PCM, read back as float (/ 32768)
-    speech_pcm16=True))
+    speech_pcm16=True,
+    # ... and returns each speaking unit as at least a second: shorter speech (not a turn's end) after silence
+    pads_short_speech=True))
 
 __all__ = ["MiniCPMO45Backbone", "PRESETS", "Dims", "preset", "DEFAULT_VOICE", "default_voice", "open_folder",
            "TAIL_FLOW_STEPS", "TAIL_CHUNK_MIN_FRAMES"]
