@@ -31,7 +31,8 @@ in both KV modes (our stock-policy ``torch.cat`` history and our optimized preal
 
 And the integrating proof: OUR whole ``DuplexSession`` (the folder, --seed S, 16 kHz frames, the model's turns,
 the page's Force Listen at ``BARGE_IN``) in both modes, every second, every stage above, the tail's float waveform
-and the second's speech torch.equal to the stock's record (``test_our_whole_session_equals_the_stock_loop_every_second``).
+and the second's speech torch.equal to the stock's record
+(``test_our_whole_session_equals_the_stock_loop_every_second``).
 The speech is the demo's: its token2wav's ``stream`` returns 16-bit PCM (clipped to [-1, 1], x 32767, truncated),
 which its loop reads back / 32768, and so does ours (the backbone's ``speech_pcm16``); the record's per-call
 PCM is the bytes the stock's own ``stream`` returned, and its unit waveform is checked to be those calls.

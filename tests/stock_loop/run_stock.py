@@ -30,9 +30,9 @@ the reference audio (as loaded), its Whisper features and lengths and its embedd
 each second's wall ms (``duplex_prefill`` + ``duplex_generate``, in which token2wav runs, + ``duplex_finalize``;
 synchronized on CUDA), decision and a hash of its decision, text and waveform, the process's peak memory
 (CUDA: ``max_memory_reserved``; CPU: peak RSS, VmHWM) and what the stock ran with (``ran_with``: attention,
-torch, transformers, flash-attn, the token2wav package and its version). ``--no-record``: only timing.json (the bench's runs);
-``--compile``: the demo's torch.compile mode (see :func:`compile_as_the_demo`); ``--device cuda``: bfloat16 and
-token2wav on CUDA, as the demo (not yet run anywhere). Usage::
+torch, transformers, flash-attn, the token2wav package and its version). ``--no-record``: only timing.json (the
+bench's runs); ``--compile``: the demo's torch.compile mode (see :func:`compile_as_the_demo`); ``--device cuda``:
+bfloat16 and token2wav on CUDA, as the demo. Usage::
 
     .venv-stock/bin/python tests/stock_loop/run_stock.py --folder F --wav in.wav --out DIR --seed S
 """
