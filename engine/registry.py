@@ -177,6 +177,14 @@ class BackboneEntry:
     batched_steps: Tuple[str, ...] = ()
     #: what a session was measured to reserve: (size, GiB the torch allocator reserved at its peak, where)
     measured_memory: Tuple[MeasuredMemory, ...] = ()
+    #: its stock loop hands the tail's speech on as 16-bit PCM (MiniCPM-o 4.5: Step-Audio2's ``Token2wav.stream``
+    #: returns PCM bytes, which the loop reads back as float): the tail's audio takes the same step
+    #: (:data:`engine.tail.DecoderTail.pcm16`)
+    speech_pcm16: bool = False
+    #: its stock loop returns each speaking second as at least a second of audio: shorter speech that does not end
+    #: its turn comes after silence up to a second, and a speaking second that decoded nothing is a second of
+    #: silence (MiniCPM-o 4.5's ``_generate_waveform_from_tokens``); :func:`engine.tail.whole_second`
+    pads_short_speech: bool = False
 
     def __post_init__(self) -> None:
         opts = self.tail_options

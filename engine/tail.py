@@ -36,10 +36,33 @@ class TailInfo:
     synthetic_weights: bool # True when the weights are seeded random (no real voice)
 
 
+#: full scale of 16-bit PCM as Step-Audio2's ``Token2wav.stream`` writes it (x 32767) and as MiniCPM-o's duplex
+#: loop reads it back (/ 32768)
+PCM16_WRITE, PCM16_READ = np.float32(32767.0), np.float32(32768.0)
+
+
+def pcm16(audio: np.ndarray) -> np.ndarray:
+    """float32 audio through 16-bit PCM and back, as a stock loop that hands speech on as PCM bytes does: clipped
+    to [-1, 1], scaled by 32767, truncated toward zero to int16, read back divided by 32768 (float32). What the
+    tail's cross-fade lifts past full scale is clipped here, as there."""
+    x = np.asarray(audio, dtype=np.float32)
+    return (np.clip(x, -1.0, 1.0) * PCM16_WRITE).astype("<i2").astype(np.float32) / PCM16_READ
+
+
+def whole_second(audio: np.ndarray, rate: int) -> np.ndarray:
+    """``audio`` after as much silence as makes it a whole second of ``rate`` samples (as it is when it is one or
+    longer): how a stock loop that returns each speaking unit as at least a second returns a short one."""
+    short = int(rate) - int(audio.shape[0])
+    return np.concatenate([np.zeros(short, dtype=np.float32), audio]) if short > 0 else audio
+
+
 class DecoderTail:
     """Base class: one streaming session of a decoder tail on the engine."""
 
     info: TailInfo
+    #: hand the audio on through 16-bit PCM (:func:`pcm16`), as the backbone's own loop does (its registry
+    #: entry's ``speech_pcm16``, set by the session before :meth:`start`); honoured by :class:`EngineTail`
+    pcm16 = False
 
     def start(self, seed: int = 0) -> None:
         """Begin a new stream (plan, arena, executor; prompt prefill). Resets everything."""
@@ -346,11 +369,13 @@ class EngineTail(DecoderTail):
             prev = sp
         return []
 
-    @staticmethod
-    def _audio(out: Dict[str, torch.Tensor]) -> np.ndarray:
+    def _audio(self, out: Dict[str, torch.Tensor]) -> np.ndarray:
+        """A step's audio as float32 on the host (through 16-bit PCM where :attr:`pcm16` says so); under a device's
+        scheduler the session parks until the audio is done, so the read never holds the others back."""
         audio = out["audio"].reshape(-1).float()
-        yieldpoints.wait()                     # under a device's scheduler: the others' work goes on meanwhile
-        return audio.cpu().numpy()
+        yieldpoints.wait()
+        audio = audio.cpu().numpy()
+        return pcm16(audio) if self.pcm16 else audio
 
     def _require_stream(self) -> None:
         if self.executor is None or self._ended:

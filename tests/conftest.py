@@ -14,6 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+# proofs that cannot skip unseen: a missing oracle fails under CI, and every run names what did not run
+from oracle_hooks import (pytest_collectreport, pytest_configure, pytest_runtest_makereport,  # noqa: F401
+                          pytest_runtest_setup, pytest_terminal_summary)
+
 SENTENCES = [
     "Hello there. Can you tell me what the weather will be like tomorrow?",
     "That sounds good. And what about the weekend?",

@@ -115,13 +115,14 @@ def weights(seed: int, nudge: tuple = (1.0, 1.0)) -> dict:
     return {k: v.detach().float().clone().contiguous() for k, v in out.items()}
 
 
-def token2wav(path: Path, seed: int) -> None:
+def token2wav(path: Path, seed: int, cfg=T2W_TINY) -> None:
+    """``assets/token2wav`` at ``cfg``'s dims: flow.yaml, flow.pt and hift.pt of seeded weights whose vocoder
+    makes voiced frames (``stock_step_audio2.voiced``)."""
     from stock_step_audio2 import voiced
-    state = voiced(T2W.random_state_dict(T2W_TINY, seed), T2W_TINY)
+    state = voiced(T2W.random_state_dict(cfg, seed), cfg)
     torch.save({k[5:]: v for k, v in state.items() if k.startswith("flow.")}, path / "flow.pt")
     torch.save({"generator." + k[5:]: v for k, v in state.items() if k.startswith("hift.")}, path / "hift.pt")
-    e, d = T2W_TINY.flow.encoder, T2W_TINY.flow.dit
-    (path / "flow.yaml").write_text(FLOW_YAML.format(e=e, d=d))
+    (path / "flow.yaml").write_text(FLOW_YAML.format(e=cfg.flow.encoder, d=cfg.flow.dit))
 
 
 FLOW_YAML = """llm_input_size: 896
@@ -196,14 +197,15 @@ def write_shards(folder: Path, w: dict) -> None:
     (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 
 
-def write(folder: Path, seed: int = 11, nudge: tuple = (1.0, 1.0)) -> Path:
-    """Write the whole folder (see the module docstring); returns it."""
+def write(folder: Path, seed: int = 11, nudge: tuple = (1.0, 1.0), t2w=T2W_TINY, t2w_seed=None) -> Path:
+    """Write the whole folder (see the module docstring); returns it. ``t2w``: token2wav's dims (a
+    :class:`~engine.models.step_audio2.config.T2WConfig`), its weights seeded ``t2w_seed`` (default ``seed``)."""
     folder = Path(folder)
     (folder / "assets" / "token2wav").mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config(), indent=2))
     tokenizer(folder)
     write_shards(folder, weights(seed, nudge))
-    token2wav(folder / "assets" / "token2wav", seed)
+    token2wav(folder / "assets" / "token2wav", seed if t2w_seed is None else t2w_seed, t2w)
     ref_audio(folder / "assets" / "HT_ref_audio.wav", seed)
     voice(folder / "voice.npz", seed)
     return folder
@@ -308,18 +310,10 @@ def write_streamed(folder: Path, size: str = "released", seed: int = 11, nudge: 
         weight_map.update({k: name for k in tensors})
         del tensors
     (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    _token2wav_at(folder / "assets" / "token2wav", seed, t2w_preset(size))
+    token2wav(folder / "assets" / "token2wav", seed, t2w_preset(size))
     ref_audio(folder / "assets" / "HT_ref_audio.wav", seed)
     voice(folder / "voice.npz", seed)
     return folder
-
-
-def _token2wav_at(path: Path, seed: int, cfg) -> None:
-    from stock_step_audio2 import voiced
-    state = voiced(T2W.random_state_dict(cfg, seed), cfg)
-    torch.save({k[5:]: v for k, v in state.items() if k.startswith("flow.")}, path / "flow.pt")
-    torch.save({"generator." + k[5:]: v for k, v in state.items() if k.startswith("hift.")}, path / "hift.pt")
-    (path / "flow.yaml").write_text(FLOW_YAML.format(e=cfg.flow.encoder, d=cfg.flow.dit))
 
 
 def main(argv=None) -> int:

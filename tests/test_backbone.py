@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+import oracles
+
 from engine.audio import frames_of, load_mono
 from engine.backbones import TokenFormat, make_backbone
 from engine.backbones.moshi.files import validate_folder
@@ -136,8 +138,9 @@ def _stub_moshi_deps(monkeypatch):
             m.hf_hub_download = m.SentencePieceProcessor = None
             m.EntryNotFoundError = Exception
             monkeypatch.setitem(sys.modules, name, m)
-    pytest.importorskip("einops")
-    return pytest.importorskip("moshi.models.loaders")
+    oracles.require(oracles.MOSHI)
+    import moshi.models.loaders
+    return moshi.models.loaders
 
 
 def make_tiny_moshi_folder(folder, loaders, card=2048, dep_q=8):

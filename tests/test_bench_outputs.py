@@ -5,6 +5,8 @@ import json
 import numpy as np
 import pytest
 
+import oracles
+
 from engine.stats import format_bytes, percentile, table
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -126,9 +128,7 @@ def test_bench_session_one_run_says_n_a_and_flips_over_the_whole_run(tmp_path, c
 
 @pytest.mark.oracle
 def test_bench_step_audio2_dry_run_interleaves_and_writes_json_md_png(tmp_path, capsys, one_torch_thread):
-    S = pytest.importorskip("stock_step_audio2")
-    if not S.available():
-        pytest.skip("stepaudio2 (minicpmo) is not installed")
+    oracles.require(oracles.STEPAUDIO2)
     from engine.bench.cli import main
     out = tmp_path / "sa2.json"
     rc = main(["step-audio2", "--device", "cpu", "--size", "tiny", "--chunks", "4", "--prompt-seconds", "2",
@@ -166,9 +166,7 @@ def test_step_audio2_bench_tallies_a_chunks_kernels_by_name():
 
 @pytest.mark.oracle
 def test_bench_nemotron_codec_on_cpu_writes_json_md_png_with_aligned_tables(tmp_path, capsys, one_torch_thread):
-    from engine.models.nemotron_codec import peer
-    if not peer.available():
-        pytest.skip("nemo's ear_tts_vae_codec.py / omegaconf (test oracles) not installed")
+    oracles.require(oracles.NEMO)
     from engine.bench.cli import main
     out = tmp_path / "codec" / "nemo.json"
     rc = main(["nemotron-codec", "--size", "tiny", "--seconds", "2", "--warmup", "1", "--rounds", "1",

@@ -25,14 +25,7 @@ OURS = ("ours: stock-like", "ours: eager (graph replay unavailable)")
 
 sys.path.insert(0, str(ROOT / "tests"))
 import minicpmo45_stock_folder as F  # noqa: E402
-
-
-def _skip_reason() -> str:
-    if not SL.ORACLE.is_dir():
-        return f"the stock oracle {SL.ORACLE} is absent (CI puts ../shared/oracles beside the clone)"
-    if not STOCK_PY.exists():
-        return "the stock venv .venv-stock is absent (make test builds it: tests/stock-loop-requirements.txt)"
-    return ""
+import oracles  # noqa: E402
 
 
 def _bench(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -43,9 +36,7 @@ def _bench(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
-    reason = _skip_reason()
-    if reason:
-        pytest.skip(reason)
+    oracles.require(oracles.DEMO, oracles.STOCK_VENV)
     tmp = tmp_path_factory.mktemp("bench-stock-loop")
     folder = F.write(tmp / "MiniCPM-o-4_5", nudge=NUDGE)
     out = tmp / "out"
@@ -133,6 +124,62 @@ def test_the_stock_harness_records_each_second(bench):
     assert [s["decision"] for s in t["seconds"]] == doc["rows"][EAGER]["decisions"]
     assert all(s["ms"] > 0 and len(s["digest"]) == 16 for s in t["seconds"])
     assert max(s["ms"] for s in t["seconds"]) >= doc["rows"][EAGER]["p99_total_ms"] - 1e-6
+
+
+def test_each_stock_row_says_what_it_ran_with(bench):
+    """The attention kernel (asked auto, as the demo's default; on a CPU flash-attn is not usable, so SDPA), torch,
+    transformers and the token2wav package with its version: in each stock run's timing.json, in its row, in
+    bench.json and printed under the rows (a row that did not run has none)."""
+    r, doc, out = bench
+    stock_torch = subprocess.run([str(STOCK_PY), "-c", "import torch, transformers; "
+                                  "print(torch.__version__, transformers.__version__)"],
+                                 capture_output=True, text=True, timeout=120).stdout.split()
+    for sm, name in (("eager", EAGER), ("warm", WARM)):
+        w = json.loads((out / f"stock-{sm}-1" / "timing.json").read_text())["ran_with"]
+        assert w == {"attention": "sdpa", "attention_asked": "auto", "torch": stock_torch[0],
+                     "transformers": stock_torch[1], "flash_attn": None,
+                     "token2wav": "minicpmo 0.1.2 (stepaudio2.token2wav)"}
+        row = doc["rows"][name]["ran_with"]
+        assert row == dict(w, compile=False, warm=sm == "warm", dtype="float32")
+        assert doc["stock_ran_with"][name] == row
+        line = f"{name}: ran with sdpa attention (asked auto), torch {stock_torch[0]}, transformers " \
+               f"{stock_torch[1]}, token2wav minicpmo 0.1.2 (stepaudio2.token2wav), float32"
+        assert line + (", warmed" if sm == "warm" else "") in " ".join(r.stdout.split()), line
+    assert doc["stock_attention_asked"] == "auto" and doc["stock_ran_with"][COMPILED] is None
+
+
+def test_the_stock_runs_are_asked_for_their_mode_and_attention(tmp_path, monkeypatch):
+    """What the bench hands the harness: --compile for the demo's compile mode, --warm for the warmed stock, the
+    attention asked (--attn), always --no-record; a run that exits with an error is a one-line row."""
+    calls = []
+
+    def fake(cmd, **kw):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1, "", "Traceback ...\nSystemExit: flash-attn is not usable here\n")
+    monkeypatch.setattr(SL.subprocess, "run", fake)
+    for compile, warm, attn in ((False, False, "auto"), (True, False, "sdpa"), (False, True, "flash_attention_2")):
+        row = SL.run_stock(Path(sys.executable), tmp_path, tmp_path / "in.wav", tmp_path / "o", 3, 8, "cpu", 1,
+                           compile, warm=warm, attn=attn)
+        cmd = calls[-1]
+        assert cmd[cmd.index("--attn") + 1] == attn and "--no-record" in cmd
+        assert ("--compile" in cmd) is compile and ("--warm" in cmd) is warm
+        assert row == {"error": "not measured: the stock loop exited 1: SystemExit: flash-attn is not usable here"}
+
+
+def test_asking_for_flash_attention_where_it_cannot_run_is_a_one_line_row(tmp_path):
+    """The demo fails fast where flash_attention_2 is asked and flash-attn is not usable; so does the harness, and
+    the bench's eager row says so in one line (the bench then exits 1: there is no reference row)."""
+    oracles.require(oracles.DEMO, oracles.STOCK_VENV)
+    folder = F.write(tmp_path / "MiniCPM-o-4_5", nudge=NUDGE)
+    r = _bench("--stock-loop", str(STOCK_PY), "--stock-loop-folder", str(folder), "--seconds", "4",
+               "--stock-loop-repeats", "1", "--modes", "stock", "--stock-loop-modes", "eager",
+               "--stock-loop-attn", "flash_attention_2", "--account-seconds", "0", "--out", str(tmp_path / "out"))
+    assert r.returncode == 1, r.stderr[-2000:]
+    doc = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert doc["rows"][EAGER] == {"error": "not measured: the stock loop exited 1: run_stock.py: --attn "
+                                           "flash_attention_2, but flash-attn is not installed or not usable here"}
+    assert "not measured: the stock loop exited 1" in r.stdout
+    assert doc["stock_attention_asked"] == "flash_attention_2" and doc["stock_ran_with"] == {EAGER: None}
 
 
 def test_the_warmed_stock_runs_an_earlier_session_and_keeps_the_bits(bench):

@@ -21,6 +21,7 @@ EAGER = SL.STOCK_LABELS["eager"]
 
 sys.path.insert(0, str(ROOT / "tests"))
 import minicpmo45_stock_folder as F  # noqa: E402
+import oracles  # noqa: E402
 
 
 def _capacity(*args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
@@ -32,10 +33,7 @@ def _capacity(*args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    if not SL.ORACLE.is_dir():
-        pytest.skip(f"the stock oracle {SL.ORACLE} is absent (CI puts ../shared/oracles beside the clone)")
-    if not STOCK_PY.exists():
-        pytest.skip("the stock venv .venv-stock is absent (make test builds it: tests/stock-loop-requirements.txt)")
+    oracles.require(oracles.DEMO, oracles.STOCK_VENV)
     tmp = tmp_path_factory.mktemp("capacity-stock-loop")
     folder = F.write(tmp / "MiniCPM-o-4_5", nudge=(4.0, 1.8))
     out = tmp / "out" / "cap.json"

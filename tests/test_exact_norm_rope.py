@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import oracles
+
 from engine import fastpath
 from engine.backbones.minicpmo45.layers import apply_rope_stock, rms_norm_stock
 from engine.kernels import exact, norm_rope
@@ -102,7 +104,7 @@ print("MODEL-OK", calls)
 
 
 def _interpreted(script: str, *args: str) -> str:
-    pytest.importorskip("triton")
+    oracles.require(oracles.TRITON)
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
     run = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=600)

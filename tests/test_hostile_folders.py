@@ -26,6 +26,8 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import pytest
 
+import oracles
+
 ROOT = Path(__file__).resolve().parents[1]
 MB = 1 << 20
 WORK_LIMIT_S = 5.0
@@ -115,7 +117,7 @@ def minicpm(tmp_path_factory) -> Path:
 
 def build_minicpm(tmp_path_factory) -> Path:
     """A sound tiny MiniCPM-o 4.5 folder in the released layout (the cases copy and break it)."""
-    pytest.importorskip("tokenizers")
+    oracles.require(oracles.TOKENIZERS)
     from safetensors.torch import save_file
     from test_minicpmo45_weights import _config, _tokenizer, _weights
     p = tmp_path_factory.mktemp("MiniCPM-o-4_5")

@@ -3,14 +3,14 @@ import numpy as np
 import pytest
 import torch
 
+import oracles
 import stock_mimi
 from engine.models.mimi import weights as W
 from engine.models.mimi.config import RELEASED, TINY, with_context
 from engine.models.mimi.model import MimiDecoder
 from engine.models.mimi.tail import MimiTail
 
-pytestmark = [pytest.mark.oracle, pytest.mark.usefixtures("one_torch_thread"),
-              pytest.mark.skipif(not stock_mimi.available(), reason="moshi/einops (test oracles) not installed")]
+pytestmark = [pytest.mark.oracle, pytest.mark.usefixtures("one_torch_thread"), oracles.needs(oracles.MOSHI)]
 
 
 def _codes(cfg, k, n, seed):

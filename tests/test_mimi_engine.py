@@ -3,6 +3,8 @@ import numpy as np
 import pytest
 import torch
 
+import oracles
+
 from engine.cli import synth as synth_cli
 from engine.models import registry
 from engine.models.mimi import weights as W
@@ -156,8 +158,7 @@ def test_synth_cli(tmp_path, capsys):
 @pytest.mark.oracle
 def test_bench_dry_run_on_cpu_reports_bit_identity(tmp_path):
     from engine.bench import mimi as bench
-    if not bench.peer_available():
-        pytest.skip("moshi/einops (test oracles) not installed")
+    oracles.require(oracles.MOSHI)
     out = tmp_path / "b.json"
     assert bench.main(["--size", "tiny", "--seconds", "2", "--warmup", "1", "--device", "cpu", "--repeats", "2",
                        "--json", str(out)]) == 0
@@ -172,6 +173,22 @@ def test_bench_dry_run_on_cpu_reports_bit_identity(tmp_path):
     assert res["config"]["frames"] == 25 and res["command"].startswith("duplexcadence-bench mimi")
     md, png = out.with_suffix(".md").read_text(), out.with_suffix(".png").read_bytes()
     assert "| ours graphs" in md and png.startswith(b"\x89PNG")
+
+
+def test_bench_equality_compares_whole_outputs_and_fails_on_a_length_difference():
+    from engine.bench import mimi as bench
+    x = torch.randn(1, 1, 4800, generator=torch.Generator().manual_seed(2))
+    assert bench._equal(x, x.clone()) == {"equal": True, "max_abs_diff": 0.0}
+    short = bench._equal(x[..., :3840], x)                  # the same samples as far as they go, 4 frames short
+    assert short == {"equal": False, "max_abs_diff": None, "shapes": [[1, 1, 3840], [1, 1, 4800]]}
+    assert not bench._equal(x, x[..., :3840])["equal"]
+    assert bench._verdict(short) == "no (shape (1, 1, 3840) vs (1, 1, 4800))"
+    off = x.clone()
+    off[0, 0, -1] += 0.25                                    # the last sample: a check of a prefix would miss it
+    v = bench._equal(off, x)
+    assert not v["equal"] and v["max_abs_diff"] == pytest.approx(0.25) and bench._verdict(v) == "no (max 2.50e-01)"
+    res = {"modes": {"ours graphs": {"median_ms": 1.0, "p90_ms": 1.0, "vs_moshi_eager_rope": short}}}
+    assert "no (shape (1, 1, 3840) vs (1, 1, 4800))" in bench.table(res, wrap=False)
 
 
 def test_layer_major_second_matches_frame_by_frame():

@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 import torch
 
+import oracles
+
 import stock_mimi
 from engine import fastpath
 from engine.models.mimi import fastpaths as FP
@@ -127,7 +129,7 @@ def test_reference_forced_by_the_user(monkeypatch):
 
 
 @pytest.mark.oracle
-@pytest.mark.skipif(not stock_mimi.available(), reason="moshi/einops (test oracles) not installed")
+@oracles.needs(oracles.MOSHI)
 def test_output_equals_moshi_with_the_check_and_with_the_reference_forced():
     state = W.random_state(TINY, seed=6)
     codes = _codes(30, seed=7)

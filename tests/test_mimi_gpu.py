@@ -3,6 +3,8 @@ import numpy as np
 import pytest
 import torch
 
+import oracles
+
 import stock_mimi
 from engine.models.mimi import weights as W
 from engine.models.mimi.config import RELEASED
@@ -13,8 +15,7 @@ from engine.core.toggles import Toggles
 pytestmark = [pytest.mark.gpu, pytest.mark.oracle]
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
-if not stock_mimi.available():
-    pytest.skip("moshi/einops (test oracles) not installed", allow_module_level=True)
+oracles.require_module(oracles.MOSHI)
 
 DEV = "cuda"
 

@@ -17,6 +17,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import oracles
+
 from engine.backbones.minicpmo45.audio import EncoderLayer
 from engine.backbones.minicpmo45.dims import preset
 from engine.backbones.minicpmo45.kv import kv_regions, make_store
@@ -24,7 +26,8 @@ from engine.backbones.minicpmo45.layers import seeded_init
 from engine.backbones.minicpmo45.llm import Qwen3
 from engine.backbones.minicpmo45.tts import TTS
 
-transformers = pytest.importorskip("transformers")
+oracles.require_module(oracles.TRANSFORMERS)
+import transformers  # noqa: E402
 pytestmark = pytest.mark.oracle
 D = preset("tiny")
 

@@ -6,13 +6,15 @@ folder in the released layout, the same 16 kHz input (speech and pauses), the sa
 reference clip, the default system prompt; the page's Force Listen once. Every second, every stage is compared
 with ``torch.equal`` (the stock's record holds floating rows as float32; ours are raised to float32 for the
 comparison, which is exact for bfloat16): audio features, encoder output, every LLM logits row (bfloat16, as the
-stock samples them), every text draw, every TTS logits row, the codes, and the tail's float waveform.
+stock samples them), every text draw, every TTS logits row, the codes, the tail's float waveform and the speech as
+the demo hands it on (token2wav's 16-bit PCM read back). A run must end a turn and have the page's Force Listen
+cut an open reply; its report (``DC_STOCK_REPORT``) names the commit it ran on.
 
 Three of our runs: stock-policy (demand_sized and graph replay off), optimized (both on: the arena and one CUDA
 graph per shape signature), and the toggles flipped every second (both off in second 0, then flipped before every
 later second). In the flip run a turn's last token2wav chunk may be played one second later or not, so its
-waveform is checked whole: every second's speech concatenated (and the deferred last chunk after the final
-second) against the stock's token2wav calls concatenated.
+speech and float waveform are checked whole: every second's concatenated (and the deferred last chunk after the
+final second) against the stock's token2wav calls concatenated.
 
 The stock process runs deterministically (``run_stock.py --deterministic``: cuDNN attention out of SDPA, cuDNN
 held to deterministic algorithms, as our engine runs on CUDA; ``DC_STOCK_AS_USERS=1`` runs it exactly as its
@@ -41,6 +43,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import oracles  # noqa: E402
 import test_minicpmo45_stock_loop as S  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.oracle, pytest.mark.bits]
@@ -53,22 +56,19 @@ def _stock_python() -> Path:
     return Path(os.environ.get("DC_STOCK_PYTHON", str(S.STOCK_PY)))
 
 
-def _skip_reason() -> str:
+def _require() -> None:
+    """Skips without CUDA; with it, the demo copy and the stock interpreter are required (tests/oracles.py)."""
     if not torch.cuda.is_available():
-        return "no CUDA device"
-    if not S.ORACLE.is_dir():
-        return f"the stock oracle {S.ORACLE} is absent"
-    if not _stock_python().exists():
-        return f"the stock interpreter {_stock_python()} is absent (DC_STOCK_PYTHON)"
-    return ""
+        pytest.skip("no CUDA device")
+    oracles.require(oracles.DEMO, oracles.Oracle(f"the stock interpreter {_stock_python()}",
+                                                 lambda: _stock_python().exists(),
+                                                 "DC_STOCK_PYTHON, or make's .venv-stock with a CUDA torch"))
 
 
 @pytest.fixture(scope="module")
 def gpu_runs(tmp_path_factory):
     """(folder, size, seconds, the stock's per-second records) of one stock CUDA run, seed ``SEED``."""
-    reason = _skip_reason()
-    if reason:
-        pytest.skip(reason)
+    _require()
     given = os.environ.get("DC_STOCK_FOLDER")
     if given:
         tmp, folder, size = tmp_path_factory.mktemp("stock-gpu"), Path(given), "released"
@@ -122,28 +122,43 @@ def _toggles(mode: str, seconds: int):
     return flip_schedule(seconds)
 
 
-def _speech_whole(stock: list) -> torch.Tensor:
-    calls = [w for s in stock for w in s.get("speech", [])]
-    return torch.cat(calls) if calls else torch.zeros(0)
+def _speech_whole(stock: list, key: str) -> torch.Tensor:
+    """The stock run's speech, every second's concatenated (:func:`S._stock_speech`: as the demo returns it), or with
+    ``key`` "speech" every token2wav call's float waveform."""
+    return torch.cat([S._stock_speech(stock, k, False, key) for k in range(len(stock))])
 
 
 def _compare(ours: List[dict], stock: list, mode: str) -> Dict[int, str]:
-    """Each second's first differing stage ('' where all are equal); -1: the whole waveform (flip run)."""
+    """Each second's first differing stage ('' where all are equal); -1: the deferred last chunk, or in the flip
+    run the whole speech and float waveform."""
     n = len(stock)
-    demand = mode == "optimized"
-    diffs = {}
-    for k in range(n):
-        speech = None if mode == "flipped" else S._stock_speech(stock, k, deferred=demand)
-        diffs[k] = S._first_difference(ours[k], stock[k], speech)
-    if mode == "flipped":
-        mine = torch.cat([S._host(s["speech"]) for s in ours])
-        theirs = S._host(_speech_whole(stock))
-        diffs[-1] = "" if mine.shape == theirs.shape and torch.equal(mine, theirs) else (
-            f"whole waveform: {tuple(mine.shape)} vs the stock's {tuple(theirs.shape)}")
-    else:
-        after = S._stock_speech(stock, n, deferred=True) if demand else torch.zeros(0)
-        diffs[-1] = "" if torch.equal(S._host(ours[n]["speech"]), S._host(after)) else "the deferred last chunk"
+    if mode != "flipped":
+        return {(-1 if k == n else k): S._difference_at(ours, stock, k, deferred=mode == "optimized")
+                for k in range(n + 1)}
+    diffs = {k: S._first_difference(ours[k], stock[k], None) for k in range(n)}
+    bad = []
+    for ours_key, key in (("speech", "speech_pcm"), ("speech_float", "speech")):
+        mine, theirs = torch.cat([S._host(s[ours_key]) for s in ours]), S._host(_speech_whole(stock, key))
+        if mine.shape != theirs.shape or not torch.equal(mine, theirs):
+            bad.append(f"whole {ours_key}: {tuple(mine.shape)} vs the stock's {tuple(theirs.shape)}")
+    diffs[-1] = "; ".join(bad)
     return diffs
+
+
+def _cut_by_force_listen(stock: list) -> bool:
+    """Whether the page's Force Listen (second ``S.BARGE_IN``) cut a reply that was open."""
+    k = S.BARGE_IN
+    return 0 < k < len(stock) and stock[k]["is_listen"] and not stock[k - 1]["is_listen"] \
+        and not stock[k - 1]["end_of_turn"]
+
+
+def _commit() -> str:
+    """The commit the proof ran on (with ``+dirty`` where the tree has changes)."""
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    run = lambda *a: subprocess.run(["git", *a], cwd=root, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    head = run("rev-parse", "HEAD") or "unknown"
+    return head + ("+dirty" if run("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def _report(mode: str, stock: list, diffs: Dict[int, str], size: str) -> None:
@@ -152,9 +167,11 @@ def _report(mode: str, stock: list, diffs: Dict[int, str], size: str) -> None:
         return
     p = Path(path)
     doc = json.loads(p.read_text()) if p.exists() else {}
-    doc[mode] = {"size": size, "seconds": len(stock),
+    doc[mode] = {"size": size, "seconds": len(stock), "commit": _commit(), "torch": torch.__version__,
+                 "device": torch.cuda.get_device_name(),
                  "speaking_seconds": sum(not s["is_listen"] for s in stock),
                  "turn_ends": sum(bool(s.get("end_of_turn")) for s in stock),
+                 "force_listen_second": S.BARGE_IN, "force_listen_cut_a_reply": _cut_by_force_listen(stock),
                  "equal_seconds": sum(1 for k, v in diffs.items() if k >= 0 and not v),
                  "first_differences": {str(k): v for k, v in diffs.items() if v}}
     p.write_text(json.dumps(doc, indent=1))
@@ -195,15 +212,16 @@ def test_our_cuda_session_equals_the_stock_loop_on_cuda(gpu_runs, mode):
     assert not bad, f"{mode}: {len(bad)} seconds differ; first: " + "; ".join(
         f"second {k}: {v}" for k, v in sorted(bad.items())[:3])
     assert sum(not s["is_listen"] for s in stock) >= 2, "the stock run never spoke: the check covered no reply"
+    assert any(s["end_of_turn"] for s in stock) and _cut_by_force_listen(stock), (
+        "the run needs a turn that ends and a reply cut by the Force Listen at second "
+        f"{S.BARGE_IN}: write the folder with a larger <|turn_eos|> factor (--nudge 4.0,2.6)")
 
 
 def test_the_deterministic_stock_repeats_itself_on_cuda(tmp_path_factory):
     """The oracle itself: the stock loop run twice on CUDA with ``--deterministic`` gives the same record every
     second (the precondition of any bit-for-bit claim against it); with ``DC_STOCK_AS_USERS=1`` the same check
     is made of the stock as its users run it, where cuDNN's choices are expected to break it."""
-    reason = _skip_reason()
-    if reason:
-        pytest.skip(reason)
+    _require()
     import minicpmo45_stock_folder as F
     tmp = tmp_path_factory.mktemp("stock-repeat")
     folder = F.write(tmp / "MiniCPM-o-4_5", nudge=S.NUDGE)

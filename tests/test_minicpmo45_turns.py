@@ -75,9 +75,12 @@ def session(request):
 
 
 def _fresh_turn(rng: torch.Tensor, tokens: torch.Tensor, flush: bool) -> np.ndarray:
-    """The same tokens through a freshly started tail (same weights and voice), from the same RNG state."""
+    """The same tokens through a freshly started tail (same weights and voice, its speech through 16-bit PCM as
+    the session's), from the same RNG state."""
+    entry = registry.get_backbone("minicpm-o-4.5")
     tail = registry.get("step-audio2").make_tail(size="tiny", device="cpu", seed=SEED, mode="stock",
-                                                 **registry.get_backbone("minicpm-o-4.5").tail_kwargs())
+                                                 **entry.tail_kwargs())
+    tail.pcm16 = entry.speech_pcm16
     tail.start(seed=SEED)
     torch.set_rng_state(rng)
     out = [tail.push(tokens)]

@@ -13,6 +13,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+import oracles
+
 from engine.backbones.minicpmo45.audio import AudioEncoder
 from engine.backbones.minicpmo45.dims import TOKEN_NAMES, preset
 from engine.backbones.minicpmo45.layers import seeded_init
@@ -21,7 +23,8 @@ from engine.backbones.minicpmo45.tts import TTS
 from engine.backbones.minicpmo45.weights import open_folder
 from minicpmo45_stock_folder import write_shards
 
-tokenizers = pytest.importorskip("tokenizers")
+oracles.require_module(oracles.TOKENIZERS)
+import tokenizers  # noqa: E402
 
 D = preset("tiny")
 

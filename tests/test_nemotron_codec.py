@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+import oracles
+
 from engine.core import make_plan
 from engine.models.nemotron_codec import peer
 from engine.models.nemotron_codec import weights as W
@@ -14,7 +16,7 @@ from engine.models.nemotron_codec.tail import make_tail
 from engine.core.toggles import Toggles
 
 pytestmark = [pytest.mark.oracle, pytest.mark.bits, pytest.mark.usefixtures("one_torch_thread"),
-              pytest.mark.skipif(not peer.available(), reason="nemo-toolkit / omegaconf (test oracles) not installed")]
+              oracles.needs(oracles.NEMO)]
 
 #: configs beyond the released one: other FFT sizes and overlaps, kernels, groups, block counts, codebooks
 ODD = CodecConfig(latent_size=24, n_fft=32, hop_length=8, base_hidden_size=8, channel_mult=(1, 3),

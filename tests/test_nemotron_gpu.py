@@ -4,6 +4,8 @@ batched library calls the start-up self-check takes on this GPU, and on the all-
 import pytest
 import torch
 
+import oracles
+
 from engine import fastpath
 from engine.models.nemotron_codec import peer
 from engine.models.nemotron_codec import weights as W
@@ -16,8 +18,7 @@ from engine.core.toggles import Toggles
 pytestmark = [pytest.mark.gpu, pytest.mark.oracle]
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
-if not peer.available():
-    pytest.skip("nemo's ear_tts_vae_codec.py / omegaconf (test oracles) not installed", allow_module_level=True)
+oracles.require_module(oracles.NEMO)
 
 DEV = "cuda"
 

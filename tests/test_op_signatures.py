@@ -6,6 +6,8 @@ round both alike. Models are built outside the recording: only the decodes are c
 import pytest
 import torch
 
+import oracles
+
 import stock_mimi
 import test_mimi as MT
 import test_nemotron_codec as NC
@@ -21,8 +23,8 @@ from engine.models.nemotron_codec.tail import make_tail
 from op_signatures import assert_same_calls, record
 
 pytestmark = [pytest.mark.oracle, pytest.mark.bits, pytest.mark.usefixtures("one_torch_thread")]
-need_moshi = pytest.mark.skipif(not stock_mimi.available(), reason="moshi/einops (test oracles) not installed")
-need_nemo = pytest.mark.skipif(not nemo.available(), reason="nemo-toolkit / omegaconf (test oracles) not installed")
+need_moshi = oracles.needs(oracles.MOSHI)
+need_nemo = oracles.needs(oracles.NEMO)
 
 
 def _nemotron_both(cfg, state, codes, pushes, **toggles):
@@ -94,3 +96,116 @@ def test_mimi_released_size_issues_moshis_library_calls():
     assert_same_calls(ours, peer, counts=False)
     assert torch.equal(got, ref)
 
+
+
+# -- Step-Audio2 token2wav ----------------------------------------------------------------------------------
+#
+# Both sides record under ``inference_mode`` (the stock's HiFT runs under it whatever its caller does, so its
+# composite calls arrive whole; ours are recorded alike). The stock computes its time embeddings, adaLN
+# modulations, speaker projection and Snake inverses on every call, ours once per session (``prepare``, recorded
+# with the stream): the same calls, other counts. The models are built outside the recording; a first stream of
+# ours runs the start-up self-checks outside it too (their trials are not the decode).
+
+need_stepaudio2 = oracles.needs(oracles.STEPAUDIO2)
+
+
+def _t2w_case(cfg, prompt_tokens: int, n_tokens: int, seed: int):
+    import stock_step_audio2 as S
+    from engine.models.step_audio2 import weights as W
+    from engine.models.step_audio2.stream import Prompt
+    g = torch.Generator().manual_seed(seed)
+    prompt = Prompt(torch.randint(0, 6561, (1, prompt_tokens), generator=g),
+                    torch.randn(1, 2 * prompt_tokens, 80, generator=g), torch.randn(1, 192, generator=g))
+    tokens = torch.randint(0, 6561, (n_tokens,), generator=g).tolist()
+    return S.voiced(W.random_state_dict(cfg, seed), cfg), prompt, tokens
+
+
+def _stock_t2w(cfg, state, prompt, seed: int, turns):
+    """The stock ``Token2wav.stream`` over ``turns`` (lists of (tokens, last) chunks; between turns the caches go
+    back to the prompt's, as MiniCPM-o's loop resets them): its audio and its call signatures."""
+    import stock_step_audio2 as S
+    from engine.models.step_audio2.stream import flow_noise
+    flow, hift = S.build_flow(cfg.flow), S.build_hift(cfg.hift)
+    flow.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("flow.")}, strict=True)
+    hift.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("hift.")}, strict=True)
+
+    def run():
+        st = S.StockStream(flow, hift, prompt.tokens, prompt.mel, prompt.spk, "cpu", noise=flow_noise(seed),
+                           n_timesteps=cfg.flow.n_timesteps)
+        torch.manual_seed(seed)
+        out = []
+        for i, chunks in enumerate(turns):
+            if i:
+                with S._quiet():
+                    st.t2w.stream_cache, st.t2w.hift_cache_dict = st.t2w.set_stream_cache(None)
+            out += st.stream(None, chunks)
+        return torch.cat([torch.from_numpy(w) for w in out])
+    return record(run)
+
+
+def _prepared_and(model, run):
+    """Our constants made again (recorded) and ``run``'s calls; their union, and ``run``'s result."""
+    _, made = record(lambda: (model.flow.build_constants(), model.hift.prepare()))
+    out, calls = record(run)
+    return out, made + calls
+
+
+@need_stepaudio2
+@pytest.mark.parametrize("mode", ["stock", "demand"])
+def test_step_audio2_issues_the_stock_library_calls(mode):
+    """The oracle dims (the stock's widths, shallow) over a 21-token prompt and 61 tokens: prompt prefill, a
+    start-up chunk, two steady ones and an 11-token last chunk."""
+    from engine.models.step_audio2 import weights as W
+    from engine.models.step_audio2.config import preset
+    from engine.models.step_audio2.stream import schedule, synthesize
+    cfg = preset("oracle")
+    state, prompt, tokens = _t2w_case(cfg, 21, 61, seed=4)
+    with torch.inference_mode():
+        ref, peer = _stock_t2w(cfg, state, prompt, 4, [[(tokens[s:s + n], last) for s, n, last in schedule(61)]])
+        model = W.build(cfg, state, "cpu")
+        synthesize(model, prompt, tokens, mode, 4)
+        got, ours = _prepared_and(model, lambda: torch.cat([torch.from_numpy(w) for w in
+                                                            synthesize(model, prompt, tokens, mode, 4)]))
+    assert_same_calls(ours, peer, counts=False)
+    assert torch.equal(got, ref)
+
+
+def _loop_turns(tokens):
+    """Two replies as MiniCPM-o's duplex loop hands them to token2wav: each behind 3 silences; the first of
+    25 + 25 + 12 codes (chunks of 28, 28 and a short 15, then its last 3 at the turn's end), the second of 20
+    (a short first chunk of 23, then its last 3)."""
+    first, second = [4218] * 3 + tokens[:62], [4218] * 3 + tokens[62:82]
+    return [first[:28], first[28:53], first[53:65]], [second], \
+        [[(first[0:28], False), (first[25:53], False), (first[50:65], False), (first[62:65], True)],
+         [(second[0:23], False), (second[20:23], True)]]
+
+
+@need_stepaudio2
+def test_step_audio2_in_minicpmo_s_loop_issues_the_stock_library_calls():
+    """The released vocoder and the released flow widths (the DiT 2 deep), 5 flow steps, our tail driven as the
+    session drives it for MiniCPM-o 4.5 (its chunking: short chunks; a turn's end flushes its last chunk and
+    goes back to the prompt's state) against the stock stream over the same chunks and resets."""
+    from dataclasses import replace
+    from engine.models.step_audio2 import weights as W
+    from engine.models.step_audio2.config import preset
+    from engine.models.step_audio2.tail import StepAudio2Tail
+    from engine.models import registry
+    r = preset("released")
+    cfg = replace(r, flow=replace(r.flow, n_timesteps=5, dit=replace(r.flow.dit, depth=2)))
+    state, prompt, tokens = _t2w_case(cfg, 17, 82, seed=6)
+    pushes1, pushes2, turns = _loop_turns(tokens)
+
+    def ours_run(tail):
+        tail.start(seed=6)
+        out = [tail.push(torch.tensor([p])) for p in pushes1] + [tail.new_turn(flush=True)]
+        out += [tail.push(torch.tensor([p])) for p in pushes2] + [tail.new_turn(flush=True)]
+        return torch.cat([torch.from_numpy(w) for w in out])
+    with torch.inference_mode():
+        ref, peer = _stock_t2w(cfg, state, prompt, 6, turns)
+        tail = StepAudio2Tail(W.build(cfg, state, "cpu"), prompt, "test", synthetic=True, mode="demand")
+        tail.keep_turn_base = True
+        tail.chunking = registry.get_backbone("minicpm-o-4.5").tail_chunking
+        ours_run(tail)
+        got, ours = _prepared_and(tail.model, lambda: ours_run(tail))
+    assert_same_calls(ours, peer, counts=False)
+    assert torch.equal(got, ref)

@@ -14,6 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import oracles
+
 from engine import fastpath
 from engine.models.step_audio2 import weights as W
 from engine.models.step_audio2.checked import CheckedPaths
@@ -79,9 +81,8 @@ def test_frames_major_block_equals_the_stock_layout_block(model, fresh_verdicts,
 
 def test_stream_with_frames_major_convs_is_bit_identical_to_the_stock_package(fresh_verdicts, monkeypatch,
                                                                               one_torch_thread):
-    S = pytest.importorskip("stock_step_audio2")
-    if not S.available():
-        pytest.skip("stepaudio2 (minicpmo) is not installed")
+    oracles.require(oracles.STEPAUDIO2)
+    import stock_step_audio2 as S
     case = S.make_case("oracle", prompt_tokens=21, n_tokens=61)
     ref = S.stock_outputs(case)                                         # its convs see contiguous operands
     monkeypatch.setattr(F, "conv1d", layout_blind_conv1d)
@@ -182,10 +183,8 @@ print("FUSED-OK")
 def test_fused_elementwise_stream_is_bit_identical_to_the_stock_package(tmp_path):
     """The Triton kernel's arithmetic and indexing, run by Triton's interpreter on the CPU, over a whole stream
     with every DiT block and every HiFT Snake on the fused path: torch.equal to the stock package chunk by chunk."""
-    pytest.importorskip("triton")
-    S = pytest.importorskip("stock_step_audio2")
-    if not S.available():
-        pytest.skip("stepaudio2 (minicpmo) is not installed")
+    oracles.require(oracles.TRITON, oracles.STEPAUDIO2)
+    import stock_step_audio2 as S
     import os
     import subprocess
     import sys

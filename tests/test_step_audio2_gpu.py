@@ -6,17 +6,18 @@ import numpy as np
 import pytest
 import torch
 
+import oracles
+
 from engine.models.step_audio2 import weights as W
 from engine.models.step_audio2.stream import synthesize
 from engine.models.step_audio2.tail import StepAudio2Tail
 from engine.core.toggles import Toggles
 
-S = pytest.importorskip("stock_step_audio2")
 pytestmark = [pytest.mark.gpu, pytest.mark.oracle]
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
-if not S.available():
-    pytest.skip("stepaudio2 (minicpmo) is not installed", allow_module_level=True)
+oracles.require_module(oracles.STEPAUDIO2)
+import stock_step_audio2 as S  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import oracles
+
 from engine.models.step_audio2 import linears
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +58,7 @@ print("LINEARS-OK")
 
 
 def test_interpreted_kernel_gives_the_linear_s_values():
-    pytest.importorskip("triton")
+    oracles.require(oracles.TRITON)
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
     run = subprocess.run([sys.executable, "-c", INTERPRETED], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=300)

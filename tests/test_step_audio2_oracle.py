@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+import oracles
 from engine.models.step_audio2 import weights as W
 from engine.models.step_audio2.stream import schedule, synthesize
 
-S = pytest.importorskip("stock_step_audio2")
+oracles.require_module(oracles.STEPAUDIO2)
+import stock_step_audio2 as S  # noqa: E402
 pytestmark = pytest.mark.oracle
-if not S.available():
-    pytest.skip("stepaudio2 (minicpmo) is not installed", allow_module_level=True)
 assert_chunks_equal, make_case, stock_outputs = S.assert_chunks_equal, S.make_case, S.stock_outputs
 
 

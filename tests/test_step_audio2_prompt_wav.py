@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+import oracles
+
 from engine.models.step_audio2 import prompt_audio as PA
 from engine.models.step_audio2.prompt import load_prompt
 
@@ -48,9 +50,8 @@ def test_features_have_the_stock_rates():
 
 
 def _s3_dir():
+    oracles.require(oracles.S3TOKENIZER)
     spec = importlib.util.find_spec("s3tokenizer")
-    if spec is None:
-        pytest.skip("s3tokenizer (the stock's Whisper log-mel; a test oracle) is not installed")
     return spec.submodule_search_locations[0]
 
 
@@ -93,9 +94,8 @@ def test_whisper_log_mel_is_the_stocks_bit_for_bit(stock_s3):
 def test_prompt_mel_is_the_stocks_bit_for_bit():
     """The stock's ``mel_spectrogram`` (flashcosyvoice) builds its filterbank with librosa, which is not installed:
     it runs here with ours (the construction checked against librosa's own output above)."""
-    S = pytest.importorskip("stock_step_audio2")
-    if not S.available():
-        pytest.skip("stepaudio2 (minicpmo) is not installed")
+    oracles.require(oracles.STEPAUDIO2)
+    import stock_step_audio2 as S
     A = sys.modules["stepaudio2.flashcosyvoice.utils.audio"]
     keys = ("8000_cpu", "cpu")
     A.mel_basis[keys[0]] = torch.from_numpy(PA.slaney_mel(24000, 1920, 80, 0, 8000))

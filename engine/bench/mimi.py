@@ -191,9 +191,21 @@ def _memory(fn, cuda: bool):
 
 
 def _equal(a: torch.Tensor, b: torch.Tensor) -> Dict[str, object]:
-    n = min(a.shape[-1], b.shape[-1])
-    a, b = a[..., :n], b[..., :n]
-    return {"equal": bool(torch.equal(a, b)), "max_abs_diff": float((a - b).abs().max())}
+    """Whole outputs compared: equal only with the same shape and every sample the same. Outputs of different
+    lengths are not equal (no part of them is compared): ``shapes`` says so and ``max_abs_diff`` is None."""
+    if a.shape != b.shape:
+        return {"equal": False, "max_abs_diff": None, "shapes": [list(a.shape), list(b.shape)]}
+    return {"equal": bool(torch.equal(a, b)), "max_abs_diff": float((a - b).abs().max()) if a.numel() else 0.0}
+
+
+def _verdict(v: Dict[str, object]) -> str:
+    """A comparison for the table: yes, or no and why (the largest difference, or the two shapes)."""
+    if v["equal"]:
+        return "yes"
+    if v["max_abs_diff"] is None:
+        a, b = v["shapes"]
+        return f"no (shape {tuple(a)} vs {tuple(b)})"
+    return f"no (max {v['max_abs_diff']:.2e})"
 
 
 def run(cfg: MimiConfig, seconds: int, k: int, seed: int, warmup: int, profile_seconds: int,
@@ -354,8 +366,7 @@ def table(res: Dict, wrap: bool = True) -> str:
 
         def eq(key):
             v = m.get(key)
-            return "ref" if v is None and key == "vs_moshi_eager_rope" else ("" if v is None else
-                   ("yes" if v["equal"] else f"no (max {v['max_abs_diff']:.2e})"))
+            return "ref" if v is None and key == "vs_moshi_eager_rope" else ("" if v is None else _verdict(v))
         kpf = f"{m['kernels_per_frame']:.0f}" if "kernels_per_frame" in m else ""
         kms = f"{m['kernel_ms_per_audio_s']:.1f}" if "kernel_ms_per_audio_s" in m else ""
         peak = f"{m['peak_alloc_above_weights_mib']:.1f}" if "peak_alloc_above_weights_mib" in m else ""

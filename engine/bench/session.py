@@ -278,6 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the stock loop's modes: eager (a worker's first session, as its users start it), warm "
                         "(eager after one earlier session: a serving worker's later session), compile (the demo's "
                         "torch.compile mode)")
+    p.add_argument("--stock-loop-attn", default="auto", choices=["auto", "sdpa", "flash_attention_2"],
+                   help="the stock loop's attention, as the demo's attn_implementation: auto (its default: "
+                        "FlashAttention-2 where flash-attn is usable in its venv, else SDPA), sdpa, flash_attention_2 "
+                        "(an error where flash-attn is not usable); the rows say which ran")
     p.add_argument("--stock-loop-compile-timeout", type=int, default=3600,
                    help="seconds the stock loop's torch.compile run may take, its compile and warm-up included "
                         "(past it the row says so; eager runs may take 3600 s)")

@@ -21,7 +21,13 @@ peak memory (CUDA: ``torch.cuda.max_memory_reserved`` of the run; CPU: the proce
 before each of our runs), and for each of our rows the speed ratio against the stock eager row (stock ms / ours:
 above 1 is faster than the stock). The compile row says whether it kept the stock eager run's bits (each
 second's decision, text and waveform, hashed); where compile fails or does not finish within
-``--stock-loop-compile-timeout`` seconds, the row says so in one line and has no numbers.
+``--stock-loop-compile-timeout`` seconds, the row says so in one line and has no numbers. ``warm`` runs the eager
+stock after one earlier session in the same process (a serving worker's later session).
+
+Each stock row says exactly what it ran with (printed under the rows, ``ran_with`` in bench.json): the attention
+kernel (``--stock-loop-attn``, default auto as the demo's own default: FlashAttention-2 where flash-attn is usable
+in the stock's venv, else SDPA), torch, transformers, flash-attn where installed, and the token2wav package and
+its version.
 """
 from __future__ import annotations
 
@@ -131,13 +137,15 @@ def row_of(ms: List[float], decisions: List[str], peak: Optional[int]) -> Dict[s
 
 
 def run_stock(python: Path, folder: Path, wav: Path, out: Path, seed: int, seconds: int, device: str,
-              threads: int, compile: bool, timeout_s: int = DEFAULT_TIMEOUT_S, warm: bool = False
-              ) -> Dict[str, object]:
-    """One stock-loop run in a subprocess: its row plus ``digests``, or ``{"error": one line}``. ``warm``: the
-    eager stock after one earlier session (a serving worker's later session)."""
+              threads: int, compile: bool, timeout_s: int = DEFAULT_TIMEOUT_S, warm: bool = False,
+              attn: str = "auto") -> Dict[str, object]:
+    """One stock-loop run in a subprocess: its row plus ``digests`` and ``ran_with`` (its attention, torch,
+    transformers, flash-attn and token2wav package), or ``{"error": one line}``. ``warm``: the eager stock after
+    one earlier session (a serving worker's later session); ``attn``: the demo's attention choice (auto, its
+    default: FlashAttention-2 where usable, else SDPA)."""
     cmd = [str(python), str(RUNNER), "--oracle", str(ORACLE), "--folder", str(folder), "--wav", str(wav),
            "--out", str(out), "--seed", str(seed), "--seconds", str(seconds), "--device", device,
-           "--threads", str(threads), "--no-record"] + (["--compile"] if compile else []) + (
+           "--threads", str(threads), "--attn", attn, "--no-record"] + (["--compile"] if compile else []) + (
                ["--warm"] if warm else [])
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     try:
@@ -152,8 +160,22 @@ def run_stock(python: Path, folder: Path, wav: Path, out: Path, seed: int, secon
     secs = doc["seconds"]
     row = row_of([s["ms"] for s in secs], [s["decision"] for s in secs], doc.get("peak_memory_bytes"))
     row.update(digests=[s["digest"] for s in secs], peak_memory_kind=doc.get("peak_memory_kind"),
-               build_s=doc.get("build_s"), warmup_s=doc.get("warmup_s"), dtype=doc.get("dtype"))
+               build_s=doc.get("build_s"), warmup_s=doc.get("warmup_s"), dtype=doc.get("dtype"),
+               ran_with=dict(doc.get("ran_with") or {}, compile=bool(doc.get("compile")), warm=bool(doc.get("warm")),
+                             dtype=doc.get("dtype")))
     return row
+
+
+def ran_with_line(label: str, r: Dict[str, object]) -> str:
+    """One line: what a stock row ran with (its attention kernel, torch, transformers, flash-attn, token2wav)."""
+    w = r.get("ran_with") or {}
+    if not w:
+        return f"{label}: ran with: not recorded"
+    asked = f" (asked {w['attention_asked']})" if w.get("attention_asked") not in (None, w.get("attention")) else ""
+    fa = f", flash-attn {w['flash_attn']}" if w.get("flash_attn") else ""
+    return (f"{label}: ran with {w.get('attention')} attention{asked}, torch {w.get('torch')}, transformers "
+            f"{w.get('transformers')}{fa}, token2wav {w.get('token2wav')}, {w.get('dtype')}"
+            + (", torch.compile" if w.get("compile") else "") + (", warmed" if w.get("warm") else ""))
 
 
 #: why the stock's count of sessions per device is 1 or 0 (the capacity bench's stock-loop row)
@@ -213,6 +235,8 @@ def median_row(reps: List[Dict[str, object]]) -> Dict[str, object]:
     for key in ("accounting", "per_second", "slowest_second"):          # ours: the first repeat's accounting and per-second counts
         if reps[0].get(key):
             out[key] = reps[0][key]
+    if reps[0].get("ran_with"):                        # the stock's: what it ran with (the same every repeat)
+        out["ran_with"] = reps[0]["ran_with"]
     return out
 
 
@@ -281,7 +305,8 @@ def compare(a, base_cfg, audio: np.ndarray, modes: List[str], ours) -> int:
             print(f"repeat {rep + 1}/{a.stock_loop_repeats}: {STOCK_LABELS[sm]}", file=sys.stderr, flush=True)
             r = run_stock(Path(a.stock_loop), folder, wav, work / f"stock-{sm}-{rep + 1}", a.seed, seconds,
                           base_cfg.device, threads, sm == "compile",
-                          a.stock_loop_compile_timeout if sm == "compile" else DEFAULT_TIMEOUT_S, warm=sm == "warm")
+                          a.stock_loop_compile_timeout if sm == "compile" else DEFAULT_TIMEOUT_S, warm=sm == "warm",
+                          attn=getattr(a, "stock_loop_attn", "auto"))
             tally_repeat(r, rep, sm, reps, errors, failed)
         for m in modes:
             t = Toggles.from_mode(m)
@@ -296,6 +321,9 @@ def compare(a, base_cfg, audio: np.ndarray, modes: List[str], ours) -> int:
     kind = ("torch.cuda.max_memory_reserved (the stock's whole process; ours from the start of its build on)"
             if cuda else "the process's peak RSS (VmHWM)")
     print(f"peak memory: {kind}; ratio: the stock eager row's ms / the row's ms (above 1: faster than the stock)")
+    for sm in stock_modes:
+        if "error" not in rows[STOCK_LABELS[sm]]:
+            print(textwrap.fill(ran_with_line(STOCK_LABELS[sm], rows[STOCK_LABELS[sm]]), 120))
     for name, row in rows.items():
         if row.get("slowest_second"):
             print(textwrap.fill(ours.format_slowest(name, row["slowest_second"]), 120))
@@ -312,6 +340,8 @@ def compare(a, base_cfg, audio: np.ndarray, modes: List[str], ours) -> int:
     doc = {"seconds": seconds, "seed": a.seed, "repeats": a.stock_loop_repeats, "device": base_cfg.device,
            "folder": str(folder), "threads": threads, "peak_memory": kind, "ahead": a.ahead, "rows": rows,
            "reference": STOCK_LABELS["eager"], "torch": torch.__version__,
+           "stock_attention_asked": getattr(a, "stock_loop_attn", "auto"),
+           "stock_ran_with": {STOCK_LABELS[sm]: rows[STOCK_LABELS[sm]].get("ran_with") for sm in stock_modes},
            "gpu": torch.cuda.get_device_name(0) if cuda else "cpu"}
     text = json.dumps(doc, indent=1)
     try:

@@ -13,7 +13,7 @@ IN.wav may have any sample rate and channel count (mixed down, resampled to the 
 plays while second k+1 comes in). DIR receives session.csv, session.jsonl, session.trace.json
 (open it in Perfetto), summary.json, the session's input and output WAVs and speech.npy (float32 at
 24 kHz: what the decoder tail produced, every second concatenated, before any playback levelling or
-queueing). Each record carries the second's decision, LLM token ids and speech codes (where the
+queueing; MiniCPM-o 4.5's through 16-bit PCM, as its own duplex loop hands its speech on). Each record carries the second's decision, LLM token ids and speech codes (where the
 backbone reports them). Default pace: as fast
 as possible; ``--realtime`` feeds one second per second through the live runner, so a slow second
 makes the next frames queue.

@@ -27,7 +27,7 @@ from engine.backbones import Backbone, TokenFormat
 from engine.core import graphs
 from engine.finite import check_audio
 from engine.core.toggles import PendingToggles, Toggles
-from engine.tail import DecoderTail
+from engine.tail import DecoderTail, whole_second
 
 from . import devicemem
 from .card_memory import device_memory
@@ -192,6 +192,7 @@ class DuplexSession:
             self.tail.keep_turn_base = True     # the tail starts each turn afresh (DecoderTail.new_turn)
         if self.parts.tail_chunking is not None:
             self.tail.chunking = self.parts.tail_chunking   # short chunks, as the backbone's loop decodes them
+        self.tail.pcm16 = self.parts.speech_pcm16   # its speech as 16-bit PCM, as the backbone's loop hands it on
         asked = Toggles(c.demand_sized, c.graph_replay).on(self.device)    # graphs asked only where they run
         self.tail.set_toggles(asked)
         self.tail.start(seed=c.seed)
@@ -390,6 +391,8 @@ class DuplexSession:
                 self._turn_flush = True
             elif thought.turn_end:      # the tail's next turn starts from the prompt, as the stock's does
                 audio = np.concatenate([audio, self.tail.new_turn(flush=thought.turn_end == "end")])
+            if self.parts.pads_short_speech and thought.tokens is not None and thought.turn_end != "end":
+                audio = whole_second(audio, self.tail.info.sample_rate)     # a short unit, as its loop returns it
             return audio, thought.tokens is None
         return self.tail.push(self._tail_tokens(thought.tokens, frames)), False
 

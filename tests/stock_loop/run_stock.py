@@ -4,9 +4,11 @@ Runs in the stock venv (``.venv-stock``: transformers 4.51, the ``minicpmo`` sdi
 never in the product's. It imports the demo's ``MiniCPMO45`` package in place from ``--oracle`` and drives a
 session as the demo's worker does for its duplex page:
 
-* the model: ``MiniCPMO`` built from the folder's config.json, every tensor loaded from its safetensors
-  shards, then ``init_unified`` with the worker's duplex config (``force_listen_count`` 3, sampling 0.7 /
-  top-k 20 / top-p 0.8); float32 on the CPU (the demo casts to bfloat16; ``--bf16`` does too);
+* the model: ``MiniCPMO`` built from the folder's config.json with the attention the demo's loader picks
+  (``--attn``, default auto as the demo's: FlashAttention-2 where usable, else SDPA; with SDPA its TTS runs eager
+  attention), every tensor loaded from its safetensors shards, then ``init_unified`` with the worker's duplex
+  config (``force_listen_count`` 3, sampling 0.7 / top-k 20 / top-p 0.8); float32 on the CPU (the demo casts to
+  bfloat16; ``--bf16`` does too);
 * the processor: ``MiniCPMOProcessor`` with the demo's ``MiniCPMAAudioProcessor`` (Whisper features with the
   dynamic ``max - 8`` floor) and the folder's tokenizer;
 * ``prepare`` as ``DuplexView.prepare`` calls it: the default preset's system prompt (``--system-prompt``),
@@ -22,13 +24,15 @@ session as the demo's worker does for its duplex page:
 
 Per second it saves ``second_NNNN.pt``: audio features, encoder output (the LLM-width audio tokens), every
 LLM logits row the loop takes, the unit's token ids, every TTS logits row, the codes, each token2wav call's
-float waveform (before the int16 step) and the returned waveform; ``prepare.pt`` holds the prompt's ids and
+float waveform (before the int16 step) and its 16-bit PCM (the bytes ``stream`` returned), and the unit's
+returned waveform; ``prepare.pt`` holds the prompt's ids and
 the reference audio (as loaded), its Whisper features and lengths and its embeddings. ``timing.json`` holds
 each second's wall ms (``duplex_prefill`` + ``duplex_generate``, in which token2wav runs, + ``duplex_finalize``;
-synchronized on CUDA), decision and a hash of its decision, text and waveform, and the process's peak memory
-(CUDA: ``max_memory_reserved``; CPU: peak RSS, VmHWM). ``--no-record``: only timing.json (the bench's runs);
-``--compile``: the demo's torch.compile mode (see :func:`compile_as_the_demo`); ``--device cuda``: bfloat16 and
-token2wav on CUDA, as the demo (not yet run anywhere). Usage::
+synchronized on CUDA), decision and a hash of its decision, text and waveform, the process's peak memory
+(CUDA: ``max_memory_reserved``; CPU: peak RSS, VmHWM) and what the stock ran with (``ran_with``: attention,
+torch, transformers, flash-attn, the token2wav package and its version). ``--no-record``: only timing.json (the
+bench's runs); ``--compile``: the demo's torch.compile mode (see :func:`compile_as_the_demo`); ``--device cuda``:
+bfloat16 and token2wav on CUDA, as the demo. Usage::
 
     .venv-stock/bin/python tests/stock_loop/run_stock.py --folder F --wav in.wav --out DIR --seed S
 """
@@ -183,8 +187,45 @@ def stock_tokenizer(folder: Path):
     return tok
 
 
-def build(oracle: Path, folder: Path, voice: dict, seed: int, bf16: bool, device: str = "cpu"):
-    """The stock model, processor and duplex capability over ``folder`` (on CUDA: bfloat16, as the demo)."""
+#: the demo's attention choices (its config's ``attn_implementation``; "auto", its default: FlashAttention-2 where
+#: the flash-attn package is importable and usable, else PyTorch's SDPA)
+ATTENTION = ("auto", "sdpa", "flash_attention_2")
+
+
+def resolve_attention(asked: str) -> str:
+    """The attention the demo's loader picks for ``asked`` (``UnifiedProcessor._resolve_attn_implementation``):
+    "auto" is flash_attention_2 where transformers finds flash-attn usable, else sdpa; flash_attention_2 asked
+    where it is not usable is an error (one line), as there."""
+    from transformers.utils import is_flash_attn_2_available
+    usable = bool(is_flash_attn_2_available())
+    if asked == "auto":
+        return "flash_attention_2" if usable else "sdpa"
+    if asked == "flash_attention_2" and not usable:
+        raise SystemExit("run_stock.py: --attn flash_attention_2, but flash-attn is not installed or not usable here")
+    return asked
+
+
+def ran_with(attention: str, asked: str) -> dict:
+    """What the stock ran with: its attention kernel (as asked and as resolved), torch, transformers, flash-attn
+    (where importable) and the token2wav package (the distribution that ships ``stepaudio2``)."""
+    import importlib.metadata as md
+    import transformers
+
+    def version(dist: str):
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            return None
+    t2w = version("minicpmo")
+    return {"attention": attention, "attention_asked": asked, "torch": torch.__version__,
+            "transformers": transformers.__version__, "flash_attn": version("flash-attn"),
+            "token2wav": f"minicpmo {t2w} (stepaudio2.token2wav)" if t2w else "stepaudio2 (no minicpmo distribution)"}
+
+
+def build(oracle: Path, folder: Path, voice: dict, seed: int, bf16: bool, device: str = "cpu",
+          attention: str = "sdpa"):
+    """The stock model, processor and duplex capability over ``folder`` (on CUDA: bfloat16, as the demo), its
+    attention ``attention`` (resolved: sdpa or flash_attention_2)."""
     sys.path.insert(0, str(oracle))
     _stub_modules()
     import stepaudio2  # noqa: F401  (the sdist's package, with the stubs above in place)
@@ -195,7 +236,7 @@ def build(oracle: Path, folder: Path, voice: dict, seed: int, bf16: bool, device
 
     cfg_dict = json.loads((folder / "config.json").read_text())
     config = MiniCPMOConfig(**cfg_dict)
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = attention
     config._name_or_path = str(folder)
     from transformers.modeling_utils import no_init_weights
     with no_init_weights():            # as from_pretrained builds it: no random init, every weight is loaded below
@@ -240,7 +281,7 @@ class Recorder:
     def __init__(self, model):
         self.model, self.d = model, model.duplex
         self.rec: dict = {}
-        self.last_float = None
+        self.last_float = self.last_pcm = None
         self._ids: dict = {}
         _float_speech(self, model.tts.audio_tokenizer)
         dec = self.d.decoder
@@ -333,6 +374,7 @@ class Recorder:
         self._add("t2w_tokens", torch.tensor(a[0], dtype=torch.long))
         self._add("t2w_last", bool(kw.get("last_chunk", False)))
         self._add("speech", torch.from_numpy(self.last_float).view(-1))
+        self._add("speech_pcm", torch.from_numpy(self.last_pcm).view(-1))
 
     def take(self) -> dict:
         rec, self.rec = self.rec, {}
@@ -340,17 +382,38 @@ class Recorder:
 
 
 def _float_speech(rec, t2w) -> None:
-    """token2wav's float waveform of each call (the stock returns int16 PCM bytes)."""
-    stream = t2w.stream
+    """Each token2wav call as the loop makes it (``stream`` returns the stock's own 16-bit PCM bytes), and the
+    float waveform it turned into those bytes: the array the stock's ``stream`` hands to ``np.clip`` (its
+    module's ``np`` is wrapped to note it), so both come from the stock's code."""
+    stream, mod = t2w.stream, sys.modules[type(t2w).__module__]
+    mod.np = _ClipNoted(rec)
 
-    def with_float(tokens, prompt_wav, last_chunk=False, return_waveform=False):
-        wav = stream(tokens, prompt_wav, last_chunk=last_chunk, return_waveform=True)
-        rec.last_float = np.asarray(wav, dtype=np.float32).copy()
+    def noted(tokens, prompt_wav, last_chunk=False, return_waveform=False):
+        rec.last_float = None
+        out = stream(tokens, prompt_wav, last_chunk=last_chunk, return_waveform=return_waveform)
         if return_waveform:
-            return wav
-        pcm = (np.clip(wav, -1.0, 1.0) * 32767.0).astype("<i2")
-        return pcm.tobytes()
-    t2w.stream = with_float
+            rec.last_float = np.asarray(out, dtype=np.float32).copy()
+            rec.last_pcm = None
+        else:
+            rec.last_pcm = np.frombuffer(out, dtype="<i2").copy()
+        return out
+    t2w.stream = noted
+
+
+class _ClipNoted(types.ModuleType):
+    """``numpy`` as token2wav.py sees it: ``clip`` notes the float waveform it is given (the stream's output
+    before its int16 step) on the recorder."""
+
+    def __init__(self, rec):
+        super().__init__("numpy")
+        self._rec = rec
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    def clip(self, a, *args, **kw):
+        self._rec.last_float = np.asarray(a, dtype=np.float32).copy()
+        return np.clip(a, *args, **kw)
 
 
 def peak_memory(device: str) -> dict:
@@ -449,9 +512,10 @@ def run(args) -> None:
         raise SystemExit(f"{args.wav}: the stock loop takes 16 kHz input, this is {sr} Hz")
     wav = wav.mean(axis=1).astype(np.float32)
     voice = dict(np.load(args.voice or folder / "voice.npz"))
+    attention = resolve_attention(args.attn)
     t_build = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
-        model, _ = build(oracle, folder, voice, args.seed, args.bf16, args.device)
+        model, _ = build(oracle, folder, voice, args.seed, args.bf16, args.device, attention)
     build_s = time.perf_counter() - t_build
     if args.compile and args.warm:
         raise SystemExit("--compile already runs a warm-up session; --warm is for the eager stock")
@@ -489,7 +553,8 @@ def run(args) -> None:
            "threads": args.threads, "seed": args.seed,
            "deterministic": bool(args.deterministic) if args.device == "cuda" else None,
            "dtype": "bfloat16" if args.bf16 or args.device == "cuda" else "float32", "build_s": build_s,
-           "warmup_s": warmup_s, "torch": torch.__version__, "seconds": timing, **peak_memory(args.device)}
+           "warmup_s": warmup_s, "torch": torch.__version__, "ran_with": ran_with(attention, args.attn),
+           "seconds": timing, **peak_memory(args.device)}
     (out / "timing.json").write_text(json.dumps(doc, indent=1))
 
 
@@ -505,6 +570,9 @@ def main() -> None:
     p.add_argument("--voice", default=None, help="token2wav prompt features (.npz); default FOLDER/voice.npz")
     p.add_argument("--system-prompt", default=None)
     p.add_argument("--force-listen", default="", help="comma-separated seconds sent with force_listen (barge-in)")
+    p.add_argument("--attn", default="auto", choices=ATTENTION,
+                   help="the LLM's attention, as the demo's attn_implementation (its default auto: "
+                        "flash_attention_2 where flash-attn is usable, else sdpa; the bit tests ask for sdpa)")
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: bfloat16, as the demo")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: the bits the tests compare)")

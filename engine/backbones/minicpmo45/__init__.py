@@ -3,11 +3,14 @@
 Registers ``minicpm-o-4.5``: it speaks Step-Audio2 tokens, ends its replies in turns, runs no tail while
 it listens, has its tail built with 5 flow steps (``TAIL_FLOW_STEPS``, as its own duplex loop builds
 token2wav) and has it decode every buffer of ``TAIL_CHUNK_MIN_FRAMES`` + 3 lookahead = 8 tokens and up (as
-that loop's ``force_flush`` does); its released folder (checked by content) brings the tail's token2wav
-weights and the default voice (``assets/HT_ref_audio.wav``). It declares what it offers a session: a system
-prompt (default: the demo's default duplex preset), the stock's 16 kHz input, the session's voice as its
-LLM's reference clip, the duplex page's Force Listen, a "tts" mark inside THINK, the work it prepares
-between seconds (``AHEAD_SCOPES``), one-token LLM forwards a host may batch, and its measured memory.
+that loop's ``force_flush`` does) and hands its speech on as 16-bit PCM (``speech_pcm16``: token2wav's
+``stream`` returns PCM bytes, which that loop reads back as float), a speaking second shorter than a second
+that does not end its turn after silence up to a second (``pads_short_speech``, as that loop returns its units);
+its released folder (checked by content) brings the tail's token2wav weights and the default voice
+(``assets/HT_ref_audio.wav``). It declares what it offers a session: a system prompt (default: the demo's default
+duplex preset), the stock's 16 kHz input, the session's voice as its LLM's reference clip, the duplex page's Force
+Listen, a "tts" mark inside THINK, the work it prepares between seconds (``AHEAD_SCOPES``), one-token LLM forwards
+a host may batch, and its measured memory.
 """
 from pathlib import Path
 from typing import Optional
@@ -57,7 +60,11 @@ register_backbone(BackboneEntry(
     stage_marks=("tts",), ahead=AHEAD_SCOPES, batched_steps=("llm",),
     # H200, released dims, graphs, 60 s: 20,543,700,992 bytes peak reserved, its build included
     measured_memory=(MeasuredMemory("released", 19.1, "graphs mode, 60 s on an H200, build included: "
-                                    "docs/results/minicpmo45-vs-stock-loop.json"),)))
+                                    "docs/results/minicpmo45-vs-stock-loop.json"),),
+    # the stock duplex loop's speech: token2wav's stream returns 16-bit PCM, read back as float (/ 32768)
+    speech_pcm16=True,
+    # ... and returns each speaking unit as at least a second: shorter speech (not a turn's end) after silence
+    pads_short_speech=True))
 
 __all__ = ["MiniCPMO45Backbone", "PRESETS", "Dims", "preset", "DEFAULT_VOICE", "default_voice", "open_folder",
            "TAIL_FLOW_STEPS", "TAIL_CHUNK_MIN_FRAMES"]

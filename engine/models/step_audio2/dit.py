@@ -91,12 +91,6 @@ class SelfAttention(nn.Module):
         self.k_norm = nn.LayerNorm(head_dim)
         self.proj = nn.Linear(inner, dim)
 
-    #: LayerNorm q/k over rows laid out (b, t, h, d) (each row normalised as in the stock's (b, h, t, d)
-    #: copy, without the copy); False: the stock's layout
-    rows_ln = True
-    #: attend over strided views of the cache; False: contiguous copies, as the stock's torch.cat gives
-    strided_kv = True
-
     def forward(self, x: torch.Tensor, kv: torch.Tensor, lanes: bool = False) -> torch.Tensor:
         """x ``(b, t, C)``; ``kv`` ``(b, h, t + T0, 2d)`` whose first ``t`` frames this call writes.
 
@@ -106,21 +100,32 @@ class SelfAttention(nn.Module):
 
     def attend(self, x: torch.Tensor, kv: torch.Tensor, lanes: bool = False, own: bool = False) -> torch.Tensor:
         """:meth:`forward` without the output projection: the heads' outputs ``(b, t, h d)``. ``own``: the q, k
-        and v projections by :func:`.linears.linear`."""
+        and v projections by :func:`.linears.linear`.
+
+        On the CPU the attention's library calls are the stock's own (:meth:`_attend_as_the_stock`). Elsewhere q
+        and k are normalised as rows laid out ``(b, t, h, d)`` and the attention reads strided views of the cache
+        (no copies; on CUDA the bits are the stock's, as the GPU tests show)."""
+        if x.device.type == "cpu" and not own:
+            return self._attend_as_the_stock(x, kv)
         b, t, _ = x.shape
-        if self.rows_ln:
-            q, _, _ = parallel([lambda: self._q(x, own), lambda: self._kv_write(x, kv, 0, own),
-                                lambda: self._kv_write(x, kv, 1, own)], x.device, on=lanes)
-        else:
-            q = self.q_norm(self.to_q(x).reshape(b, t, self.h, self.d).transpose(1, 2))
-            k = self.k_norm(self.to_k(x).reshape(b, t, self.h, self.d).transpose(1, 2))
-            v = self.to_v(x).view(b, t, self.h, self.d).transpose(1, 2)
-            kv[:, :, :t, :self.d].copy_(k)
-            kv[:, :, :t, self.d:].copy_(v)
-        keys, values = kv[..., :self.d], kv[..., self.d:]
-        if not self.strided_kv:
-            keys, values = keys.contiguous(), values.contiguous()
-        out = F.scaled_dot_product_attention(q, keys, values)                      # (b, h, t, d)
+        q, _, _ = parallel([lambda: self._q(x, own), lambda: self._kv_write(x, kv, 0, own),
+                            lambda: self._kv_write(x, kv, 1, own)], x.device, on=lanes)
+        out = F.scaled_dot_product_attention(q, kv[..., :self.d], kv[..., self.d:])   # (b, h, t, d)
+        return out.transpose(1, 2).reshape(b, t, -1)
+
+    def _attend_as_the_stock(self, x: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        """The stock's layouts: q and k normalised as ``(b, h, t, d)`` views of the projections, and the attention
+        over contiguous keys and values, as its ``torch.cat`` of the chunk's and the cache's makes them; over the
+        prompt, with no cache before it, over the chunk's own k (normalised) and v (a view), as the stock."""
+        b, t, _ = x.shape
+        q = self.q_norm(self.to_q(x).reshape(b, t, self.h, self.d).transpose(1, 2))
+        k = self.k_norm(self.to_k(x).reshape(b, t, self.h, self.d).transpose(1, 2))
+        v = self.to_v(x).reshape(b, t, self.h, self.d).transpose(1, 2)
+        kv[:, :, :t, :self.d].copy_(k)
+        kv[:, :, :t, self.d:].copy_(v)
+        if kv.shape[2] > t:
+            k, v = kv[..., :self.d].contiguous(), kv[..., self.d:].contiguous()
+        out = F.scaled_dot_product_attention(q, k, v)                               # (b, h, t, d)
         return out.transpose(1, 2).reshape(b, t, -1)
 
     def _q(self, x: torch.Tensor, own: bool = False) -> torch.Tensor:

@@ -5,9 +5,10 @@ mel -> conv_pre -> 3 x (leaky ReLU, transposed conv x8/x5/x3, + downsampled sour
 -> conv_post -> magnitude/phase -> iSTFT -> clamp. Streaming is handled by the caller: the first 3,840
 source samples are replaced by the previous chunk's (the 8-frame mel overlap).
 
-The inverse STFT is written out (irfft, window, overlap-add by ``unfold_backward``, divide by the window
-envelope): the same ops ``torch.istft`` runs, without its host-side NOLA check. The envelope only depends
-on the frame count, so it is built (and checked) once per shape, before any capture.
+On CUDA the inverse STFT is written out (irfft, window, overlap-add by ``unfold_backward``, divide by the window
+envelope): the same ops ``torch.istft`` runs, without its host-side NOLA check, which a CUDA graph cannot hold.
+The envelope only depends on the frame count, so it is built (and checked) once per shape, before any capture.
+On the CPU, where nothing is captured, it is ``torch.istft`` itself, called as the stock calls it.
 
 As a streaming block the vocoder declares its own overlap state (:meth:`HiFT.regions`, short names
 ``mel`` / ``source`` / ``speech``, mounted under a prefix by the decoder that holds it) and runs one
@@ -147,9 +148,14 @@ class HiFT(nn.Module):
         return env
 
     def _istft(self, magnitude: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
+        """The inverse STFT of ``magnitude`` and ``phase`` ``(1, F, frames)``: on the CPU ``torch.istft`` as the stock
+        calls it (the same library call, so the same kernels on any CPU); elsewhere written out (see the module
+        docstring: no host-side check, so a CUDA graph can hold it)."""
         n, hop = self.cfg.n_fft, self.cfg.hop_len
         magnitude = torch.clip(magnitude, max=1e2)
         spec = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))   # (1, F, frames)
+        if spec.device.type == "cpu":
+            return torch.istft(spec, n, hop, n, window=self.window)
         frames = spec.shape[-1]
         env = self.envelope(frames)
         y = torch.fft.irfft(spec.transpose(1, 2), n=n, dim=-1) * self.window.view(1, 1, n)

@@ -152,6 +152,8 @@ class SineSource(nn.Module):
         by_frame = cycles.view(batch, frames, s, harmonics)                     # [1, T, scale, H]
         lo, hi = (s - 1) // 2, s // 2
         centre = by_frame[:, :, lo] if lo == hi else (by_frame[:, :, lo] + by_frame[:, :, hi]) * 0.5  # [1, T, H]
+        # summed over frames laid out harmonic-major, as the stock's cumsum reads its interpolated [1, H, T]
+        centre = centre.transpose(1, 2).contiguous().transpose(1, 2)
         frame_phase = torch.cumsum(centre, dim=1) * (2 * math.pi) * s           # [1, T, H] radians x scale
         phase = F.interpolate(frame_phase.transpose(1, 2), scale_factor=s, mode="linear")   # [1, H, L]
         return torch.sin(phase.transpose(1, 2))
