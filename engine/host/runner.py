@@ -55,6 +55,7 @@ class HostedRunner(FrameInbox):
         if self._started:
             raise RuntimeError("this runner was already started")
         self._started = self._running = True
+        self._admitted = time.perf_counter()          # builds run in the order their sessions were started
         self.host.scheduler.call(lambda: self.host.scheduler.add_member(self))
 
     def _poke(self) -> None:
@@ -84,7 +85,7 @@ class HostedRunner(FrameInbox):
             return None
         if not self.ready.is_set():
             self._busy = True
-            return self.hosted, self.hosted.build, "build", time.perf_counter(), self._built
+            return self.hosted, self.hosted.build, "build", self._admitted, self._built
         with self._cv:
             stopping = self._stop and not (self._drain and self._frames)
             item = None if stopping or not self._frames else self._frames.popleft()

@@ -89,7 +89,7 @@ class Scheduler:
         self._cv = threading.Condition()
         self._calls: Deque[Tuple[Callable[[], Any], concurrent.futures.Future]] = deque()
         self._members: List[Any] = []              # hosted sessions the loop starts seconds for
-        self._dirty: set = set()                   # members that may have something to start (poked)
+        self._dirty: Dict[Any, None] = {}          # members that may have something to start (poked), in order
         self._tasks: List[Task] = []
         self._runners: Dict[Tuple[str, int], Any] = {}     # (kind, id(group)) -> the batched step's runner
         self._refused: set = set()                 # (kind, id(group)) whose batched step failed once
@@ -122,7 +122,7 @@ class Scheduler:
         """Something changed for the loop: ``member`` may have something to start (a frame came in)."""
         with self._cv:
             if member is not None:
-                self._dirty.add(member)
+                self._dirty[member] = None
             self._cv.notify()
 
     def close(self) -> None:
@@ -138,7 +138,7 @@ class Scheduler:
     # -- on the loop's thread ------------------------------------------------------------------------------
     def add_member(self, member) -> None:
         self._members.append(member)
-        self._dirty.add(member)
+        self._dirty[member] = None
 
     def remove_member(self, member) -> None:
         """``member`` (a runner, or a hosted session) starts nothing more; the batched steps forget it."""
@@ -208,7 +208,7 @@ class Scheduler:
         self.stats.ticks += 1
         did = self._run_calls()
         with self._cv:
-            dirty, self._dirty = self._dirty, set()
+            dirty, self._dirty = self._dirty, {}
         for m in dirty:
             if m not in self._members:
                 continue
@@ -328,7 +328,10 @@ class Scheduler:
         parked at a batched step: only reads of the device's work pending)."""
         if any(t.what == "second" and t.state in (READY, BATCH) for t in self._tasks):
             return False
-        builds = [t for t in self._tasks if t.what != "second" and t.state in (READY, SLICE)]
+        # one build at a time, to its end: the next one then finds the weights it shares in the host's cache
+        begun = [t for t in self._tasks if t.what != "second" and t.started]
+        builds = begun or [t for t in self._tasks if t.what != "second"]
+        builds = [t for t in builds if t.state in (READY, SLICE)]
         if not builds:
             return False
         t = min(builds, key=lambda b: b.deadline)
