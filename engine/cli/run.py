@@ -138,6 +138,8 @@ def run_fast(cfg: SessionConfig, frames: List[np.ndarray], progress: Progress, j
             out, rec = s.process(f)
             journal.append(rec, f, out, speech=s.last_speech)
             progress.update(journal.seconds, rec)
+        else:
+            journal.append_speech(s.held_speech())     # a reply's last chunk the schedule held for a next second
     finally:
         stop.building = False
         s.close()
@@ -163,6 +165,9 @@ def run_realtime(cfg: SessionConfig, frames: List[np.ndarray], progress: Progres
     try:
         feed(runner, frames, progress, journal, stop, lambda elapsed, done: int(elapsed) + 1,
              "the live runner stopped before the end of the input")
+        runner.stop(timeout=60.0, drain=True)
+        if runner.session is not None and not stop.signum:
+            journal.append_speech(runner.session.held_speech())    # the worker has stopped: its session is ours
     finally:
         runner.stop(timeout=60.0)
         if runner.session is not None:

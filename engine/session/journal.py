@@ -218,6 +218,17 @@ class SessionJournal:
         except OSError as e:
             raise ExportError(f"cannot write the session journal in {self.directory}: {e.strerror or e}") from None
 
+    def append_speech(self, speech: np.ndarray) -> None:
+        """Speech the tail made after the last second (a reply's held-back last chunk) onto ``speech.npy``."""
+        if not np.asarray(speech).size:
+            return
+        try:
+            if "speech" not in self._wavs:
+                self._wavs["speech"] = GrowingNpy(self.directory / SPEECH)
+            self._wavs["speech"].append(speech)
+        except OSError as e:
+            raise ExportError(f"cannot write the session journal in {self.directory}: {e.strerror or e}") from None
+
     def _sync(self) -> None:
         os.fsync(self._jsonl.fileno())
         for w in self._wavs.values():

@@ -345,6 +345,16 @@ class DuplexSession:
         self.records.append(rec)
         return out, rec
 
+    def held_speech(self) -> np.ndarray:
+        """At the end of a session: the speech the engine's schedule still holds for the next second (a reply's
+        last chunk, decoded first thing in the second after its turn ended), decoded now, at 24 kHz; empty when
+        none is held. The stock-like mode decodes it in its own second, so both give the same speech."""
+        if not self._started or not self._turn_flush:
+            return np.zeros(0, dtype=np.float32)
+        with torch.no_grad(), self._oom("finishing the session"):
+            audio, self._turn_flush = self.tail.new_turn(flush=True), False
+        return self.to_session_rate(audio)
+
     def ahead(self, scope: Optional[str] = None, stop: Optional[Callable[[], bool]] = None) -> float:
         """After a second, in the time before the next frame: let the backbone capture what the next second
         replays (backbones whose entry declares ``ahead``; graphs on; a forward it did not prepare runs the slower
