@@ -91,7 +91,7 @@ def atomic_write(path, write: Callable, error: Type[Exception] = OSError, text: 
             raise _Refused(why)
         os.replace(tmp, path)
         if sync:
-            _sync_folder(path.parent)
+            sync_folder(path.parent)
     except BaseException as e:
         try:
             os.unlink(tmp)
@@ -104,7 +104,7 @@ def atomic_write(path, write: Callable, error: Type[Exception] = OSError, text: 
     return path
 
 
-def _sync_folder(folder: Path) -> None:
+def sync_folder(folder: Path) -> None:
     """fsync a folder so a rename in it survives a crash (best effort: not every system allows it)."""
     try:
         fd = os.open(folder, os.O_RDONLY)

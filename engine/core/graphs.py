@@ -176,6 +176,18 @@ def capture_stream(device) -> "torch.cuda.Stream":
         return s
 
 
+def record_on(x, stream: "torch.cuda.Stream") -> None:
+    """Tell the caching allocator that ``stream`` uses the CUDA tensors in ``x`` (a tensor, or a tuple or list of
+    them, nested): their blocks are not handed to another allocation until the work queued on ``stream`` so far
+    is done."""
+    if isinstance(x, torch.Tensor):
+        if x.is_cuda:
+            x.record_stream(stream)
+    elif isinstance(x, (tuple, list)):
+        for y in x:
+            record_on(y, stream)
+
+
 def release_cached(device) -> None:
     """Give the blocks the caching allocator holds free on ``device`` (dead graphs' pools included) back
     to the driver, under the capture lock (no capture is open anywhere while the cache is emptied); for

@@ -32,6 +32,8 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import torch
 
+from engine.core.graphs import record_on
+
 from .tasks import BATCH, FAILED, READY, SLICE, WAIT, Task
 
 log = logging.getLogger("engine.host.scheduler")
@@ -283,7 +285,7 @@ class Scheduler:
         self.stats.batches.setdefault(kind, []).append(len(members))
         for t, r in zip(members, results):
             if t._stream is not None:
-                _record(r, t._stream)
+                record_on(r, t._stream)
             self._resume(t, r, after=done)
 
     def _launch(self, runner, members: List[Task]):
@@ -298,7 +300,7 @@ class Scheduler:
                 bs.wait_event(t.ready_event)
         with torch.cuda.stream(bs):
             for p in loads:
-                _record(p, bs)
+                record_on(p, bs)
             results = runner.run(mems, loads)
         done = torch.cuda.Event()
         done.record(bs)
@@ -361,16 +363,6 @@ def _settle(fut: "concurrent.futures.Future", fn: Callable[[], Any]) -> None:
         fut.set_result(fn())
     except BaseException as e:  # noqa: BLE001 - handed to the caller
         fut.set_exception(e)
-
-
-def _record(x: Any, stream: "torch.cuda.Stream") -> None:
-    """Tell the caching allocator that ``stream`` uses the tensors in ``x`` (a tensor, or a tuple/list of them)."""
-    if isinstance(x, torch.Tensor):
-        if x.is_cuda:
-            x.record_stream(stream)
-    elif isinstance(x, (tuple, list)):
-        for y in x:
-            _record(y, stream)
 
 
 def _not_batched(kind: str, cause: BaseException) -> BaseException:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from engine.atomic import atomic_write
+from engine.atomic import atomic_write, sync_folder
 from engine.wavio import _header
 
 from . import journal as J
@@ -149,13 +149,7 @@ def _copy_audio(src: Path, dst: Path, rate: int, seconds: int, have: int) -> int
         if left:
             with open(src, "rb") as f:
                 f.seek(_HEADER_BYTES)
-                while left:
-                    block = f.read(min(_BLOCK, left))
-                    if not block:
-                        raise ExportError(f"cannot recover {src}: it shrank while being read")
-                    crc = zlib.crc32(block, crc)
-                    out.write(block)
-                    left -= len(block)
+                crc = _copy_bytes(f, out, left, src)
         zeros = bytes(min(_BLOCK, per * seconds) or 1)
         left = per * (seconds - min(have, seconds))
         while left:
@@ -170,18 +164,23 @@ def _copy_audio(src: Path, dst: Path, rate: int, seconds: int, have: int) -> int
 def _copy_speech(src: Path, dst: Path, samples: int) -> int:
     """``dst``: speech.npy with the ``samples`` whole float32 values ``src`` holds, its header made to count
     them. Returns the CRC-32 of the values."""
-    crc, left = 0, 4 * samples
     with open(dst, "xb") as out, open(src, "rb") as f:
         out.write(J.npy_header(samples))
         f.seek(_NPY_HEADER)
-        while left:
-            block = f.read(min(_BLOCK, left))
-            if not block:
-                raise ExportError(f"cannot recover {src}: it shrank while being read")
-            crc = zlib.crc32(block, crc)
-            out.write(block)
-            left -= len(block)
+        crc = _copy_bytes(f, out, 4 * samples, src)
         _sync(out)
+    return crc
+
+
+def _copy_bytes(f, out, left: int, src: Path, crc: int = 0) -> int:
+    """``left`` bytes from ``f`` (at its place) onto ``out``, in blocks; their CRC-32 (from ``crc``)."""
+    while left:
+        block = f.read(min(_BLOCK, left))
+        if not block:
+            raise ExportError(f"cannot recover {src}: it shrank while being read")
+        crc = zlib.crc32(block, crc)
+        out.write(block)
+        left -= len(block)
     return crc
 
 
@@ -268,10 +267,10 @@ def recover_journal(journal, dest=None, rate: Optional[int] = None, mark: bool =
             where = default_destination(src)
         tmp = J.fresh_folder(where.parent, f".{where.name}.recover-")
         _verify(tmp, s, _fill(tmp, s))
-        _sync_folder(tmp)
+        sync_folder(tmp)
         J.publish(tmp, where)
         tmp = None
-        _sync_folder(where.parent)
+        sync_folder(where.parent)
     except BaseException as e:                     # a failure or an interrupt: the half-made copy goes
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -294,19 +293,6 @@ def _check_destination(src: Path, where: Path) -> None:
                           f"outside it")
     if where.exists() and not where.is_dir():
         raise ExportError(f"cannot recover {src} into {where}: it is not a folder")
-
-
-def _sync_folder(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def mark_recovered(journal: Path, into: Path) -> str:

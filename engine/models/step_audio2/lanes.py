@@ -22,7 +22,7 @@ from typing import Callable, Dict, Generic, List, Optional, Sequence, Tuple, Typ
 
 import torch
 
-from engine.core.graphs import CAPTURE_PRIORITY
+from engine.core.graphs import CAPTURE_PRIORITY, record_on
 
 T = TypeVar("T")
 
@@ -42,15 +42,6 @@ def _side_streams(device: torch.device, n: int) -> List[torch.cuda.Stream]:
     while len(have) < n:
         have.append(torch.cuda.Stream(device=idx, priority=CAPTURE_PRIORITY if capturing else 0))
     return have[:n]
-
-
-def _record(out: object, stream: torch.cuda.Stream) -> None:
-    if isinstance(out, torch.Tensor):
-        if out.is_cuda:
-            out.record_stream(stream)
-    elif isinstance(out, (list, tuple)):
-        for o in out:
-            _record(o, stream)
 
 
 def parallel(branches: Sequence[Callable[[], T]], device: torch.device, on: bool = True,
@@ -75,7 +66,7 @@ def parallel(branches: Sequence[Callable[[], T]], device: torch.device, on: bool
     outs[0] = branches[0]()
     for s, out in zip(sides, outs[1:]):
         main.wait_stream(s)
-        _record(out, main)
+        record_on(out, main)
     return outs
 
 
@@ -90,7 +81,7 @@ class Forked(Generic[T]):
         a capture cannot end with a branch left open)."""
         if self._stream is not None:
             self._main.wait_stream(self._stream)
-            _record(self._out, self._main)
+            record_on(self._out, self._main)
             self._stream = None
         return self._out
 
