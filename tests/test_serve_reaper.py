@@ -1,7 +1,8 @@
 """The processes a serve's local Ray starts go when serve goes, kill -9 included (engine/serve/reaper.py): a
-stand-in serve marks its environment, starts the reaper and two long-lived children in sessions of their own
-(as Ray's agents outlive their raylet); kill -9 of the stand-in ends both, and a process without the mark is
-left alone."""
+stand-in serve marks its environment, starts the reaper and three long-lived children in sessions of their own
+(as Ray's agents outlive their raylet), one of them started without the mark (as an agent whose title overwrote
+what /proc shows of its environment); kill -9 of the stand-in ends all three, and a process that was never
+below serve and has no mark is left alone."""
 from __future__ import annotations
 
 import os
@@ -16,11 +17,15 @@ from engine.serve import reaper
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = """
-import subprocess, sys, time
+import os, subprocess, sys, time
 from engine.serve import reaper
-reaper.start(reaper.mark_environment())
-kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
-        for _ in range(2)]
+mark = reaper.mark_environment()
+reaper.start(mark)
+sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+kids = [subprocess.Popen(sleep, start_new_session=True) for _ in range(2)]
+bare = {k: v for k, v in os.environ.items() if k != reaper.MARK}
+kids.append(subprocess.Popen(sleep, start_new_session=True, env=bare))
+time.sleep(4 * reaper.WATCH_S)                       # the reaper has noted them
 print(" ".join(str(k.pid) for k in kids), flush=True)
 time.sleep(600)
 """
@@ -41,13 +46,14 @@ def test_kill_9_of_serve_ends_every_process_its_ray_started(tmp_path):
     serve = subprocess.Popen([sys.executable, "-c", SERVE], stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     try:
         kids = [int(x) for x in serve.stdout.readline().split()]
-        assert len(kids) == 2 and all(_alive(k) for k in kids)
+        assert len(kids) == 3 and all(_alive(k) for k in kids)
+        assert reaper.MARK.encode() not in Path(f"/proc/{kids[2]}/environ").read_bytes()
         serve.send_signal(signal.SIGKILL)
         serve.wait(10)
         end = time.monotonic() + 15
         while time.monotonic() < end and any(_alive(k) for k in kids):
             time.sleep(0.1)
-        assert not any(_alive(k) for k in kids), "the marked processes outlived serve"
+        assert not any(_alive(k) for k in kids), "processes serve started outlived it"
         assert _alive(bystander.pid)                                        # no mark, not touched
     finally:
         for p in (serve, bystander):
@@ -71,5 +77,23 @@ def test_only_the_exact_mark_is_reaped(monkeypatch):
         assert ps[1].poll() is None
     finally:
         for p in ps:
+            p.kill()
+            p.wait(10)
+
+
+def test_a_noted_pid_counts_only_with_its_start_time():
+    """A pid noted below serve that the system has since given to another process is not touched."""
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        when = reaper.started(p.pid)
+        assert when is not None and reaper.below(os.getpid())[p.pid] == when
+        assert reaper.still_running({p.pid: when}) == [p.pid]
+        assert reaper.still_running({p.pid: when + 1}) == []            # same pid, another process
+        assert reaper.reap("b" * 32, grace_s=2.0, noted={p.pid: when + 1}) == 0
+        assert p.poll() is None
+        assert reaper.reap("b" * 32, grace_s=2.0, noted={p.pid: when}) == 1
+        assert p.wait(10) == -signal.SIGTERM
+    finally:
+        if p.poll() is None:
             p.kill()
             p.wait(10)
