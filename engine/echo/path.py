@@ -1,0 +1,184 @@
+"""The audio path between the microphone and the engine, one block at a time (no threads, no Qt).
+
+:class:`AudioPath` is what the app's frame pump (app/pump.py) does with each block of the microphone, and
+what ``duplexcadence-bench echo`` drives with simulated devices: the same code for both.
+
+* the block is resampled to the session's input rate (``rate``);
+* **echo cancellation** (:class:`engine.echo.EchoCanceller`, WebRTC AEC3): first the far end — exactly what
+  the speaker played since the last block (``sink.played``, drained here, brought to ``rate``) — then the
+  microphone, which comes back with the speaker's sound removed. The canceller is told the
+  speaker-to-microphone latency the audio layer reports (both streams' ``latency_s``);
+* **barge-in in a blink** (:class:`engine.echo.BargeInDetector` on 20 ms frames of the cleaned microphone):
+  the moment the user's speech starts over the model's speech, the queued playback is flushed (the speaker
+  falls silent within the device's own latency) and speech the engine made from input up to that second is
+  not played (:meth:`AudioPath.allows`); the engine follows at its next second.
+
+``events`` is a deque of (kind, text) for the window's log: "barge-in", "echo".
+"""
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Callable, Deque, Optional
+
+import numpy as np
+import soxr
+
+from engine.echo.bargein import BargeInDetector
+from engine.echo.canceller import EchoCanceller, EchoUnavailable
+from engine.echo.queues import SILENCE_DB, block_db
+
+#: the interrupt sensitivity a session starts with (engine/echo/bargein.py SENSITIVITY)
+DEFAULT_SENSITIVITY = "normal"
+#: far-end (played) level above which the model counts as speaking now (dBFS)
+PLAYING_DB = -45.0
+
+
+class _Stream:
+    """soxr's streaming resampler, or a copy when the rates agree."""
+
+    def __init__(self, rate_in: float, rate_out: float):
+        self.rate_in = rate_in
+        self._rs = (soxr.ResampleStream(rate_in, rate_out, 1, dtype="float32", quality="HQ")
+                    if rate_in != rate_out else None)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+        return x.copy() if self._rs is None else self._rs.resample_chunk(x)
+
+
+class AudioPath:
+    """Microphone blocks (at ``source.rate``) -> echo-cancelled samples at ``rate``, barge-ins on the way.
+
+    ``source``: the input (``rate``, optional ``latency_s``); ``playback``: the model's speech on its way
+    to a sink (:class:`engine.echo.playout.Playback`, None without a speaker). ``echo_wanted`` is the
+    user's toggle: cancellation runs while wanted and a speaker plays (the canceller is built on first use).
+    """
+
+    def __init__(self, source, rate: int, playback=None, sensitivity: str = DEFAULT_SENSITIVITY,
+                 echo: bool = True):
+        self.rate = int(rate)
+        self.source = source
+        self._mic = _Stream(source.rate, self.rate)
+        self.events: Deque[tuple] = collections.deque(maxlen=1000)
+        self.barge_ins = 0
+        self.barge_in_ms: Deque[float] = collections.deque(maxlen=1000)   # latency of each, for the records
+        self.echo_wanted = bool(echo)
+        self.echo_error: Optional[str] = None
+        self.detector = BargeInDetector(self.rate, sensitivity=sensitivity)
+        self._sensitivity: Optional[str] = None   # a change asked from another thread, taken on this one
+        self._detector_lock = threading.Lock()
+        self.canceller: Optional[EchoCanceller] = None
+        self._far: Optional[_Stream] = None
+        self.far_db = SILENCE_DB         # the level the speaker played last
+        self._playing_since: Optional[int] = None   # detector sample where the model's speech began playing
+        self.playback = playback
+        self.on_played: Optional[Callable[[np.ndarray, int], None]] = None  # (played block, rate): the scope
+
+    @property
+    def playback(self):
+        return self._playback
+
+    @playback.setter
+    def playback(self, pb) -> None:
+        self._playback = pb
+        sink = getattr(pb, "sink", None)
+        self._far = _Stream(sink.rate, self.rate) if sink is not None else None
+
+    def set_source(self, source) -> None:
+        """Another input from the next block (its rate may differ)."""
+        if source.rate != self.source.rate:
+            self._mic = _Stream(source.rate, self.rate)
+        self.source = source
+
+    def set_sensitivity(self, sensitivity: str) -> None:
+        """The interrupt sensitivity (engine/echo SENSITIVITY), from the next block."""
+        with self._detector_lock:
+            self._sensitivity = sensitivity
+
+    def device_latency_ms(self) -> float:
+        """Speaker-to-microphone latency the audio layer reports: output plus input stream latency."""
+        sink = getattr(self._playback, "sink", None)
+        out = getattr(sink, "latency_s", 0.0) if sink is not None else 0.0
+        return 1000.0 * (float(out or 0.0) + float(getattr(self.source, "latency_s", 0.0) or 0.0))
+
+    def _echo_on(self) -> bool:
+        if not self.echo_wanted or self._playback is None or self.echo_error:
+            if self.canceller is not None:
+                self.canceller.enabled = False
+            return False
+        if self.canceller is None:
+            try:
+                self.canceller = EchoCanceller(self.rate)
+            except EchoUnavailable as e:
+                self.echo_error = str(e)
+                self.events.append(("echo", str(e)))
+                return False
+        self.canceller.enabled = True
+        self.canceller.set_delay_ms(self.device_latency_ms())
+        return True
+
+    # -- per block ---------------------------------------------------------------------------------------
+    def drain_far(self) -> np.ndarray:
+        """What the speaker played since the last block, at ``rate`` (empty without a speaker)."""
+        sink = getattr(self._playback, "sink", None)
+        played = getattr(sink, "played", None)
+        if played is None or self._far is None:
+            return np.zeros(0, dtype=np.float32)
+        y = played.read()
+        if len(y):
+            self.far_db = block_db(y)
+            if self.on_played is not None:
+                self.on_played(y, sink.rate)
+        return self._far(y)
+
+    def process(self, block: np.ndarray, far: np.ndarray) -> np.ndarray:
+        """One block of the microphone (``source.rate``; zeros where push-to-talk mutes it) and the far end
+        drained with it (:meth:`drain_far`) -> the cleaned block at ``rate``; barge-ins fire on the way."""
+        x = self._mic(block)
+        if self._echo_on():
+            self.canceller.far(far)
+            x = self.canceller.near(x)
+        self._detect(x)
+        return x
+
+    def playing(self) -> bool:
+        """The model's speech is playing now (or queued to play)."""
+        pb = self._playback
+        return pb is not None and (self.far_db > PLAYING_DB or pb.speech_queued_s() > 0)
+
+    def _detect(self, x: np.ndarray) -> None:
+        playing = self.playing()
+        with self._detector_lock:
+            if self._sensitivity is not None:
+                self.detector.set_sensitivity(self._sensitivity)
+                self._sensitivity = None
+            if playing and self._playing_since is None:
+                self._playing_since = self.detector.pos      # the model started speaking here
+            elif not playing:
+                self._playing_since = None
+            hits = self.detector.push(x, playing)
+        for b in hits:
+            # from the user's onset or, when the model started over a user already talking, from its start
+            start = max(b.onset_at, self._playing_since if self._playing_since is not None else b.onset_at)
+            self.flush_speech("user started talking", (b.fired_at - start) * 1000.0 / self.rate)
+
+    def allows(self, frame_no: int) -> bool:
+        """Whether the engine's speech made from input frame ``frame_no`` may play (after a barge-in, the
+        seconds up to the user's onset are dropped; a later second releases the duck)."""
+        with self._detector_lock:
+            return self.detector.allows(frame_no)
+
+    def flush_speech(self, why: str, detect_ms: float = 0.0) -> None:
+        """A barge-in: drop the queued speech (nothing when only silence is queued), counted, one event."""
+        pb = self._playback
+        if pb is None or (pb.speech_queued_s() <= 0 and self.far_db <= PLAYING_DB):
+            return                       # nothing but silence queued: the model is not speaking
+        dropped = pb.flush()
+        sink_latency = 1000.0 * float(getattr(pb.sink, "latency_s", 0.0) or 0.0)
+        src_latency = 1000.0 * float(getattr(self.source, "latency_s", 0.0) or 0.0)
+        latency = detect_ms + sink_latency + src_latency
+        self.barge_ins += 1
+        self.barge_in_ms.append(latency)
+        self.events.append(("barge-in", f"{why}: flushed {dropped:.2f} s of playback; silent "
+                                        f"{latency:.0f} ms after the onset"))
