@@ -261,7 +261,8 @@ def capture_rate(device: DeviceInfo, wanted: Optional[int] = None) -> int:
 
 class DeviceInput(_PortAudioStream, InputSource):
     """A PortAudio input device, mono float32, at ``rate`` where it takes it (:func:`capture_rate`), else at
-    its native rate."""
+    its native rate. ``clock``: (time.monotonic(), samples delivered) at the last callback, from which the
+    audio path measures the device's real rate (engine/echo/clock.py)."""
 
     def __init__(self, device: DeviceInfo, rate: Optional[int] = None):
         super().__init__(capture_rate(device, rate))
@@ -269,12 +270,16 @@ class DeviceInput(_PortAudioStream, InputSource):
         self.label = device.name
         self._stream = None
         self._stopping = False
+        self._count = 0
+        self.clock: Optional[Tuple[float, int]] = None
 
     def _callback(self, indata, frames, when, status) -> None:
         self._heard_at = time.monotonic()
         if status.input_overflow:
             self.xruns += 1
         self.ring.write(indata[:, 0])        # copy only: nothing else happens in the callback
+        self._count += frames
+        self.clock = (self._heard_at, self._count)
 
 
 
@@ -376,7 +381,9 @@ class FileInput(_PacedInput):
 class DeviceOutput(Primed, _PortAudioStream):
     """A PortAudio output device at its native rate. The callback pops exactly what the device needs
     from the bounded :class:`engine.echo.PlaybackQueue` (zeros where it ran dry) and copies what it
-    wrote into ``played``: the far-end signal the echo canceller reads (on the pump's thread)."""
+    wrote into ``played``: the far-end signal the echo canceller reads (on the pump's thread). ``clock``:
+    (time.monotonic(), samples consumed) at the last callback: :class:`Playback` follows the device's real
+    rate from it."""
 
     direction = "output"
 
@@ -390,6 +397,8 @@ class DeviceOutput(Primed, _PortAudioStream):
         self.failure: Optional[str] = None
         self._stream = None
         self._stopping = False
+        self._count = 0
+        self.clock: Optional[Tuple[float, int]] = None
 
     def _callback(self, outdata, frames, when, status) -> None:
         self._heard_at = time.monotonic()
@@ -397,3 +406,5 @@ class DeviceOutput(Primed, _PortAudioStream):
             self.xruns += 1
         outdata[:, 0] = self.pop_primed(frames)      # copies only: a bounded queue, zeros when dry
         self.played.write(outdata[:, 0])
+        self._count += frames
+        self.clock = (self._heard_at, self._count)

@@ -3,11 +3,14 @@
 :class:`AudioPath` is what the app's frame pump (app/pump.py) does with each block of the microphone, and
 what ``duplexcadence-bench echo`` drives with simulated devices: the same code for both.
 
-* the block is resampled to the session's input rate (``rate``);
+* the block is resampled to the session's input rate (``rate``) at the microphone's measured rate (a source
+  with a ``clock``, the (time, samples) its callback last stamped: :class:`engine.echo.clock.RateMeter`),
+  so a microphone that runs fast or slow still hands the engine one second of audio per second;
 * **echo cancellation** (:class:`engine.echo.EchoCanceller`, WebRTC AEC3): first the far end — exactly what
-  the speaker played since the last block (``sink.played``, drained here, brought to ``rate``) — then the
-  microphone, which comes back with the speaker's sound removed. The canceller is told the
-  speaker-to-microphone latency the audio layer reports (both streams' ``latency_s``);
+  the speaker played since the last block (``sink.played``, drained here), lined up with the microphone at
+  its rate and clock by :class:`engine.echo.align.FarAligner` — then the microphone, which comes back with
+  the speaker's sound removed. The canceller is told the speaker-to-microphone latency the audio layer
+  reports (both streams' ``latency_s``);
 * **barge-in in a blink** (:class:`engine.echo.BargeInDetector` on 20 ms frames of the cleaned microphone):
   the moment the user's speech starts over the model's speech, the queued playback is flushed (the speaker
   falls silent within the device's own latency) and speech the engine made from input up to that second is
@@ -24,9 +27,12 @@ from typing import Callable, Deque, Optional
 import numpy as np
 import soxr
 
+from engine.echo.align import FarAligner
 from engine.echo.bargein import BargeInDetector
 from engine.echo.canceller import EchoCanceller, EchoUnavailable
+from engine.echo.clock import RateMeter
 from engine.echo.queues import SILENCE_DB, block_db
+from engine.echo.resample import VariableResampler
 
 #: the interrupt sensitivity a session starts with (engine/echo/bargein.py SENSITIVITY)
 DEFAULT_SENSITIVITY = "normal"
@@ -34,17 +40,29 @@ DEFAULT_SENSITIVITY = "normal"
 PLAYING_DB = -45.0
 
 
-class _Stream:
-    """soxr's streaming resampler, or a copy when the rates agree."""
+class MicStream:
+    """A source's samples -> ``rate``. A device (a source that stamps a ``clock``: the (time, samples) its
+    callback last delivered) is resampled at its measured rate (:class:`engine.echo.clock.RateMeter`,
+    :class:`engine.echo.resample.VariableResampler`); a file or silence at its nominal rate by soxr's stream,
+    which gives the frames the engine's own reading of the file gives (engine/audio.py)."""
 
-    def __init__(self, rate_in: float, rate_out: float):
-        self.rate_in = rate_in
-        self._rs = (soxr.ResampleStream(rate_in, rate_out, 1, dtype="float32", quality="HQ")
-                    if rate_in != rate_out else None)
+    def __init__(self, source, rate: int):
+        self.rate = int(rate)
+        self.nominal = float(source.rate)
+        self.meter = RateMeter(self.nominal)
+        self.follows = hasattr(source, "clock")
+        self._rs = VariableResampler(self.nominal, self.rate) if self.follows else None
+        self._soxr = (soxr.ResampleStream(self.nominal, self.rate, 1, dtype="float32", quality="HQ")
+                      if not self.follows and self.nominal != self.rate else None)
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    def __call__(self, source, x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
-        return x.copy() if self._rs is None else self._rs.resample_chunk(x)
+        if not self.follows:
+            return x.copy() if self._soxr is None else self._soxr.resample_chunk(x)
+        clock = getattr(source, "clock", None)
+        if clock is not None:
+            self.meter.stamp(*clock)
+        return self._rs.process(x, self.meter.rate() / self.rate)
 
 
 class AudioPath:
@@ -59,7 +77,7 @@ class AudioPath:
                  echo: bool = True):
         self.rate = int(rate)
         self.source = source
-        self._mic = _Stream(source.rate, self.rate)
+        self._mic = MicStream(source, self.rate)
         self.events: Deque[tuple] = collections.deque(maxlen=1000)
         self.barge_ins = 0
         self.barge_in_ms: Deque[float] = collections.deque(maxlen=1000)   # latency of each, for the records
@@ -69,7 +87,7 @@ class AudioPath:
         self._sensitivity: Optional[str] = None   # a change asked from another thread, taken on this one
         self._detector_lock = threading.Lock()
         self.canceller: Optional[EchoCanceller] = None
-        self._far: Optional[_Stream] = None
+        self.aligner: Optional[FarAligner] = None
         self.far_db = SILENCE_DB         # the level the speaker played last
         self._playing_since: Optional[int] = None   # detector sample where the model's speech began playing
         self.playback = playback
@@ -83,12 +101,11 @@ class AudioPath:
     def playback(self, pb) -> None:
         self._playback = pb
         sink = getattr(pb, "sink", None)
-        self._far = _Stream(sink.rate, self.rate) if sink is not None else None
+        self.aligner = FarAligner(sink.rate, self.rate) if sink is not None else None
 
     def set_source(self, source) -> None:
         """Another input from the next block (its rate may differ)."""
-        if source.rate != self.source.rate:
-            self._mic = _Stream(source.rate, self.rate)
+        self._mic = MicStream(source, self.rate)
         self.source = source
 
     def set_sensitivity(self, sensitivity: str) -> None:
@@ -120,24 +137,31 @@ class AudioPath:
 
     # -- per block ---------------------------------------------------------------------------------------
     def drain_far(self) -> np.ndarray:
-        """What the speaker played since the last block, at ``rate`` (empty without a speaker)."""
+        """What the speaker played since the last block, as it played it (empty without a speaker)."""
         sink = getattr(self._playback, "sink", None)
         played = getattr(sink, "played", None)
-        if played is None or self._far is None:
+        if played is None or self.aligner is None:
             return np.zeros(0, dtype=np.float32)
+        self._playback.observe()
         y = played.read()
         if len(y):
             self.far_db = block_db(y)
             if self.on_played is not None:
                 self.on_played(y, sink.rate)
-        return self._far(y)
+        return y
 
     def process(self, block: np.ndarray, far: np.ndarray) -> np.ndarray:
         """One block of the microphone (``source.rate``; zeros where push-to-talk mutes it) and the far end
         drained with it (:meth:`drain_far`) -> the cleaned block at ``rate``; barge-ins fire on the way."""
-        x = self._mic(block)
+        x = self._mic(self.source, block)
+        ref = None
+        if self.aligner is not None:
+            self.aligner.push(far)
+            ref = self.aligner.take(x.size)
+            while self.aligner.events:
+                self.events.append(("echo", self.aligner.events.pop(0)))
         if self._echo_on():
-            self.canceller.far(far)
+            self.canceller.far(ref)
             x = self.canceller.near(x)
         self._detect(x)
         return x

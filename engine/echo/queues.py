@@ -45,6 +45,7 @@ class QueueCounts:
     dropped_speech_samples: int = 0  # of which speech (20 ms pieces above SPEECH_DB)
     drop_events: int = 0
     flushed_samples: int = 0        # dropped by barge-ins (flush), not late
+    skipped_samples: int = 0        # queued silence skipped to keep the delay (no speech was queued)
     gap_events: int = 0             # the speaker asked for audio and the queue ran dry
     gap_samples: int = 0
 
@@ -52,6 +53,7 @@ class QueueCounts:
         ms = 1000.0 / rate
         return {"dropped_ms": self.dropped_samples * ms, "dropped_speech_ms": self.dropped_speech_samples * ms,
                 "drop_events": self.drop_events, "flushed_ms": self.flushed_samples * ms,
+                "skipped_ms": self.skipped_samples * ms,
                 "gap_events": self.gap_events, "gap_ms": self.gap_samples * ms}
 
 
@@ -123,6 +125,17 @@ class PlaybackQueue:
             self.counts.dropped_samples += drop
             self.counts.drop_events += 1
             return drop
+
+    def skip_silence(self, n: int) -> int:
+        """Remove the ``n`` oldest samples, which the caller knows are silence (counted as skipped, not as
+        dropped); returns how many went."""
+        with self._lock:
+            n = min(int(n), self._n)
+            speech = self.counts.dropped_speech_samples
+            self._drop(n)
+            self.counts.dropped_speech_samples = speech
+            self.counts.skipped_samples += n
+            return n
 
     def _drop(self, n: int) -> None:
         """Remove the ``n`` oldest samples (counting the speech among them)."""
