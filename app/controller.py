@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import json
 import queue
 import shutil
 import threading
@@ -38,10 +39,10 @@ from app.transcript import TRANSCRIPT, transcript_text
 from engine.atomic import atomic_write
 from engine.core.toggles import Toggles
 from engine.session import ExportError, LiveError, LiveResult, LiveRunner, SessionConfig
-from engine.session.export import to_csv, to_trace
+from engine.session.export import audio_path_summary, to_csv, to_trace
 from engine.session.input_rate import journal_copy
-from engine.session.journal import (CSV, INPUT_WAV, OUTPUT_WAV, RECORDS, SESSION_FILES, TRACE, SessionJournal,
-                                    export_folder)
+from engine.session.journal import (CSV, INPUT_WAV, OUTPUT_WAV, RECORDS, SESSION_FILES, SUMMARY, TRACE,
+                                    SessionJournal, export_folder)
 from engine.wavio import WavError, read_wav, write_wav
 
 IDLE, STARTING, RUNNING, DRAINING, STOPPING = "idle", "starting", "running", "draining", "stopping"
@@ -359,7 +360,7 @@ class SessionController(ConversationControls, QObject):
         if self.journal is None or self.journal.finished:
             return
         try:
-            self.journal.finish(metadata=dict(self.session_info))
+            self.journal.finish(summary=audio_path_summary(self.journal.records), metadata=dict(self.session_info))
         except ExportError as e:
             self.failure = self.failure or str(e)
             self.message.emit("error", str(e))
@@ -508,6 +509,7 @@ class SessionController(ConversationControls, QObject):
                     shutil.copyfile(j.directory / name, tmp / name)
                 (tmp / CSV).write_text(to_csv(records), encoding="utf-8")
                 (tmp / TRACE).write_text(to_trace(records, meta), encoding="utf-8")
+                (tmp / SUMMARY).write_text(json.dumps(audio_path_summary(records), indent=2) + "\n", encoding="utf-8")
             lines = rows if rows is not None else _rows_of(tmp / RECORDS)
             (tmp / TRANSCRIPT).write_text(transcript_text(lines), encoding="utf-8")
         paths = export_folder(directory, fill)

@@ -59,6 +59,7 @@ class FarAligner:
         self._buf = np.zeros(0, dtype=np.float32)
         self._debt = 0                  # reference samples given as zeros whose far samples have not come yet
         self.margin = int(round(margin_s * self.rate))
+        self.bulk = 0                   # the reference held back on purpose (samples): the echo path's delay
         self.window = window_s * self.rate
         self.far_in = 0                 # far samples pushed
         self.taken = 0                  # reference samples taken
@@ -123,12 +124,12 @@ class FarAligner:
             return                                     # no far end for a while: the speaker stopped
         self._far_seen = self._pairs[-1][1]
         low = min(v for _, v in self._lows)
-        off = low - self.margin
+        off = low - self.margin - self.bulk
         if abs(off) > JUMP_S * self.rate and self._lows[0][0] < self.taken - 0.5 * LOW_WINDOW_S * self.rate:
             settled = self.taken - self._first > SETTLE_S * self.rate
             self.shift(off, why="the speaker's reference was off the microphone" if settled else None)
         else:
-            self.servo.update(low / self.rate)
+            self.servo.update((low - self.bulk) / self.rate)
 
     def _fit(self) -> None:
         """The far samples per reference sample over the pairs kept (least squares), once they span 1 s."""
@@ -139,6 +140,15 @@ class FarAligner:
         slope = float(np.dot(t, f) / np.dot(t, t))
         if 0.5 * self.nominal_step < slope < 2.0 * self.nominal_step:
             self.step_fit = slope
+
+    def set_bulk(self, samples: int) -> int:
+        """Hold the reference back by ``samples`` (0 or more) from now: the part of the echo path's delay the
+        canceller should not see. Returns the change (samples)."""
+        samples = max(0, int(samples))
+        change, self.bulk = samples - self.bulk, samples
+        if change:
+            self.shift(-change, why=None)
+        return change
 
     def shift(self, samples: int, why: Optional[str] = "") -> None:
         """Move the pairing by ``samples`` reference samples: positive drops that many waiting (the reference

@@ -21,17 +21,18 @@ from __future__ import annotations
 import collections
 import math
 import time
-from typing import Deque, Optional, Tuple
+from typing import Deque, Optional
 
 import numpy as np
 
 from engine.echo.doubletalk import EchoLevelPredictor
+from engine.echo.health import EchoHealth
 
 #: far-end frames louder than this (dBFS) count as the model speaking, for :meth:`EchoCanceller.suppression_db`
 FAR_ACTIVE_DB = -50.0
 #: far-end audio kept waiting for its microphone frames at most (seconds); older far audio is dropped
 FAR_MAX_S = 1.0
-#: the recent far-active 10 ms frames :meth:`EchoCanceller.suppression_db` looks at (3 s)
+#: the recent far-active 10 ms frames the coupling estimate reads (3 s)
 SUPPRESSION_FRAMES = 300
 #: the rate a rate without whole 10 ms frames is resampled to
 FALLBACK_RATE = 16000
@@ -85,12 +86,17 @@ class LivekitProcessor:
         self._rtc = rtc
         self.rate = int(rate)
         self.frame = self.rate // 100
-        self.apm = rtc.AudioProcessingModule(echo_cancellation=True, noise_suppression=noise_suppression,
-                                             high_pass_filter=True, auto_gain_control=False)
+        self._ns = bool(noise_suppression)
         self.delay_ms = 0
+        self.reset()
 
     def set_delay_ms(self, ms: int) -> None:
         self.delay_ms = int(ms)
+
+    def reset(self) -> None:
+        """A fresh module: AEC3 forgets its filters and its delay estimate."""
+        self.apm = self._rtc.AudioProcessingModule(echo_cancellation=True, noise_suppression=self._ns,
+                                                   high_pass_filter=True, auto_gain_control=False)
 
     def _frame(self, x: np.ndarray):
         return self._rtc.AudioFrame(bytearray(x.tobytes()), self.rate, 1, self.frame)
@@ -151,7 +157,6 @@ class EchoCanceller:
         self.far_missing = 0          # microphone frames processed with no far audio (played as silence)
         self._delay_ms = float(delay_ms)
         self.hint_fraction = float(hint_fraction)
-        self._recent: Deque[Tuple[float, float]] = collections.deque(maxlen=SUPPRESSION_FRAMES)
         self._far_db: Deque[float] = collections.deque(maxlen=1)
         self.far_active_s = 0.0       # seconds of far-end activity the processor has seen
         self.bypassed = 0             # guard: frames passed as they were (the user over the speaker)
@@ -160,6 +165,8 @@ class EchoCanceller:
         self._coupling: Deque[float] = collections.deque(maxlen=SUPPRESSION_FRAMES)   # near dB - far max dB
         self.double_talk = True       # the double-talk check (the predicted echo level) is on
         self._predictor = EchoLevelPredictor()
+        self.health = EchoHealth()    # AEC3's suppression while the model speaks: suspect, recovery due
+        self.resets = 0               # recoveries that reset AEC3
         self.double_talked = 0        # guard: frames passed by the double-talk check alone
         self._echo_like = False       # the newest frame is no louder than the echo predicted (+ the margin)
         self.cpu_s = 0.0              # wall seconds spent in the processor
@@ -208,6 +215,7 @@ class EchoCanceller:
         self._near = np.zeros(0, dtype=np.float32)
         # the output runs a frame (less one sample, at the caller's rate) behind, so every call can answer
         self._predictor = EchoLevelPredictor()
+        self.health = EchoHealth()
         self._out = np.zeros(max(0, math.ceil(self.frame * self.rate / self.proc_rate) - 1), dtype=np.float32)
         if self.proc_rate != self.rate:
             self._out = np.zeros(self._out.size + self.rate // 20, dtype=np.float32)   # soxr's own delay
@@ -257,9 +265,14 @@ class EchoCanceller:
         self._far_db.append(far_db)
         if far_db > FAR_ACTIVE_DB:
             self.far_active_s += 0.01
-            self._recent.append((float(np.sum(np.square(near, dtype=np.float64))),
-                                 float(np.sum(np.square(out, dtype=np.float64)))))
-        return self._guard(near, out)
+        passed = self.bypassed
+        final = self._guard(near, out)
+        self.health.frame(float(np.sum(np.square(near, dtype=np.float64))),
+                          float(np.sum(np.square(out, dtype=np.float64))),
+                          float(np.sum(np.square(final, dtype=np.float64))),
+                          max(self._far_db) > FAR_ACTIVE_DB, self.bypassed != passed,
+                          self._echo_like or self._predictor.lag is None)
+        return final
 
     def _guard(self, near: np.ndarray, out: np.ndarray) -> np.ndarray:
         """The convergence guard, on each 10 ms frame while the far end is active (its loudest frame over the
@@ -285,7 +298,8 @@ class EchoCanceller:
             return near.copy()
         self._coupling.append(near_db - far_max)         # the user's frames (passed above) stay out of it
         removed = near_db - out_db
-        if self.far_active_s >= GUARD_S and self._stretch > ONSET_GUARD_FRAMES + self._delay_ms / 10.0:
+        settled = self.far_active_s >= GUARD_S and self._stretch > ONSET_GUARD_FRAMES + self._delay_ms / 10.0
+        if settled and not self.health.suspect:
             if self._echo_like and removed >= ECHO_REMOVED_DB:    # AEC3's residual echo, as predicted
                 self.guarded += 1
                 return out * np.float32(GUARD_ATTENUATION)
@@ -315,13 +329,23 @@ class EchoCanceller:
 
     # -- readouts -------------------------------------------------------------------------------------------
     def suppression_db(self) -> Optional[float]:
-        """Echo suppression over the recent frames while the far end was active: 10 log10(near-in / near-out
-        energy), dB; None before any such frame (or while disabled)."""
-        if not self._enabled or not self._recent:
+        """Echo suppression over the model's last 3 s of speech, frames passed as the user's voice left out:
+        10 log10(near-in / near-out energy), dB; None before any such frame (or while disabled)."""
+        if not self._enabled:
             return None
-        e_in = sum(a for a, _ in self._recent)
-        e_out = sum(b for _, b in self._recent)
-        return _db(e_in) - _db(max(e_out, 1e-20))
+        return self.health.suppression_db()
+
+    def recover(self) -> None:
+        """Start AEC3 over (its filters and delay estimate forgotten) with the guard armed as at the start: the
+        convergence guard covers its first seconds again; the double-talk check learns the path anew."""
+        reset = getattr(self._processor, "reset", None)
+        if reset is not None:
+            reset()
+        self._predictor = EchoLevelPredictor()
+        self._coupling.clear()
+        self.far_active_s, self._stretch = 0.0, 0
+        self.health.recovered()
+        self.resets += 1
 
     def cost(self) -> float:
         """The processor's wall time as a share of the audio it processed (0.01 = 1 % of real time)."""

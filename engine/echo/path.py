@@ -31,7 +31,9 @@ from engine.echo.align import FarAligner
 from engine.echo.bargein import BargeInDetector
 from engine.echo.canceller import EchoCanceller, EchoUnavailable
 from engine.echo.clock import RateMeter
+from engine.echo.delay import TARGET_MS, DelayTracker
 from engine.echo.queues import SILENCE_DB, block_db
+from engine.echo.replygap import ReplyGapMeter
 from engine.echo.resample import VariableResampler
 
 #: the interrupt sensitivity a session starts with (engine/echo/bargein.py SENSITIVITY)
@@ -81,6 +83,8 @@ class AudioPath:
         self.events: Deque[tuple] = collections.deque(maxlen=1000)
         self.barge_ins = 0
         self.barge_in_ms: Deque[float] = collections.deque(maxlen=1000)   # latency of each, for the records
+        self.gaps = ReplyGapMeter(self.rate)   # the reply gap of each turn (``gaps.gaps_ms``), for the records
+        self._gaps_read = 0
         self.echo_wanted = bool(echo)
         self.echo_error: Optional[str] = None
         self.detector = BargeInDetector(self.rate, sensitivity=sensitivity)
@@ -88,6 +92,8 @@ class AudioPath:
         self._detector_lock = threading.Lock()
         self.canceller: Optional[EchoCanceller] = None
         self.aligner: Optional[FarAligner] = None
+        self.tracker = DelayTracker(self.rate)   # the echo path's delay, measured (engine/echo/delay.py)
+        self.residual = DelayTracker(self.rate)  # the same on the canceller's output: echo left in it?
         self.far_db = SILENCE_DB         # the level the speaker played last
         self._playing_since: Optional[int] = None   # detector sample where the model's speech began playing
         self.playback = playback
@@ -114,7 +120,8 @@ class AudioPath:
             self._sensitivity = sensitivity
 
     def device_latency_ms(self) -> float:
-        """Speaker-to-microphone latency the audio layer reports: output plus input stream latency."""
+        """Speaker-to-microphone latency the audio layer reports: output plus input stream latency (also what
+        lies outside the path for a barge-in's and a reply's timing: spoken -> here, here -> sounded)."""
         sink = getattr(self._playback, "sink", None)
         out = getattr(sink, "latency_s", 0.0) if sink is not None else 0.0
         return 1000.0 * (float(out or 0.0) + float(getattr(self.source, "latency_s", 0.0) or 0.0))
@@ -132,7 +139,6 @@ class AudioPath:
                 self.events.append(("echo", str(e)))
                 return False
         self.canceller.enabled = True
-        self.canceller.set_delay_ms(self.device_latency_ms())
         return True
 
     # -- per block ---------------------------------------------------------------------------------------
@@ -161,10 +167,43 @@ class AudioPath:
             while self.aligner.events:
                 self.events.append(("echo", self.aligner.events.pop(0)))
         if self._echo_on():
+            self.tracker.push(ref, x)
             self.canceller.far(ref)
             x = self.canceller.near(x)
+            self.residual.listen(ref, x)
+            self._keep_healthy()
         self._detect(x)
+        if ref is not None:
+            self.gaps.push(ref, self.detector, self.device_latency_ms() - 1000.0 * self.aligner.margin / self.rate)
         return x
+
+
+    def _keep_healthy(self) -> None:
+        """Recover the canceller by itself: re-align the reference to the measured delay and reset AEC3 when it
+        lost the echo (its health), or at once when the first measured delay lies beyond AEC3's easy reach."""
+        c, t = self.canceller, self.tracker
+        far_ms = None if t.delay is None else 1000.0 * t.delay / self.rate
+        told = max(self.device_latency_ms(), far_ms or 0.0)
+        if told != c.delay_ms:
+            c.set_delay_ms(told)
+        if c.health.due():
+            if not self.residual.coherent():
+                c.health.cleared()                       # the output is the user's voice, not the echo
+                return
+            self._recover(far_ms, f"echo cancellation lost the echo ({c.health.fast_db():.0f} dB over the "
+                                  f"model's last {c.health.suspect_frames / 100:.1f} s of speech)")
+        elif t.changed and self.aligner.bulk == 0 and far_ms is not None and far_ms > TARGET_MS + 200.0:
+            self._recover(far_ms, f"the echo path's delay ({far_ms:.0f} ms) is long for AEC3")
+
+    def _recover(self, far_ms: Optional[float], why: str) -> None:
+        moved = 0
+        if far_ms is not None:
+            moved = self.aligner.set_bulk(self.aligner.bulk + int((far_ms - TARGET_MS) * self.rate / 1000.0))
+            self.tracker.restart()
+            self.residual.restart()
+        self.canceller.recover()
+        how = f"re-aligned the reference by {1000.0 * moved / self.rate:+.0f} ms and reset" if moved else "reset"
+        self.events.append(("echo", f"{why}: {how} the canceller"))
 
     def playing(self) -> bool:
         """The model's speech is playing now (or queued to play)."""
@@ -187,6 +226,12 @@ class AudioPath:
             start = max(b.onset_at, self._playing_since if self._playing_since is not None else b.onset_at)
             self.flush_speech("user started talking", (b.fired_at - start) * 1000.0 / self.rate)
 
+    def new_reply_gaps(self) -> list:
+        """The reply gaps (ms) measured since the last call (the caller's records take them)."""
+        k = min(self.gaps.measured - self._gaps_read, len(self.gaps.gaps_ms))
+        self._gaps_read = self.gaps.measured
+        return list(self.gaps.gaps_ms)[len(self.gaps.gaps_ms) - k:] if k > 0 else []
+
     def allows(self, frame_no: int) -> bool:
         """Whether the engine's speech made from input frame ``frame_no`` may play (after a barge-in, the
         seconds up to the user's onset are dropped; a later second releases the duck)."""
@@ -199,9 +244,7 @@ class AudioPath:
         if pb is None or (pb.speech_queued_s() <= 0 and self.far_db <= PLAYING_DB):
             return                       # nothing but silence queued: the model is not speaking
         dropped = pb.flush()
-        sink_latency = 1000.0 * float(getattr(pb.sink, "latency_s", 0.0) or 0.0)
-        src_latency = 1000.0 * float(getattr(self.source, "latency_s", 0.0) or 0.0)
-        latency = detect_ms + sink_latency + src_latency
+        latency = detect_ms + self.device_latency_ms()
         self.barge_ins += 1
         self.barge_in_ms.append(latency)
         self.events.append(("barge-in", f"{why}: flushed {dropped:.2f} s of playback; silent "

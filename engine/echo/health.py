@@ -1,0 +1,111 @@
+"""The echo canceller watches itself: how much of the speaker's sound it takes out while the model speaks.
+
+:class:`EchoHealth` reads every 10 ms frame the far end is active in and that was not passed as the user's
+voice: the microphone's energy, AEC3's output energy and the canceller's final output energy. Over the
+last 0.3 s of such frames that are no louder than the echo predicted (``FAST``; a louder frame is the user
+talking over the speaker, which AEC3 rightly leaves in) AEC3's suppression tells within a few words that it
+lost the echo (a delay that jumped, a path that changed, a state gone wrong): the canceller is then
+*suspect* and its level gate holds echo-like frames down at once (engine/echo/canceller.py), and once that
+has lasted ``RECOVER_FRAMES`` of the model's speech a recovery is due: the audio path confirms that the
+output still holds the reference (its phase-transform peak, engine/echo/delay.py) and then re-aligns the
+reference to the measured delay and resets AEC3 (engine/echo/path.py; one event line), or clears the
+suspicion. The same frames over the last 3 s give the suppression the app shows and records (the final
+output: what the engine hears).
+
+A microphone that hears no echo (headphones, a quiet path) is never suspect: a window whose microphone level
+is within ``ECHO_ABOVE_DB`` of the level while the far end is silent has nothing to suppress.
+"""
+from __future__ import annotations
+
+import collections
+import math
+from typing import Deque, Optional, Tuple
+
+#: frames (10 ms) of the model's speech read for the verdict and for the readout
+FAST = 30
+SLOW = 300
+#: AEC3 taking less than this out over the fast window is suspect (dB)
+SUSPECT_DB = 12.0
+#: a suspect state this long (frames of the model's speech) calls for a recovery; none again for COOLDOWN
+RECOVER_FRAMES = 50
+COOLDOWN_FRAMES = 300
+#: the microphone must be this far above its level in silence for the window to hold echo (dB)
+ECHO_ABOVE_DB = 10.0
+
+
+def _db(power: float) -> float:
+    return 10.0 * math.log10(power) if power > 1e-20 else -200.0
+
+
+class EchoHealth:
+    """``frame(near_e, aec_e, out_e, far_active, user, echo_like)`` per 10 ms frame (energies: sums of squares;
+    ``echo_like``: no louder than the echo the double-talk check predicts, so AEC3 should take it out).
+
+    ``suspect``: AEC3 lost the echo (the fast window); ``due()``: a recovery should happen now (then
+    ``recovered()``); ``suppression_db()``: the final output's suppression over the slow window.
+    """
+
+    def __init__(self) -> None:
+        self._fast: Deque[Tuple[float, float]] = collections.deque(maxlen=FAST)   # (near, AEC3 out)
+        self._slow: Deque[Tuple[float, float]] = collections.deque(maxlen=SLOW)   # (near, final out)
+        self._quiet: Deque[float] = collections.deque(maxlen=200)                  # near dB, far silent
+        self.suspect = False
+        self.suspect_frames = 0          # frames of the model's speech in the current suspect stretch
+        self._cooldown = 0
+        self.recoveries = 0
+        self.worst_db: Optional[float] = None   # AEC3's fast suppression when the last recovery became due
+
+    def frame(self, near_e: float, aec_e: float, out_e: float, far_active: bool, user: bool,
+              echo_like: bool = True) -> None:
+        if not far_active:
+            self._quiet.append(_db(near_e))
+            return
+        if user:
+            return
+        if not echo_like:
+            return                                        # louder than the echo predicted: the user, mostly
+        self._fast.append((near_e, aec_e))
+        self._slow.append((near_e, out_e))
+        self._cooldown = max(0, self._cooldown - 1)
+        self.suspect = self._lost()
+        self.suspect_frames = self.suspect_frames + 1 if self.suspect else 0
+
+    def _floor_db(self) -> float:
+        if not self._quiet:
+            return -200.0
+        q = sorted(self._quiet)
+        return q[len(q) // 2]
+
+    def _lost(self) -> bool:
+        if len(self._fast) < FAST:
+            return False
+        near = sum(a for a, _ in self._fast)
+        if _db(near / FAST) < self._floor_db() + ECHO_ABOVE_DB:
+            return False                                  # nothing to suppress here
+        return _db(near) - _db(sum(b for _, b in self._fast)) < SUSPECT_DB
+
+    def fast_db(self) -> Optional[float]:
+        if not self._fast:
+            return None
+        return _db(sum(a for a, _ in self._fast)) - _db(max(sum(b for _, b in self._fast), 1e-20))
+
+    def due(self) -> bool:
+        return self.suspect_frames >= RECOVER_FRAMES and self._cooldown == 0
+
+    def cleared(self) -> None:
+        """The suspicion was not borne out (no echo left in the output: the user's voice it was)."""
+        self._fast.clear()
+        self.suspect, self.suspect_frames, self._cooldown = False, 0, COOLDOWN_FRAMES // 3
+
+    def recovered(self) -> None:
+        """A recovery happened: start over (the canceller re-converges under its guard)."""
+        self.worst_db = self.fast_db()
+        self.recoveries += 1
+        self._fast.clear()
+        self.suspect, self.suspect_frames, self._cooldown = False, 0, COOLDOWN_FRAMES
+
+    def suppression_db(self) -> Optional[float]:
+        """The final output's suppression over the model's last 3 s of speech without the user (dB)."""
+        if not self._slow:
+            return None
+        return _db(sum(a for a, _ in self._slow)) - _db(max(sum(b for _, b in self._slow), 1e-20))
