@@ -8,15 +8,17 @@ spectrum (GCC-PHAT) of the last two seconds of the reference and the raw microph
 the edges of a rectangular one are the same in both and, whitened, peak at lag 0), weighted to the speech band
 (200-4000 Hz): the peak of
 
-    r(tau) = IFFT( W(f) * M(f) conj(F(f)) / |M(f) conj(F(f))|^BETA ),   0 <= tau <= MAX_LAG
+    r(tau) = IFFT( W(f) * M(f) conj(F(f)) / |M(f) conj(F(f))|^BETA ),   -ahead <= tau <= MAX_LAG
 
 is the lag at which the microphone holds the reference, whatever the room did to its spectrum (``BETA`` a
 little under 1 keeps the bins that hold only noise from weighing as much as the speech; measured on the echo
 bench, 1.0 locked onto spurious lags in double talk where 0.8 did not). An estimate counts only when the
 reference was active in most of the window and the peak stands well above the rest (``CONFIDENCE`` times the
 mean magnitude); a new delay is taken once two estimates in a row agree on it (within ``AGREE_MS``).
-The audio path then delays the reference itself (:meth:`engine.echo.align.FarAligner.set_bulk`) so AEC3
-always sees about :data:`TARGET_MS`.
+When the canceller lost the echo, the audio path delays the reference itself
+(:meth:`engine.echo.align.FarAligner.set_bulk`) so AEC3 sees at most :data:`TARGET_MS`; while it holds the
+reference back that way, lags down to ``-ahead`` (the bulk) are searched too: a path that got shorter than
+the bulk puts the echo ahead of its reference, where only a smaller bulk can find it again.
 """
 from __future__ import annotations
 
@@ -24,8 +26,10 @@ from typing import Optional
 
 import numpy as np
 
-#: the delay AEC3 is kept at (ms): well inside the range its own estimator finds at once (30-250 ms measured)
-TARGET_MS = 60.0
+#: the longest delay AEC3 is left to find after a re-align (ms): its own estimator found every path of 30-250 ms
+#: (docs/echo.md); 150 leaves room for the path to get shorter again by as much before the echo would come
+#: ahead of its reference
+TARGET_MS = 150.0
 #: the longest delay looked for (ms)
 MAX_LAG_MS = 800.0
 #: seconds read per estimate, and how often one is made
@@ -65,11 +69,12 @@ class DelayTracker:
         self.estimates = 0
         self.changed = False
         self.last_confidence = 0.0
+        self.ahead = 0                  # samples the echo may come *before* the reference (the bulk held back)
 
     def coherent(self) -> bool:
         """Whether the microphone side of the window holds the reference now (a clear peak), whatever the
         estimates so far (the canceller's output fed as the microphone: echo left in it)."""
-        return self._filled >= self.n and self.estimate() is not None
+        return self._filled >= self.n and self.estimate(ACTIVE_SHARE / 4) is not None
 
     def listen(self, ref: np.ndarray, mic: np.ndarray) -> None:
         """Keep the window (no estimate): :meth:`coherent` reads it on demand."""
@@ -104,24 +109,26 @@ class DelayTracker:
                 self.delay, self.changed = lag, True
         self.candidate = lag
 
-    def _active(self) -> bool:
+    def _active(self, share: float) -> bool:
         w = self.rate // 50
         k = self.n // w
         db = 10.0 * np.log10(np.mean(np.square(self._ref[:k * w].reshape(k, w), dtype=np.float64), axis=1) + 1e-12)
-        return float(np.mean(db > ACTIVE_DB)) >= ACTIVE_SHARE
+        return float(np.mean(db > ACTIVE_DB)) >= share
 
-    def estimate(self) -> Optional[int]:
-        """The lag (samples) of the strongest phase-transform peak, or None (too little reference, no clear
-        peak)."""
-        if not self._active():
+    def estimate(self, share: float = ACTIVE_SHARE) -> Optional[int]:
+        """The lag (samples) of the strongest phase-transform peak, or None (the reference active in less
+        than ``share`` of the window, no clear peak)."""
+        self.last_confidence = 0.0
+        if not self._active(share):
             return None
         self.estimates += 1
         m = np.fft.rfft(self._mic * self._window, self.fft)
         r = np.fft.rfft(self._ref * self._window, self.fft)
         cross = m * np.conj(r)
         cross = cross / (np.abs(cross) ** BETA + 1e-12) * self._band
-        corr = np.fft.irfft(cross, self.fft)[:self.max_lag + 1]
-        mag = np.abs(corr)
-        lag = int(np.argmax(mag))
-        self.last_confidence = float(mag[lag] / (np.mean(mag) + 1e-12))
+        corr = np.fft.irfft(cross, self.fft)
+        ahead = min(int(self.ahead), self.max_lag)
+        mag = np.abs(np.concatenate([corr[self.fft - ahead:], corr[:self.max_lag + 1]]))   # lags -ahead..max
+        lag = int(np.argmax(mag)) - ahead
+        self.last_confidence = float(mag[lag + ahead] / (np.mean(mag) + 1e-12))
         return lag if self.last_confidence >= CONFIDENCE else None

@@ -67,8 +67,10 @@ class EchoHealth:
         self._fast.append((near_e, aec_e))
         self._slow.append((near_e, out_e))
         self._cooldown = max(0, self._cooldown - 1)
-        self.suspect = self._lost()
-        self.suspect_frames = self.suspect_frames + 1 if self.suspect else 0
+        lost = self._lost()
+        if lost is not None:
+            self.suspect = lost
+        self.suspect_frames = self.suspect_frames + 1 if lost else 0 if lost is False else self.suspect_frames
 
     def _floor_db(self) -> float:
         if not self._quiet:
@@ -76,13 +78,16 @@ class EchoHealth:
         q = sorted(self._quiet)
         return q[len(q) // 2]
 
-    def _lost(self) -> bool:
+    def _lost(self) -> Optional[bool]:
+        """True: AEC3 took less than SUSPECT_DB out of the fast window; False: clearly more (6 dB over);
+        None: no verdict (too few frames, nothing to suppress, or in between): the state stays as it was."""
         if len(self._fast) < FAST:
-            return False
+            return None
         near = sum(a for a, _ in self._fast)
         if _db(near / FAST) < self._floor_db() + ECHO_ABOVE_DB:
-            return False                                  # nothing to suppress here
-        return _db(near) - _db(sum(b for _, b in self._fast)) < SUSPECT_DB
+            return None                                   # nothing to suppress here
+        removed = _db(near) - _db(sum(b for _, b in self._fast))
+        return True if removed < SUSPECT_DB else False if removed >= SUSPECT_DB + 6.0 else None
 
     def fast_db(self) -> Optional[float]:
         if not self._fast:

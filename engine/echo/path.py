@@ -192,7 +192,7 @@ class AudioPath:
                 return
             self._recover(far_ms, f"echo cancellation lost the echo ({c.health.fast_db():.0f} dB over the "
                                   f"model's last {c.health.suspect_frames / 100:.1f} s of speech)")
-        elif t.changed and self.aligner.bulk == 0 and far_ms is not None and far_ms > TARGET_MS + 200.0:
+        elif t.changed and self.aligner.bulk == 0 and far_ms is not None and far_ms > TARGET_MS + 100.0:
             self._recover(far_ms, f"the echo path's delay ({far_ms:.0f} ms) is long for AEC3")
 
     def _recover(self, far_ms: Optional[float], why: str) -> None:
@@ -201,6 +201,7 @@ class AudioPath:
             moved = self.aligner.set_bulk(self.aligner.bulk + int((far_ms - TARGET_MS) * self.rate / 1000.0))
             self.tracker.restart()
             self.residual.restart()
+            self.tracker.ahead = self.residual.ahead = self.aligner.bulk
         self.canceller.recover()
         how = f"re-aligned the reference by {1000.0 * moved / self.rate:+.0f} ms and reset" if moved else "reset"
         self.events.append(("echo", f"{why}: {how} the canceller"))
