@@ -99,7 +99,10 @@ def conversation(seconds: int, seed: int, bursts: Sequence[float] = (), burst_s:
     rng = np.random.default_rng(seed + 104723)
     for start in bursts:
         a, b = int(start * VOICE_RATE), int(min(seconds, start + burst_s) * VOICE_RATE)
-        turns = [tb for tb in turns if tb[1] <= a or tb[0] >= b]
+        for ta, tb in turns:
+            if not (tb <= a or ta >= b):
+                x[ta:tb] = 0.0                    # a turn the burst overlaps goes, all of it
+        turns = [(ta, tb) for ta, tb in turns if tb <= a or ta >= b]
         x[a:b] = 0.0
         t = start
         while t + 1.0 < start + burst_s and t + 1.0 < seconds:

@@ -18,7 +18,7 @@ frame) the pairing creeps (measured, docs/echo.md):
 sample counts (far samples delivered per microphone sample, fitted over the last ``window_s``: what the two
 clocks really did, with no clock read), so the reference runs at the microphone's rate; a far sample that
 comes after its microphone samples were processed (zeros went in its place) is skipped, not played late;
-and the queue's low level is held at ``margin_s`` by a slow servo on the ratio (at most 0.5 %, 5 ms a
+and the queue's low level is held near ``margin_s`` by a slow servo on the ratio (at most 0.5 %, 5 ms a
 second: AEC3 follows that; measured), or by one jump where it is off by more than ``jump_s`` (a stall, a
 device restarted), with one event line.
 """
@@ -32,12 +32,15 @@ import numpy as np
 from engine.echo.clock import LevelServo
 from engine.echo.resample import VariableResampler
 
-#: the queue's low level the aligner holds (s): the reference runs this far ahead of the microphone
-MARGIN_S = 0.01
+#: the queue's low level the aligner holds (s): the reference runs this far ahead of the microphone; the servo
+#: leaves the level alone within DEADBAND_S of it (the low level of callbacks in blocks of 10-25 ms jitters by
+#: that much, and a servo that followed it would walk the pairing about by milliseconds)
+MARGIN_S = 0.015
+DEADBAND_S = 0.008
 #: a low level off its target by more than this is corrected at once (s), not by the servo
 JUMP_S = 0.08
-#: the low level is the lowest of the last second's blocks, handed to the servo every quarter second
-LOW_WINDOW_S = 1.0
+#: the low level is the lowest of the last two seconds' blocks, handed to the servo every quarter second
+LOW_WINDOW_S = 2.0
 SERVO_EVERY_S = 0.25
 #: corrections in the far end's first seconds (the ratio not fitted yet) are the start, not an event
 SETTLE_S = 3.0
@@ -68,7 +71,7 @@ class FarAligner:
         self._next_servo = 0
         self._first = None              # reference samples taken when the far end first came
         self._far_seen = -1             # far samples pushed at the last servo step
-        self.servo = LevelServo(margin_s, time_s=4.0, limit=0.005, slew=0.001, smooth=4)
+        self.servo = LevelServo(margin_s, time_s=8.0, limit=0.005, slew=0.0005, smooth=8, deadband=DEADBAND_S)
         self.step_fit = self.nominal_step
         self.starved = 0
         self.jumps = 0
@@ -125,8 +128,9 @@ class FarAligner:
         self._far_seen = self._pairs[-1][1]
         low = min(v for _, v in self._lows)
         off = low - self.margin - self.bulk
-        if abs(off) > JUMP_S * self.rate and self._lows[0][0] < self.taken - 0.5 * LOW_WINDOW_S * self.rate:
-            settled = self.taken - self._first > SETTLE_S * self.rate
+        settled = self.taken - self._first > SETTLE_S * self.rate
+        jump = JUMP_S if settled else 2 * DEADBAND_S           # at the start, straight to the margin
+        if abs(off) > jump * self.rate and self._lows[0][0] < self.taken - 0.5 * self.rate:
             self.shift(off, why="the speaker's reference was off the microphone" if settled else None)
         else:
             self.servo.update((low - self.bulk) / self.rate)

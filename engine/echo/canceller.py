@@ -25,6 +25,7 @@ from typing import Deque, Optional
 
 import numpy as np
 
+from engine.echo.delay import DelayTracker
 from engine.echo.doubletalk import EchoLevelPredictor
 from engine.echo.health import EchoHealth
 
@@ -165,9 +166,11 @@ class EchoCanceller:
         self._coupling: Deque[float] = collections.deque(maxlen=SUPPRESSION_FRAMES)   # near dB - far max dB
         self.double_talk = True       # the double-talk check (the predicted echo level) is on
         self._predictor = EchoLevelPredictor()
-        self.health = EchoHealth()    # AEC3's suppression while the model speaks: suspect, recovery due
+        self._residual = DelayTracker(self.proc_rate, window_s=1.0)
+        self.health = EchoHealth(confirm=self._residual.coherent)   # AEC3 while the model speaks: suspect, due
         self.resets = 0               # recoveries that reset AEC3
         self.double_talked = 0        # guard: frames passed by the double-talk check alone
+        self.user_talking = False     # the caller's barge-in detector hears the user (the readout skips it)
         self._echo_like = False       # the newest frame is no louder than the echo predicted (+ the margin)
         self.cpu_s = 0.0              # wall seconds spent in the processor
         self.audio_s = 0.0            # seconds of microphone audio it processed
@@ -215,7 +218,8 @@ class EchoCanceller:
         self._near = np.zeros(0, dtype=np.float32)
         # the output runs a frame (less one sample, at the caller's rate) behind, so every call can answer
         self._predictor = EchoLevelPredictor()
-        self.health = EchoHealth()
+        self._residual = DelayTracker(self.proc_rate, window_s=1.0)   # AEC3's output against the reference
+        self.health = EchoHealth(confirm=self._residual.coherent)
         self._out = np.zeros(max(0, math.ceil(self.frame * self.rate / self.proc_rate) - 1), dtype=np.float32)
         if self.proc_rate != self.rate:
             self._out = np.zeros(self._out.size + self.rate // 20, dtype=np.float32)   # soxr's own delay
@@ -266,12 +270,13 @@ class EchoCanceller:
         if far_db > FAR_ACTIVE_DB:
             self.far_active_s += 0.01
         passed = self.bypassed
+        self._residual.listen(far, out)
         final = self._guard(near, out)
         self.health.frame(float(np.sum(np.square(near, dtype=np.float64))),
                           float(np.sum(np.square(out, dtype=np.float64))),
                           float(np.sum(np.square(final, dtype=np.float64))),
                           max(self._far_db) > FAR_ACTIVE_DB, self.bypassed != passed,
-                          self._echo_like or self._predictor.lag is None)
+                          self._echo_like or self._predictor.lag is None, self.user_talking)
         return final
 
     def _guard(self, near: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -344,6 +349,7 @@ class EchoCanceller:
         self._predictor = EchoLevelPredictor()
         self._coupling.clear()
         self.far_active_s, self._stretch = 0.0, 0
+        self._residual.restart()
         self.health.recovered()
         self.resets += 1
 

@@ -83,21 +83,24 @@ class LevelServo:
     """A queue's level -> a small relative correction of the step that fills or drains it.
 
     ``update(level)`` once per measurement (seconds of audio queued, at the same point of every cycle):
-    the level is averaged over ``smooth`` updates, and the correction is (average - ``target``) /
-    ``time_s``, clipped to +-``limit`` and moved at most ``slew`` per update: a level ``x`` seconds too high
+    the level is averaged over ``smooth`` updates, and the correction is (average - ``target``, less a
+    ``deadband`` either side) / ``time_s``, clipped to +-``limit`` and moved at most ``slew`` per update: a level ``x`` seconds too high
     drains in about ``time_s`` seconds while the pitch changes by at most ``limit`` (0.3 % is 5 cents).
     Positive: take more input per output (drain faster).
     """
 
     def __init__(self, target: float, time_s: float = 20.0, limit: float = 0.003, slew: float = 0.0005,
-                 smooth: int = 8):
+                 smooth: int = 8, deadband: float = 0.0):
         self.target, self.time_s, self.limit, self.slew = float(target), float(time_s), float(limit), float(slew)
+        self.deadband = float(deadband)
         self._alpha = 1.0 / max(1, int(smooth))
         self.level: Optional[float] = None
         self.correction = 0.0
 
     def update(self, level: float) -> float:
         self.level = level if self.level is None else self.level + self._alpha * (level - self.level)
-        want = max(-self.limit, min(self.limit, (self.level - self.target) / self.time_s))
+        off = self.level - self.target
+        off = 0.0 if abs(off) <= self.deadband else off - np.copysign(self.deadband, off)
+        want = max(-self.limit, min(self.limit, off / self.time_s))
         self.correction += max(-self.slew, min(self.slew, want - self.correction))
         return self.correction

@@ -52,9 +52,9 @@ class DelayTracker:
     """``push(ref, mic)`` per block (the same length, at ``rate``); ``delay`` is the accepted delay in samples
     (None before the first), ``changed`` True right after a push that moved it."""
 
-    def __init__(self, rate: int):
+    def __init__(self, rate: int, window_s: float = WINDOW_S):
         self.rate = int(rate)
-        self.n = int(WINDOW_S * self.rate)
+        self.n = int(window_s * self.rate)
         self.fft = 1 << int(np.ceil(np.log2(2 * self.n)))
         self.max_lag = int(MAX_LAG_MS * self.rate / 1000.0)
         f = np.fft.rfftfreq(self.fft, 1.0 / self.rate)

@@ -5,12 +5,13 @@ voice: the microphone's energy, AEC3's output energy and the canceller's final o
 last 0.3 s of such frames that are no louder than the echo predicted (``FAST``; a louder frame is the user
 talking over the speaker, which AEC3 rightly leaves in) AEC3's suppression tells within a few words that it
 lost the echo (a delay that jumped, a path that changed, a state gone wrong): the canceller is then
-*suspect* and its level gate holds echo-like frames down at once (engine/echo/canceller.py), and once that
-has lasted ``RECOVER_FRAMES`` of the model's speech a recovery is due: the audio path confirms that the
-output still holds the reference (its phase-transform peak, engine/echo/delay.py) and then re-aligns the
-reference to the measured delay and resets AEC3 (engine/echo/path.py; one event line), or clears the
-suspicion. The same frames over the last 3 s give the suppression the app shows and records (the final
-output: what the engine hears).
+*suspect* — once ``confirm`` agrees that AEC3's output still holds the reference (the canceller asks its
+phase transform over the last second, engine/echo/delay.py: the user talking over the speaker, which AEC3
+rightly leaves in, holds none of it) — and its level gate holds echo-like frames down at once
+(engine/echo/canceller.py); once that has lasted ``RECOVER_FRAMES`` of the model's speech a recovery is due:
+the audio path re-aligns the reference to the measured delay and resets AEC3 (engine/echo/path.py; one event
+line). The same frames over the last 3 s, less those the barge-in detector hears the user in, give the
+suppression the app shows and records (the final output: what the engine hears).
 
 A microphone that hears no echo (headphones, a quiet path) is never suspect: a window whose microphone level
 is within ``ECHO_ABOVE_DB`` of the level while the far end is silent has nothing to suppress.
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import collections
 import math
-from typing import Deque, Optional, Tuple
+from typing import Callable, Deque, Optional, Tuple
 
 #: frames (10 ms) of the model's speech read for the verdict and for the readout
 FAST = 30
@@ -31,6 +32,8 @@ RECOVER_FRAMES = 50
 COOLDOWN_FRAMES = 300
 #: the microphone must be this far above its level in silence for the window to hold echo (dB)
 ECHO_ABOVE_DB = 10.0
+#: a low suppression is confirmed (the output still holds the reference) at most this often (frames)
+CONFIRM_EVERY = 20
 
 
 def _db(power: float) -> float:
@@ -39,13 +42,17 @@ def _db(power: float) -> float:
 
 class EchoHealth:
     """``frame(near_e, aec_e, out_e, far_active, user, echo_like)`` per 10 ms frame (energies: sums of squares;
-    ``echo_like``: no louder than the echo the double-talk check predicts, so AEC3 should take it out).
+    ``echo_like``: no louder than the echo the double-talk check predicts, so AEC3 should take it out;
+    ``talking``: the barge-in detector hears the user now, which the readout leaves out).
 
     ``suspect``: AEC3 lost the echo (the fast window); ``due()``: a recovery should happen now (then
     ``recovered()``); ``suppression_db()``: the final output's suppression over the slow window.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, confirm: Optional[Callable[[], bool]] = None) -> None:
+        self._confirm = confirm          # whether the output still holds the echo (asked before suspecting)
+        self._asked_at = -CONFIRM_EVERY
+        self._frames = 0
         self._fast: Deque[Tuple[float, float]] = collections.deque(maxlen=FAST)   # (near, AEC3 out)
         self._slow: Deque[Tuple[float, float]] = collections.deque(maxlen=SLOW)   # (near, final out)
         self._quiet: Deque[float] = collections.deque(maxlen=200)                  # near dB, far silent
@@ -56,7 +63,7 @@ class EchoHealth:
         self.worst_db: Optional[float] = None   # AEC3's fast suppression when the last recovery became due
 
     def frame(self, near_e: float, aec_e: float, out_e: float, far_active: bool, user: bool,
-              echo_like: bool = True) -> None:
+              echo_like: bool = True, talking: bool = False) -> None:
         if not far_active:
             self._quiet.append(_db(near_e))
             return
@@ -65,9 +72,17 @@ class EchoHealth:
         if not echo_like:
             return                                        # louder than the echo predicted: the user, mostly
         self._fast.append((near_e, aec_e))
-        self._slow.append((near_e, out_e))
+        if not talking:
+            self._slow.append((near_e, out_e))
         self._cooldown = max(0, self._cooldown - 1)
+        self._frames += 1
         lost = self._lost()
+        if lost and not self.suspect and self._confirm is not None:
+            if self._frames - self._asked_at < CONFIRM_EVERY:
+                lost = None
+            else:
+                self._asked_at = self._frames
+                lost = True if self._confirm() else None     # no echo in the output: the user's voice
         if lost is not None:
             self.suspect = lost
         self.suspect_frames = self.suspect_frames + 1 if lost else 0 if lost is False else self.suspect_frames
@@ -96,11 +111,6 @@ class EchoHealth:
 
     def due(self) -> bool:
         return self.suspect_frames >= RECOVER_FRAMES and self._cooldown == 0
-
-    def cleared(self) -> None:
-        """The suspicion was not borne out (no echo left in the output: the user's voice it was)."""
-        self._fast.clear()
-        self.suspect, self.suspect_frames, self._cooldown = False, 0, COOLDOWN_FRAMES // 3
 
     def recovered(self) -> None:
         """A recovery happened: start over (the canceller re-converges under its guard)."""

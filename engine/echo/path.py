@@ -93,7 +93,6 @@ class AudioPath:
         self.canceller: Optional[EchoCanceller] = None
         self.aligner: Optional[FarAligner] = None
         self.tracker = DelayTracker(self.rate)   # the echo path's delay, measured (engine/echo/delay.py)
-        self.residual = DelayTracker(self.rate)  # the same on the canceller's output: echo left in it?
         self.far_db = SILENCE_DB         # the level the speaker played last
         self._playing_since: Optional[int] = None   # detector sample where the model's speech began playing
         self.playback = playback
@@ -168,9 +167,9 @@ class AudioPath:
                 self.events.append(("echo", self.aligner.events.pop(0)))
         if self._echo_on():
             self.tracker.push(ref, x)
+            self.canceller.user_talking = self.detector.talking
             self.canceller.far(ref)
             x = self.canceller.near(x)
-            self.residual.listen(ref, x)
             self._keep_healthy()
         self._detect(x)
         if ref is not None:
@@ -187,9 +186,6 @@ class AudioPath:
         if told != c.delay_ms:
             c.set_delay_ms(told)
         if c.health.due():
-            if not self.residual.coherent():
-                c.health.cleared()                       # the output is the user's voice, not the echo
-                return
             self._recover(far_ms, f"echo cancellation lost the echo ({c.health.fast_db():.0f} dB over the "
                                   f"model's last {c.health.suspect_frames / 100:.1f} s of speech)")
         elif t.changed and self.aligner.bulk == 0 and far_ms is not None and far_ms > TARGET_MS + 100.0:
@@ -200,8 +196,7 @@ class AudioPath:
         if far_ms is not None:
             moved = self.aligner.set_bulk(self.aligner.bulk + int((far_ms - TARGET_MS) * self.rate / 1000.0))
             self.tracker.restart()
-            self.residual.restart()
-            self.tracker.ahead = self.residual.ahead = self.aligner.bulk
+            self.tracker.ahead = self.aligner.bulk
         self.canceller.recover()
         how = f"re-aligned the reference by {1000.0 * moved / self.rate:+.0f} ms and reset" if moved else "reset"
         self.events.append(("echo", f"{why}: {how} the canceller"))
