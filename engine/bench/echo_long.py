@@ -17,7 +17,8 @@ Per minute and mode it reports the echo suppression (microphone vs what the engi
 blocks with echo and no user: the truth from the simulation) beside the canceller's own readout, the engine's
 self-interruptions (it stopped its reply for "user speech" while the user was silent) and the seconds it heard
 "speech" that was only echo, the barge-ins (false: no user turn), dropped speech against spoken seconds, the
-mic->speaker delay and the reply gap (the user's last word to the model's first, at the speaker). JSON out.
+mic->speaker delay and the reply gap (the user's last word to the model's first, at the speaker: the truth,
+and what the app's own meter measured). JSON out.
 """
 from __future__ import annotations
 
@@ -106,6 +107,7 @@ def summarize(loop: Loop, seconds: int) -> Dict[str, object]:
             "flushed_s": round(sum(r["flushed_s"] for r in rows), 3),
             "mic_to_speaker_s": _stats(delays),
             "reply_gap_s": _stats([g for _, g in gaps]),
+            "reply_gap_s_app": _stats([g / 1000.0 for g in path.gaps.gaps_ms]),
             "barge_in_latency_ms": _stats(list(path.barge_in_ms)),
             "events": [f"{kind}: {text}" for kind, text in path.events if kind != "barge-in"],
             "far_starved_s": round(getattr(getattr(path, "aligner", None), "starved", 0) / 24000.0, 3),

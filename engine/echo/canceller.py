@@ -171,6 +171,8 @@ class EchoCanceller:
         self.resets = 0               # recoveries that reset AEC3
         self.double_talked = 0        # guard: frames passed by the double-talk check alone
         self.user_talking = False     # the caller's barge-in detector hears the user (the readout skips it)
+        self.hold_guard = False       # the caller is about to recover it: the guard works as at the start, and
+        #                               the double-talk check (its echo path stale) passes nothing
         self._echo_like = False       # the newest frame is no louder than the echo predicted (+ the margin)
         self.cpu_s = 0.0              # wall seconds spent in the processor
         self.audio_s = 0.0            # seconds of microphone audio it processed
@@ -291,7 +293,7 @@ class EchoCanceller:
         far_max = max(self._far_db, default=-200.0)
         near_db = _db(float(np.mean(np.square(near, dtype=np.float64))))
         out_db = _db(float(np.mean(np.square(out, dtype=np.float64))))
-        talk = self._double_talk(near_db, echo_only=near_db - out_db >= ECHO_ONLY_DB)
+        talk = self._double_talk(near_db, echo_only=near_db - out_db >= ECHO_ONLY_DB) and not self.hold_guard
         if far_max <= FAR_ACTIVE_DB:
             self._stretch = 0
             return out
@@ -304,7 +306,7 @@ class EchoCanceller:
         self._coupling.append(near_db - far_max)         # the user's frames (passed above) stay out of it
         removed = near_db - out_db
         settled = self.far_active_s >= GUARD_S and self._stretch > ONSET_GUARD_FRAMES + self._delay_ms / 10.0
-        if settled and not self.health.suspect:
+        if settled and not (self.health.suspect or self.hold_guard):
             if self._echo_like and removed >= ECHO_REMOVED_DB:    # AEC3's residual echo, as predicted
                 self.guarded += 1
                 return out * np.float32(GUARD_ATTENUATION)

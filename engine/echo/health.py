@@ -117,6 +117,7 @@ class EchoHealth:
         self.worst_db = self.fast_db()
         self.recoveries += 1
         self._fast.clear()
+        self._slow.clear()
         self.suspect, self.suspect_frames, self._cooldown = False, 0, COOLDOWN_FRAMES
 
     def suppression_db(self) -> Optional[float]:

@@ -31,7 +31,7 @@ from engine.echo.align import FarAligner
 from engine.echo.bargein import BargeInDetector
 from engine.echo.canceller import EchoCanceller, EchoUnavailable
 from engine.echo.clock import RateMeter
-from engine.echo.delay import TARGET_MS, DelayTracker
+from engine.echo.delay import MAX_LAG_MS, TARGET_MS, DelayTracker
 from engine.echo.queues import SILENCE_DB, block_db
 from engine.echo.replygap import ReplyGapMeter
 from engine.echo.resample import VariableResampler
@@ -40,6 +40,8 @@ from engine.echo.resample import VariableResampler
 DEFAULT_SENSITIVITY = "normal"
 #: far-end (played) level above which the model counts as speaking now (dBFS)
 PLAYING_DB = -45.0
+#: a recovery waits at most this long (s) for the echo delay to be measured afresh
+REMEASURE_S = 4.0
 
 
 class MicStream:
@@ -93,6 +95,7 @@ class AudioPath:
         self.canceller: Optional[EchoCanceller] = None
         self.aligner: Optional[FarAligner] = None
         self.tracker = DelayTracker(self.rate)   # the echo path's delay, measured (engine/echo/delay.py)
+        self._lost: Optional[tuple] = None       # (samples waited, why): a recovery waiting for the delay
         self.far_db = SILENCE_DB         # the level the speaker played last
         self._playing_since: Optional[int] = None   # detector sample where the model's speech began playing
         self.playback = playback
@@ -170,24 +173,35 @@ class AudioPath:
             self.canceller.user_talking = self.detector.talking
             self.canceller.far(ref)
             x = self.canceller.near(x)
-            self._keep_healthy()
+            self._keep_healthy(x.size)
         self._detect(x)
         if ref is not None:
             self.gaps.push(ref, self.detector, self.device_latency_ms() - 1000.0 * self.aligner.margin / self.rate)
         return x
 
 
-    def _keep_healthy(self) -> None:
-        """Recover the canceller by itself: re-align the reference to the measured delay and reset AEC3 when it
-        lost the echo (its health), or at once when the first measured delay lies beyond AEC3's easy reach."""
+    def _keep_healthy(self, n: int) -> None:
+        """Recover the canceller by itself. When it lost the echo (its health), the delay is measured afresh
+        (the canceller's guard holds the echo down meanwhile, at most :data:`REMEASURE_S`), then the reference
+        is re-aligned to it and AEC3 reset, one event line; at once when the first measured delay lies beyond
+        AEC3's easy reach."""
         c, t = self.canceller, self.tracker
         far_ms = None if t.delay is None else 1000.0 * t.delay / self.rate
-        told = max(self.device_latency_ms(), far_ms or 0.0)
+        told = max(self.device_latency_ms(), far_ms or 0.0, MAX_LAG_MS if self._lost is not None else 0.0)
         if told != c.delay_ms:
             c.set_delay_ms(told)
-        if c.health.due():
-            self._recover(far_ms, f"echo cancellation lost the echo ({c.health.fast_db():.0f} dB over the "
-                                  f"model's last {c.health.suspect_frames / 100:.1f} s of speech)")
+        if self._lost is None and c.health.due():
+            self._lost = (0, f"echo cancellation lost the echo ({c.health.fast_db():.0f} dB over the model's last "
+                             f"{c.health.suspect_frames / 100:.1f} s of speech)")
+            t.restart()
+            c.hold_guard = True
+            return
+        if self._lost is not None:
+            waited, why = self._lost[0] + n, self._lost[1]
+            self._lost = (waited, why)
+            if far_ms is not None or waited > REMEASURE_S * self.rate:
+                self._lost, c.hold_guard = None, False
+                self._recover(far_ms, why)
         elif t.changed and self.aligner.bulk == 0 and far_ms is not None and far_ms > TARGET_MS + 100.0:
             self._recover(far_ms, f"the echo path's delay ({far_ms:.0f} ms) is long for AEC3")
 
