@@ -172,7 +172,7 @@ class EchoCanceller:
         self.double_talked = 0        # guard: frames passed by the double-talk check alone
         self.user_talking = False     # the caller's barge-in detector hears the user (the readout skips it)
         self.hold_guard = False       # the caller is about to recover it: the guard works as at the start, and
-        #                               the double-talk check (its echo path stale) passes nothing
+        #                               the double-talk check (its echo path stale) passes nothing, as while suspect
         self._echo_like = False       # the newest frame is no louder than the echo predicted (+ the margin)
         self.cpu_s = 0.0              # wall seconds spent in the processor
         self.audio_s = 0.0            # seconds of microphone audio it processed
@@ -277,8 +277,7 @@ class EchoCanceller:
         self.health.frame(float(np.sum(np.square(near, dtype=np.float64))),
                           float(np.sum(np.square(out, dtype=np.float64))),
                           float(np.sum(np.square(final, dtype=np.float64))),
-                          max(self._far_db) > FAR_ACTIVE_DB, self.bypassed != passed,
-                          self._echo_like or self._predictor.lag is None, self.user_talking)
+                          max(self._far_db) > FAR_ACTIVE_DB, self.bypassed != passed, self.user_talking)
         return final
 
     def _guard(self, near: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -293,7 +292,8 @@ class EchoCanceller:
         far_max = max(self._far_db, default=-200.0)
         near_db = _db(float(np.mean(np.square(near, dtype=np.float64))))
         out_db = _db(float(np.mean(np.square(out, dtype=np.float64))))
-        talk = self._double_talk(near_db, echo_only=near_db - out_db >= ECHO_ONLY_DB) and not self.hold_guard
+        talk = self._double_talk(near_db, echo_only=near_db - out_db >= ECHO_ONLY_DB)
+        talk = talk and not (self.hold_guard or self.health.suspect)    # its echo path may be stale then
         if far_max <= FAR_ACTIVE_DB:
             self._stretch = 0
             return out

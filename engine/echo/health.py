@@ -1,11 +1,10 @@
 """The echo canceller watches itself: how much of the speaker's sound it takes out while the model speaks.
 
 :class:`EchoHealth` reads every 10 ms frame the far end is active in and that was not passed as the user's
-voice: the microphone's energy, AEC3's output energy and the canceller's final output energy. Over the
-last 0.3 s of such frames that are no louder than the echo predicted (``FAST``; a louder frame is the user
-talking over the speaker, which AEC3 rightly leaves in) AEC3's suppression tells within a few words that it
-lost the echo (a delay that jumped, a path that changed, a state gone wrong): the canceller is then
-*suspect* — once ``confirm`` agrees that AEC3's output still holds the reference (the canceller asks its
+voice (no louder than the loudest echo the far end can give: engine/echo/canceller.py): the microphone's
+energy, AEC3's output energy and the canceller's final output energy. Over the last 0.3 s of such frames
+(``FAST``) AEC3's suppression tells within a few words that it lost the echo (a delay that jumped, a path
+that changed, a state gone wrong): the canceller is then *suspect* — once ``confirm`` agrees that AEC3's output still holds the reference (the canceller asks its
 phase transform over the last second, engine/echo/delay.py: the user talking over the speaker, which AEC3
 rightly leaves in, holds none of it) — and its level gate holds echo-like frames down at once
 (engine/echo/canceller.py); once that has lasted ``RECOVER_FRAMES`` of the model's speech a recovery is due:
@@ -41,9 +40,9 @@ def _db(power: float) -> float:
 
 
 class EchoHealth:
-    """``frame(near_e, aec_e, out_e, far_active, user, echo_like)`` per 10 ms frame (energies: sums of squares;
-    ``echo_like``: no louder than the echo the double-talk check predicts, so AEC3 should take it out;
-    ``talking``: the barge-in detector hears the user now, which the readout leaves out).
+    """``frame(near_e, aec_e, out_e, far_active, user, talking)`` per 10 ms frame (energies: sums of squares;
+    ``user``: the canceller passed it as the user's voice; ``talking``: the barge-in detector hears the user
+    now, which the readout leaves out).
 
     ``suspect``: AEC3 lost the echo (the fast window); ``due()``: a recovery should happen now (then
     ``recovered()``); ``suppression_db()``: the final output's suppression over the slow window.
@@ -63,14 +62,12 @@ class EchoHealth:
         self.worst_db: Optional[float] = None   # AEC3's fast suppression when the last recovery became due
 
     def frame(self, near_e: float, aec_e: float, out_e: float, far_active: bool, user: bool,
-              echo_like: bool = True, talking: bool = False) -> None:
+              talking: bool = False) -> None:
         if not far_active:
             self._quiet.append(_db(near_e))
             return
         if user:
             return
-        if not echo_like:
-            return                                        # louder than the echo predicted: the user, mostly
         self._fast.append((near_e, aec_e))
         if not talking:
             self._slow.append((near_e, out_e))
