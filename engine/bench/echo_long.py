@@ -109,7 +109,7 @@ def summarize(loop: Loop, seconds: int) -> Dict[str, object]:
             "reply_gap_s": _stats([g for _, g in gaps]),
             "reply_gap_s_app": _stats([g / 1000.0 for g in path.gaps.gaps_ms]),
             "barge_in_latency_ms": _stats(list(path.barge_in_ms)),
-            "events": [f"{kind}: {text}" for kind, text in path.events if kind != "barge-in"],
+            "events": [f"{t:.2f} s {line}" for t, line in loop.events],
             "far_starved_s": round(getattr(getattr(path, "aligner", None), "starved", 0) / 24000.0, 3),
             "aec_cpu_fraction": round(c.cost(), 5) if c is not None else 0.0}
 

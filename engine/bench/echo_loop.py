@@ -147,6 +147,7 @@ class Loop:
         self._path_samples = 0
         self._dropped = (0, 0)                   # the queue's dropped speech and flushed samples, last seen
         self.records = []
+        self.events: List[Tuple[float, str]] = []          # (true time, line) of the path's events but barge-ins
         self.readouts: List[Tuple[float, Optional[float]]] = []
 
     # -- scheduling -------------------------------------------------------------------------------------
@@ -222,6 +223,10 @@ class Loop:
         far = self.path.drain_far()
         fired = self.path.barge_ins
         x = self.path.process(block, far)
+        while self.path.events:                           # drained, as the app's window drains them
+            kind, text = self.path.events.popleft()
+            if kind != "barge-in":
+                self.events.append((round(last_t, 2), f"{kind}: {text}"))
         self._account(block, x, echo_e, last_t, fired)
         self._frame(x, t)
 

@@ -59,9 +59,10 @@ class DelayTracker:
         self.max_lag = int(MAX_LAG_MS * self.rate / 1000.0)
         f = np.fft.rfftfreq(self.fft, 1.0 / self.rate)
         self._band = ((f >= BAND[0]) & (f <= BAND[1])).astype(np.float64)
-        self._window = np.hanning(self.n)
-        self._ref = np.zeros(self.n, dtype=np.float32)
+        self._hann = np.hanning(self.n)
+        self._ref = np.zeros(self.n, dtype=np.float32)   # rings of the last ``n`` samples, written at _at
         self._mic = np.zeros(self.n, dtype=np.float32)
+        self._at = 0
         self._filled = 0
         self._since = 0
         self.delay: Optional[int] = None
@@ -78,8 +79,13 @@ class DelayTracker:
 
     def listen(self, ref: np.ndarray, mic: np.ndarray) -> None:
         """Keep the window (no estimate): :meth:`coherent` reads it on demand."""
-        self._ref, self._mic = self._roll(self._ref, ref), self._roll(self._mic, mic)
-        self._filled += ref.size
+        ref, mic = ref[-self.n:], mic[-self.n:]
+        k = ref.size
+        first = min(k, self.n - self._at)
+        self._ref[self._at:self._at + first], self._mic[self._at:self._at + first] = ref[:first], mic[:first]
+        self._ref[:k - first], self._mic[:k - first] = ref[first:], mic[first:]
+        self._at = (self._at + k) % self.n
+        self._filled += k
 
     def restart(self) -> None:
         """The reference moved (re-aligned): forget the window and the delay, measure anew."""
@@ -87,15 +93,13 @@ class DelayTracker:
         self.delay = self.candidate = None
         self.changed = False
 
-    def _roll(self, buf: np.ndarray, x: np.ndarray) -> np.ndarray:
-        if x.size >= buf.size:
-            return x[-buf.size:].astype(np.float32)
-        return np.concatenate([buf[x.size:], x.astype(np.float32)])
+    def _window(self, ring: np.ndarray) -> np.ndarray:
+        """The ring in time order (oldest first)."""
+        return np.concatenate([ring[self._at:], ring[:self._at]])
 
     def push(self, ref: np.ndarray, mic: np.ndarray) -> None:
         self.changed = False
-        self._ref, self._mic = self._roll(self._ref, ref), self._roll(self._mic, mic)
-        self._filled += ref.size
+        self.listen(ref, mic)
         self._since += ref.size
         if self._filled < self.n or self._since < EVERY_S * self.rate:
             return
@@ -113,7 +117,7 @@ class DelayTracker:
         w = self.rate // 50
         k = self.n // w
         db = 10.0 * np.log10(np.mean(np.square(self._ref[:k * w].reshape(k, w), dtype=np.float64), axis=1) + 1e-12)
-        return float(np.mean(db > ACTIVE_DB)) >= share
+        return float(np.mean(db > ACTIVE_DB)) >= share      # the ring's order does not matter here
 
     def estimate(self, share: float = ACTIVE_SHARE) -> Optional[int]:
         """The lag (samples) of the strongest phase-transform peak, or None (the reference active in less
@@ -122,8 +126,8 @@ class DelayTracker:
         if not self._active(share):
             return None
         self.estimates += 1
-        m = np.fft.rfft(self._mic * self._window, self.fft)
-        r = np.fft.rfft(self._ref * self._window, self.fft)
+        m = np.fft.rfft(self._window(self._mic) * self._hann, self.fft)
+        r = np.fft.rfft(self._window(self._ref) * self._hann, self.fft)
         cross = m * np.conj(r)
         cross = cross / (np.abs(cross) ** BETA + 1e-12) * self._band
         corr = np.fft.irfft(cross, self.fft)
