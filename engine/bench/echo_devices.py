@@ -74,19 +74,24 @@ def lanczos_read(x: np.ndarray, pos: np.ndarray) -> np.ndarray:
 class PathSchedule:
     """The echo path over time: ``delay_ms`` and ``gain_db`` steps at given seconds, plus a slow sway.
 
-    ``steps``: [(second, delay ms, gain dB)], the first at 0; between steps the delay sways by ``sway_ms``
-    and the gain by ``sway_db`` (slow sines, periods of 97 s and 61 s)."""
+    ``steps``: [(second, delay ms, gain dB)], the first at 0. A delay step is a jump (a device re-syncing
+    its buffers); a gain step is a ramp over ``ramp_s`` (a hand on the volume, someone moving). Between steps
+    the delay sways by ``sway_ms`` and the gain by ``sway_db`` (slow sines, periods of 97 s and 61 s)."""
 
     steps: Sequence[Tuple[float, float, float]]
     sway_ms: float = 0.0
     sway_db: float = 0.0
+    ramp_s: float = 2.0
 
     def at(self, t: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         """(delay s, linear gain) at true times ``t``."""
         starts = np.asarray([s[0] for s in self.steps])
         i = np.clip(np.searchsorted(starts, t, side="right") - 1, 0, len(self.steps) - 1)
         delay = np.asarray([s[1] for s in self.steps])[i] + self.sway_ms * np.sin(2 * np.pi * t / 97.0)
-        gain = np.asarray([s[2] for s in self.steps])[i] + self.sway_db * np.sin(2 * np.pi * t / 61.0)
+        gains = np.asarray([s[2] for s in self.steps])
+        into = np.clip((t - starts[i]) / self.ramp_s, 0.0, 1.0) if self.ramp_s > 0 else 1.0
+        gain = gains[np.maximum(i - 1, 0)] + (gains[i] - gains[np.maximum(i - 1, 0)]) * into
+        gain = gain + self.sway_db * np.sin(2 * np.pi * t / 61.0)
         return delay / 1000.0, 10.0 ** (gain / 20.0)
 
 

@@ -6,8 +6,8 @@
 The app's audio path (engine/echo: resampling, echo cancellation, barge-in, the speaker's queue) runs against
 simulated devices (engine/bench/echo_devices.py) for ``--minutes`` of simulated time, as fast as the machine
 goes: the speaker and the microphone on clocks of their own (``--speeds OUT:IN``, shares of their nominal
-48 kHz), an echo path whose delay and gain change (steps every 1-1.5 minutes, delay jumps of -90 to +130 ms,
-gains from ``--gain-db`` down to 6 dB below it, and a slow sway), a user who talks in turns and, from minutes
+48 kHz), an echo path whose delay and gain change (steps every 1-1.5 minutes: delay jumps of -90 to +130 ms, gains
+ramped over 2 s between ``--gain-db`` and 6 dB below it; a slow sway of +-15 ms and +-1.5 dB), a user who talks in turns and, from minutes
 2, 5.5 and 8.3, interrupts every reply for 30 s (bursts of barge-ins; double talk at each), a worker that is
 held up now and then, and the engine (the synthetic backbone and a decoder tail, on the CPU) taking
 ``--compute-ms`` per listening / speaking second before its answer is queued (100 / 470 ms: MiniCPM-o 4.5
