@@ -24,8 +24,8 @@ from typing import Callable, Deque, Optional, Tuple
 #: frames (10 ms) of the model's speech read for the verdict and for the readout
 FAST = 30
 SLOW = 300
-#: AEC3 taking less than this out over the fast window is suspect (dB)
-SUSPECT_DB = 12.0
+#: AEC3 taking less than this out over the fast window is suspect (dB); 6 dB more is healthy again
+SUSPECT_DB = 15.0
 #: a suspect state this long (frames of the model's speech) calls for a recovery; none again for COOLDOWN
 RECOVER_FRAMES = 50
 COOLDOWN_FRAMES = 300
@@ -105,6 +105,10 @@ class EchoHealth:
         if not self._fast:
             return None
         return _db(sum(a for a, _ in self._fast)) - _db(max(sum(b for _, b in self._fast), 1e-20))
+
+    def clearly_healthy(self) -> bool:
+        """AEC3 took at least SUSPECT_DB + 6 dB out over the fast window (full)."""
+        return len(self._fast) == FAST and (self.fast_db() or 0.0) >= SUSPECT_DB + 6.0
 
     def due(self) -> bool:
         return self.suspect_frames >= RECOVER_FRAMES and self._cooldown == 0

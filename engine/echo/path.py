@@ -42,6 +42,10 @@ DEFAULT_SENSITIVITY = "normal"
 PLAYING_DB = -45.0
 #: a recovery waits at most this long (s) for the echo delay to be measured afresh
 REMEASURE_S = 4.0
+#: a measured delay this far (ms) from the one measured after the last recovery is a moved echo path: the
+#: canceller is recovered unless it is clearly working (AEC3 may find a small move itself, slowly: 3-20 s
+#: measured)
+MOVED_MS = 30.0
 
 
 class MicStream:
@@ -96,6 +100,7 @@ class AudioPath:
         self.aligner: Optional[FarAligner] = None
         self.tracker = DelayTracker(self.rate)   # the echo path's delay, measured (engine/echo/delay.py)
         self._lost: Optional[tuple] = None       # (samples waited, why): a recovery waiting for the delay
+        self._settled_ms: Optional[float] = None  # the delay measured first since the last recovery (ms)
         self.far_db = SILENCE_DB         # the level the speaker played last
         self._playing_since: Optional[int] = None   # detector sample where the model's speech began playing
         self.playback = playback
@@ -183,8 +188,8 @@ class AudioPath:
     def _keep_healthy(self, n: int) -> None:
         """Recover the canceller by itself. When it lost the echo (its health), the delay is measured afresh
         (the canceller's guard holds the echo down meanwhile, at most :data:`REMEASURE_S`), then the reference
-        is re-aligned to it and AEC3 reset, one event line; at once when the first measured delay lies beyond
-        AEC3's easy reach."""
+        is re-aligned to it and AEC3 reset, one event line; at once when a measured delay lies beyond AEC3's
+        easy reach, or moved by more than :data:`MOVED_MS` while the canceller is not clearly working."""
         c, t = self.canceller, self.tracker
         far_ms = None if t.delay is None else 1000.0 * t.delay / self.rate
         told = max(self.device_latency_ms(), far_ms or 0.0, MAX_LAG_MS if self._lost is not None else 0.0)
@@ -202,10 +207,16 @@ class AudioPath:
             if far_ms is not None or waited > REMEASURE_S * self.rate:
                 self._lost, c.hold_guard = None, False
                 self._recover(far_ms, why)
-        elif t.changed and self.aligner.bulk == 0 and far_ms is not None and far_ms > TARGET_MS + 100.0:
+        elif t.changed and far_ms is not None and far_ms > TARGET_MS + 100.0:
             self._recover(far_ms, f"the echo path's delay ({far_ms:.0f} ms) is long for AEC3")
+        elif t.changed and far_ms is not None and self._settled_ms is not None \
+                and abs(far_ms - self._settled_ms) > MOVED_MS and not c.health.clearly_healthy():
+            self._recover(far_ms, f"the echo path's delay moved by {far_ms - self._settled_ms:+.0f} ms")
+        if t.changed and far_ms is not None and self._settled_ms is None:
+            self._settled_ms = far_ms
 
     def _recover(self, far_ms: Optional[float], why: str) -> None:
+        self._settled_ms = None                  # the next measured delay is the new one to hold
         moved = 0
         if far_ms is not None:
             moved = self.aligner.set_bulk(self.aligner.bulk + int((far_ms - TARGET_MS) * self.rate / 1000.0))
