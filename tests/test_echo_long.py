@@ -10,11 +10,12 @@ from engine.bench import drift, echo_long
 
 
 def test_a_minute_without_headphones_on_clocks_19_percent_apart():
-    """45 simulated seconds: the speaker at 81 % of its rate, the echo path's delay jumping (+60, -90, +130 ms)
-    and its gain changing, a burst of interruptions (double talk at each): no self-interruption, the echo down by
-    20 dB and more, nothing dropped, the app's reply-gap meter agreeing with the simulation's truth."""
-    a = echo_long.build_parser().parse_args(["--minutes", "0.75", "--gain-db", "-13", "--speeds", "0.81:1.0",
-                                             "--modes", "on", "--quiet", "--out", ""])
+    """A simulated minute: the speaker at 81 % of its rate, the echo path's delay jumping (+60 ms at 24 s, -90 ms
+    at 48 s) and its gain ramping (-4, +3 dB), three bursts of interruptions (double talk at each): no
+    self-interruption, the echo down by 20 dB and more, nothing dropped, the app's reply-gap meter agreeing
+    with the simulation's truth."""
+    a = echo_long.build_parser().parse_args(["--minutes", "1", "--gain-db", "-13", "--speeds", "0.81:1.0",
+                                             "--steps", "5", "--modes", "on", "--quiet", "--out", ""])
     doc = echo_long.run(a, [])
     on = doc["modes"]["on"]
     why = json.dumps({k: v for k, v in on.items() if k != "minutes"})

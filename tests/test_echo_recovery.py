@@ -48,7 +48,7 @@ def test_the_delay_tracker_finds_the_echo_delay_and_its_jump_through_double_talk
         t.push(far[i:i + 480], mic[i:i + 480])
         if t.changed:
             seen.append((i / RATE, 1000.0 * t.delay / RATE))
-    assert seen[0][1] == pytest.approx(180, abs=4) and seen[0][0] < 4.0
+    assert seen[0][1] == pytest.approx(180, abs=4) and seen[0][0] < 5.0
     assert seen[-1][1] == pytest.approx(320, abs=4) and 10.0 < seen[-1][0] < 13.5
     assert len(seen) == 2                             # the user's voice over it moved nothing
 

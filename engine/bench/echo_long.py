@@ -1,14 +1,14 @@
 """`duplexcadence-bench echo --minutes N`: a whole conversation without headphones, minute by minute.
 
   duplexcadence-bench echo --minutes 10 [--gain-db -13] [--speeds 0.81:1.0] [--modes on,off] [--seed 0]
-                           [--delay-s 0.5] [--compute-ms 100:470] [--no-events] [--out DIR]
+                           [--delay-s 0.5] [--compute-ms 100:470] [--steps 8] [--no-bursts] [--out DIR]
 
 The app's audio path (engine/echo: resampling, echo cancellation, barge-in, the speaker's queue) runs against
 simulated devices (engine/bench/echo_devices.py) for ``--minutes`` of simulated time, as fast as the machine
 goes: the speaker and the microphone on clocks of their own (``--speeds OUT:IN``, shares of their nominal
 48 kHz), an echo path whose delay and gain change (steps every 1-1.5 minutes: delay jumps of -90 to +130 ms, gains
 ramped over 2 s between ``--gain-db`` and 6 dB below it; a slow sway of +-15 ms and +-1.5 dB), a user who talks in turns and, from minutes
-2, 5.5 and 8.3, interrupts every reply for 30 s (bursts of barge-ins; double talk at each), a worker that is
+2, 5.5 and 8.3, interrupts every reply for 30 s (bursts of barge-ins, a twentieth of any run; double talk at each), a worker that is
 held up now and then, and the engine (the synthetic backbone and a decoder tail, on the CPU) taking
 ``--compute-ms`` per listening / speaking second before its answer is queued (100 / 470 ms: MiniCPM-o 4.5
 with graphs on an H100, docs/benchmarks.md).
@@ -46,12 +46,26 @@ TARGET_DELAY_EXTRA_S = 1.5
 #: scaled to any length
 STEPS = ((0.0, 120.0, 0.0), (0.125, 120.0, -4.0), (0.25, 180.0, -4.0), (0.4, 180.0, -1.0), (0.5, 90.0, -1.0),
          (0.65, 90.0, -6.0), (0.75, 220.0, 0.0), (0.9, 160.0, -3.0))
-#: bursts of interruptions start at these shares of the run
+#: bursts of interruptions start at these shares of the run and last this share of it (30 s of ten minutes; a
+#: short run's no shorter than 6 s)
 BURSTS = (0.2, 0.55, 0.83)
+BURST_SHARE = 0.05
 
 
-def schedule(seconds: int, gain_db: float) -> PathSchedule:
-    return PathSchedule([(share * seconds, d, gain_db + g) for share, d, g in STEPS], sway_ms=15.0, sway_db=1.5)
+def burst_s(seconds: int) -> float:
+    return max(6.0, BURST_SHARE * seconds)
+
+
+def steps(seconds: int, gain_db: float, count: int = len(STEPS)) -> List[Tuple[float, float, float]]:
+    """The first ``count`` of :data:`STEPS` ((second, delay ms, gain dB)): all of them at their shares of the run,
+    or fewer spread evenly over it (a short run's)."""
+    if count >= len(STEPS):
+        return [(share * seconds, d, gain_db + g) for share, d, g in STEPS]
+    return [(i * seconds / count, d, gain_db + g) for i, (_, d, g) in enumerate(STEPS[:count])]
+
+
+def schedule(seconds: int, gain_db: float, count: int = len(STEPS)) -> PathSchedule:
+    return PathSchedule(steps(seconds, gain_db, count), sway_ms=15.0, sway_db=1.5)
 
 
 def git_commit() -> str:
@@ -117,10 +131,11 @@ def summarize(loop: Loop, seconds: int) -> Dict[str, object]:
 def run_mode(a, cancel: bool, echo: bool = True) -> Dict[str, object]:
     seconds = int(round(a.minutes * 60))
     out_speed, in_speed = a.speeds
-    voice, turns = conversation(seconds, a.seed, [share * seconds for share in BURSTS] if a.bursts else ())
+    voice, turns = conversation(seconds, a.seed, [share * seconds for share in BURSTS] if a.bursts else (),
+                                burst_s(seconds))
     listen, speak = a.compute_ms
     lc = LoopConfig(seconds=seconds, cancel=cancel, clocks=Clocks(out_speed=out_speed, in_speed=in_speed),
-                    path=schedule(seconds, a.gain_db), voice=voice, turns=turns, seed=a.seed, delay_s=a.delay_s,
+                    path=schedule(seconds, a.gain_db, a.steps), voice=voice, turns=turns, seed=a.seed, delay_s=a.delay_s,
                     compute_ms=(listen, speak), echo=echo, quiet=a.quiet)
     return summarize(Loop(lc).run(), seconds)
 
@@ -144,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delay-s", type=float, default=0.5, help="the session's playback delay")
     p.add_argument("--compute-ms", default="100:470", help="LISTEN:SPEAK, the engine's time per second")
     p.add_argument("--no-bursts", dest="bursts", action="store_false", help="no bursts of interruptions")
+    p.add_argument("--steps", type=int, default=len(STEPS),
+                   help=f"the echo path's first N steps of {len(STEPS)}, spread over the run (a short run's)")
     p.add_argument("--out", default="bench-results/echo-long", help="folder for echo-long.json ('' for none)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
@@ -165,6 +182,8 @@ def check_args(a) -> List[str]:
         raise ValueError(f"--compute-ms: each between 0 and 1000 ms (the engine keeps up); got {a.compute_ms}")
     if not 0 <= a.delay_s <= 3:
         raise ValueError(f"--delay-s must be between 0 and 3; got {a.delay_s}")
+    if not 1 <= a.steps <= len(STEPS):
+        raise ValueError(f"--steps must be between 1 and {len(STEPS)}; got {a.steps}")
     return modes
 
 
@@ -179,8 +198,9 @@ def run(a, argv) -> Dict[str, object]:
     doc = {"command": "duplexcadence-bench echo " + " ".join(argv), "commit": git_commit(), "machine": machine(),
            "minutes": a.minutes, "gain_db": a.gain_db, "speeds": {"out": a.speeds[0], "in": a.speeds[1]},
            "seed": a.seed, "playback_delay_s": a.delay_s, "compute_ms": list(a.compute_ms),
-           "path_steps": [[round(s * a.minutes * 60, 1), d, a.gain_db + g] for s, d, g in STEPS],
+           "path_steps": [[round(t, 1), d, g] for t, d, g in steps(int(round(a.minutes * 60)), a.gain_db, a.steps)],
            "bursts_s": [round(s * a.minutes * 60, 1) for s in BURSTS] if a.bursts else [],
+           "burst_length_s": burst_s(int(round(a.minutes * 60))),
            "targets": {"self_interrupts": 0, "suppression_db_every_minute": TARGET_SUPPRESSION_DB}, "modes": {}}
     for mode in modes:
         doc["modes"][mode] = run_mode(a, mode == "on")

@@ -51,6 +51,8 @@ BYPASS_ABS_DB = -40.0
 #: a microphone frame this much louder than the echo the far end one echo delay earlier can give
 #: (:class:`engine.echo.doubletalk.EchoLevelPredictor`) is the user too, converged or not
 DOUBLE_TALK_MARGIN_DB = 6.0
+#: the double-talk check's lag more than this off a newly measured echo delay (ms) is stale: it learns afresh
+STALE_LAG_MS = 20.0
 #: the double-talk check learns the echo path from frames AEC3 took this much out of (echo alone, mostly)
 ECHO_ONLY_DB = 10.0
 ECHO_REMOVED_DB = 6.0
@@ -171,6 +173,7 @@ class EchoCanceller:
         self.resets = 0               # recoveries that reset AEC3
         self.double_talked = 0        # guard: frames passed by the double-talk check alone
         self.user_talking = False     # the caller's barge-in detector hears the user (the readout skips it)
+        self._lag_doubted = False     # the double-talk check's lag disagrees with the delay last estimated
         self.hold_guard = False       # the caller is about to recover it: the guard works as at the start, and
         #                               the double-talk check (its echo path stale) passes nothing, as while suspect
         self._echo_like = False       # the newest frame is no louder than the echo predicted (+ the margin)
@@ -293,11 +296,13 @@ class EchoCanceller:
         near_db = _db(float(np.mean(np.square(near, dtype=np.float64))))
         out_db = _db(float(np.mean(np.square(out, dtype=np.float64))))
         talk = self._double_talk(near_db, echo_only=near_db - out_db >= ECHO_ONLY_DB)
-        talk = talk and not (self.hold_guard or self.health.suspect)    # its echo path may be stale then
+        talk = talk and not (self.hold_guard or self.health.suspect or self._lag_doubted)   # a stale echo path
         if far_max <= FAR_ACTIVE_DB:
             self._stretch = 0
             return out
         self._stretch += 1
+        onset = self._stretch <= ONSET_GUARD_FRAMES + self._delay_ms / 10.0
+        talk = talk and not onset        # the path may have moved while the speaker was silent: no lag to trust
         echo_db = far_max + self.coupling_db()           # the loudest echo the far end can give now
         if near_db > max(BYPASS_ABS_DB, echo_db + BYPASS_MARGIN_DB) or talk:
             self.bypassed += 1
@@ -305,8 +310,8 @@ class EchoCanceller:
             return near.copy()
         self._coupling.append(near_db - far_max)         # the user's frames (passed above) stay out of it
         removed = near_db - out_db
-        settled = self.far_active_s >= GUARD_S and self._stretch > ONSET_GUARD_FRAMES + self._delay_ms / 10.0
-        if settled and not (self.health.suspect or self.hold_guard):
+        settled = self.far_active_s >= GUARD_S and not onset
+        if settled and self.health.trusted and not (self.health.suspect or self.hold_guard):
             if self._echo_like and removed >= ECHO_REMOVED_DB:    # AEC3's residual echo, as predicted
                 self.guarded += 1
                 return out * np.float32(GUARD_ATTENUATION)
@@ -341,6 +346,24 @@ class EchoCanceller:
         if not self._enabled:
             return None
         return self.health.suppression_db()
+
+    def delay_estimated(self, delay_ms: float) -> None:
+        """A fresh estimate of the echo path's delay (every half second, engine/echo/delay.py): while the
+        double-talk check's lag is more than 20 ms off it, the check passes nothing (a stale lag takes the echo
+        for the user)."""
+        lag = self._predictor.lag
+        self._lag_doubted = lag is not None and abs(lag * 10.0 - delay_ms) > STALE_LAG_MS
+
+    def delay_moved(self, delay_ms: float) -> bool:
+        """The echo path's delay was measured anew (engine/echo/delay.py): where the double-talk check's lag is
+        more than 20 ms off it, the check forgets its path and learns it again (a stale lag takes the echo for
+        the user and passes it whole). Returns whether it did."""
+        lag = self._predictor.lag
+        if lag is None or abs(lag * 10.0 - delay_ms) <= STALE_LAG_MS:
+            return False
+        self._predictor = EchoLevelPredictor()
+        self._lag_doubted = False
+        return True
 
     def recover(self) -> None:
         """Start AEC3 over (its filters and delay estimate forgotten) with the guard armed as at the start: the

@@ -14,7 +14,8 @@ is the lag at which the microphone holds the reference, whatever the room did to
 little under 1 keeps the bins that hold only noise from weighing as much as the speech; measured on the echo
 bench, 1.0 locked onto spurious lags in double talk where 0.8 did not). An estimate counts only when the
 reference was active in most of the window and the peak stands well above the rest (``CONFIDENCE`` times the
-mean magnitude); a new delay is taken once two estimates in a row agree on it (within ``AGREE_MS``).
+mean magnitude); a new delay is taken once two estimates in a row agree on it (within ``AGREE_MS``) and the
+reference, moved by it, explains a fair share of the microphone (``ACCEPT_SHARE``: :func:`_explained`).
 When the canceller lost the echo, the audio path delays the reference itself
 (:meth:`engine.echo.align.FarAligner.set_bulk`) so AEC3 sees at most :data:`TARGET_MS`; while it holds the
 reference back that way, lags down to ``-ahead`` (the bulk) are searched too: a path that got shorter than
@@ -36,7 +37,7 @@ MAX_LAG_MS = 800.0
 WINDOW_S = 2.0
 EVERY_S = 0.5
 #: the reference must be active (above ACTIVE_DB in 20 ms frames) in this share of the window
-ACTIVE_SHARE = 0.4
+ACTIVE_SHARE = 0.2
 ACTIVE_DB = -50.0
 #: the peak must stand this many times above the mean magnitude of the lags searched
 CONFIDENCE = 10.0
@@ -46,6 +47,9 @@ AGREE_MS = 8.0
 BETA = 0.8
 #: the speech band the phase transform weighs (Hz)
 BAND = (200.0, 4000.0)
+#: a delay is taken only where the reference explains this share of the raw microphone's power at it (a peak the
+#: user's voice made, in double talk, explains little)
+ACCEPT_SHARE = 0.3
 #: the canceller's output holds the echo when the reference explains this share of its power or more (measured on
 #: speech-like noise through the bench's rooms: pure echo 0.92-0.96; echo under a louder user 0.04-0.16; the
 #: user over a working canceller 0.02-0.07; the microphone's noise 0.06-0.12)
@@ -75,9 +79,19 @@ class DelayTracker:
         self.candidate: Optional[int] = None
         self.estimates = 0
         self.changed = False
+        self.estimated = False          # True right after a push that made a confident estimate (``candidate``)
         self.last_confidence = 0.0
         self.last_share = 0.0
         self.ahead = 0                  # samples the echo may come *before* the reference (the bulk held back)
+
+    def share_at(self, lag: int) -> float:
+        """The share of the microphone window's power the reference explains at ``lag`` (samples)."""
+        m, r = self._window(self._mic).astype(np.float64), self._window(self._ref).astype(np.float64)
+        if lag >= 0:
+            m, r = m[lag:], r[:r.size - lag]
+        else:
+            m, r = m[:m.size + lag], r[-lag:]
+        return _explained(m, r, self.rate)
 
     def coherent(self) -> bool:
         """Whether the microphone side of the window is largely the reference (the canceller's output fed as the
@@ -94,12 +108,7 @@ class DelayTracker:
         corr = np.fft.irfft(np.fft.rfft(m, self.fft) * np.conj(np.fft.rfft(r, self.fft)), self.fft)
         ahead = min(int(self.ahead), self.max_lag)
         lags = np.concatenate([corr[self.fft - ahead:], corr[:self.max_lag + 1]])
-        lag = int(np.argmax(np.abs(lags))) - ahead
-        if lag >= 0:
-            m, r = m[lag:], r[:r.size - lag]
-        else:
-            m, r = m[:m.size + lag], r[-lag:]
-        self.last_share = _explained(m, r, self.rate)
+        self.last_share = self.share_at(int(np.argmax(np.abs(lags))) - ahead)
         return self.last_share >= HOLDS_REFERENCE
 
     def listen(self, ref: np.ndarray, mic: np.ndarray) -> None:
@@ -123,18 +132,19 @@ class DelayTracker:
         return np.concatenate([ring[self._at:], ring[:self._at]])
 
     def push(self, ref: np.ndarray, mic: np.ndarray) -> None:
-        self.changed = False
+        self.changed = self.estimated = False
         self.listen(ref, mic)
         self._since += ref.size
         if self._filled < self.n or self._since < EVERY_S * self.rate:
             return
         self._since = 0
         lag = self.estimate()
+        self.estimated = lag is not None
         if lag is None:
             return
         agree = int(AGREE_MS * self.rate / 1000.0)
         if self.candidate is not None and abs(lag - self.candidate) <= agree:
-            if self.delay is None or abs(lag - self.delay) > agree:
+            if (self.delay is None or abs(lag - self.delay) > agree) and self.share_at(lag) >= ACCEPT_SHARE:
                 self.delay, self.changed = lag, True
         self.candidate = lag
 

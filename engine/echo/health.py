@@ -44,8 +44,10 @@ class EchoHealth:
     ``user``: the canceller passed it as the user's voice; ``talking``: the barge-in detector hears the user
     now, which the readout leaves out).
 
-    ``suspect``: AEC3 lost the echo (the fast window); ``due()``: a recovery should happen now (then
-    ``recovered()``); ``suppression_db()``: the final output's suppression over the slow window.
+    ``suspect``: AEC3 lost the echo (the fast window, confirmed); ``trusted``: the fast window last said AEC3
+    clearly works (SUSPECT_DB + 6 dB or more out; any window under SUSPECT_DB, confirmed or not, ends it);
+    ``due()``: a recovery should happen now (then ``recovered()``); ``suppression_db()``: the final output's
+    suppression over the slow window.
     """
 
     def __init__(self, confirm: Optional[Callable[[], bool]] = None) -> None:
@@ -56,6 +58,7 @@ class EchoHealth:
         self._slow: Deque[Tuple[float, float]] = collections.deque(maxlen=SLOW)   # (near, final out)
         self._quiet: Deque[float] = collections.deque(maxlen=200)                  # near dB, far silent
         self.suspect = False
+        self.trusted = False             # AEC3 was last seen clearly working (the guard may let it be)
         self.suspect_frames = 0          # frames of the model's speech in the current suspect stretch
         self._cooldown = 0
         self.recoveries = 0
@@ -74,6 +77,8 @@ class EchoHealth:
         self._cooldown = max(0, self._cooldown - 1)
         self._frames += 1
         lost = self._lost()
+        if lost is not None:
+            self.trusted = not lost                       # unconfirmed: the guard is the safe side
         if lost and not self.suspect and self._confirm is not None:
             if self._frames - self._asked_at < CONFIRM_EVERY:
                 lost = None
@@ -119,7 +124,7 @@ class EchoHealth:
         self.recoveries += 1
         self._fast.clear()
         self._slow.clear()
-        self.suspect, self.suspect_frames, self._cooldown = False, 0, COOLDOWN_FRAMES
+        self.suspect, self.trusted, self.suspect_frames, self._cooldown = False, False, 0, COOLDOWN_FRAMES
 
     def suppression_db(self) -> Optional[float]:
         """The final output's suppression over the model's last 3 s of speech without the user (dB)."""

@@ -195,6 +195,10 @@ class AudioPath:
         told = max(self.device_latency_ms(), far_ms or 0.0, MAX_LAG_MS if self._lost is not None else 0.0)
         if told != c.delay_ms:
             c.set_delay_ms(told)
+        if t.estimated:
+            c.delay_estimated(1000.0 * t.candidate / self.rate)
+        if t.changed and far_ms is not None:
+            c.delay_moved(far_ms)
         if self._lost is None and c.health.due():
             self._lost = (0, f"echo cancellation lost the echo ({c.health.fast_db():.0f} dB over the model's last "
                              f"{c.health.suspect_frames / 100:.1f} s of speech)")
@@ -207,10 +211,11 @@ class AudioPath:
             if far_ms is not None or waited > REMEASURE_S * self.rate:
                 self._lost, c.hold_guard = None, False
                 self._recover(far_ms, why)
-        elif t.changed and far_ms is not None and far_ms > TARGET_MS + 100.0:
+        elif not t.changed or far_ms is None or c.health.clearly_healthy():
+            pass                                 # a working canceller is left alone, whatever was measured
+        elif far_ms > TARGET_MS + 100.0:
             self._recover(far_ms, f"the echo path's delay ({far_ms:.0f} ms) is long for AEC3")
-        elif t.changed and far_ms is not None and self._settled_ms is not None \
-                and abs(far_ms - self._settled_ms) > MOVED_MS and not c.health.clearly_healthy():
+        elif self._settled_ms is not None and abs(far_ms - self._settled_ms) > MOVED_MS:
             self._recover(far_ms, f"the echo path's delay moved by {far_ms - self._settled_ms:+.0f} ms")
         if t.changed and far_ms is not None and self._settled_ms is None:
             self._settled_ms = far_ms
