@@ -211,10 +211,12 @@ class AudioPath:
             if far_ms is not None or waited > REMEASURE_S * self.rate:
                 self._lost, c.hold_guard = None, False
                 self._recover(far_ms, why)
-        elif not t.changed or far_ms is None or c.health.clearly_healthy():
-            pass                                 # a working canceller is left alone, whatever was measured
-        elif far_ms > TARGET_MS + 100.0:
+        elif not t.changed or far_ms is None:
+            pass
+        elif far_ms > TARGET_MS + 100.0:         # AEC3's weak range (measured: seconds at 10-20 dB, with dips)
             self._recover(far_ms, f"the echo path's delay ({far_ms:.0f} ms) is long for AEC3")
+        elif c.health.clearly_healthy():
+            pass                                 # a working canceller is left alone
         elif self._settled_ms is not None and abs(far_ms - self._settled_ms) > MOVED_MS:
             self._recover(far_ms, f"the echo path's delay moved by {far_ms - self._settled_ms:+.0f} ms")
         if t.changed and far_ms is not None and self._settled_ms is None:
