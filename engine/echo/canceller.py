@@ -56,6 +56,10 @@ STALE_LAG_MS = 20.0
 #: the double-talk check learns the echo path from frames AEC3 took this much out of (echo alone, mostly)
 ECHO_ONLY_DB = 10.0
 ECHO_REMOVED_DB = 6.0
+#: at the start of a far-end stretch (once past the first GUARD_S) a frame must stand this much more above the
+#: loudest echo to pass as the user: the path may have got louder while the speaker was silent (measured: a
+#: +6 dB ramp over a silence passed 200-300 ms of echo whole as "the user")
+ONSET_MARGIN_DB = 6.0
 #: the coupling estimate: this percentile of (microphone - loudest recent far end) over echo frames
 COUPLING_PERCENTILE = 98
 GUARD_ATTENUATION = 10.0 ** (-30.0 / 20.0)
@@ -304,9 +308,10 @@ class EchoCanceller:
         onset = self._stretch <= ONSET_GUARD_FRAMES + self._delay_ms / 10.0
         talk = talk and not onset        # the path may have moved while the speaker was silent: no lag to trust
         echo_db = far_max + self.coupling_db()           # the loudest echo the far end can give now
-        if near_db > max(BYPASS_ABS_DB, echo_db + BYPASS_MARGIN_DB) or talk:
+        margin = BYPASS_MARGIN_DB + (ONSET_MARGIN_DB if onset and self.far_active_s >= GUARD_S else 0.0)
+        if near_db > max(BYPASS_ABS_DB, echo_db + margin) or talk:
             self.bypassed += 1
-            self.double_talked += int(near_db <= max(BYPASS_ABS_DB, echo_db + BYPASS_MARGIN_DB))
+            self.double_talked += int(near_db <= max(BYPASS_ABS_DB, echo_db + margin))
             return near.copy()
         self._coupling.append(near_db - far_max)         # the user's frames (passed above) stay out of it
         removed = near_db - out_db
