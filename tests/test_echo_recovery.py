@@ -119,3 +119,19 @@ def test_a_recovery_resets_aec3_and_rearms_the_guard():
     old = c._processor.apm
     c.recover()
     assert c._processor.apm is not old and c.far_active_s == 0.0 and c.resets == 1 and c.health.recoveries == 1
+
+
+def test_the_double_talk_check_follows_an_echo_that_got_louder():
+    """A speaker turned up by 6 dB: the predicted echo follows within a second of its speech (the loss over the
+    newest frames), so the louder echo is not taken for the user's voice."""
+    from engine.echo.doubletalk import EchoLevelPredictor
+    rng = np.random.default_rng(11)
+    p, far = EchoLevelPredictor(), []
+    for k in range(1200):
+        f = float(rng.uniform(-40, -20)) if (k // 50) % 4 else -90.0      # speech in stretches, pauses
+        far.append(f)
+        lagged = max(far[-15 - 6:-15] or [-200.0])                        # the echo: 150 ms later, 12 dB down
+        loss = -12.0 if k < 1000 else -6.0                                 # turned up at frame 1000
+        p.push(f, max(-70.0, lagged + loss), usable=True)
+    assert p.lag is not None and abs(p.lag - 15) <= 2
+    assert p.loss_db == pytest.approx(-6.0, abs=1.5)
