@@ -145,6 +145,15 @@ class FarAligner:
         if 0.5 * self.nominal_step < slope < 2.0 * self.nominal_step:
             self.step_fit = slope
 
+    def rescale(self, ratio: float) -> None:
+        """The microphone path now makes ``1 / ratio`` times as many samples per second of its device (its
+        rate was measured): far samples per reference sample scale by ``ratio``, and the fit starts over
+        (pairs from before would bend it for its whole window)."""
+        self.step_fit *= float(ratio)
+        self._pairs.clear()
+        if self._first is not None:
+            self._first = self.taken             # settling again: the correction that follows is no event
+
     def set_bulk(self, samples: int) -> int:
         """Hold the reference back by ``samples`` (0 or more) from now: the part of the echo path's delay the
         canceller should not see. Returns the change (samples)."""

@@ -62,6 +62,7 @@ class MicStream:
         self._rs = VariableResampler(self.nominal, self.rate) if self.follows else None
         self._soxr = (soxr.ResampleStream(self.nominal, self.rate, 1, dtype="float32", quality="HQ")
                       if not self.follows and self.nominal != self.rate else None)
+        self.step = self.nominal / self.rate     # source samples per output sample, as last used
 
     def __call__(self, source, x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
@@ -70,7 +71,8 @@ class MicStream:
         clock = getattr(source, "clock", None)
         if clock is not None:
             self.meter.stamp(*clock)
-        return self._rs.process(x, self.meter.rate() / self.rate)
+        self.step = self.meter.rate() / self.rate
+        return self._rs.process(x, self.step)
 
 
 class AudioPath:
@@ -166,9 +168,12 @@ class AudioPath:
     def process(self, block: np.ndarray, far: np.ndarray) -> np.ndarray:
         """One block of the microphone (``source.rate``; zeros where push-to-talk mutes it) and the far end
         drained with it (:meth:`drain_far`) -> the cleaned block at ``rate``; barge-ins fire on the way."""
+        before = self._mic.step
         x = self._mic(self.source, block)
         ref = None
         if self.aligner is not None:
+            if abs(self._mic.step / before - 1.0) > 1e-3:        # the microphone's rate was (re)measured
+                self.aligner.rescale(self._mic.step / before)
             self.aligner.push(far)
             ref = self.aligner.take(x.size)
             while self.aligner.events:
