@@ -9,8 +9,9 @@ phase transform over the last second, engine/echo/delay.py: the user talking ove
 rightly leaves in, holds none of it) — and its level gate holds echo-like frames down at once
 (engine/echo/canceller.py); once that has lasted ``RECOVER_FRAMES`` of the model's speech a recovery is due:
 the audio path re-aligns the reference to the measured delay and resets AEC3 (engine/echo/path.py; one event
-line). The same frames over the last 3 s, less those the barge-in detector hears the user in, give the
-suppression the app shows and records (the final output: what the engine hears).
+line). The same frames over the last 3 s, less those the barge-in detector hears the user in and those with no
+echo above the microphone's noise, give the suppression the app shows and records (the final output: what the
+engine hears).
 
 A microphone that hears no echo (headphones, a quiet path) is never suspect: a window whose microphone level
 is within ``ECHO_ABOVE_DB`` of the level while the far end is silent has nothing to suppress.
@@ -21,9 +22,13 @@ import collections
 import math
 from typing import Callable, Deque, Optional, Tuple
 
-#: frames (10 ms) of the model's speech read for the verdict and for the readout
+import numpy as np
+
+#: frames (10 ms) of the model's speech read for the verdict and for the readout; the readout takes a frame
+#: PENDING frames late (the barge-in detector confirms the user's talk within that)
 FAST = 30
 SLOW = 300
+PENDING = 10
 #: AEC3 taking less than this out over the fast window is suspect (dB); 6 dB more is healthy again
 SUSPECT_DB = 15.0
 #: a suspect state this long (frames of the model's speech) calls for a recovery; none again for COOLDOWN
@@ -57,6 +62,8 @@ class EchoHealth:
         self._fast: Deque[Tuple[float, float]] = collections.deque(maxlen=FAST)   # (near, AEC3 out)
         self._slow: Deque[Tuple[float, float]] = collections.deque(maxlen=SLOW)   # (near, final out)
         self._quiet: Deque[float] = collections.deque(maxlen=200)                  # near dB, far silent
+        self._floor: Optional[float] = None
+        self._pending: Deque[Tuple[float, float]] = collections.deque()   # readout frames not yet taken
         self.suspect = False
         self.trusted = False             # AEC3 was last seen clearly working (the guard may let it be)
         self.suspect_frames = 0          # frames of the model's speech in the current suspect stretch
@@ -68,12 +75,13 @@ class EchoHealth:
               talking: bool = False) -> None:
         if not far_active:
             self._quiet.append(_db(near_e))
+            if len(self._quiet) % 20 == 0 or self._floor is None:
+                self._floor = float(np.median(self._quiet))
             return
         if user:
             return
         self._fast.append((near_e, aec_e))
-        if not talking:
-            self._slow.append((near_e, out_e))
+        self._read(near_e, out_e, talking)
         self._cooldown = max(0, self._cooldown - 1)
         self._frames += 1
         lost = self._lost()
@@ -89,11 +97,20 @@ class EchoHealth:
             self.suspect = lost
         self.suspect_frames = self.suspect_frames + 1 if lost else 0 if lost is False else self.suspect_frames
 
+    def _read(self, near_e: float, out_e: float, talking: bool) -> None:
+        """The readout's frames: held ``PENDING`` frames first, and dropped when the barge-in detector then hears
+        the user (it confirms a talk 20-40 ms into it: the talk's first frames are the user's too)."""
+        if talking:
+            self._pending.clear()
+            return
+        if _db(near_e) >= self._floor_db() + ECHO_ABOVE_DB:    # a frame with echo to suppress, not the noise
+            self._pending.append((near_e, out_e))
+        while len(self._pending) > PENDING:
+            self._slow.append(self._pending.popleft())
+
     def _floor_db(self) -> float:
-        if not self._quiet:
-            return -200.0
-        q = sorted(self._quiet)
-        return q[len(q) // 2]
+        """The microphone's level while the far end is silent (the median of the last 200 such frames)."""
+        return -200.0 if self._floor is None else self._floor
 
     def _lost(self) -> Optional[bool]:
         """True: AEC3 took less than SUSPECT_DB out of the fast window; False: clearly more (6 dB over);
@@ -124,6 +141,7 @@ class EchoHealth:
         self.recoveries += 1
         self._fast.clear()
         self._slow.clear()
+        self._pending.clear()
         self.suspect, self.trusted, self.suspect_frames, self._cooldown = False, False, 0, COOLDOWN_FRAMES
 
     def suppression_db(self) -> Optional[float]:
