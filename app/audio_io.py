@@ -6,115 +6,27 @@ and framing happen on the frame-pump worker thread (``app/pump.py``), never in a
 
 Sources fill ``ring`` at their native ``rate``: :class:`DeviceInput` (PortAudio via sounddevice),
 :class:`FileInput` (a WAV file played as the microphone at real-time pace, then silence) and
-:class:`SilentInput` (what a session falls back to when a device disappears). Sinks drain ``ring``:
-:class:`DeviceOutput`. :class:`Playback` resamples the model's 24 kHz audio into a sink.
+:class:`SilentInput` (what a session falls back to when a device disappears). Sinks drain their queue:
+:class:`DeviceOutput`. :class:`Playback` (engine/echo/playout.py, as are :class:`Primed` and the
+:class:`RingBuffer`) resamples the model's 24 kHz audio into a sink.
 """
 from __future__ import annotations
 
-import collections
 import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Deque, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 import soxr
 
-from engine.audio import SESSION_RATE
 from engine.echo import PlaybackQueue
+from engine.echo.playout import ENGINE_RATE, Playback, Primed  # noqa: F401  (the app's names for them)
+from engine.echo.queues import SILENCE_DB, RingBuffer, block_db  # noqa: F401
 from engine.wavio import WavError, open_audio
-
-#: the engine's audio rate (one-second frames of 24,000 samples)
-ENGINE_RATE = SESSION_RATE
-#: the level of an empty or all-zero block (dBFS)
-SILENCE_DB = -120.0
-
-
-def block_db(x: np.ndarray) -> float:
-    """RMS level of a block in dBFS (SILENCE_DB for an empty or all-zero block)."""
-    if len(x) == 0:
-        return SILENCE_DB
-    rms = float(np.sqrt(np.mean(np.square(x, dtype=np.float64))))
-    return max(SILENCE_DB, 20.0 * math.log10(rms)) if rms > 0 else SILENCE_DB
-
-
 class AudioUnavailable(RuntimeError):
     """No usable audio device or PortAudio; the message says what and that file input still works."""
-
-
-class RingBuffer:
-    """Bounded float32 FIFO between one producer thread and one consumer thread.
-
-    ``write`` never blocks: when full, the oldest samples are dropped and counted in ``dropped``
-    (samples) and ``overflows`` (writes that had to drop).
-    """
-
-    def __init__(self, capacity: int):
-        if capacity < 1:
-            raise ValueError("ring buffer capacity must be at least 1 sample")
-        self._buf = np.zeros(int(capacity), dtype=np.float32)
-        self._start = 0
-        self._count = 0
-        self._cond = threading.Condition()
-        self.dropped = 0
-        self.overflows = 0
-
-    @property
-    def capacity(self) -> int:
-        return len(self._buf)
-
-    def __len__(self) -> int:
-        return self._count
-
-    def write(self, x: np.ndarray) -> int:
-        """Append samples; returns how many old samples were dropped to make room."""
-        x = np.asarray(x, dtype=np.float32).reshape(-1)
-        cap = len(self._buf)
-        if len(x) > cap:
-            x = x[-cap:]
-        with self._cond:
-            over = max(0, self._count + len(x) - cap)
-            self._start = (self._start + over) % cap
-            self._count -= over
-            self.dropped += over
-            self.overflows += over > 0
-            end = (self._start + self._count) % cap
-            first = min(len(x), cap - end)
-            self._buf[end:end + first] = x[:first]
-            self._buf[:len(x) - first] = x[first:]
-            self._count += len(x)
-            self._cond.notify_all()
-        return over
-
-    def read_into(self, out: np.ndarray) -> int:
-        """Move up to ``len(out)`` samples into ``out`` (1-D); returns how many were moved."""
-        with self._cond:
-            n = min(len(out), self._count)
-            cap = len(self._buf)
-            first = min(n, cap - self._start)
-            out[:first] = self._buf[self._start:self._start + first]
-            out[first:n] = self._buf[:n - first]
-            self._start = (self._start + n) % cap
-            self._count -= n
-        return n
-
-    def read(self, n: Optional[int] = None) -> np.ndarray:
-        """Remove and return up to ``n`` samples (all queued samples when ``n`` is None)."""
-        out = np.empty(self._count if n is None else min(n, self._count), dtype=np.float32)
-        k = self.read_into(out)
-        return out[:k]
-
-    def clear(self) -> int:
-        """Drop everything queued; returns how many samples were dropped."""
-        with self._cond:
-            n, self._count, self._start = self._count, 0, 0
-        return n
-
-    def wait(self, timeout: float) -> bool:
-        """Block the calling (worker) thread until samples are queued or ``timeout`` passes."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._count > 0, timeout)
 
 
 class StreamResampler:
@@ -349,7 +261,8 @@ def capture_rate(device: DeviceInfo, wanted: Optional[int] = None) -> int:
 
 class DeviceInput(_PortAudioStream, InputSource):
     """A PortAudio input device, mono float32, at ``rate`` where it takes it (:func:`capture_rate`), else at
-    its native rate."""
+    its native rate. ``clock``: (time.monotonic(), samples delivered) at the last callback, from which the
+    audio path measures the device's real rate (engine/echo/clock.py)."""
 
     def __init__(self, device: DeviceInfo, rate: Optional[int] = None):
         super().__init__(capture_rate(device, rate))
@@ -357,12 +270,16 @@ class DeviceInput(_PortAudioStream, InputSource):
         self.label = device.name
         self._stream = None
         self._stopping = False
+        self._count = 0
+        self.clock: Optional[Tuple[float, int]] = None
 
     def _callback(self, indata, frames, when, status) -> None:
         self._heard_at = time.monotonic()
         if status.input_overflow:
             self.xruns += 1
         self.ring.write(indata[:, 0])        # copy only: nothing else happens in the callback
+        self._count += frames
+        self.clock = (self._heard_at, self._count)
 
 
 
@@ -461,40 +378,12 @@ class FileInput(_PacedInput):
         return out
 
 
-class Primed:
-    """Playback that keeps the session's playback delay as a buffer: after the start and after the queue ran
-    dry, the speaker plays silence until ``delay_s`` is queued, then plays on. Buffering is not a gap; a queue
-    that runs dry while playing is (the queue counts it). Cheap enough for an audio callback."""
-
-    queue: PlaybackQueue
-    _primed = False
-    _dry = False                                           # buffering again after running dry: still the gap
-
-    def play_out(self) -> None:
-        """No more audio is coming (the session's last second is done): play what is queued without waiting
-        for the buffer delay."""
-        self._primed, self._dry = True, False
-
-    def pop_primed(self, n: int) -> np.ndarray:
-        q = self.queue
-        if not self._primed:
-            if q.queued_s() < q.delay_s:
-                if self._dry:
-                    q.counts.gap_samples += int(n)         # the gap goes on until the buffer is back
-                return np.zeros(n, dtype=np.float32)       # buffering up to the playback delay
-            self._primed, self._dry = True, False
-        gaps = q.counts.gap_events
-        out = q.pop(n)
-        if q.counts.gap_events != gaps:
-            self._primed = q.delay_s <= 0                  # ran dry: buffer up again
-            self._dry = not self._primed
-        return out
-
-
 class DeviceOutput(Primed, _PortAudioStream):
     """A PortAudio output device at its native rate. The callback pops exactly what the device needs
     from the bounded :class:`engine.echo.PlaybackQueue` (zeros where it ran dry) and copies what it
-    wrote into ``played``: the far-end signal the echo canceller reads (on the pump's thread)."""
+    wrote into ``played``: the far-end signal the echo canceller reads (on the pump's thread). ``clock``:
+    (time.monotonic(), samples consumed) at the last callback: :class:`Playback` follows the device's real
+    rate from it."""
 
     direction = "output"
 
@@ -508,6 +397,8 @@ class DeviceOutput(Primed, _PortAudioStream):
         self.failure: Optional[str] = None
         self._stream = None
         self._stopping = False
+        self._count = 0
+        self.clock: Optional[Tuple[float, int]] = None
 
     def _callback(self, outdata, frames, when, status) -> None:
         self._heard_at = time.monotonic()
@@ -515,79 +406,5 @@ class DeviceOutput(Primed, _PortAudioStream):
             self.xruns += 1
         outdata[:, 0] = self.pop_primed(frames)      # copies only: a bounded queue, zeros when dry
         self.played.write(outdata[:, 0])
-
-
-
-class Playback:
-    """The model's 24 kHz speech on its way to a sink: resampled to the sink's rate into its bounded
-    :class:`engine.echo.PlaybackQueue` (late speech is dropped there, counted), flushable.
-
-    It remembers the level of every 20 ms of what it queued, so it can say how much of the queue
-    is real speech (:meth:`speech_queued_s`: queued silence is not the model speaking) and how
-    loud the audio playing right now is (:meth:`playing_level_db`, the output level meter).
-    """
-
-    #: 20 ms pieces are measured; a piece louder than ``speech_db`` (dBFS) counts as speech
-    PIECE_S = 0.02
-    SPEECH_DB = -45.0
-
-    def __init__(self, sink, speech_db: float = SPEECH_DB):
-        self.sink = sink
-        self.speech_db = float(speech_db)
-        self._rs = StreamResampler(ENGINE_RATE, sink.rate)
-        self._lock = threading.Lock()
-        self._pushed = 0                                    # samples (sink rate) ever queued
-        self._pieces: Deque[Tuple[int, float]] = collections.deque()   # (end sample, level dBFS)
-
-    def _queued(self) -> int:
-        return int(round(self.sink.queue.queued_s() * self.sink.rate))
-
-    def push(self, audio: np.ndarray, second: int = -1) -> float:
-        """Queue one piece of model audio (of input second ``second``); returns the seconds queued ahead
-        of it (after any late audio the queue dropped to stay bounded)."""
-        with self._lock:
-            y = self._rs.process(audio)
-            self.sink.queue.push(y, second)
-            ahead = max(0.0, self.sink.queue.queued_s() - len(y) / self.sink.rate)
-            piece = max(1, int(self.PIECE_S * self.sink.rate))
-            for i in range(0, len(y), piece):
-                self._pieces.append((self._pushed + min(len(y), i + piece), block_db(y[i:i + piece])))
-            self._pushed += len(y)
-        return ahead
-
-    def queued_s(self) -> float:
-        """Seconds of audio waiting to be played (speech and silence)."""
-        return self.sink.queue.queued_s()
-
-    def _played_to(self) -> int:
-        """Drop the pieces already played; returns the sample position playing now."""
-        pos = self._pushed - self._queued()
-        while self._pieces and self._pieces[0][0] <= pos:
-            self._pieces.popleft()
-        return pos
-
-    def speech_queued_s(self) -> float:
-        """Seconds of queued audio louder than ``speech_db``: what a barge-in would cut off."""
-        with self._lock:
-            pos = self._played_to()
-            n, start = 0, pos
-            for end, db in self._pieces:
-                if db > self.speech_db:
-                    n += end - max(start, pos)
-                start = end
-        return n / self.sink.rate
-
-    def playing_level_db(self) -> float:
-        """The level of the 20 ms playing now (SILENCE_DB when nothing is queued)."""
-        with self._lock:
-            self._played_to()
-            return self._pieces[0][1] if self._pieces else SILENCE_DB
-
-    def flush(self) -> float:
-        """Drop all queued playback (barge-in); returns the seconds dropped."""
-        with self._lock:
-            n = self.sink.queue.flush()
-            self._rs.reset()
-            self._pushed = self._pushed - n
-            self._pieces.clear()
-        return n / self.sink.rate
+        self._count += frames
+        self.clock = (self._heard_at, self._count)

@@ -6,8 +6,8 @@ the record of the second it was asked in carries the request (``requests``), the
 the new value, so the plots mark it like an engine toggle. Force-listen goes to the engine's
 :class:`engine.session.controls.ControlledSession`; the others act in the app's audio path (the frame pump,
 the speaker's bounded queue). :meth:`ConversationControls._fill_audio_path` writes the audio path's
-per-second readouts (barge-ins and their latency, playback gaps, echo suppression, dropped speech) into each
-record before it is journaled.
+per-second readouts (barge-ins and their latency, the reply gap, playback gaps, echo suppression, dropped
+speech) into each record before it is journaled.
 """
 from __future__ import annotations
 
@@ -113,6 +113,9 @@ class ConversationControls:
         if rec.barge_ins:
             rec.barge_in_latency_ms = round(pump.barge_in_ms[-1], 3)
         self._last_barge_ins = pump.barge_ins
+        gaps = pump.path.new_reply_gaps()
+        if gaps:
+            rec.reply_gap_ms = round(gaps[-1], 3)
         if rec.echo_cancellation and pump.far_db > -200:
             sup = pump.canceller.suppression_db()
             rec.echo_suppression_db = round(sup, 3) if sup is not None and rec.decision == "speak" else 0.0

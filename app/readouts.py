@@ -1,5 +1,5 @@
-"""The conversation's own figures and controls: barge-in latency, playback gaps, echo suppression, dropped
-speech (:class:`ReadoutRow`), and the user's controls (:class:`ConversationPanel`): echo cancellation (on by
+"""The conversation's own figures and controls: the reply gap, barge-in latency, playback gaps, echo suppression,
+dropped speech (:class:`ReadoutRow`), and the user's controls (:class:`ConversationPanel`): echo cancellation (on by
 default, with a "use headphones" hint when it is off and a speaker plays), force-listen, interrupt
 sensitivity and the playback delay. Every control takes effect at the next second (the controller's
 ``set_*``), and the records say so from that second on.
@@ -17,6 +17,7 @@ from app import theme
 from app.badges import badge_grid, paint
 from app.viewmodel import GREEN, GREY, RED, YELLOW
 from engine.echo import SENSITIVITY
+from engine.stats import percentile
 
 HEADPHONES = re.compile(r"head(phone|set)|earbud|earphone|airpods|buds", re.I)
 HEADPHONES_HINT = ("Echo cancellation is off and the sound comes from a speaker: use headphones, or the model "
@@ -26,8 +27,10 @@ HEADPHONES_HINT = ("Echo cancellation is off and the sound comes from a speaker:
 class ReadoutRow(QWidget):
     """Barge-in latency, playback gaps, echo suppression, dropped speech: the latest second and the session."""
 
-    KEYS = ("barge_in", "gaps", "echo", "dropped")
-    TIPS = {"barge_in": "barge-in latency: your first word to the model's playback falling silent (the latest "
+    KEYS = ("reply", "barge_in", "gaps", "echo", "dropped")
+    TIPS = {"reply": "reply gap: the end of your speech to the model's first audio at the speaker, per turn: the "
+                     "median and the 90th percentile over the session (the count: turns answered)",
+            "barge_in": "barge-in latency: your first word to the model's playback falling silent (the latest "
                         "barge-in; the count is the whole session)",
             "gaps": "playback gaps: times the speaker's queue ran dry, and the silence they played (this second; "
                     "the whole session)",
@@ -38,8 +41,9 @@ class ReadoutRow(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.labels = badge_grid(self, self.KEYS, self.TIPS, 2)     # two rows: the row fits a narrow window
+        self.labels = badge_grid(self, self.KEYS, self.TIPS, 3)     # two rows: the row fits a narrow window
         self._barge = (0, None)
+        self._gaps: list = []
         self.show_row(None)
 
     def _set(self, key: str, text: str, colour: str) -> None:
@@ -47,6 +51,7 @@ class ReadoutRow(QWidget):
 
     def reset(self) -> None:
         self._barge = (0, None)
+        self._gaps = []
         self._sup = 0.0
         self.show_row(None)
 
@@ -58,10 +63,11 @@ class ReadoutRow(QWidget):
             totals = session_totals(rows)
         t = totals or {}
         if row is None:
-            for k, text in (("barge_in", "barge-in —"), ("gaps", "gaps —"), ("echo", "echo —"),
-                            ("dropped", "dropped —")):
+            for k, text in (("reply", "reply —"), ("barge_in", "barge-in —"), ("gaps", "gaps —"),
+                            ("echo", "echo —"), ("dropped", "dropped —")):
                 self._set(k, text, GREY)
             return
+        self._show_reply(row, rows)
         n, last = self._barge
         if rows is not None:
             n = sum(int(r.get("barge_ins", 0)) for r in rows)
@@ -93,6 +99,20 @@ class ReadoutRow(QWidget):
         lost_in = int(t.get("input_dropped", 0))
         self._set("dropped", f"dropped {dropped:.1f} s speech · {lost_in} s input",
                   GREEN if not dropped and not lost_in else YELLOW)
+
+
+    def _show_reply(self, row: dict, rows) -> None:
+        """The reply gap's median and 90th percentile over the session (live: the gaps seen so far)."""
+        if rows is not None:
+            self._gaps = [float(r.get("reply_gap_ms", 0.0)) for r in rows if float(r.get("reply_gap_ms", 0.0)) > 0]
+        elif float(row.get("reply_gap_ms", 0.0)) > 0:
+            self._gaps.append(float(row["reply_gap_ms"]))
+        if not self._gaps:
+            self._set("reply", "reply —", GREY)
+            return
+        p50, p90 = percentile(self._gaps, 50) / 1000.0, percentile(self._gaps, 90) / 1000.0
+        self._set("reply", f"reply {p50:.1f} s · p90 {p90:.1f} ({len(self._gaps)})",
+                  GREEN if p50 <= 2.0 else YELLOW if p50 <= 3.0 else RED)
 
 
 def session_totals(rows) -> dict:

@@ -16,8 +16,9 @@ from app.states import IDLE
 from app.transcript import TRANSCRIPT, transcript_text
 from engine.atomic import atomic_write
 from engine.session import ExportError
-from engine.session.export import to_csv, to_trace
-from engine.session.journal import CSV, INPUT_WAV, OUTPUT_WAV, RECORDS, SESSION_FILES, TRACE, export_folder
+from engine.session.export import audio_path_summary, to_csv, to_trace
+from engine.session.journal import (CSV, INPUT_WAV, OUTPUT_WAV, RECORDS, SESSION_FILES, SUMMARY, TRACE,
+                                    export_folder)
 from engine.wavio import WavError, read_wav, write_wav
 
 
@@ -33,7 +34,7 @@ class SessionExport:
         if self.journal is None or self.journal.finished:
             return
         try:
-            self.journal.finish(metadata=dict(self.session_info))
+            self.journal.finish(summary=audio_path_summary(self.journal.records), metadata=dict(self.session_info))
         except ExportError as e:
             self.failure = self.failure or str(e)
             self.message.emit("error", str(e))
@@ -83,6 +84,8 @@ class SessionExport:
                     shutil.copyfile(j.directory / name, tmp / name)
                 (tmp / CSV).write_text(to_csv(records), encoding="utf-8")
                 (tmp / TRACE).write_text(to_trace(records, meta), encoding="utf-8")
+                (tmp / SUMMARY).write_text(json.dumps(audio_path_summary(records), indent=2) + "\n",
+                                           encoding="utf-8")
             lines = rows if rows is not None else _rows_of(tmp / RECORDS)
             (tmp / TRANSCRIPT).write_text(transcript_text(lines), encoding="utf-8")
         paths = export_folder(directory, fill)

@@ -79,7 +79,7 @@ def test_live_session_from_wav(qtbot, tmp_path, speech_wav):
         f"timer late {len(late)} times, by up to {gaps.max() - 0.020:.3f} s"
     # export
     paths = w.export_to(tmp_path / "export")
-    assert set(paths) == {"csv", "jsonl", "trace", "input_wav", "output_wav", "transcript"}
+    assert set(paths) == {"csv", "jsonl", "trace", "input_wav", "output_wav", "transcript", "summary"}
     with open(paths["csv"]) as f:
         rows = list(csv.DictReader(f))
     for col in ("barge_ins", "barge_in_latency_ms", "playback_gaps", "playback_gap_ms", "echo_suppression_db",

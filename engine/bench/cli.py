@@ -13,7 +13,9 @@ COMMANDS = {
     "session": ("engine.bench.session", "duplex session: per-second totals and misses, stock vs optimized"),
     "capacity": ("engine.bench.capacity", "sessions one device keeps on time, per mode (engine host)"),
     "serve-capacity": ("engine.bench.serve_capacity", "sessions a Ray Serve deployment keeps on time, per replica count"),
-    "echo": ("engine.bench.echo", "the loop without headphones: echo cancellation and barge-in, on vs off"),
+    "echo": ("engine.bench.echo", "the loop without headphones: echo cancellation and barge-in, on vs off "
+                                  "(--minutes N: a whole conversation on drifting devices)"),
+    "drift": ("engine.bench.drift", "speaker and microphone clocks off nominal: dropped speech, mic->speaker delay"),
     "twin": ("engine.bench.twin", "the scheduler on a simulated clock: sessions a device would keep, from a cost table"),
 }
 

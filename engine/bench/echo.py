@@ -3,6 +3,7 @@
   duplexcadence-bench echo [--seconds 60] [--delay-ms 120] [--gain-db -10] [--seed 0]
                            [--reported-delay-ms MS] [--tail TAIL] [--size tiny] [--device cpu]
                            [--modes on,off] [--out DIR]
+  duplexcadence-bench echo --minutes N ...   (a whole conversation on drifting devices: engine/bench/echo_long.py)
 
 A session (the synthetic backbone and a decoder tail: the app's default unless ``--tail`` names another; the
 title line and the JSON name it) runs second by second. Its speech plays through a
@@ -166,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", default="on,off", help="comma-separated: on (echo cancellation), off")
     p.add_argument("--out", default="bench-results/echo", help="folder for echo.json, echo.md, echo.png")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--minutes", type=float, default=None,
+                   help="a whole conversation instead: N simulated minutes on devices with clocks of their own, the "
+                        "echo path changing ('duplexcadence-bench echo --minutes 1 --help' for its options)")
     return p
 
 
@@ -221,6 +225,10 @@ def title_line(a, doc: Dict[str, object]) -> str:
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(x == "--minutes" or x.startswith("--minutes=") for x in argv):
+        from engine.bench import echo_long
+        return echo_long.main(argv)
     a = build_parser().parse_args(argv)
     try:
         doc = run(a)

@@ -3,7 +3,8 @@ ducking decision it drives (the app ducks playback at once; the engine follows a
 
 :class:`BargeInDetector` reads 20 ms frames. A frame is voiced above ``max(abs_db, floor + margin_db)``
 (the floor: the quietest frame of the last 1.5 s, so steady noise is not speech); ``onset_frames`` voiced frames among ``onset_frames + 1`` (the newest
-voiced) make the user *talking*, and ``quiet_s`` of unvoiced frames end the talk (pauses between words do not). While the
+voiced) make the user *talking*, and ``quiet_s`` of unvoiced frames end the talk (pauses between words do not);
+``talks`` keeps (onset, end) of the talks that ended (the end: the sample after the last voiced frame). While the
 user talks and the model's speech is playing, the detector fires once per talk: a :class:`BargeIn` comes
 back and :attr:`BargeInDetector.ducked` turns True. The caller silences playback while ``ducked`` and tells
 the detector which engine seconds' speech it plays (:meth:`BargeInDetector.allows`): speech the engine made
@@ -61,6 +62,9 @@ class BargeInDetector:
         self._levels: Deque[float] = collections.deque(maxlen=max(2, int(round(1.5 * self.rate / self.win))))
         self.pos = 0                   # samples consumed (whole frames)
         self.talking = False           # the user is talking (onset confirmed, not yet quiet_s of quiet)
+        self.talks: Deque[tuple] = collections.deque(maxlen=64)   # (onset, end) of each talk that ended
+        self.talks_ended = 0           # talks that ended, in all
+        self._voiced_end = 0           # the sample after the last voiced frame
         self.ducked = False
         self.fired: List[BargeIn] = []
         self._carry = np.zeros(0, dtype=np.float32)
@@ -104,13 +108,16 @@ class BargeInDetector:
         self._recent.append((voiced, start))
         if voiced:
             self._quiet = 0
+            self._voiced_end = self.pos
             hits = [at for v, at in self._recent if v]
             if not self.talking and len(hits) >= self.onset_frames:
                 self.talking, self._talk_fired, self._onset_at = True, False, hits[0]
         else:
             self._quiet += 1
-            if self._quiet >= self.quiet_frames:
+            if self._quiet >= self.quiet_frames and self.talking:
                 self.talking = False
+                self.talks.append((self._onset_at, self._voiced_end))
+                self.talks_ended += 1
         if self.talking and playing and not self._talk_fired and not self.ducked:
             self._talk_fired = True
             return self._duck(BargeIn(self.pos, self._onset_at, self._onset_at // self.rate))

@@ -21,23 +21,20 @@ from __future__ import annotations
 import collections
 import math
 import time
-from typing import Deque, Optional, Tuple
+from typing import Deque, Optional
 
 import numpy as np
 
+from engine.echo.delay import DelayTracker
 from engine.echo.doubletalk import EchoLevelPredictor
+from engine.echo.health import EchoHealth
 
 #: far-end frames louder than this (dBFS) count as the model speaking, for :meth:`EchoCanceller.suppression_db`
 FAR_ACTIVE_DB = -50.0
 #: far-end audio kept waiting for its microphone frames at most (seconds); older far audio is dropped
 FAR_MAX_S = 1.0
-#: the recent far-active 10 ms frames :meth:`EchoCanceller.suppression_db` looks at (3 s)
+#: the recent far-active 10 ms frames the coupling estimate reads (3 s)
 SUPPRESSION_FRAMES = 300
-#: for a suppression readout the microphone's louder frames (80th percentile) while the speaker plays must be
-#: this much above its noise floor while the speaker is quiet (dB), and above :data:`NEAR_SILENT_DB`: with no
-#: echo path there is no echo to measure
-ECHO_HEARD_DB = 6.0
-NEAR_SILENT_DB = -80.0
 #: the rate a rate without whole 10 ms frames is resampled to
 FALLBACK_RATE = 16000
 #: While AEC3 converges (the first seconds of far-end speech, measured: it holds the near end back whole for
@@ -54,9 +51,15 @@ BYPASS_ABS_DB = -40.0
 #: a microphone frame this much louder than the echo the far end one echo delay earlier can give
 #: (:class:`engine.echo.doubletalk.EchoLevelPredictor`) is the user too, converged or not
 DOUBLE_TALK_MARGIN_DB = 6.0
+#: the double-talk check's lag more than this off a newly measured echo delay (ms) is stale: it learns afresh
+STALE_LAG_MS = 20.0
 #: the double-talk check learns the echo path from frames AEC3 took this much out of (echo alone, mostly)
 ECHO_ONLY_DB = 10.0
 ECHO_REMOVED_DB = 6.0
+#: at the start of a far-end stretch (once past the first GUARD_S) a frame must stand this much more above the
+#: loudest echo to pass as the user: the path may have got louder while the speaker was silent (measured: a
+#: +6 dB ramp over a silence passed 200-300 ms of echo whole as "the user")
+ONSET_MARGIN_DB = 6.0
 #: the coupling estimate: this percentile of (microphone - loudest recent far end) over echo frames
 COUPLING_PERCENTILE = 98
 GUARD_ATTENUATION = 10.0 ** (-30.0 / 20.0)
@@ -90,12 +93,17 @@ class LivekitProcessor:
         self._rtc = rtc
         self.rate = int(rate)
         self.frame = self.rate // 100
-        self.apm = rtc.AudioProcessingModule(echo_cancellation=True, noise_suppression=noise_suppression,
-                                             high_pass_filter=True, auto_gain_control=False)
+        self._ns = bool(noise_suppression)
         self.delay_ms = 0
+        self.reset()
 
     def set_delay_ms(self, ms: int) -> None:
         self.delay_ms = int(ms)
+
+    def reset(self) -> None:
+        """A fresh module: AEC3 forgets its filters and its delay estimate."""
+        self.apm = self._rtc.AudioProcessingModule(echo_cancellation=True, noise_suppression=self._ns,
+                                                   high_pass_filter=True, auto_gain_control=False)
 
     def _frame(self, x: np.ndarray):
         return self._rtc.AudioFrame(bytearray(x.tobytes()), self.rate, 1, self.frame)
@@ -156,8 +164,6 @@ class EchoCanceller:
         self.far_missing = 0          # microphone frames processed with no far audio (played as silence)
         self._delay_ms = float(delay_ms)
         self.hint_fraction = float(hint_fraction)
-        self._recent: Deque[Tuple[float, float]] = collections.deque(maxlen=SUPPRESSION_FRAMES)
-        self._quiet: Deque[float] = collections.deque(maxlen=SUPPRESSION_FRAMES)   # near-in energy, far quiet
         self._far_db: Deque[float] = collections.deque(maxlen=1)
         self.far_active_s = 0.0       # seconds of far-end activity the processor has seen
         self.bypassed = 0             # guard: frames passed as they were (the user over the speaker)
@@ -166,7 +172,14 @@ class EchoCanceller:
         self._coupling: Deque[float] = collections.deque(maxlen=SUPPRESSION_FRAMES)   # near dB - far max dB
         self.double_talk = True       # the double-talk check (the predicted echo level) is on
         self._predictor = EchoLevelPredictor()
+        self._residual = DelayTracker(self.proc_rate, window_s=1.0)
+        self.health = EchoHealth(confirm=self._residual.coherent)   # AEC3 while the model speaks: suspect, due
+        self.resets = 0               # recoveries that reset AEC3
         self.double_talked = 0        # guard: frames passed by the double-talk check alone
+        self.user_talking = False     # the caller's barge-in detector hears the user (the readout skips it)
+        self._lag_doubted = False     # the double-talk check's lag disagrees with the delay last estimated
+        self.hold_guard = False       # the caller is about to recover it: the guard works as at the start, and
+        #                               the double-talk check (its echo path stale) passes nothing, as while suspect
         self._echo_like = False       # the newest frame is no louder than the echo predicted (+ the margin)
         self.cpu_s = 0.0              # wall seconds spent in the processor
         self.audio_s = 0.0            # seconds of microphone audio it processed
@@ -214,6 +227,8 @@ class EchoCanceller:
         self._near = np.zeros(0, dtype=np.float32)
         # the output runs a frame (less one sample, at the caller's rate) behind, so every call can answer
         self._predictor = EchoLevelPredictor()
+        self._residual = DelayTracker(self.proc_rate, window_s=1.0)   # AEC3's output against the reference
+        self.health = EchoHealth(confirm=self._residual.coherent)
         self._out = np.zeros(max(0, math.ceil(self.frame * self.rate / self.proc_rate) - 1), dtype=np.float32)
         if self.proc_rate != self.rate:
             self._out = np.zeros(self._out.size + self.rate // 20, dtype=np.float32)   # soxr's own delay
@@ -263,11 +278,14 @@ class EchoCanceller:
         self._far_db.append(far_db)
         if far_db > FAR_ACTIVE_DB:
             self.far_active_s += 0.01
-            self._recent.append((float(np.sum(np.square(near, dtype=np.float64))),
-                                 float(np.sum(np.square(out, dtype=np.float64)))))
-        else:
-            self._quiet.append(float(np.sum(np.square(near, dtype=np.float64))))
-        return self._guard(near, out)
+        passed = self.bypassed
+        self._residual.listen(far, out)
+        final = self._guard(near, out)
+        self.health.frame(float(np.sum(np.square(near, dtype=np.float64))),
+                          float(np.sum(np.square(out, dtype=np.float64))),
+                          float(np.sum(np.square(final, dtype=np.float64))),
+                          max(self._far_db) > FAR_ACTIVE_DB, self.bypassed != passed, self.user_talking)
+        return final
 
     def _guard(self, near: np.ndarray, out: np.ndarray) -> np.ndarray:
         """The convergence guard, on each 10 ms frame while the far end is active (its loudest frame over the
@@ -282,18 +300,23 @@ class EchoCanceller:
         near_db = _db(float(np.mean(np.square(near, dtype=np.float64))))
         out_db = _db(float(np.mean(np.square(out, dtype=np.float64))))
         talk = self._double_talk(near_db, echo_only=near_db - out_db >= ECHO_ONLY_DB)
+        talk = talk and not (self.hold_guard or self.health.suspect or self._lag_doubted)   # a stale echo path
         if far_max <= FAR_ACTIVE_DB:
             self._stretch = 0
             return out
         self._stretch += 1
+        onset = self._stretch <= ONSET_GUARD_FRAMES + self._delay_ms / 10.0
+        talk = talk and not onset        # the path may have moved while the speaker was silent: no lag to trust
         echo_db = far_max + self.coupling_db()           # the loudest echo the far end can give now
-        if near_db > max(BYPASS_ABS_DB, echo_db + BYPASS_MARGIN_DB) or talk:
+        margin = BYPASS_MARGIN_DB + (ONSET_MARGIN_DB if onset and self.far_active_s >= GUARD_S else 0.0)
+        if near_db > max(BYPASS_ABS_DB, echo_db + margin) or talk:
             self.bypassed += 1
-            self.double_talked += int(near_db <= max(BYPASS_ABS_DB, echo_db + BYPASS_MARGIN_DB))
+            self.double_talked += int(near_db <= max(BYPASS_ABS_DB, echo_db + margin))
             return near.copy()
         self._coupling.append(near_db - far_max)         # the user's frames (passed above) stay out of it
         removed = near_db - out_db
-        if self.far_active_s >= GUARD_S and self._stretch > ONSET_GUARD_FRAMES + self._delay_ms / 10.0:
+        settled = self.far_active_s >= GUARD_S and not onset
+        if settled and self.health.trusted and not (self.health.suspect or self.hold_guard):
             if self._echo_like and removed >= ECHO_REMOVED_DB:    # AEC3's residual echo, as predicted
                 self.guarded += 1
                 return out * np.float32(GUARD_ATTENUATION)
@@ -323,19 +346,42 @@ class EchoCanceller:
 
     # -- readouts -------------------------------------------------------------------------------------------
     def suppression_db(self) -> Optional[float]:
-        """Echo suppression over the recent frames while the far end was active: 10 log10(near-in / near-out
-        energy), dB; None before any such frame (or while disabled), and None while the microphone hears no
-        echo: silent, or its louder frames while the speaker plays no louder than its noise floor while the
-        speaker is quiet (no echo path; the user's voice in the quiet frames is above the floor's percentile)."""
-        if not self._enabled or not self._recent:
+        """Echo suppression over the model's last 3 s of speech, frames passed as the user's voice left out:
+        10 log10(near-in / near-out energy), dB; None before any such frame (or while disabled)."""
+        if not self._enabled:
             return None
-        e_in = sum(a for a, _ in self._recent)
-        heard = _db(float(np.percentile([a for a, _ in self._recent], 80)) / self.frame)   # speech, not its pauses
-        floor = _db(float(np.percentile(self._quiet, 20)) / self.frame) if self._quiet else -200.0   # the room's
-        if heard <= NEAR_SILENT_DB or heard < floor + ECHO_HEARD_DB:
-            return None
-        e_out = sum(b for _, b in self._recent)
-        return _db(e_in) - _db(max(e_out, 1e-20))
+        return self.health.suppression_db()
+
+    def delay_estimated(self, delay_ms: float) -> None:
+        """A fresh estimate of the echo path's delay (every half second, engine/echo/delay.py): while the
+        double-talk check's lag is more than 20 ms off it, the check passes nothing (a stale lag takes the echo
+        for the user)."""
+        lag = self._predictor.lag
+        self._lag_doubted = lag is not None and abs(lag * 10.0 - delay_ms) > STALE_LAG_MS
+
+    def delay_moved(self, delay_ms: float) -> bool:
+        """The echo path's delay was measured anew (engine/echo/delay.py): where the double-talk check's lag is
+        more than 20 ms off it, the check forgets its path and learns it again (a stale lag takes the echo for
+        the user and passes it whole). Returns whether it did."""
+        lag = self._predictor.lag
+        if lag is None or abs(lag * 10.0 - delay_ms) <= STALE_LAG_MS:
+            return False
+        self._predictor = EchoLevelPredictor()
+        self._lag_doubted = False
+        return True
+
+    def recover(self) -> None:
+        """Start AEC3 over (its filters and delay estimate forgotten) with the guard armed as at the start: the
+        convergence guard covers its first seconds again; the double-talk check learns the path anew."""
+        reset = getattr(self._processor, "reset", None)
+        if reset is not None:
+            reset()
+        self._predictor = EchoLevelPredictor()
+        self._coupling.clear()
+        self.far_active_s, self._stretch = 0.0, 0
+        self._residual.restart()
+        self.health.recovered()
+        self.resets += 1
 
     def cost(self) -> float:
         """The processor's wall time as a share of the audio it processed (0.01 = 1 % of real time)."""

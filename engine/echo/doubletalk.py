@@ -25,8 +25,11 @@ SPREAD = 6
 HISTORY = 1000
 MIN_FRAMES = 100
 EVERY = 10
-#: the loss is this percentile of microphone - lagged far-end level over the frames read
+#: the loss is this percentile of microphone - lagged far-end level over the frames read, or over the newest
+#: RECENT of them where that is higher (a speaker turned up: measured, a +6 dB ramp over 2 s let the check take
+#: 400 ms of echo for the user while the loss over 10 s lagged behind)
 LOSS_PERCENTILE = 75
+RECENT = 100
 #: levels are floored here for the lag's correlation (the microphone's own noise is about -66 dBFS)
 FLOOR_DB = -70.0
 #: no estimate from a correlation below this (the far end and the microphone unrelated so far)
@@ -92,7 +95,10 @@ class EchoLevelPredictor:
         if corr[best] < MIN_CORRELATION or int(active.sum()) < MIN_FRAMES:
             return
         self.lag = best
-        self.loss_db = float(np.percentile(near[use][active] - far[best][active], LOSS_PERCENTILE))
+        diff = near[use][active] - far[best][active]
+        self.loss_db = float(np.percentile(diff, LOSS_PERCENTILE))
+        if diff.size >= 2 * RECENT:                       # the echo grown louder lately is the echo now
+            self.loss_db = max(self.loss_db, float(np.percentile(diff[-RECENT:], LOSS_PERCENTILE)))
 
     def predicted_db(self) -> Optional[float]:
         """The loudest echo expected in the newest microphone frame (dBFS), or None before an estimate."""

@@ -6,6 +6,9 @@ time) or the engine (a burst of late seconds) falls behind, the late speech at i
 queue resyncs to the playback delay, as moshi's client does; what it dropped is counted (samples, speech
 samples, events). An empty queue while the session runs is a playback gap (counted: events and samples).
 
+:class:`RingBuffer` is the bounded sample FIFO between an audio callback and a worker thread (a source's
+microphone samples, the speaker's played samples that the echo canceller reads).
+
 :class:`InputBacklog` holds the one-second input frames waiting for the engine: at most ``max_frames``; a
 new frame over that drops the oldest, counted. Both are thread-safe (an audio callback pops, a worker
 pushes) and import no Qt.
@@ -13,6 +16,7 @@ pushes) and import no Qt.
 from __future__ import annotations
 
 import collections
+import math
 import threading
 from dataclasses import dataclass
 from typing import Deque, Dict, Optional, Tuple
@@ -21,6 +25,16 @@ import numpy as np
 
 #: 20 ms pieces louder than this (dBFS) are speech, when counting what was dropped
 SPEECH_DB = -45.0
+#: the level of an empty or all-zero block (dBFS)
+SILENCE_DB = -120.0
+
+
+def block_db(x: np.ndarray) -> float:
+    """RMS level of a block in dBFS (SILENCE_DB for an empty or all-zero block)."""
+    if len(x) == 0:
+        return SILENCE_DB
+    rms = float(np.sqrt(np.mean(np.square(x, dtype=np.float64))))
+    return max(SILENCE_DB, 20.0 * math.log10(rms)) if rms > 0 else SILENCE_DB
 
 
 @dataclass
@@ -31,6 +45,7 @@ class QueueCounts:
     dropped_speech_samples: int = 0  # of which speech (20 ms pieces above SPEECH_DB)
     drop_events: int = 0
     flushed_samples: int = 0        # dropped by barge-ins (flush), not late
+    skipped_samples: int = 0        # queued silence skipped to keep the delay (no speech was queued)
     gap_events: int = 0             # the speaker asked for audio and the queue ran dry
     gap_samples: int = 0
 
@@ -38,6 +53,7 @@ class QueueCounts:
         ms = 1000.0 / rate
         return {"dropped_ms": self.dropped_samples * ms, "dropped_speech_ms": self.dropped_speech_samples * ms,
                 "drop_events": self.drop_events, "flushed_ms": self.flushed_samples * ms,
+                "skipped_ms": self.skipped_samples * ms,
                 "gap_events": self.gap_events, "gap_ms": self.gap_samples * ms}
 
 
@@ -109,6 +125,17 @@ class PlaybackQueue:
             self.counts.dropped_samples += drop
             self.counts.drop_events += 1
             return drop
+
+    def skip_silence(self, n: int) -> int:
+        """Remove the ``n`` oldest samples, which the caller knows are silence (counted as skipped, not as
+        dropped); returns how many went."""
+        with self._lock:
+            n = min(int(n), self._n)
+            speech = self.counts.dropped_speech_samples
+            self._drop(n)
+            self.counts.dropped_speech_samples = speech
+            self.counts.skipped_samples += n
+            return n
 
     def _drop(self, n: int) -> None:
         """Remove the ``n`` oldest samples (counting the speech among them)."""
@@ -189,3 +216,77 @@ class InputBacklog:
         """(the frame's index among all pushed, the frame), oldest first; None when empty."""
         with self._lock:
             return self._frames.popleft() if self._frames else None
+
+
+class RingBuffer:
+    """Bounded float32 FIFO between one producer thread and one consumer thread.
+
+    ``write`` never blocks: when full, the oldest samples are dropped and counted in ``dropped``
+    (samples) and ``overflows`` (writes that had to drop).
+    """
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise ValueError("ring buffer capacity must be at least 1 sample")
+        self._buf = np.zeros(int(capacity), dtype=np.float32)
+        self._start = 0
+        self._count = 0
+        self._cond = threading.Condition()
+        self.dropped = 0
+        self.overflows = 0
+
+    @property
+    def capacity(self) -> int:
+        return len(self._buf)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def write(self, x: np.ndarray) -> int:
+        """Append samples; returns how many old samples were dropped to make room."""
+        x = np.asarray(x, dtype=np.float32).reshape(-1)
+        cap = len(self._buf)
+        if len(x) > cap:
+            x = x[-cap:]
+        with self._cond:
+            over = max(0, self._count + len(x) - cap)
+            self._start = (self._start + over) % cap
+            self._count -= over
+            self.dropped += over
+            self.overflows += over > 0
+            end = (self._start + self._count) % cap
+            first = min(len(x), cap - end)
+            self._buf[end:end + first] = x[:first]
+            self._buf[:len(x) - first] = x[first:]
+            self._count += len(x)
+            self._cond.notify_all()
+        return over
+
+    def read_into(self, out: np.ndarray) -> int:
+        """Move up to ``len(out)`` samples into ``out`` (1-D); returns how many were moved."""
+        with self._cond:
+            n = min(len(out), self._count)
+            cap = len(self._buf)
+            first = min(n, cap - self._start)
+            out[:first] = self._buf[self._start:self._start + first]
+            out[first:n] = self._buf[:n - first]
+            self._start = (self._start + n) % cap
+            self._count -= n
+        return n
+
+    def read(self, n: Optional[int] = None) -> np.ndarray:
+        """Remove and return up to ``n`` samples (all queued samples when ``n`` is None)."""
+        out = np.empty(self._count if n is None else min(n, self._count), dtype=np.float32)
+        k = self.read_into(out)
+        return out[:k]
+
+    def clear(self) -> int:
+        """Drop everything queued; returns how many samples were dropped."""
+        with self._cond:
+            n, self._count, self._start = self._count, 0, 0
+        return n
+
+    def wait(self, timeout: float) -> bool:
+        """Block the calling (worker) thread until samples are queued or ``timeout`` passes."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._count > 0, timeout)

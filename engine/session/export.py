@@ -6,9 +6,11 @@ reader never sees half a file, and a failed export leaves nothing behind. An unw
 
 The trace has one complete event (``"ph": "X"``) per stage per second, in microseconds from the
 first second's start, on a "stages" track; the whole second, the time its frame waited in the
-queue and each missed deadline are on tracks of their own; the "toggles and controls" track marks each
-request (an engine toggle or a user control, asked during that second) and each second from which what is
-in effect changed.
+queue and each missed deadline are on tracks of their own; the audio path's moments (barge-ins, gaps, dropped
+speech, replies) on one more; the "toggles and controls" track marks each request (an engine toggle or a user
+control, asked during that second) and each second from which what is in effect changed.
+:func:`audio_path_summary` (the reply gap and the barge-in latency, p50 and p90) is what the app writes as a
+session's ``summary.json``.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from typing import Dict, List, Sequence
 
 from engine.atomic import atomic_write
 
-from .records import SecondRecord
+from .records import SecondRecord, percentile
 
 STAGES = (("LISTEN", "listen_ms"), ("THINK", "think_ms"), ("SPEAK", "speak_ms"))
 TRACKS = {1: "seconds", 2: "stages", 3: "queue wait", 4: "deadline", 5: "audio path", 6: "toggles and controls"}
@@ -111,12 +113,34 @@ def _toggle_events(r: SecondRecord, prev, start_us: float) -> List[Dict[str, obj
 
 
 def _audio_path_events(r: SecondRecord, start_us: float) -> List[Dict[str, object]]:
-    """Instant events on the "audio path" track: this second's barge-ins, playback gaps and dropped speech."""
+    """Instant events on the "audio path" track: this second's barge-ins, playback gaps, dropped speech and the
+    reply that began in it."""
     marks = [("barge-in", r.barge_ins, {"latency_ms": round(r.barge_in_latency_ms, 3)}),
              ("playback gap", r.playback_gaps, {"gap_ms": round(r.playback_gap_ms, 3)}),
-             ("dropped speech", int(r.dropped_speech_ms > 0), {"dropped_ms": round(r.dropped_speech_ms, 3)})]
+             ("dropped speech", int(r.dropped_speech_ms > 0), {"dropped_ms": round(r.dropped_speech_ms, 3)}),
+             ("reply", int(r.reply_gap_ms > 0), {"reply_gap_ms": round(r.reply_gap_ms, 3)})]
     return [{"name": name, "cat": "audio", "ph": "i", "s": "t", "pid": 1, "tid": 5, "ts": round(start_us, 3),
              "args": {"index": r.index, "count": int(n), **args}} for name, n, args in marks if n]
+
+
+def _spread(values: List[float]) -> Dict[str, object]:
+    return {"n": len(values), "p50": round(percentile(values, 50), 1) if values else None,
+            "p90": round(percentile(values, 90), 1) if values else None,
+            "max": round(max(values), 1) if values else None}
+
+
+def audio_path_summary(records: Sequence[SecondRecord]) -> Dict[str, object]:
+    """The conversation as the user met it, over a session's records: the reply gap (the user's last word to
+    the model's first audio at the speaker) and the barge-in latency, each as count, p50, p90 and max (ms);
+    the speech dropped against the seconds spoken; the echo suppression while the model spoke (p50, lowest)."""
+    records = list(records)
+    sup = [r.echo_suppression_db for r in records if r.echo_suppression_db]
+    return {"reply_gap_ms": _spread([r.reply_gap_ms for r in records if r.reply_gap_ms > 0]),
+            "barge_in_latency_ms": _spread([r.barge_in_latency_ms for r in records if r.barge_ins]),
+            "spoken_s": sum(1 for r in records if r.decision == "speak"),
+            "dropped_speech_ms": round(sum(r.dropped_speech_ms for r in records), 1),
+            "echo_suppression_db": {"p50": round(percentile(sup, 50), 1) if sup else None,
+                                    "min": round(min(sup), 1) if sup else None}}
 
 
 def to_trace(records: Sequence[SecondRecord], metadata: Dict[str, object] = None) -> str:

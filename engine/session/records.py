@@ -56,6 +56,8 @@ class SecondRecord:
     playback_gap_ms: float = 0.0  # the silence those gaps played
     echo_suppression_db: float = 0.0  # echo suppression while the model spoke (0: not measured or cancellation off)
     dropped_speech_ms: float = 0.0  # late speech dropped to keep the delay bounded (engine/echo/queues.py)
+    reply_gap_ms: float = 0.0     # the user's last word -> the model's first audio at the speaker, for the reply
+    #                               that began playing in this second (engine/echo/replygap.py; 0 = none)
     # the user's controls (engine/session/controls.py and the app): what was in effect, what was asked
     force_listen: bool = False    # the model was held to listening this second (it may not start speaking)
     echo_cancellation: bool = False  # the app cancelled the speaker's echo from the microphone
