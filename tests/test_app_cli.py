@@ -32,7 +32,7 @@ def test_scripted_session_writes_everything(tmp_path, speech_wav):
     assert "3 seconds processed" in p.stdout
     files = sorted(f.name for f in (out / "export").iterdir())
     assert files == ["session.csv", "session.jsonl", "session.trace.json", "session_input.wav",
-                     "session_output.wav", "transcript.txt"]
+                     "session_output.wav", "summary.json", "transcript.txt"]
     assert (out / "export" / "transcript.txt").read_text().startswith("DuplexCadence transcript")
     lines = (out / "export" / "session.jsonl").read_text().splitlines()
     assert [json.loads(x)["index"] for x in lines] == [0, 1, 2]

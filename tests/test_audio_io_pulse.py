@@ -9,7 +9,6 @@ as an unplugged device would vanish.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
@@ -22,6 +21,7 @@ import numpy as np
 import pytest
 import soxr
 
+from app.pulse import PulseError, PulseServer
 from engine.wavio import read_wav
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,39 +35,19 @@ def _tools_missing():
 
 @pytest.fixture
 def pulse(tmp_path):
-    """A private PulseAudio server with null sinks "mic" and "spk"; yields the client environment
+    """A private PulseAudio server with null sinks "mic" and "spk" (app/pulse.py); yields the client environment
     (with the server process as ``env.server`` for tests that pull the plug)."""
     missing = _tools_missing()
     if missing:
         pytest.skip(f"PulseAudio tools missing ({', '.join(missing)}); the Makefile's sysdeps installs them")
-    run = tmp_path / "run"
-    run.mkdir()
-    sock = run / "native"
-    env = dict(os.environ, HOME=str(tmp_path), XDG_RUNTIME_DIR=str(run), PULSE_RUNTIME_PATH=str(run / "pulse"),
-               PULSE_SERVER=f"unix:{sock}", PULSE_SINK="spk", PULSE_SOURCE="mic.monitor")
-    log = open(tmp_path / "pulseaudio.log", "w")
-    server = subprocess.Popen(
-        ["pulseaudio", "-n", "--daemonize=no", "--exit-idle-time=-1", "--disallow-exit", "--use-pid-file=no",
-         "--system=false", f"--load=module-native-protocol-unix socket={sock} auth-anonymous=1",
-         "--load=module-null-sink sink_name=mic rate=44100", "--load=module-null-sink sink_name=spk rate=44100",
-         "--load=module-always-sink", "--log-target=stderr"],
-        env=env, stdout=log, stderr=log)
     try:
-        deadline = time.monotonic() + 15
-        while subprocess.run(["pactl", "info"], env=env, capture_output=True).returncode != 0:
-            if server.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("PulseAudio did not start:\n" + (tmp_path / "pulseaudio.log").read_text()[-2000:])
-            time.sleep(0.1)
-        for cmd in (["set-default-sink", "spk"], ["set-default-source", "mic.monitor"]):
-            subprocess.run(["pactl", *cmd], env=env, check=True, capture_output=True)
-        yield _Env(env, server)
+        server = PulseServer(tmp_path).__enter__()
+    except PulseError as e:
+        pytest.fail(str(e))
+    try:
+        yield _Env(server.env, server.proc)
     finally:
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
+        server.__exit__(None, None, None)
 
 
 class _Env(dict):
@@ -92,12 +72,21 @@ def _play_loop(env, wav: Path, stop: threading.Event, gap: float = 0.0) -> None:
 def _found(chunk: np.ndarray, ref: np.ndarray) -> float:
     """How well ``chunk`` occurs somewhere in ``ref``: the best normalized cross-correlation over
     every alignment (1.0 = an exact, scaled copy)."""
+    chunk, ref = chunk.astype(np.float64), ref.astype(np.float64)    # float32 FFTs' rounding tops 1 in silence
     m = len(chunk)
     n = 1 << int(np.ceil(np.log2(len(ref) + m)))
     c = np.fft.irfft(np.fft.rfft(ref, n) * np.conj(np.fft.rfft(chunk, n)), n)[: len(ref) - m + 1]
-    energy = np.concatenate([[0.0], np.cumsum(ref.astype(np.float64) ** 2)])
+    energy = np.concatenate([[0.0], np.cumsum(ref ** 2)])
     window = np.sqrt(np.maximum(energy[m:] - energy[:-m], 1e-12))       # |ref[k:k+m]| for every k
     return float(np.max(np.abs(c) / (window * np.linalg.norm(chunk) + 1e-12)))
+
+
+def _found_at_any_rate(chunk: np.ndarray, ref: np.ndarray, within: float = 0.005) -> float:
+    """:func:`_found` at the best of the rates within ``within`` of the chunk's own: the audio path resamples the
+    microphone at its measured rate and the speech at the speaker's (a servo moves it by up to 0.3 %), so what
+    comes through is the same speech a few tenths of a percent faster or slower."""
+    rates = np.unique(np.round(24000 * np.linspace(1 - within, 1 + within, 41)).astype(int))
+    return max(_found(soxr.resample(chunk, 24000, int(r)), ref) for r in rates)
 
 
 def _loud_seconds(x: np.ndarray, floor: float) -> list:
@@ -142,7 +131,7 @@ def test_speech_through_pulseaudio_into_the_app_and_back_out(pulse, tmp_path, sp
     voice24 = soxr.resample(voice, vrate, 24000).astype(np.float32)
     loud = _loud_seconds(heard, 0.02)
     assert loud, "no speech reached the app"
-    assert _found(loud[0][4000:20000], voice24) > 0.9       # it is that speech, not just noise
+    assert _found_at_any_rate(loud[0][4000:20000], voice24) > 0.9       # that speech, not just noise
 
     # and the model's audio came back out through PortAudio into the "spk" sink
     said, _ = read_wav(out / "session_output.wav")
@@ -151,7 +140,7 @@ def test_speech_through_pulseaudio_into_the_app_and_back_out(pulse, tmp_path, sp
     assert spoken, "the model produced no audio"
     assert len(captured) > TURN_SECONDS * 24000 // 2
     # a barge-in may flush some of it, so any one loud second found in the recording will do
-    assert max(_found(sec[4000:20000], captured) for sec in spoken) > 0.9
+    assert max(_found_at_any_rate(sec[4000:20000], captured) for sec in spoken) > 0.9
 
 
 def _wait_for_both_streams(env, app, limit_s: float = 120.0) -> None:

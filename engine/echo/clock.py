@@ -7,7 +7,8 @@ faster runs dry, and a microphone that runs fast hands the engine more than a se
 
 :class:`RateMeter` reads a stream's callbacks as (time, samples so far) stamps and fits the line through the
 last ``window_s`` of them (least squares): its slope is the rate, in samples per second of the clock that
-stamped them. :class:`LevelServo` turns a queue's level into a small correction of a resampling step, so a
+stamped them, taken only where it lies clearly off the nominal rate (three standard errors of the fit).
+:class:`LevelServo` turns a queue's level into a small correction of a resampling step, so a
 rate measured slightly wrong cannot move the queue away for good.
 """
 from __future__ import annotations
@@ -21,6 +22,8 @@ import numpy as np
 
 #: the share of the nominal rate a measured rate may lie within (outside: the stamps are broken, not the clock)
 SPEED_RANGE = (0.5, 2.0)
+#: a fitted rate is taken only this many standard errors away from the nominal one; within that, the nominal
+SIGNIFICANT = 3.0
 
 
 class RateMeter:
@@ -71,9 +74,20 @@ class RateMeter:
         t, c = s[:, 0] - s[:, 0].mean(), s[:, 1] - s[:, 1].mean()
         slope = float(np.dot(t, c) / np.dot(t, t))
         if SPEED_RANGE[0] * self.nominal <= slope <= SPEED_RANGE[1] * self.nominal:
-            self._rate = slope
+            self._rate = slope if self._off_nominal(t, c, slope) else self.nominal
         self._fitted_at = float(s[-1, 0])
         return self._rate
+
+    def _off_nominal(self, t: np.ndarray, c: np.ndarray, slope: float) -> bool:
+        """Whether the stamps say the rate is not the nominal one: the slope further from it than
+        :data:`SIGNIFICANT` standard errors of the fit (callbacks stamped late by a busy machine put a few
+        tenths of a percent into a short fit; resampling a nominal device by that stretches what it records)."""
+        n = len(t)
+        if n < 3:
+            return True
+        resid = c - slope * t
+        se = math.sqrt(float(np.dot(resid, resid)) / (n - 2) / float(np.dot(t, t)))
+        return abs(slope - self.nominal) > SIGNIFICANT * se
 
     def speed(self) -> float:
         return self.rate() / self.nominal

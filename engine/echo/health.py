@@ -103,8 +103,7 @@ class EchoHealth:
         if talking:
             self._pending.clear()
             return
-        if _db(near_e) >= self._floor_db() + ECHO_ABOVE_DB:    # a frame with echo to suppress, not the noise
-            self._pending.append((near_e, out_e))
+        self._pending.append((near_e, out_e))
         while len(self._pending) > PENDING:
             self._slow.append(self._pending.popleft())
 
@@ -146,6 +145,8 @@ class EchoHealth:
 
     def suppression_db(self) -> Optional[float]:
         """The final output's suppression over the model's last 3 s of speech without the user (dB)."""
-        if not self._slow:
+        floor = self._floor_db() + ECHO_ABOVE_DB          # frames with echo to suppress, not the room's noise
+        frames = [(a, b) for a, b in self._slow if _db(a) >= floor]
+        if not frames:
             return None
-        return _db(sum(a for a, _ in self._slow)) - _db(max(sum(b for _, b in self._slow), 1e-20))
+        return _db(sum(a for a, _ in frames)) - _db(max(sum(b for _, b in frames), 1e-20))
