@@ -15,9 +15,7 @@ playback delay + 1.5 s in every minute.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 from typing import Dict, List
 
 from engine.bench import echo_long
@@ -88,16 +86,7 @@ def main(argv=None) -> int:
         print(f"{pair}: dropped {r['dropped_speech_s']} of {r['spoken_s']} s spoken ({100 * r['dropped_share']:.2f} %), "
               f"mic->speaker max {r['mic_to_speaker_s']['max']} s, reply gap p50 {r['reply_gap_s']['p50']} s; "
               f"targets {r['meets_targets']}")
-    if a.out:
-        out = Path(a.out)
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "drift.json").write_text(json.dumps(doc, indent=1) + "\n")
-        except OSError as e:
-            print(f"duplexcadence-bench drift: error: {e}", file=sys.stderr)
-            return 1
-        print(f"wrote {out / 'drift.json'}", file=sys.stderr)
-    return 0
+    return echo_long.write_doc(a.out, "drift.json", doc, "drift")
 
 
 if __name__ == "__main__":

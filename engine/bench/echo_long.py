@@ -235,13 +235,19 @@ def main(argv=None) -> int:
               f"reply gap p50 {m['reply_gap_s']['p50']} s, dropped {m['dropped_speech_s']} of {m['spoken_s']} s")
     if "meets_targets" in doc:
         print(f"targets (cancellation on): {doc['meets_targets']}")
-    if a.out:
-        out = Path(a.out)
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "echo-long.json").write_text(json.dumps(doc, indent=1) + "\n")
-        except OSError as e:
-            print(f"duplexcadence-bench echo: error: {e}", file=sys.stderr)
-            return 1
-        print(f"wrote {out / 'echo-long.json'}", file=sys.stderr)
+    return write_doc(a.out, "echo-long.json", doc, "echo")
+
+
+def write_doc(out: Optional[str], name: str, doc: Dict[str, object], command: str) -> int:
+    """Write ``doc`` as ``out/name`` (nothing where ``out`` is empty); 1 with one line where that fails."""
+    if not out:
+        return 0
+    path = Path(out) / name
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+    except OSError as e:
+        print(f"duplexcadence-bench {command}: error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {path}", file=sys.stderr)
     return 0
