@@ -1,5 +1,6 @@
-"""The long echo bench and the drift bench, shortened (their full ten-minute runs are in docs/echo/): the app's
-audio path against simulated devices on clocks of their own (engine/bench/echo_long.py, drift.py)."""
+"""The long echo bench and the drift bench, shortened (their full ten-minute runs are in docs/results/ and
+docs/echo.md): the app's audio path against simulated devices on clocks of their own (engine/bench/echo_long.py,
+drift.py)."""
 from __future__ import annotations
 
 import json
