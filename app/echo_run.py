@@ -8,8 +8,8 @@ loopback feeds "spk" back into "mic" at ``--gain-db`` (the speaker heard by the 
 into "mic": espeak-ng sentences in turns with pauses the model answers in, and three bursts (from 20 %, 55 %
 and 83 % of the run, each a twentieth of it) where the user talks again 1.5 s into every pause, over the
 model's reply. The app runs as a real process with echo cancellation on
-(``python -m app.main --input-device pulse --output-device pulse --seconds N --export DIR``; anything after
-``--`` goes to it too) and exports its session.
+(``python -m app.main --input-device pulse --output-device pulse --seconds N --export DIR --device cpu``;
+anything after ``--`` goes to it too, a later option over an earlier one) and exports its session.
 
 From the export and the user's own timeline (wall clock) it reports, per minute: the app's echo suppression
 readout (lowest and median of the seconds it measured), the barge-ins and those that came while the user was
@@ -107,7 +107,7 @@ class User(threading.Thread):
 
 def run_app(env: Dict[str, str], seconds: int, export: Path, extra: Sequence[str]) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "app.main", "--input-device", "pulse", "--output-device", "pulse",
-           "--seconds", str(seconds), "--export", str(export), *extra]
+           "--seconds", str(seconds), "--export", str(export), "--device", "cpu", *extra]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=seconds + 600)
 
 
@@ -215,13 +215,26 @@ def run(a: argparse.Namespace, extra: Sequence[str]) -> dict:
     records = [json.loads(x) for x in (export / "session.jsonl").read_text().splitlines() if x.strip()]
     summary = json.loads((export / "summary.json").read_text()) if (export / "summary.json").exists() else {}
     rows = minutes(records, user.turns)
-    doc = {"command": "python -m app.echo_run " + " ".join(sys.argv[1:]), "commit": _commit(),
+    command = "python -m app.echo_run " + " ".join(sys.argv[1:])
+    doc = {"command": command, "commit": _commit(), "provenance": _provenance(command),
            "minutes": a.minutes, "gain_db": a.gain_db, "seed": a.seed, "user_turns": len(user.turns),
            "seconds": len(records), **summarize(rows, summary), "per_minute": rows}
     (a.out / "echo-run.json").write_text(json.dumps(doc, indent=2) + "\n")
     (a.out / "echo-run.md").write_text(f"# The app without headphones: {a.minutes:g} min at {a.gain_db:g} dB\n\n"
                                        + table(rows))
     return doc
+
+
+def _provenance(command: str) -> Dict[str, str]:
+    """Where the run ran (the app's CPU session: no GPU libraries took part)."""
+    import platform
+    from engine.fastpath import environment
+    env = environment("cpu")
+    return {"commit": _commit(), "device": f"cpu ({platform.processor() or platform.machine()}, "
+                                          f"{env.get('cpu_capability', 'unknown')}, {os.cpu_count()} CPUs)",
+            "driver": "none (CPU run)", "torch": env["torch"], "cuda": "none (CPU run)",
+            "cudnn": "none (CPU run)", "cublas": "none (CPU run)", "python": platform.python_version(),
+            "command": command, "recorded": "by app.echo_run, at the run"}
 
 
 def _commit() -> str:

@@ -18,7 +18,7 @@ import argparse
 import sys
 from typing import Dict, List
 
-from engine.bench import echo_long
+from engine.bench import echo_long, provenance
 from engine.stats import table
 
 TARGETS = {"dropped_share": echo_long.TARGET_DROPPED_SHARE, "mic_to_speaker_extra_s": echo_long.TARGET_DELAY_EXTRA_S}
@@ -56,7 +56,8 @@ def run(a, argv: List[str]) -> Dict[str, object]:
     pairs = [p.strip() for p in a.speeds.split(",") if p.strip()]
     if not pairs:
         raise ValueError(f"--speeds takes OUT:IN pairs; got {a.speeds!r}")
-    doc = {"command": "duplexcadence-bench drift " + " ".join(argv), "commit": echo_long.git_commit(),
+    command = "duplexcadence-bench drift " + " ".join(argv)
+    doc = {"command": command, "commit": echo_long.git_commit(), "provenance": provenance.record(command),
            "machine": echo_long.machine(), "minutes": a.minutes, "playback_delay_s": a.delay_s,
            "compute_ms": a.compute_ms, "seed": a.seed, "targets": TARGETS, "runs": {}}
     for pair in pairs:

@@ -32,6 +32,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from engine.bench import provenance
 from engine.bench.echo_devices import Clocks, PathSchedule, conversation
 from engine.bench.echo_loop import Loop, LoopConfig, Minute
 from engine.stats import percentile
@@ -195,7 +196,8 @@ def meets(doc_on: Dict[str, object]) -> Dict[str, bool]:
 
 def run(a, argv) -> Dict[str, object]:
     modes = check_args(a)
-    doc = {"command": "duplexcadence-bench echo " + " ".join(argv), "commit": git_commit(), "machine": machine(),
+    command = "duplexcadence-bench echo " + " ".join(argv)
+    doc = {"command": command, "commit": git_commit(), "machine": machine(), "provenance": provenance.record(command),
            "minutes": a.minutes, "gain_db": a.gain_db, "speeds": {"out": a.speeds[0], "in": a.speeds[1]},
            "seed": a.seed, "playback_delay_s": a.delay_s, "compute_ms": list(a.compute_ms),
            "path_steps": [[round(t, 1), d, g] for t, d, g in steps(int(round(a.minutes * 60)), a.gain_db, a.steps)],
