@@ -225,20 +225,28 @@ def test_the_client_keeps_to_its_send_window(fake):
     r.stop(timeout=3)
 
 
-def test_run_engine_against_a_stalling_server_writes_what_came(fake, tmp_path, monkeypatch, speech_wav):
+def _run_engine_against(srv, tmp_path, monkeypatch, wav):
+    """``duplexcadence run --engine`` (4 s, 1.5 s a second's deadline) against ``srv``: (exit code, wall s,
+    samples written, seconds logged)."""
     from engine.cli.run import main as run_main
     from engine.wavio import read_wav
-    srv = fake(lambda ws, k: srv.release.wait(30), good=2)
     monkeypatch.setattr(C, "SECOND_TIMEOUT_S", 1.5)
     (tmp_path / "token").write_text(TOKEN + "\n")
     monkeypatch.delenv("DUPLEXCADENCE_TOKEN", raising=False)
     t0 = time.monotonic()
-    code = run_main(["--input", str(speech_wav), "--seconds", "4", "--quiet", "--output", str(tmp_path / "o.wav"),
+    code = run_main(["--input", str(wav), "--seconds", "4", "--quiet", "--output", str(tmp_path / "o.wav"),
                      "--log", str(tmp_path / "log"), "--engine", srv.url, "--token-file", str(tmp_path / "token")])
-    assert code == 1 and time.monotonic() - t0 < 30
-    audio = read_wav(tmp_path / "o.wav")[0]
-    assert audio.size == 2 * P.RATE                               # the two seconds that came back
-    assert len((tmp_path / "log" / "session.jsonl").read_text().splitlines()) == 2
+    wall = time.monotonic() - t0
+    return (code, wall, read_wav(tmp_path / "o.wav")[0].size,
+            len((tmp_path / "log" / "session.jsonl").read_text().splitlines()))
+
+
+def test_run_engine_against_a_stalling_server_writes_what_came(fake, tmp_path, monkeypatch, speech_wav):
+    srv = fake(lambda ws, k: srv.release.wait(30), good=2)
+    code, wall, samples, logged = _run_engine_against(srv, tmp_path, monkeypatch, speech_wav)
+    assert code == 1 and wall < 30
+    assert samples == 2 * P.RATE                                  # the two seconds that came back
+    assert logged == 2
 
 
 def _chatter(ws, k, every: float = 0.1, seconds: float = 30.0) -> None:
@@ -264,15 +272,6 @@ def test_a_server_that_keeps_talking_without_answering_is_left_at_the_second_s_d
 
 
 def test_run_engine_against_a_chattering_server_writes_what_came(fake, tmp_path, monkeypatch, speech_wav):
-    from engine.cli.run import main as run_main
-    from engine.wavio import read_wav
-    srv = fake(_chatter, good=1)
-    monkeypatch.setattr(C, "SECOND_TIMEOUT_S", 1.5)
-    (tmp_path / "token").write_text(TOKEN + "\n")
-    monkeypatch.delenv("DUPLEXCADENCE_TOKEN", raising=False)
-    t0 = time.monotonic()
-    code = run_main(["--input", str(speech_wav), "--seconds", "4", "--quiet", "--output", str(tmp_path / "o.wav"),
-                     "--log", str(tmp_path / "log"), "--engine", srv.url, "--token-file", str(tmp_path / "token")])
-    assert code == 1 and time.monotonic() - t0 < 30
-    assert read_wav(tmp_path / "o.wav")[0].size == P.RATE and \
-        len((tmp_path / "log" / "session.jsonl").read_text().splitlines()) == 1
+    code, wall, samples, logged = _run_engine_against(fake(_chatter, good=1), tmp_path, monkeypatch, speech_wav)
+    assert code == 1 and wall < 30
+    assert samples == P.RATE and logged == 1
